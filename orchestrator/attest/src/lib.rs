@@ -1,1 +1,38 @@
-//! placeholder: filled in by its first change.
+//! Tier 0 attestation: a pure verdict on a created (not yet started)
+//! container, computed from the configuration the engine *reports*, never
+//! from the one the supervisor asked for.
+//!
+//! Invariants:
+//! - No I/O: the engine adapter inspects the container and hands the
+//!   document here; this crate only reads data.
+//! - Every property is always listed, pass or fail, in a fixed order
+//!   ([`PROPERTY_NAMES`]), so two attestations compare line by line and the
+//!   audit entry has the same shape every time.
+//! - Fail closed: a value that is absent where the engine always reports one,
+//!   or that this crate cannot interpret, fails its property.
+//! - `observed` strings are short and hold no secrets: environment variables
+//!   are reported by key name only, never by value.
+
+#![forbid(unsafe_code)]
+
+mod attest;
+mod inspect;
+
+pub use attest::{
+    attest, Attestation, Expectations, MountExpectation, Property, Refused, PROPERTY_NAMES,
+};
+pub use inspect::{parse_inspect, parse_inspect_slice, Inspected};
+
+/// Why an inspect document could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum AttestError {
+    /// The document is not a container-inspect object, or a field the
+    /// attestation reads has the wrong type.
+    #[error("reading container inspect document at {path}")]
+    Malformed {
+        /// Dotted path of the offending field (`.` for the document itself).
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
