@@ -1,0 +1,462 @@
+//! Verification of a stored chain against its checkpoints.
+//!
+//! Invariant: `verify` returns `Ok` only if the entries are exactly a chain
+//! that `seal` could have produced under this log's id, numbered 1..=n with
+//! no gaps, and every checkpoint names one of them and matches it. On failure
+//! it names the first position at which the chain provably stops being
+//! that; the crate note lists the checks and what they cannot see.
+
+use std::collections::HashMap;
+
+use crate::encoding::{self, Hashed};
+use crate::{genesis, Checkpoint, Entry, LogId};
+
+/// A chain that verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verified {
+    /// How many entries the chain holds.
+    pub entries: u64,
+    /// The hash of the last entry, or the genesis hash of an empty log.
+    pub head: String,
+    /// How many checkpoints were checked.
+    pub checkpoints: u64,
+}
+
+/// Why a chain did not verify.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    /// The first bad entry, by the seq it should have had.
+    #[error("audit entry {seq}: {reason}")]
+    Entry { seq: u64, reason: BadEntry },
+    /// The checkpoint file is inconsistent in itself, before any entry is
+    /// looked at. `index` counts checkpoints from 1 in the order given.
+    #[error("audit checkpoint {index}: {reason}")]
+    Checkpoint { index: u64, reason: BadCheckpoint },
+}
+
+impl VerifyError {
+    /// The seq of the first bad entry, when an entry is to blame.
+    pub fn seq(&self) -> Option<u64> {
+        match self {
+            VerifyError::Entry { seq, .. } => Some(*seq),
+            VerifyError::Checkpoint { .. } => None,
+        }
+    }
+}
+
+/// What is wrong with an entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadEntry {
+    #[error("duplicate of entry {of} (duplicated)")]
+    Duplicate { of: u64 },
+    #[error("holds entry {found} (entries deleted, inserted or reordered)")]
+    WrongSequence { found: u64 },
+    // An entry from another log with this log's seq fails here: the hash
+    // binds the log id, and the id is not stored, so the two causes cannot
+    // be told apart.
+    #[error("hash does not match its contents (altered, or spliced from another log)")]
+    Altered,
+    #[error("does not link to the entry before it (inserted, or the entry before was replaced)")]
+    BrokenLink,
+    #[error("does not match checkpoint {index} (the log was rewritten at or before this entry)")]
+    CheckpointMismatch { index: u64 },
+    #[error("missing, but checkpoint {index} names entry {checkpoint} (log truncated)")]
+    Truncated { index: u64, checkpoint: u64 },
+}
+
+/// What is wrong with the checkpoint file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadCheckpoint {
+    #[error("names entry 0, which cannot exist")]
+    ZeroSeq,
+    #[error("names entry {seq} after a checkpoint of entry {previous} (checkpoints reordered)")]
+    OutOfOrder { seq: u64, previous: u64 },
+}
+
+/// Checks `entries` (in stored order) and `checkpoints` (in stored order)
+/// against each other and against `log`.
+pub fn verify(
+    log: &LogId,
+    entries: &[Entry],
+    checkpoints: &[Checkpoint],
+) -> Result<Verified, VerifyError> {
+    check_checkpoints(checkpoints)?;
+
+    let genesis = genesis(log);
+    let mut seen: HashMap<&str, u64> = HashMap::with_capacity(entries.len());
+    let mut prev: &str = &genesis;
+    // Checkpoints are sorted by seq (checked above), so one cursor suffices.
+    let mut next_checkpoint = checkpoints.iter().zip(1u64..).peekable();
+    let mut position = 0u64;
+
+    for entry in entries {
+        position += 1;
+        let bad = |reason| VerifyError::Entry {
+            seq: position,
+            reason,
+        };
+        if let Some(&of) = seen.get(entry.hash.as_str()) {
+            return Err(bad(BadEntry::Duplicate { of }));
+        }
+        if entry.seq != position {
+            return Err(bad(BadEntry::WrongSequence { found: entry.seq }));
+        }
+        let recomputed = encoding::entry_hash(
+            log,
+            Hashed {
+                seq: entry.seq,
+                time: &entry.time,
+                kind: &entry.kind,
+                run: entry.run.as_deref(),
+                body: &entry.body,
+                prev: &entry.prev,
+            },
+        );
+        // A body that cannot be encoded was never sealed: it was altered.
+        if recomputed.as_deref() != Ok(entry.hash.as_str()) {
+            return Err(bad(BadEntry::Altered));
+        }
+        if entry.prev != prev {
+            return Err(bad(BadEntry::BrokenLink));
+        }
+        while let Some((cp, index)) = next_checkpoint.next_if(|(cp, _)| cp.seq == position) {
+            if cp.hash != entry.hash || cp.time != entry.time {
+                return Err(bad(BadEntry::CheckpointMismatch { index }));
+            }
+        }
+        seen.insert(&entry.hash, position);
+        prev = &entry.hash;
+    }
+
+    if let Some((cp, index)) = next_checkpoint.next() {
+        return Err(VerifyError::Entry {
+            seq: position + 1,
+            reason: BadEntry::Truncated {
+                index,
+                checkpoint: cp.seq,
+            },
+        });
+    }
+
+    Ok(Verified {
+        entries: position,
+        head: prev.to_owned(),
+        checkpoints: checkpoints.len() as u64,
+    })
+}
+
+fn check_checkpoints(checkpoints: &[Checkpoint]) -> Result<(), VerifyError> {
+    let mut previous = 0u64;
+    for (cp, index) in checkpoints.iter().zip(1u64..) {
+        if cp.seq == 0 {
+            return Err(VerifyError::Checkpoint {
+                index,
+                reason: BadCheckpoint::ZeroSeq,
+            });
+        }
+        // Equal seqs are allowed: a run may end and the next start with no
+        // entry in between. Both are checked against the same entry.
+        if cp.seq < previous {
+            return Err(VerifyError::Checkpoint {
+                index,
+                reason: BadCheckpoint::OutOfOrder {
+                    seq: cp.seq,
+                    previous,
+                },
+            });
+        }
+        previous = cp.seq;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{checkpoint, seal, SealError};
+    use serde_json::{json, Map, Value};
+
+    fn log() -> LogId {
+        LogId("01J9TESTLOG".into())
+    }
+
+    fn chain_in(log: &LogId, n: u64) -> Result<Vec<Entry>, SealError> {
+        let mut entries: Vec<Entry> = Vec::new();
+        for i in 1..=n {
+            let body = match json!({"i": i, "tree": format!("sha256:{i:02}"), "bytes": i * 100}) {
+                Value::Object(m) => m,
+                _ => Map::new(),
+            };
+            let time = format!("2025-01-01T00:00:{i:02}Z");
+            let entry = seal(
+                log,
+                entries.last(),
+                &time,
+                "test.event",
+                Some("run-1"),
+                body,
+            )?;
+            entries.push(entry);
+        }
+        Ok(entries)
+    }
+
+    fn chain(n: u64) -> Vec<Entry> {
+        chain_in(&log(), n).unwrap_or_default()
+    }
+
+    fn at(entries: &[Entry], seqs: &[usize]) -> Vec<Checkpoint> {
+        seqs.iter().map(|&s| checkpoint(&entries[s - 1])).collect()
+    }
+
+    fn failure(entries: &[Entry], checkpoints: &[Checkpoint]) -> Option<(u64, BadEntry)> {
+        match verify(&log(), entries, checkpoints) {
+            Err(VerifyError::Entry { seq, reason }) => Some((seq, reason)),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn untouched_chain_verifies_and_reports_its_head() {
+        let entries = chain(5);
+        let cps = at(&entries, &[1, 3, 5]);
+        assert_eq!(
+            verify(&log(), &entries, &cps),
+            Ok(Verified {
+                entries: 5,
+                head: entries[4].hash.clone(),
+                checkpoints: 3,
+            })
+        );
+    }
+
+    #[test]
+    fn empty_log_verifies_with_genesis_head() {
+        assert_eq!(
+            verify(&log(), &[], &[]),
+            Ok(Verified {
+                entries: 0,
+                head: genesis(&log()),
+                checkpoints: 0,
+            })
+        );
+    }
+
+    #[test]
+    fn changed_body_value_is_named_altered() {
+        let mut entries = chain(5);
+        let cps = at(&entries, &[5]);
+        entries[2].body.insert("bytes".into(), json!(301));
+        assert_eq!(failure(&entries, &cps), Some((3, BadEntry::Altered)));
+    }
+
+    #[test]
+    fn changed_prev_is_named_altered() {
+        let mut entries = chain(3);
+        entries[1].prev.replace_range(0..1, "X");
+        assert_eq!(failure(&entries, &[]), Some((2, BadEntry::Altered)));
+    }
+
+    #[test]
+    fn entry_spliced_from_another_log_is_named() {
+        let mut entries = chain(4);
+        let other = chain_in(&LogId("01J9OTHERLOG".into()), 4).unwrap_or_default();
+        entries[2] = other[2].clone();
+        assert_eq!(failure(&entries, &[]), Some((3, BadEntry::Altered)));
+    }
+
+    #[test]
+    fn whole_log_from_another_state_directory_fails_at_entry_one() {
+        let other = chain_in(&LogId("01J9OTHERLOG".into()), 3).unwrap_or_default();
+        assert_eq!(failure(&other, &[]), Some((1, BadEntry::Altered)));
+    }
+
+    #[test]
+    fn deleted_entry_is_named_by_its_position() {
+        let mut entries = chain(5);
+        entries.remove(1);
+        assert_eq!(
+            failure(&entries, &[]),
+            Some((2, BadEntry::WrongSequence { found: 3 }))
+        );
+    }
+
+    #[test]
+    fn misplaced_forged_entry_is_named() {
+        let mut entries = chain(5);
+        // Validly sealed after entry 1, but inserted after entry 3.
+        let forged = seal(&log(), Some(&entries[0]), "t", "forged", None, Map::new());
+        entries.insert(3, forged.unwrap_or_else(|_| entries[0].clone()));
+        assert_eq!(
+            failure(&entries, &[]),
+            Some((4, BadEntry::WrongSequence { found: 2 }))
+        );
+    }
+
+    #[test]
+    fn renumbered_forged_entry_is_named_broken_link() {
+        let mut entries = chain(5);
+        // Sealed as entry 4 but linked to entry 2: fits by number only.
+        let mut fake_prev = entries[1].clone();
+        fake_prev.seq = 3;
+        let forged = seal(&log(), Some(&fake_prev), "t", "forged", None, Map::new());
+        entries.insert(3, forged.unwrap_or_else(|_| entries[0].clone()));
+        assert_eq!(failure(&entries, &[]), Some((4, BadEntry::BrokenLink)));
+    }
+
+    #[test]
+    fn duplicated_entry_is_named_duplicate() {
+        let mut entries = chain(5);
+        entries.insert(4, entries[1].clone());
+        assert_eq!(
+            failure(&entries, &[]),
+            Some((5, BadEntry::Duplicate { of: 2 }))
+        );
+    }
+
+    #[test]
+    fn swapped_entries_are_named_by_the_first_position() {
+        let mut entries = chain(5);
+        entries.swap(1, 3);
+        assert_eq!(
+            failure(&entries, &[]),
+            Some((2, BadEntry::WrongSequence { found: 4 }))
+        );
+    }
+
+    #[test]
+    fn rewritten_tail_fails_at_the_next_checkpoint() -> Result<(), SealError> {
+        let original = chain(6);
+        let cps = at(&original, &[1, 5]);
+        // Re-seal from entry 3 on with different contents: self-consistent,
+        // so only the checkpoint of entry 5 can tell.
+        let mut entries = original[..2].to_vec();
+        for e in &original[2..] {
+            let next = seal(
+                &log(),
+                entries.last(),
+                &e.time,
+                "rewritten",
+                None,
+                Map::new(),
+            )?;
+            entries.push(next);
+        }
+        assert_eq!(
+            failure(&entries, &cps),
+            Some((5, BadEntry::CheckpointMismatch { index: 2 }))
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn truncation_before_a_checkpoint_names_the_first_missing_entry() {
+        let entries = chain(6);
+        let cps = at(&entries, &[2, 5]);
+        assert_eq!(
+            failure(&entries[..3], &cps),
+            Some((
+                4,
+                BadEntry::Truncated {
+                    index: 2,
+                    checkpoint: 5
+                }
+            ))
+        );
+        assert_eq!(
+            failure(&[], &cps),
+            Some((
+                1,
+                BadEntry::Truncated {
+                    index: 1,
+                    checkpoint: 2
+                }
+            ))
+        );
+    }
+
+    #[test]
+    fn truncation_after_the_last_checkpoint_is_undetectable_by_design() {
+        let entries = chain(6);
+        let cps = at(&entries, &[2, 4]);
+        assert_eq!(
+            verify(&log(), &entries[..4], &cps).map(|v| v.entries),
+            Ok(4)
+        );
+    }
+
+    #[test]
+    fn altered_checkpoint_is_named_by_its_entry() {
+        let entries = chain(4);
+        let mut cps = at(&entries, &[2, 4]);
+        cps[0].time.push('!');
+        assert_eq!(
+            failure(&entries, &cps),
+            Some((2, BadEntry::CheckpointMismatch { index: 1 }))
+        );
+    }
+
+    #[test]
+    fn repeated_checkpoint_of_the_same_entry_is_fine() {
+        let entries = chain(3);
+        let cps = at(&entries, &[2, 2, 3]);
+        assert_eq!(verify(&log(), &entries, &cps).map(|v| v.checkpoints), Ok(3));
+    }
+
+    #[test]
+    fn reordered_checkpoints_are_rejected() {
+        let entries = chain(4);
+        let cps = at(&entries, &[3, 1]);
+        assert_eq!(
+            verify(&log(), &entries, &cps),
+            Err(VerifyError::Checkpoint {
+                index: 2,
+                reason: BadCheckpoint::OutOfOrder {
+                    seq: 1,
+                    previous: 3
+                }
+            })
+        );
+    }
+
+    #[test]
+    fn checkpoint_of_entry_zero_is_rejected() {
+        let entries = chain(2);
+        let mut cps = at(&entries, &[1]);
+        cps[0].seq = 0;
+        assert_eq!(
+            verify(&log(), &entries, &cps),
+            Err(VerifyError::Checkpoint {
+                index: 1,
+                reason: BadCheckpoint::ZeroSeq
+            })
+        );
+    }
+
+    #[test]
+    fn float_smuggled_into_a_stored_body_is_altered_not_a_panic() {
+        let mut entries = chain(2);
+        entries[1].body.insert("x".into(), json!(0.25));
+        assert_eq!(failure(&entries, &[]), Some((2, BadEntry::Altered)));
+    }
+
+    #[test]
+    fn message_names_the_entry() {
+        let mut entries = chain(17);
+        entries[16].kind.push('x');
+        assert_eq!(
+            verify(&log(), &entries, &[]).map_err(|e| e.to_string()),
+            Err("audit entry 17: hash does not match its contents (altered, or spliced from another log)".to_owned())
+        );
+    }
+
+    #[test]
+    fn chain_survives_a_json_round_trip() -> Result<(), serde_json::Error> {
+        let entries = chain(4);
+        let cps = at(&entries, &[4]);
+        let stored = serde_json::to_string(&entries)?;
+        let loaded: Vec<Entry> = serde_json::from_str(&stored)?;
+        assert_eq!(verify(&log(), &loaded, &cps).map(|v| v.entries), Ok(4));
+        Ok(())
+    }
+}
