@@ -1,1 +1,49 @@
-//! placeholder: filled in by its first change.
+//! nightshift's policy engine: rules, decisions, labels and the gate.
+//!
+//! Invariants: everything here is pure and synchronous. Decisions are
+//! functions of the rules, the request and an injected clock; nothing reads
+//! the system clock, a database or the network. The only I/O is reading
+//! rule files, in [`load`]. The state store, the audit and the CLI are the
+//! orchestrator's: it keeps the [`Row`]s, replays them into a [`RuleSet`],
+//! and records each [`Decision`] (its generation and request digest, never
+//! the request's arguments).
+//!
+//! - [`rule`], [`pattern`], [`glob`]: rules as immutable, checked rows;
+//! - [`evaluate()`]: the precedence law (refuse > ask > allow);
+//! - [`ruleset`]: rows, generations, proposals, ratification, freeze;
+//! - [`authority`]: tier 1 (agents tighten on themselves) vs the owner;
+//! - [`labels`], [`gate`]: the label lattice and the routing/content gate;
+//! - [`hook`]: the fail-closed harness hook;
+//! - [`rulefile`], [`load`]: TOML rule files with file-and-line errors.
+
+pub mod authority;
+pub mod canonical;
+pub mod evaluate;
+pub mod gate;
+pub mod glob;
+pub mod hook;
+pub mod labels;
+pub mod load;
+pub mod pattern;
+pub mod request;
+pub mod rule;
+pub mod rulefile;
+pub mod ruleset;
+pub mod timestamp;
+
+pub use authority::{
+    classify_declaration, classify_retirement, classify_unlock, NeedsOwner, Tier1,
+};
+pub use evaluate::{evaluate, evaluate_rules, Decider, Decision, Missing, StoodAside, Verdict};
+pub use gate::{gate, Destination, Destinations, GateReason, GateVerdict, Readers};
+pub use hook::{hook_decide, HookOutcome};
+pub use labels::{Confidentiality, Integrity, Label, Labelled};
+pub use load::{load_dir, load_file};
+pub use request::{Request, RequestDigest};
+pub use rule::{ClauseSpec, Effect, Rule, RuleError, RuleId, RuleSpec};
+pub use rulefile::LoadError;
+pub use ruleset::{ApplyError, Author, Change, Freeze, Generation, Row, RuleSet};
+pub use timestamp::Timestamp;
+
+/// The rules shipped with nightshift (`policies/rules/default.toml`).
+pub const DEFAULT_RULES: &str = include_str!("../rules/default.toml");

@@ -1,0 +1,191 @@
+//! Rule files: the shipped defaults load, and every malformed case gives
+//! its named error with file, line and rule id.
+
+use std::path::{Path, PathBuf};
+
+use policies::rulefile::rule_set_from_files;
+use policies::{evaluate, load_dir, ApplyError, Effect, LoadError, Request, RuleError, Timestamp};
+use serde_json::json;
+
+const NOW: Timestamp = Timestamp(1_800_000_000);
+
+fn err(text: &str) -> LoadError {
+    match rule_set_from_files([(Path::new("rules/p.toml"), text)]) {
+        Ok(set) => panic!("expected an error, loaded {} rules", set.entries().len()),
+        Err(e) => e,
+    }
+}
+
+fn assert_names(e: &LoadError, line: usize, rule: Option<&str>, words: &str) {
+    let msg = e.to_string();
+    assert_eq!(e.line(), Some(line), "{msg}");
+    assert_eq!(e.rule(), rule, "{msg}");
+    assert!(msg.contains("rules/p.toml"), "{msg}");
+    assert!(msg.contains(&format!("line {line}")), "{msg}");
+    assert!(msg.contains(words), "{msg}");
+}
+
+const GOOD: &str = r#"
+[[rule]]
+id = "r1"
+subject = "*"
+doors = ["push"]
+effect = "ask"
+reason = "a person decides"
+authority = "test"
+"#;
+
+#[test]
+fn shipped_defaults_load_and_ask_for_every_irreversible_act() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
+    let set = load_dir(&dir).expect("default rules load");
+    for door in ["push", "pr", "notify", "publish", "deploy"] {
+        let d = evaluate(&set, &Request::new(door, json!({})), NOW);
+        assert_eq!(d.verdict, Effect::Ask, "{door}: {d:?}");
+    }
+    let force_main = Request::new(
+        "push",
+        json!({"ref": "main", "force": true, "remote": "origin"}),
+    );
+    let d = evaluate(&set, &force_main, NOW);
+    assert_eq!(d.verdict, Effect::Refuse);
+    assert_eq!(d.rule.to_string(), "no-force-push-to-main");
+    let branch = Request::new("push", json!({"ref": "agent/x", "force": true}));
+    assert_eq!(evaluate(&set, &branch, NOW).verdict, Effect::Ask);
+    assert_eq!(
+        evaluate(&set, &Request::new("read", json!({})), NOW).verdict,
+        Effect::Allow
+    );
+    // The compiled-in copy is the same file.
+    let embedded =
+        rule_set_from_files([(Path::new("default.toml"), policies::DEFAULT_RULES)]).unwrap();
+    assert_eq!(embedded.generation(), set.generation());
+}
+
+#[test]
+fn good_file_loads() {
+    let set = rule_set_from_files([(Path::new("p.toml"), GOOD)]).unwrap();
+    assert_eq!(set.entries().len(), 1);
+    assert_eq!(set.generation().rows, 1);
+}
+
+#[test]
+fn unknown_field_is_named() {
+    let text = format!("{GOOD}\n[[rule]]\nid = \"r2\"\nsubject = \"*\"\ncolour = \"red\"\n");
+    let e = err(&text);
+    assert_names(&e, 13, Some("r2"), "unknown field `colour`");
+}
+
+#[test]
+fn bad_effect_is_named() {
+    let text = GOOD.replace("effect = \"ask\"", "effect = \"maybe\"");
+    assert_names(&err(&text), 6, Some("r1"), "maybe");
+}
+
+#[test]
+fn missing_field_is_named() {
+    let text = GOOD.replace("reason = \"a person decides\"\n", "");
+    let e = err(&text);
+    assert!(e.to_string().contains("missing field `reason`"), "{e}");
+    assert_eq!(e.rule(), Some("r1"), "{e}");
+}
+
+#[test]
+fn bad_timestamp_is_named() {
+    let text = format!("{GOOD}since = \"last tuesday\"\n");
+    assert_names(&err(&text), 9, Some("r1"), "reading timestamp");
+}
+
+#[test]
+fn look_around_is_refused_by_name_at_its_line() {
+    let text = format!(
+        "{GOOD}match = [\n  {{ field = \"command\", matches = \"npm publish\" }},\n  {{ field = \"command\", matches = \"npm(?! --registry)\" }},\n]\n"
+    );
+    let e = err(&text);
+    assert_names(&e, 11, Some("r1"), "look-around is not allowed");
+    let LoadError::Rule { source, .. } = &e else {
+        panic!("{e:?}")
+    };
+    assert!(
+        matches!(**source, RuleError::Pattern { index: 1, .. }),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn back_reference_is_refused_by_name() {
+    let text = format!("{GOOD}match = [{{ field = \"x\", matches = '(a)\\1' }}]\n");
+    assert_names(
+        &err(&text),
+        9,
+        Some("r1"),
+        "back-references are not allowed",
+    );
+}
+
+#[test]
+fn clause_with_both_tests_is_refused() {
+    let text =
+        format!("{GOOD}match = [{{ field = \"x\", matches = \"a\", not_matches = \"b\" }}]\n");
+    assert_names(
+        &err(&text),
+        9,
+        Some("r1"),
+        "exactly one of matches / not_matches",
+    );
+}
+
+#[test]
+fn duplicate_id_is_named_at_the_second_declaration() {
+    let text = format!("{GOOD}{GOOD}");
+    let e = err(&text);
+    assert_names(&e, 11, Some("r1"), "already exists");
+    let LoadError::Apply { source, .. } = &e else {
+        panic!("{e:?}")
+    };
+    assert!(matches!(**source, ApplyError::DuplicateId { .. }), "{e:?}");
+}
+
+#[test]
+fn retirement_naming_no_rule_is_named() {
+    let text =
+        format!("{GOOD}\n[[retire]]\nrule = \"r9\"\nreason = \"gone\"\nauthority = \"test\"\n");
+    let e = err(&text);
+    assert_names(&e, 11, Some("r9"), "no such rule");
+}
+
+#[test]
+fn retirement_in_a_later_file_applies() {
+    let retire = "[[retire]]\nrule = \"r1\"\nreason = \"changed\"\nauthority = \"test\"\n";
+    let set =
+        rule_set_from_files([(Path::new("a.toml"), GOOD), (Path::new("b.toml"), retire)]).unwrap();
+    let d = evaluate(&set, &Request::new("push", json!({})), NOW);
+    assert_eq!(d.verdict, Effect::Allow);
+    assert_eq!(set.generation().rows, 2);
+}
+
+#[test]
+fn not_toml_is_named_with_its_line() {
+    let text = format!("{GOOD}doors = [\"push\"\n");
+    let e = err(&text);
+    assert!(matches!(e, LoadError::Parse { .. }), "{e}");
+    assert!(e.line().is_some_and(|l| l >= 9), "{e}");
+}
+
+#[test]
+fn reserved_ids_cannot_be_declared() {
+    let text = GOOD.replace("id = \"r1\"", "id = \"nightshift:freeze\"");
+    assert_names(&err(&text), 3, Some("nightshift:freeze"), "ids are");
+}
+
+#[test]
+fn an_error_in_any_file_of_a_directory_loads_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.toml"), GOOD).unwrap();
+    std::fs::write(dir.path().join("b.toml"), GOOD.replace("ask", "perhaps")).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not a rule file").unwrap();
+    let e = load_dir(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("b.toml"), "{e}");
+    std::fs::remove_file(dir.path().join("b.toml")).unwrap();
+    assert_eq!(load_dir(dir.path()).unwrap().entries().len(), 1);
+}
