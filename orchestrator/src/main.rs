@@ -1,1 +1,843 @@
-fn main() {}
+//! `nightshift`: the command line. It parses, opens the state, calls the
+//! library, prints, and maps errors to the documented exit codes.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use clap::{Parser, Subcommand};
+use orchestrator::engine::{Engine, EngineError};
+use orchestrator::exit;
+use orchestrator::run::{self, RunError, RunRequest, Stop, Supervisor};
+use orchestrator::sandbox::Caps;
+use orchestrator::store::{RunRecord, StatePaths, Store, StoreError};
+use orchestrator::{demo, image};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "nightshift",
+    version,
+    about = "Runs coding agents overnight in Tier 0 sandboxes"
+)]
+struct Cli {
+    /// Where this state lives (database, audit checkpoints, worktrees).
+    #[arg(long, global = true, env = "NIGHTSHIFT_STATE_DIR")]
+    state_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The default sandbox image.
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+    /// One run in the foreground.
+    Run(RunArgs),
+    /// List runs.
+    Runs {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One run: attestation, observed state, audit head.
+    Show {
+        run: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The audit chain.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+    /// Make a demo repository and run a scripted agent on it in a real sandbox.
+    Demo,
+    /// The owner's credential.
+    Owner {
+        #[command(subcommand)]
+        command: OwnerCommand,
+    },
+    /// Rules: the harness hook, listing, declaring, proposing, ratifying, retiring.
+    Policy(PolicyArgs),
+    /// Refuse every new run and every door until `thaw`.
+    Freeze {
+        /// Shown to everyone refused while frozen.
+        #[arg(long, default_value = "frozen by the operator")]
+        why: String,
+    },
+    /// End a freeze (needs the owner's credential).
+    Thaw {
+        #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
+        owner_key_file: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum OwnerCommand {
+    /// Make the owner's key (once per state) and print where it is.
+    Init,
+}
+
+#[derive(Debug, clap::Args)]
+struct PolicyArgs {
+    /// Use the rule files in DIR in place of the configured ones.
+    #[arg(long, global = true)]
+    rules: Option<PathBuf>,
+    #[command(subcommand)]
+    command: PolicyCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// The harness hook: exit 0 (nothing printed) when allowed, exit 2 with the reason otherwise.
+    Check(CheckArgs),
+    /// Print the whole decision for a request.
+    Explain(CheckArgs),
+    /// The rules in force, pending proposals, the freeze and the generation.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Declare the rules of FILE: as an agent (tier 1: tighten-only, on itself) or as the owner.
+    Declare {
+        file: PathBuf,
+        #[arg(long)]
+        actor: Option<String>,
+        #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
+        owner_key_file: Option<PathBuf>,
+    },
+    /// Propose the rules of FILE to the owner (inert until ratified).
+    Propose {
+        file: PathBuf,
+        #[arg(long)]
+        actor: String,
+    },
+    /// Adopt a proposal (needs the owner's credential); the rule is locked.
+    Ratify {
+        proposal: String,
+        #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
+        owner_key_file: Option<PathBuf>,
+    },
+    /// Retire a rule: as an agent (its own tier-1 rules) or as the owner.
+    Retire {
+        rule: String,
+        #[arg(long)]
+        why: String,
+        #[arg(long)]
+        actor: Option<String>,
+        #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
+        owner_key_file: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct CheckArgs {
+    #[arg(long)]
+    actor: Option<String>,
+    /// The tool (door) name; `-` reads it from stdin's `tool_name` (Claude Code's hook input).
+    #[arg(long)]
+    tool: String,
+    /// Where the arguments come from; only `-` (stdin) is supported.
+    #[arg(long = "args-json", default_value = "-")]
+    args_json: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum ImageCommand {
+    /// Build the default sandbox image locally (no work if it is up to date); print its reference.
+    Build {
+        /// Debian mirror to take packages from.
+        #[arg(long, env = "NIGHTSHIFT_DEBIAN_MIRROR", default_value = image::DEFAULT_MIRROR)]
+        mirror: String,
+    },
+    /// Print the default image's reference.
+    Ref,
+}
+
+#[derive(Debug, Subcommand)]
+enum AuditCommand {
+    /// Exit 0 when the chain is intact; otherwise exit 1 naming the first bad entry.
+    Verify {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// The repository to work on.
+    #[arg(long)]
+    repo: PathBuf,
+    /// The base ref (branch, tag or commit).
+    #[arg(long = "ref", default_value = "HEAD")]
+    base_ref: String,
+    /// A local image (default: the built default image).
+    #[arg(long)]
+    image: Option<String>,
+    /// The task text given to the agent.
+    #[arg(long, conflicts_with = "task_file")]
+    task: Option<String>,
+    /// Read the task text from a file.
+    #[arg(long)]
+    task_file: Option<PathBuf>,
+    /// Wall-clock cap, in seconds.
+    #[arg(long, default_value_t = 7200)]
+    timeout_secs: u64,
+    #[arg(long)]
+    json: bool,
+    /// The agent command and its arguments.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("NIGHTSHIFT_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("nightshift: starting the async runtime: {e}");
+            return ExitCode::from(exit::INTERNAL as u8);
+        }
+    };
+    let code = runtime.block_on(dispatch(cli));
+    ExitCode::from(code as u8)
+}
+
+fn state_root(cli: &Cli) -> PathBuf {
+    cli.state_dir.clone().unwrap_or_else(|| {
+        directories::ProjectDirs::from("", "", "nightshift")
+            .map(|d| d.data_dir().to_path_buf())
+            .unwrap_or_else(|| PathBuf::from(".nightshift"))
+    })
+}
+
+fn open_store(root: &std::path::Path) -> Result<Store, i32> {
+    Store::open(StatePaths::new(root.to_path_buf())).map_err(|e| {
+        eprintln!("nightshift: {e}");
+        exit::STATE
+    })
+}
+
+async fn connect() -> Result<Engine, i32> {
+    Engine::connect().await.map_err(|e| {
+        eprintln!("nightshift: {e}");
+        exit::ENGINE
+    })
+}
+
+async fn dispatch(cli: Cli) -> i32 {
+    let root = state_root(&cli);
+    let result = match cli.command {
+        Command::Image { command } => image_cmd(&root, command).await,
+        Command::Run(args) => run_cmd(&root, args).await,
+        Command::Runs { json } => runs_cmd(&root, json),
+        Command::Show { run, json } => show_cmd(&root, &run, json),
+        Command::Audit {
+            command: AuditCommand::Verify { json },
+        } => verify_cmd(&root, json),
+        Command::Demo => demo_cmd(&root).await,
+        Command::Owner {
+            command: OwnerCommand::Init,
+        } => owner_init(&root),
+        Command::Policy(args) => policy_cmd(&root, args),
+        Command::Freeze { why } => freeze_cmd(&root, &why),
+        Command::Thaw { owner_key_file } => thaw_cmd(&root, owner_key_file.as_deref()),
+    };
+    match result {
+        Ok(code) | Err(code) => code,
+    }
+}
+
+async fn image_cmd(root: &std::path::Path, command: ImageCommand) -> Result<i32, i32> {
+    match command {
+        ImageCommand::Ref => {
+            println!("{}", image::default_reference());
+            Ok(exit::OK)
+        }
+        ImageCommand::Build { mirror } => {
+            let engine = connect().await?;
+            let reference = build_image(&engine, root, &mirror).await?;
+            println!("{reference}");
+            Ok(exit::OK)
+        }
+    }
+}
+
+async fn build_image(engine: &Engine, root: &std::path::Path, mirror: &str) -> Result<String, i32> {
+    let paths = StatePaths::new(root.to_path_buf());
+    image::build(engine, &paths.image_build(), mirror, |line| {
+        eprintln!("image: {line}")
+    })
+    .await
+    .map_err(|e| {
+        eprintln!("nightshift: building the image: {e}");
+        match e {
+            image::ImageError::Engine(EngineError::Unreachable { .. }) => exit::ENGINE,
+            _ => exit::INTERNAL,
+        }
+    })
+}
+
+async fn run_cmd(root: &std::path::Path, args: RunArgs) -> Result<i32, i32> {
+    let task = match (&args.task, &args.task_file) {
+        (Some(t), _) => t.clone(),
+        (None, Some(f)) => {
+            let mut text = String::new();
+            std::fs::File::open(f)
+                .and_then(|mut h| h.read_to_string(&mut text))
+                .map_err(|e| {
+                    eprintln!("nightshift: reading the task file {}: {e}", f.display());
+                    exit::BAD_INPUT
+                })?;
+            text
+        }
+        (None, None) => String::new(),
+    };
+    let caps = Caps {
+        timeout: std::time::Duration::from_secs(args.timeout_secs),
+        ..Caps::default()
+    };
+    let req = RunRequest {
+        repo: args.repo,
+        base_ref: args.base_ref,
+        image: args.image.unwrap_or_else(image::default_reference),
+        task,
+        command: args.command,
+        caps,
+        echo: !args.json,
+    };
+    let record = perform(root, req).await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&record).unwrap_or_default()
+        );
+    } else {
+        print_summary(&record);
+    }
+    Ok(
+        if record.exit_code == Some(0) && record.status.starts_with("exited") {
+            exit::OK
+        } else {
+            exit::FAILED
+        },
+    )
+}
+
+/// Runs one request with signal handling; maps errors to exit codes.
+async fn perform(root: &std::path::Path, req: RunRequest) -> Result<RunRecord, i32> {
+    let store = open_store(root)?;
+    let engine = connect().await?;
+    let sup = Supervisor {
+        engine,
+        store: Arc::new(Mutex::new(store)),
+        state_tag: orchestrator::state_tag(root),
+    };
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    let signals = tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return;
+        };
+        let stop = tokio::select! {
+            _ = int.recv() => Stop::Interrupt,
+            _ = term.recv() => Stop::Terminate,
+        };
+        let _ = tx.send(Some(stop));
+    });
+    let result = run::execute(&sup, req, rx).await;
+    signals.abort();
+    result.map_err(|e| {
+        eprintln!("nightshift: {e}");
+        match e {
+            RunError::BadInput(_) => exit::BAD_INPUT,
+            RunError::Engine(EngineError::ImageMissing(_)) => exit::IMAGE_MISSING,
+            RunError::Engine(EngineError::Unreachable { .. }) => exit::ENGINE,
+            RunError::Engine(_) => exit::INTERNAL,
+            RunError::Refused { .. } => exit::REFUSED,
+            RunError::Store(_) => exit::STATE,
+            RunError::Git(_) => exit::INTERNAL,
+            RunError::Frozen(_) => exit::DENIED,
+            RunError::Policy(_) => exit::BAD_INPUT,
+            RunError::Interrupted { signal, .. } => match signal {
+                Stop::Interrupt => exit::SIGINT,
+                Stop::Terminate => exit::SIGTERM,
+            },
+        }
+    })
+}
+
+fn print_summary(r: &RunRecord) {
+    println!("run {}: {}", r.id, r.status);
+    if let Some(reason) = &r.reason {
+        println!("  reason: {reason}");
+    }
+    if let (Some(reference), Some(commit)) = (&r.result_ref, &r.result_commit) {
+        println!(
+            "  result: {reference} = {commit} ({} files changed, +{} -{})",
+            r.files_changed.unwrap_or(0),
+            r.insertions.unwrap_or(0),
+            r.deletions.unwrap_or(0)
+        );
+    }
+    if let Some(ms) = r.duration_ms {
+        println!("  duration: {:.1}s", ms as f64 / 1000.0);
+    }
+}
+
+fn runs_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
+    let store = open_store(root)?;
+    let runs = store.runs().map_err(store_err)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&runs).unwrap_or_default()
+        );
+        return Ok(exit::OK);
+    }
+    println!(
+        "{:<26}  {:<24}  {:>4}  {:>8}  {:>14}  REPO",
+        "ID", "STATUS", "EXIT", "DURATION", "CHANGES"
+    );
+    for r in runs {
+        let changes = match (r.files_changed, r.insertions, r.deletions) {
+            (Some(f), Some(i), Some(d)) => format!("{f}f +{i} -{d}"),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<26}  {:<24}  {:>4}  {:>8}  {:>14}  {}",
+            r.id,
+            truncate(&r.status, 24),
+            r.exit_code
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "-".into()),
+            r.duration_ms
+                .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
+                .unwrap_or_else(|| "-".into()),
+            changes,
+            r.repo
+        );
+    }
+    Ok(exit::OK)
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        s.chars().take(n - 1).chain(std::iter::once('…')).collect()
+    }
+}
+
+fn store_err(e: StoreError) -> i32 {
+    eprintln!("nightshift: {e}");
+    match e {
+        StoreError::NoSuchRun(_) => exit::BAD_INPUT,
+        _ => exit::STATE,
+    }
+}
+
+fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
+    let store = open_store(root)?;
+    let run = store.run(id).map_err(store_err)?;
+    let entries = store.entries_for_run(id).map_err(store_err)?;
+    let head = entries.last().map(|e| (e.seq, e.hash.clone()));
+    if json {
+        let doc = serde_json::json!({
+            "run": run,
+            "audit": entries.iter().map(|e| serde_json::json!({
+                "seq": e.seq, "time": e.time, "kind": e.kind, "body": e.body, "hash": e.hash,
+            })).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        return Ok(exit::OK);
+    }
+    print_summary(&run);
+    println!(
+        "  repo: {} at {} ({})",
+        run.repo,
+        run.base_ref,
+        run.base_commit.as_deref().unwrap_or("-")
+    );
+    println!("  image: {}", run.image);
+    if let Some(mem) = run.peak_memory_bytes {
+        println!("  peak memory: {:.1} MiB", mem as f64 / (1 << 20) as f64);
+    }
+    if let Some(cpu) = run.cpu_ns {
+        println!("  cpu time: {:.2}s", cpu as f64 / 1e9);
+    }
+    if let Some(props) = run.attestation.as_ref().and_then(|a| a.as_array()) {
+        println!("  attestation:");
+        for p in props {
+            println!(
+                "    {} {:<22} {}",
+                if p["ok"].as_bool().unwrap_or(false) {
+                    "ok  "
+                } else {
+                    "FAIL"
+                },
+                p["name"].as_str().unwrap_or("?"),
+                p["observed"].as_str().unwrap_or("")
+            );
+        }
+    }
+    if let Some(skipped) = run.observed.as_ref().and_then(|o| o["skipped"].as_array()) {
+        for s in skipped {
+            println!(
+                "  skipped: {} ({})",
+                s["path"].as_str().unwrap_or("?"),
+                s["why"].as_str().unwrap_or("?")
+            );
+        }
+    }
+    if let Some((seq, hash)) = head {
+        println!("  audit: {} entries, last #{seq} {hash}", entries.len());
+    }
+    Ok(exit::OK)
+}
+
+fn verify_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
+    let store = open_store(root)?;
+    let entries = store.entries().map_err(store_err)?;
+    let checkpoints = store.checkpoints().map_err(store_err)?;
+    match orchestrator_audit::verify(store.log(), &entries, &checkpoints) {
+        Ok(v) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"intact": true, "entries": v.entries, "checkpoints": v.checkpoints, "head": v.head})
+                );
+            } else {
+                println!(
+                    "audit chain intact: {} entries, {} checkpoints, head {}",
+                    v.entries, v.checkpoints, v.head
+                );
+            }
+            Ok(exit::OK)
+        }
+        Err(e) => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"intact": false, "first_bad_entry": e.seq(), "error": e.to_string()})
+                );
+            } else {
+                println!("audit chain broken: {e}");
+            }
+            Ok(exit::FAILED)
+        }
+    }
+}
+
+async fn demo_cmd(root: &std::path::Path) -> Result<i32, i32> {
+    std::fs::create_dir_all(root).map_err(|e| {
+        eprintln!("nightshift: creating {}: {e}", root.display());
+        exit::STATE
+    })?;
+    let repo = demo::ensure_repo(root).map_err(|e| {
+        eprintln!("nightshift: making the demo repository: {e}");
+        exit::INTERNAL
+    })?;
+    let engine = connect().await?;
+    let reference = build_image(&engine, root, image::DEFAULT_MIRROR).await?;
+    println!("demo: repository {}", repo.display());
+    println!("demo: running a scripted agent in a Tier 0 sandbox ({reference})");
+    let req = RunRequest {
+        repo: repo.clone(),
+        base_ref: "HEAD".into(),
+        image: reference,
+        task: demo::TASK.into(),
+        command: vec!["bash".into(), "-c".into(), demo::AGENT_SCRIPT.into()],
+        caps: Caps::default(),
+        echo: true,
+    };
+    let record = perform(root, req).await?;
+    print_summary(&record);
+    println!();
+    println!("What the agent left, as the supervisor observed and imported it:");
+    println!(
+        "  git -C {} log --stat {}",
+        repo.display(),
+        record.result_ref.as_deref().unwrap_or("-")
+    );
+    let state = root.display();
+    println!("  nightshift --state-dir {state} show {}", record.id);
+    println!("  nightshift --state-dir {state} audit verify");
+    Ok(if record.exit_code == Some(0) {
+        exit::OK
+    } else {
+        exit::FAILED
+    })
+}
+
+fn owner_init(root: &std::path::Path) -> Result<i32, i32> {
+    let store = open_store(root)?;
+    match orchestrator::owner::init(&store) {
+        Ok((path, true)) => {
+            println!(
+                "owner key written to {} (mode 0600); keep it to yourself",
+                path.display()
+            );
+            Ok(exit::OK)
+        }
+        Ok((path, false)) => {
+            println!("the owner key already exists: {}", path.display());
+            Ok(exit::OK)
+        }
+        Err(e) => {
+            eprintln!("nightshift: {e}");
+            Err(exit::STATE)
+        }
+    }
+}
+
+fn owner(
+    store: &Store,
+    key_file: Option<&std::path::Path>,
+) -> Result<orchestrator::owner::Owner, i32> {
+    orchestrator::owner::verify(store, key_file).map_err(|e| {
+        eprintln!("nightshift: {e}");
+        exit::DENIED
+    })
+}
+
+fn policy_err(e: orchestrator::policy::PolicyError) -> i32 {
+    eprintln!("nightshift: {e}");
+    match e {
+        orchestrator::policy::PolicyError::Refused(_) => exit::DENIED,
+        orchestrator::policy::PolicyError::Store(_) => exit::STATE,
+        _ => exit::BAD_INPUT,
+    }
+}
+
+fn read_stdin_bytes() -> std::io::Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    // One byte past the hook's limit is enough to know it is over.
+    std::io::stdin()
+        .take(policies::hook::MAX_HOOK_INPUT as u64 + 1)
+        .read_to_end(&mut buf)?;
+    Ok(buf)
+}
+
+/// `policy check`: fails closed. Any failure, including a panic, is exit 2
+/// with the reason on stderr.
+fn policy_check(root: &std::path::Path, rules: Option<&std::path::Path>, args: &CheckArgs) -> i32 {
+    let result =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<i32, String> {
+            if args.args_json != "-" {
+                return Err(format!(
+                    "--args-json {}: only - (stdin) is supported",
+                    args.args_json
+                ));
+            }
+            let stdin = read_stdin_bytes().map_err(|e| format!("reading stdin: {e}"))?;
+            let mut store =
+                Store::open(StatePaths::new(root.to_path_buf())).map_err(|e| e.to_string())?;
+            let set = orchestrator::policy::load(&store, rules).map_err(|e| e.to_string())?;
+            let outcome = policies::hook_decide(
+                &set,
+                args.actor.as_deref(),
+                &args.tool,
+                &stdin,
+                orchestrator::policy::now(),
+                false,
+            );
+            if let Some(decision) = &outcome.decision {
+                orchestrator::policy::record_decision(
+                    &mut store,
+                    None,
+                    args.actor.as_deref(),
+                    &args.tool,
+                    decision,
+                )
+                .map_err(|e| format!("auditing the decision: {e}"))?;
+            }
+            if outcome.exit_code != 0 {
+                eprintln!("{}", outcome.stderr);
+            }
+            Ok(outcome.exit_code)
+        }));
+    match result {
+        Ok(Ok(code)) => code,
+        Ok(Err(reason)) => {
+            eprintln!(
+                "refused by rule nightshift:hook-internal: {}",
+                reason.replace('\n', " ")
+            );
+            policies::hook::EXIT_BLOCK
+        }
+        Err(_) => {
+            eprintln!("refused by rule nightshift:hook-internal: the policy check panicked");
+            policies::hook::EXIT_BLOCK
+        }
+    }
+}
+
+fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
+    let rules = args.rules.as_deref();
+    match args.command {
+        PolicyCommand::Check(check) => Ok(policy_check(root, rules, &check)),
+        PolicyCommand::Explain(check) => {
+            let stdin = read_stdin_bytes().map_err(|e| {
+                eprintln!("nightshift: reading stdin: {e}");
+                exit::BAD_INPUT
+            })?;
+            let store = open_store(root)?;
+            let set = orchestrator::policy::load(&store, rules).map_err(policy_err)?;
+            let outcome = policies::hook_decide(
+                &set,
+                check.actor.as_deref(),
+                &check.tool,
+                &stdin,
+                orchestrator::policy::now(),
+                false,
+            );
+            match outcome.decision {
+                Some(d) => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "verdict": orchestrator::policy::verdict_name(d.verdict),
+                        "rule": d.rule.to_string(),
+                        "reason": d.reason,
+                        "escalated": d.escalated,
+                        "stood_aside": d.stood_aside.iter().map(|s| serde_json::json!({
+                            "rule": s.rule.to_string(), "effect": s.effect.to_string(),
+                            "missing": format!("{:?}", s.missing),
+                        })).collect::<Vec<_>>(),
+                        "generation": d.generation.to_string(),
+                        "digest": d.digest.to_string(),
+                    }))
+                    .unwrap_or_default()
+                ),
+                None => println!("{}", outcome.stderr),
+            }
+            Ok(exit::OK)
+        }
+        PolicyCommand::List { json } => {
+            let store = open_store(root)?;
+            let set = orchestrator::policy::load(&store, rules).map_err(policy_err)?;
+            let now = orchestrator::policy::now();
+            let active: Vec<_> = set.active(now).collect();
+            if json {
+                let doc = serde_json::json!({
+                    "generation": set.generation().to_string(),
+                    "frozen": set.freeze().map(|f| f.reason.clone()),
+                    "active": active.iter().map(|r| serde_json::to_value(r).unwrap_or_default()).collect::<Vec<_>>(),
+                    "pending": set.pending().keys().collect::<Vec<_>>(),
+                });
+                println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+                return Ok(exit::OK);
+            }
+            println!("generation {}", set.generation());
+            if let Some(f) = set.freeze() {
+                println!("FROZEN: {} ({})", f.reason, f.authority);
+            }
+            for r in &active {
+                let v = serde_json::to_value(r).unwrap_or_default();
+                println!(
+                    "{:<7} {:<32} doors={} subject={}  {}",
+                    v["effect"].as_str().unwrap_or("?"),
+                    v["id"].as_str().unwrap_or("?"),
+                    v["doors"],
+                    v["subject"].as_str().unwrap_or("?"),
+                    v["reason"].as_str().unwrap_or("")
+                );
+            }
+            for (id, p) in set.pending() {
+                println!("pending proposal {id} by {:?}", p.author);
+            }
+            Ok(exit::OK)
+        }
+        PolicyCommand::Declare {
+            file,
+            actor,
+            owner_key_file,
+        } => {
+            let mut store = open_store(root)?;
+            let writer = match actor {
+                Some(a) => orchestrator::policy::Writer::Agent(a),
+                None => {
+                    orchestrator::policy::Writer::Owner(owner(&store, owner_key_file.as_deref())?)
+                }
+            };
+            let ids = orchestrator::policy::declare(&mut store, rules, &file, &writer)
+                .map_err(policy_err)?;
+            for id in ids {
+                println!("declared {id}");
+            }
+            Ok(exit::OK)
+        }
+        PolicyCommand::Propose { file, actor } => {
+            let mut store = open_store(root)?;
+            let writer = orchestrator::policy::Writer::Agent(actor);
+            let ids = orchestrator::policy::propose(&mut store, rules, &file, &writer)
+                .map_err(policy_err)?;
+            for id in ids {
+                println!(
+                    "proposed {id}: inert until the owner runs `nightshift policy ratify {id}`"
+                );
+            }
+            Ok(exit::OK)
+        }
+        PolicyCommand::Ratify {
+            proposal,
+            owner_key_file,
+        } => {
+            let mut store = open_store(root)?;
+            let who = owner(&store, owner_key_file.as_deref())?;
+            orchestrator::policy::ratify(&mut store, rules, &proposal, &who).map_err(policy_err)?;
+            println!("ratified {proposal} (locked)");
+            Ok(exit::OK)
+        }
+        PolicyCommand::Retire {
+            rule,
+            why,
+            actor,
+            owner_key_file,
+        } => {
+            let mut store = open_store(root)?;
+            let writer = match actor {
+                Some(a) => orchestrator::policy::Writer::Agent(a),
+                None => {
+                    orchestrator::policy::Writer::Owner(owner(&store, owner_key_file.as_deref())?)
+                }
+            };
+            orchestrator::policy::retire(&mut store, rules, &rule, &why, &writer)
+                .map_err(policy_err)?;
+            println!("retired {rule}");
+            Ok(exit::OK)
+        }
+    }
+}
+
+fn freeze_cmd(root: &std::path::Path, why: &str) -> Result<i32, i32> {
+    let mut store = open_store(root)?;
+    orchestrator::policy::freeze(&mut store, None, why).map_err(policy_err)?;
+    println!("frozen: no run starts and every door refuses until `nightshift thaw`");
+    Ok(exit::OK)
+}
+
+fn thaw_cmd(root: &std::path::Path, key: Option<&std::path::Path>) -> Result<i32, i32> {
+    let mut store = open_store(root)?;
+    let who = owner(&store, key)?;
+    orchestrator::policy::thaw(&mut store, None, &who).map_err(policy_err)?;
+    println!("thawed");
+    Ok(exit::OK)
+}

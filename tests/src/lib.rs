@@ -1,1 +1,169 @@
-//! End-to-end tests against a real container engine live in `tests/tests/`.
+//! Helpers for the end-to-end tests in `tests/tests/`: they drive the real
+//! `nightshift` binary against the real container engine and real git.
+//!
+//! Each test gets its own state directory, so tests never see each other's
+//! runs, and every test checks that no container of its state survives.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The `nightshift` binary built beside this test executable.
+pub fn nightshift_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/nightshift
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target profile directory");
+    let bin = profile_dir.join("nightshift");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it first (`cargo build -p orchestrator`; scripts/test.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+/// One isolated nightshift state for a test.
+#[derive(Debug)]
+pub struct State {
+    pub dir: tempfile::TempDir,
+}
+
+impl State {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::Builder::new()
+                .prefix("nightshift-e2e-")
+                .tempdir()
+                .expect("temp state dir"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A `nightshift` command bound to this state, with a clean environment
+    /// apart from what the engine client needs.
+    pub fn cmd(&self) -> Command {
+        let mut c = Command::new(nightshift_bin());
+        c.env("NIGHTSHIFT_STATE_DIR", self.path());
+        c
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cmd().args(args).output().expect("running nightshift")
+    }
+
+    /// `nightshift runs --json`.
+    pub fn runs(&self) -> Vec<serde_json::Value> {
+        let out = self.run(&["runs", "--json"]);
+        assert!(out.status.success(), "runs failed: {}", stderr(&out));
+        serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).expect("runs json")
+    }
+
+    pub fn show(&self, id: &str) -> serde_json::Value {
+        let out = self.run(&["show", id, "--json"]);
+        assert!(out.status.success(), "show failed: {}", stderr(&out));
+        serde_json::from_slice(&out.stdout).expect("show json")
+    }
+
+    /// Containers labelled with this state's tag (there must be none left).
+    pub fn containers(&self) -> Vec<String> {
+        let tag = orchestrator::state_tag(self.path());
+        let out = Command::new("docker")
+            .args([
+                "ps",
+                "-aq",
+                "--filter",
+                &format!("label=nightshift.state={tag}"),
+            ])
+            .output()
+            .expect("docker ps");
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The output the supervisor kept for a run.
+    pub fn output_log(&self, run: &str) -> String {
+        std::fs::read_to_string(self.path().join("runs").join(run).join("output.log"))
+            .unwrap_or_default()
+    }
+
+    pub fn verify(&self) -> Output {
+        self.run(&["audit", "verify"])
+    }
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The default image's reference (built by scripts/test.sh before the tests).
+pub fn image() -> String {
+    orchestrator::image::default_reference()
+}
+
+/// Runs git in `dir`, panicking with its stderr on failure.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@localhost"])
+        .args(args)
+        .output()
+        .expect("running git");
+    assert!(
+        out.status.success(),
+        "git {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A small host repository with a couple of files and one commit.
+pub fn make_repo() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("nightshift-repo-")
+        .tempdir()
+        .expect("temp repo");
+    git(dir.path(), &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.path().join("README.md"), "# test repo\n").unwrap();
+    std::fs::create_dir(dir.path().join("src")).unwrap();
+    std::fs::write(dir.path().join("src/lib.txt"), "one\ntwo\n").unwrap();
+    git(dir.path(), &["add", "-A"]);
+    git(dir.path(), &["commit", "-q", "-m", "initial"]);
+    dir
+}
+
+/// The id of the only run in a state.
+pub fn only_run(state: &State) -> serde_json::Value {
+    let runs = state.runs();
+    assert_eq!(runs.len(), 1, "expected one run, got {runs:?}");
+    runs.into_iter().next().unwrap()
+}
+
+/// The kinds of a run's audit entries, in order.
+pub fn audit_kinds(state: &State, run: &str) -> Vec<String> {
+    state.show(run)["audit"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| e["kind"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}

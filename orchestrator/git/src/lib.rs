@@ -1,1 +1,37 @@
-//! placeholder: filled in by its first change.
+//! The git adapter: the only crate of nightshift that names `git2`.
+//!
+//! Three jobs, each in its own module:
+//! - [`resolve_base`] turns a host repository and a ref into the base commit of a run;
+//! - [`create_worktree`] makes the run's self-contained checkout, which shares no
+//!   file and no pointer with the host repository;
+//! - [`import_run`] brings the run's result back into the host repository as
+//!   `refs/nightshift/runs/<id>`, reading the worktree only as data;
+//! - [`remove_worktree`] throws the worktree away.
+//!
+//! Invariants held across the crate:
+//! - the host repository is trusted; the worktree, once a sandbox has run in it, is
+//!   hostile: it is never opened as a repository, no hook, config, attribute,
+//!   filter or submodule entry of it is read or run, and no symlink in it is
+//!   followed;
+//! - the host repository only ever gains objects and refs under
+//!   `refs/nightshift/runs/`; its HEAD, branches, config and working tree are
+//!   never touched.
+
+#![forbid(unsafe_code)]
+
+mod base;
+mod checkout;
+mod error;
+mod fsx;
+mod import;
+mod run_id;
+mod worktree;
+
+pub use base::{resolve_base, Base};
+pub use error::GitError;
+pub use import::{
+    import_run, ImportLimits, ImportSpec, Imported, SkipReason, Skipped, TipSource,
+    MAX_SKIPPED_LISTED,
+};
+pub use run_id::{result_ref, run_branch, validate_run_id};
+pub use worktree::{create_worktree, remove_worktree, Worktree, WorktreeSpec};

@@ -1,0 +1,96 @@
+//! The one error type of the crate.
+//!
+//! Messages are lowercase and say what was being done; the underlying error is
+//! attached as the source and never repeated in the message.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the git adapter.
+#[derive(Debug, thiserror::Error)]
+pub enum GitError {
+    #[error("opening {path} as a git repository: not a git repository")]
+    NotARepository {
+        path: PathBuf,
+        #[source]
+        source: git2::Error,
+    },
+    #[error("resolving base ref {reference:?}: no such ref or revision")]
+    UnknownRef {
+        reference: String,
+        #[source]
+        source: git2::Error,
+    },
+    #[error("resolving base ref {reference:?}: it names a {kind}, not a commit")]
+    NotACommit { reference: String, kind: String },
+    #[error("checking run id {run_id:?}: {why}")]
+    InvalidRunId { run_id: String, why: &'static str },
+    #[error("checking commit id {id:?}: not a full 40-hex commit id")]
+    InvalidCommitId { id: String },
+    #[error("finding base commit {id} in {repo}")]
+    MissingBase {
+        id: String,
+        repo: PathBuf,
+        #[source]
+        source: git2::Error,
+    },
+    #[error("creating worktree {path}: {why}")]
+    BadDestination { path: PathBuf, why: &'static str },
+    #[error("{action} {path}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{action}")]
+    Git {
+        action: String,
+        #[source]
+        source: git2::Error,
+    },
+    #[error("reading worktree {path}: refused: {why}")]
+    HostileWorktree { path: PathBuf, why: String },
+    #[error("reading ref {reference} of the worktree: {why}")]
+    BadRef { reference: String, why: String },
+    #[error("reading object {id} from the worktree: it is missing or unreadable")]
+    MissingObject {
+        id: String,
+        #[source]
+        source: git2::Error,
+    },
+    #[error("reading object {id} from the worktree: malformed {kind}: {why}")]
+    MalformedObject {
+        id: String,
+        kind: &'static str,
+        why: &'static str,
+    },
+    #[error("importing run objects: more than {limit} new objects (max_objects)")]
+    TooManyObjects { limit: u64 },
+    #[error("importing object {id}: {size} bytes, over the {limit}-byte limit (max_file_bytes)")]
+    ObjectTooLarge { id: String, size: u64, limit: u64 },
+    #[error("importing run objects: more than {limit} bytes of new objects (max_total_bytes)")]
+    TotalBytesExceeded { limit: u64 },
+    #[error("writing object {expected} into the host repository: it was stored as {written}")]
+    ObjectIdMismatch { expected: String, written: String },
+}
+
+impl GitError {
+    pub(crate) fn io(
+        action: &'static str,
+        path: impl Into<PathBuf>,
+        source: std::io::Error,
+    ) -> Self {
+        GitError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn git(action: impl Into<String>, source: git2::Error) -> Self {
+        GitError::Git {
+            action: action.into(),
+            source,
+        }
+    }
+}

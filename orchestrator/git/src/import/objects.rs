@@ -1,0 +1,413 @@
+//! Reading the worktree's objects as data, and copying the new ones into the host.
+//!
+//! Invariants:
+//! - the worktree's object directory is read through an object database of our
+//!   own (`git_odb_new` plus one disk alternate): no repository, no config;
+//! - before it is opened, `.git`, `.git/objects`, `objects/pack` and
+//!   `objects/info` are checked to be real directories, `objects/info/alternates`
+//!   and `http-alternates` are deleted, and every entry libgit2 could open that
+//!   is not a regular file (symlink, FIFO, socket, device) is deleted, as is any
+//!   loose object file too large to hold an object within the limits (libgit2
+//!   reads a loose file whole);
+//! - an object the host already has is taken to come with everything it
+//!   reaches (true for objects written by this module, which writes every
+//!   object after everything it reaches, and for objects reachable from the
+//!   host's refs); only objects the host lacks are read from the worktree;
+//! - every object's size is checked from its header before it is read.
+//!
+//! Residual risk, not closed here: a hostile *pack* can hold a delta whose base
+//! object is far larger than the limits (deflate shrinks zeros about 1000:1);
+//! libgit2 inflates that base in memory. Memory is then bounded by about 1000x
+//! the worktree's size cap, not by `ImportLimits`.
+
+use std::collections::HashSet;
+use std::fs;
+use std::io;
+use std::path::Path;
+
+use git2::{ObjectType, Odb, Oid};
+
+use super::{ImportLimits, SkipList, SkipReason};
+use crate::fsx::is_real_dir;
+use crate::GitError;
+
+/// Slack over `max_file_bytes` for a loose object file: zlib's worst-case
+/// expansion (5 bytes per 16 KiB block) plus the header.
+fn loose_file_cap(limits: &ImportLimits) -> u64 {
+    limits
+        .max_file_bytes
+        .saturating_add(limits.max_file_bytes / 1000)
+        .saturating_add(64 << 10)
+}
+
+/// Checks and cleans `<worktree>/.git/objects`, then opens it as a bare object
+/// database.
+pub(super) fn open_worktree_odb(
+    worktree: &Path,
+    limits: &ImportLimits,
+    skipped: &mut SkipList,
+) -> Result<Odb<'static>, GitError> {
+    let gitdir = worktree.join(".git");
+    let objects = gitdir.join("objects");
+    for (dir, required) in [
+        (worktree.to_owned(), true),
+        (gitdir.clone(), true),
+        (objects.clone(), true),
+        (objects.join("pack"), false),
+        (objects.join("info"), false),
+    ] {
+        let meta = match fs::symlink_metadata(&dir) {
+            Ok(m) => m,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && !required => continue,
+            Err(e) => return Err(GitError::io("inspecting worktree object store", &dir, e)),
+        };
+        if !meta.file_type().is_dir() {
+            return Err(GitError::HostileWorktree {
+                path: dir,
+                why: "not a directory (a symlink is never followed)".to_owned(),
+            });
+        }
+    }
+
+    for name in ["alternates", "http-alternates"] {
+        let path = objects.join("info").join(name);
+        if fs::symlink_metadata(&path).is_ok() {
+            remove(
+                worktree,
+                &path,
+                "alternates would make the object store read elsewhere",
+                skipped,
+            )?;
+        }
+    }
+
+    let cap = loose_file_cap(limits);
+    let top = fs::read_dir(&objects)
+        .map_err(|e| GitError::io("listing worktree objects", &objects, e))?;
+    for entry in top {
+        let entry = entry.map_err(|e| GitError::io("listing worktree objects", &objects, e))?;
+        let name = entry.file_name();
+        let path = entry.path();
+        let name = name.to_string_lossy();
+        let is_fanout = name.len() == 2 && name.bytes().all(|b| b.is_ascii_hexdigit());
+        if !(is_fanout || name == "pack" || name == "info") {
+            continue; // libgit2 never opens anything else here.
+        }
+        if !is_real_dir(&path).map_err(|e| GitError::io("inspecting worktree objects", &path, e))? {
+            remove(worktree, &path, "not a real directory", skipped)?;
+            continue;
+        }
+        sweep_dir(worktree, &path, is_fanout.then_some(cap), skipped)?;
+    }
+
+    let objects_str = objects.to_str().ok_or_else(|| GitError::HostileWorktree {
+        path: objects.clone(),
+        why: "the path is not UTF-8, which libgit2 needs".to_owned(),
+    })?;
+    let odb = Odb::new().map_err(|e| GitError::git("making a scratch object database", e))?;
+    odb.add_disk_alternate(objects_str)
+        .map_err(|e| GitError::git(format!("opening worktree objects {objects_str}"), e))?;
+    Ok(odb)
+}
+
+/// Deletes every non-directory entry of `dir` that is not a regular file, and
+/// regular files over `cap` when given.
+fn sweep_dir(
+    worktree: &Path,
+    dir: &Path,
+    cap: Option<u64>,
+    skipped: &mut SkipList,
+) -> Result<(), GitError> {
+    let entries =
+        fs::read_dir(dir).map_err(|e| GitError::io("listing worktree objects", dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| GitError::io("listing worktree objects", dir, e))?;
+        let path = entry.path();
+        let meta = fs::symlink_metadata(&path)
+            .map_err(|e| GitError::io("inspecting worktree objects", &path, e))?;
+        let kind = meta.file_type();
+        if kind.is_dir() {
+            continue; // libgit2 opens only files at this level; it never descends.
+        }
+        if !kind.is_file() {
+            remove(worktree, &path, "not a regular file", skipped)?;
+        } else if cap.is_some_and(|cap| meta.len() > cap) {
+            remove(
+                worktree,
+                &path,
+                "loose object file larger than any importable object",
+                skipped,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn remove(
+    worktree: &Path,
+    path: &Path,
+    why: &'static str,
+    skipped: &mut SkipList,
+) -> Result<(), GitError> {
+    let meta = fs::symlink_metadata(path)
+        .map_err(|e| GitError::io("inspecting worktree objects", path, e))?;
+    let result = if meta.file_type().is_dir() {
+        fs::remove_dir_all(path)
+    } else {
+        fs::remove_file(path)
+    };
+    result.map_err(|e| GitError::io("removing hostile object store entry", path, e))?;
+    let rel = path.strip_prefix(worktree).unwrap_or(path);
+    skipped.push(
+        rel.to_string_lossy().into_owned(),
+        SkipReason::ObjectStoreEntryRemoved { why },
+    );
+    Ok(())
+}
+
+enum Frame {
+    Enter(Oid, ObjectType),
+    Exit(Oid, ObjectType, Vec<u8>),
+}
+
+/// Copies every object reachable from `tip` that the host lacks, each after
+/// everything it reaches. Returns how many were copied.
+pub(super) fn copy_reachable(
+    host: &Odb<'_>,
+    wt: &Odb<'_>,
+    tip: Oid,
+    limits: &ImportLimits,
+) -> Result<u64, GitError> {
+    let mut seen: HashSet<Oid> = HashSet::new();
+    let mut total_bytes: u64 = 0;
+    let mut stack = vec![Frame::Enter(tip, ObjectType::Commit)];
+    while let Some(frame) = stack.pop() {
+        match frame {
+            Frame::Exit(id, kind, data) => write_checked(host, id, kind, &data)?,
+            Frame::Enter(id, expected) => {
+                if seen.contains(&id) || host.exists(id) {
+                    continue;
+                }
+                seen.insert(id);
+                if seen.len() as u64 > limits.max_objects {
+                    return Err(GitError::TooManyObjects {
+                        limit: limits.max_objects,
+                    });
+                }
+                let (size, kind) =
+                    wt.read_header(id)
+                        .map_err(|source| GitError::MissingObject {
+                            id: id.to_string(),
+                            source,
+                        })?;
+                if kind != expected {
+                    return Err(GitError::MalformedObject {
+                        id: id.to_string(),
+                        kind: kind_name(expected),
+                        why: "it is referenced as this kind but is another",
+                    });
+                }
+                let size = size as u64;
+                if size > limits.max_file_bytes {
+                    return Err(GitError::ObjectTooLarge {
+                        id: id.to_string(),
+                        size,
+                        limit: limits.max_file_bytes,
+                    });
+                }
+                total_bytes = total_bytes.saturating_add(size);
+                if total_bytes > limits.max_total_bytes {
+                    return Err(GitError::TotalBytesExceeded {
+                        limit: limits.max_total_bytes,
+                    });
+                }
+                let object = wt.read(id).map_err(|source| GitError::MissingObject {
+                    id: id.to_string(),
+                    source,
+                })?;
+                if object.kind() != kind || object.len() as u64 != size {
+                    return Err(GitError::MalformedObject {
+                        id: id.to_string(),
+                        kind: kind_name(kind),
+                        why: "its header and its content disagree",
+                    });
+                }
+                let data = object.data().to_vec();
+                drop(object);
+                match kind {
+                    ObjectType::Blob => write_checked(host, id, kind, &data)?,
+                    ObjectType::Tree => {
+                        let children = parse_tree(id, &data)?;
+                        stack.push(Frame::Exit(id, kind, data));
+                        stack.extend(children.into_iter().map(|(c, k)| Frame::Enter(c, k)));
+                    }
+                    ObjectType::Commit => {
+                        let (tree, parents) = parse_commit(id, &data)?;
+                        stack.push(Frame::Exit(id, kind, data));
+                        stack.push(Frame::Enter(tree, ObjectType::Tree));
+                        stack.extend(
+                            parents
+                                .into_iter()
+                                .map(|p| Frame::Enter(p, ObjectType::Commit)),
+                        );
+                    }
+                    _ => {
+                        return Err(GitError::MalformedObject {
+                            id: id.to_string(),
+                            kind: kind_name(kind),
+                            why: "only commits, trees and blobs are imported",
+                        })
+                    }
+                }
+            }
+        }
+    }
+    Ok(seen.len() as u64)
+}
+
+fn write_checked(host: &Odb<'_>, id: Oid, kind: ObjectType, data: &[u8]) -> Result<(), GitError> {
+    let written = host
+        .write(kind, data)
+        .map_err(|e| GitError::git(format!("writing object {id} into the host repository"), e))?;
+    if written != id {
+        return Err(GitError::ObjectIdMismatch {
+            expected: id.to_string(),
+            written: written.to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn kind_name(kind: ObjectType) -> &'static str {
+    match kind {
+        ObjectType::Commit => "commit",
+        ObjectType::Tree => "tree",
+        ObjectType::Blob => "blob",
+        ObjectType::Tag => "tag",
+        _ => "object",
+    }
+}
+
+/// The objects a raw tree refers to; submodule entries (gitlinks) name commits
+/// of other repositories and are not followed.
+fn parse_tree(id: Oid, mut data: &[u8]) -> Result<Vec<(Oid, ObjectType)>, GitError> {
+    let bad = |why| GitError::MalformedObject {
+        id: id.to_string(),
+        kind: "tree",
+        why,
+    };
+    let mut out = Vec::new();
+    while !data.is_empty() {
+        let space = data
+            .iter()
+            .position(|&b| b == b' ')
+            .ok_or_else(|| bad("entry without mode"))?;
+        let mode_text =
+            std::str::from_utf8(&data[..space]).map_err(|_| bad("mode is not octal"))?;
+        let mode = u32::from_str_radix(mode_text, 8).map_err(|_| bad("mode is not octal"))?;
+        let rest = &data[space + 1..];
+        let nul = rest
+            .iter()
+            .position(|&b| b == 0)
+            .ok_or_else(|| bad("entry name not terminated"))?;
+        let after = &rest[nul + 1..];
+        if after.len() < 20 {
+            return Err(bad("entry id truncated"));
+        }
+        let child = Oid::from_bytes(&after[..20]).map_err(|_| bad("entry id unreadable"))?;
+        data = &after[20..];
+        match mode & 0o170000 {
+            0o040000 => out.push((child, ObjectType::Tree)),
+            0o100000 | 0o120000 => out.push((child, ObjectType::Blob)),
+            0o160000 => {}
+            _ => return Err(bad("entry has an unknown mode")),
+        }
+    }
+    Ok(out)
+}
+
+/// The tree and parents of a raw commit.
+fn parse_commit(id: Oid, data: &[u8]) -> Result<(Oid, Vec<Oid>), GitError> {
+    let bad = |why| GitError::MalformedObject {
+        id: id.to_string(),
+        kind: "commit",
+        why,
+    };
+    let hex = |value: &[u8]| -> Result<Oid, GitError> {
+        if value.len() != 40 || !value.iter().all(u8::is_ascii_hexdigit) {
+            return Err(bad("header id is not 40 hex"));
+        }
+        let text = std::str::from_utf8(value).map_err(|_| bad("header id is not 40 hex"))?;
+        Oid::from_str(text).map_err(|_| bad("header id is not 40 hex"))
+    };
+    let mut tree = None;
+    let mut parents = Vec::new();
+    for (n, line) in data.split(|&b| b == b'\n').enumerate() {
+        if line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.strip_prefix(b"tree ") {
+            if n != 0 {
+                return Err(bad("tree header is not first"));
+            }
+            tree = Some(hex(v)?);
+        } else if let Some(v) = line.strip_prefix(b"parent ") {
+            parents.push(hex(v)?);
+        } else if n == 0 {
+            return Err(bad("no tree header"));
+        }
+    }
+    let tree = tree.ok_or_else(|| bad("no tree header"))?;
+    Ok((tree, parents))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn oid(n: u8) -> Oid {
+        Oid::from_bytes(&[n; 20]).unwrap()
+    }
+
+    #[test]
+    fn parses_trees_and_skips_gitlinks() {
+        let mut raw = Vec::new();
+        for (mode, name, n) in [
+            ("100644", "a", 1u8),
+            ("40000", "d", 2),
+            ("160000", "sub", 3),
+            ("120000", "l", 4),
+        ] {
+            raw.extend_from_slice(format!("{mode} {name}\0").as_bytes());
+            raw.extend_from_slice(&[n; 20]);
+        }
+        let got = parse_tree(oid(9), &raw).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                (oid(1), ObjectType::Blob),
+                (oid(2), ObjectType::Tree),
+                (oid(4), ObjectType::Blob)
+            ]
+        );
+        assert!(parse_tree(oid(9), &raw[..raw.len() - 3]).is_err());
+        assert!(parse_tree(oid(9), b"999999 x\0aaaaaaaaaaaaaaaaaaaa").is_err());
+    }
+
+    #[test]
+    fn parses_commits_and_refuses_garbage() {
+        let c = format!(
+            "tree {}\nparent {}\nparent {}\nauthor a <a> 1 +0000\n\nparent {}\n",
+            oid(1),
+            oid(2),
+            oid(3),
+            oid(4)
+        );
+        let (tree, parents) = parse_commit(oid(9), c.as_bytes()).unwrap();
+        assert_eq!(tree, oid(1));
+        // A "parent" line in the message is not a parent.
+        assert_eq!(parents, vec![oid(2), oid(3)]);
+        assert!(parse_commit(oid(9), b"author x\ntree 00\n").is_err());
+        assert!(parse_commit(oid(9), b"tree zz\n").is_err());
+    }
+}

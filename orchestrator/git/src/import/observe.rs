@@ -1,0 +1,431 @@
+//! Turning the worktree's working files into a tree in the host repository.
+//!
+//! Invariants:
+//! - the walk uses `read_dir` and `lstat` only, descends only into real
+//!   directories, and never goes through a symlink: a symlink becomes a git
+//!   symlink entry whose blob is its link text (`readlink`), never its target;
+//! - a regular file is opened with `O_NOFOLLOW | O_NONBLOCK` and read only after
+//!   `fstat` on the open descriptor says it is regular and within the limits;
+//!   FIFOs, sockets and devices are never opened;
+//! - modes are git's: 100755 when the owner may execute, else 100644;
+//!   setuid, setgid and sticky bits are dropped;
+//! - `.gitignore` files are read the same way (never through a symlink) and
+//!   only leave out *untracked* paths: a path the tip's tree holds is always
+//!   observed, as git does;
+//! - `.git` at the top is the repository and is skipped; a `.git` anywhere
+//!   below is skipped and listed (git trees cannot hold one);
+//! - a path left out (limits, special file, unreadable, too deep) that the
+//!   tip's tree holds keeps the tip's entry, so that "not observed" never reads
+//!   as "deleted"; an untracked one is simply absent; both are listed;
+//! - a submodule (gitlink) of the tip's tree is kept as the tip has it: its
+//!   directory is not read.
+//!
+//! Nothing the worktree holds is trusted as a cache: every file is read and
+//! hashed, since the index and mtimes are the agent's to forge.
+
+use std::ffi::OsString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::Path;
+
+use git2::{ObjectType, Odb, Oid, Repository, Tree};
+use ignore::gitignore::{Gitignore, GitignoreBuilder};
+use ignore::Match;
+
+use super::{ImportLimits, SkipList, SkipReason};
+use crate::fsx::{open_nofollow, read_capped, read_open_capped, Capped};
+use crate::GitError;
+
+/// Deepest directory nesting walked; deeper directories are skipped and listed.
+pub(crate) const MAX_DEPTH: usize = 256;
+const MAX_GITIGNORE_BYTES: u64 = 1 << 20;
+
+const MODE_TREE: i32 = 0o040000;
+const MODE_BLOB: i32 = 0o100644;
+const MODE_EXEC: i32 = 0o100755;
+const MODE_LINK: i32 = 0o120000;
+const MODE_GITLINK: i32 = 0o160000;
+
+/// What walking one directory gave.
+enum Built {
+    Tree(Oid),
+    /// Nothing git would record (an empty or all-ignored directory).
+    Empty,
+    /// The directory could not be listed (and was listed as skipped).
+    Unread,
+}
+
+pub(super) struct Observed {
+    pub(super) tree: Oid,
+    pub(super) ignored: u64,
+}
+
+struct Walker<'a> {
+    host: &'a Repository,
+    odb: Odb<'a>,
+    limits: ImportLimits,
+    files: u64,
+    bytes: u64,
+    ignored: u64,
+    skipped: &'a mut SkipList,
+    ignores: Vec<Gitignore>,
+}
+
+/// Builds the tree of the worktree's working files in the host repository.
+pub(super) fn observe(
+    host: &Repository,
+    worktree: &Path,
+    tip_tree: &Tree<'_>,
+    limits: &ImportLimits,
+    skipped: &mut SkipList,
+) -> Result<Observed, GitError> {
+    let odb = host
+        .odb()
+        .map_err(|e| GitError::git("opening the host object database", e))?;
+    let mut walker = Walker {
+        host,
+        odb,
+        limits: *limits,
+        files: 0,
+        bytes: 0,
+        ignored: 0,
+        skipped,
+        ignores: Vec::new(),
+    };
+    let tree = match walker.dir(worktree, "", 0, Some(tip_tree), false)? {
+        Built::Tree(tree) => tree,
+        Built::Unread => {
+            return Err(GitError::HostileWorktree {
+                path: worktree.to_owned(),
+                why: "its top directory cannot be listed".to_owned(),
+            })
+        }
+        Built::Empty => host
+            .treebuilder(None)
+            .and_then(|b| b.write())
+            .map_err(|e| GitError::git("writing the empty observed tree", e))?,
+    };
+    Ok(Observed {
+        tree,
+        ignored: walker.ignored,
+    })
+}
+
+impl Walker<'_> {
+    fn skip(&mut self, rel: &str, why: SkipReason) {
+        self.skipped.push(rel.to_owned(), why);
+    }
+
+    /// True when a `.gitignore` on the way leaves `path` out.
+    fn is_ignored(&self, path: &Path, is_dir: bool) -> bool {
+        for gi in self.ignores.iter().rev() {
+            match gi.matched(path, is_dir) {
+                Match::Ignore(_) => return true,
+                Match::Whitelist(_) => return false,
+                Match::None => {}
+            }
+        }
+        false
+    }
+
+    fn load_gitignore(&self, dir: &Path) -> Option<Gitignore> {
+        let path = dir.join(".gitignore");
+        let data = match read_capped(&path, MAX_GITIGNORE_BYTES) {
+            Ok(Capped::Data(d)) => d,
+            // A symlinked, special or oversized .gitignore is not read; the file
+            // itself is still observed (or skipped) like any other entry.
+            _ => return None,
+        };
+        let mut builder = GitignoreBuilder::new(dir);
+        for line in String::from_utf8_lossy(&data).lines() {
+            // A pattern the glob engine refuses is dropped, as git drops it.
+            let _ = builder.add_line(Some(path.clone()), line);
+        }
+        builder.build().ok()
+    }
+
+    /// Builds the tree of directory `abs` (`rel` from the top), or `None` when
+    /// it holds nothing git would record.
+    fn dir(
+        &mut self,
+        abs: &Path,
+        rel: &str,
+        depth: usize,
+        tracked: Option<&Tree<'_>>,
+        in_ignored: bool,
+    ) -> Result<Built, GitError> {
+        let listed: std::io::Result<Vec<OsString>> = fs::read_dir(abs)
+            .and_then(|entries| entries.map(|e| e.map(|e| e.file_name())).collect());
+        let mut names = match listed {
+            Ok(names) => names,
+            Err(e) => {
+                self.skip(
+                    rel,
+                    SkipReason::Unreadable {
+                        error: e.to_string(),
+                    },
+                );
+                return Ok(Built::Unread);
+            }
+        };
+        // Sorted so that which paths the limits leave out does not depend on
+        // the order the file system lists them in.
+        names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
+
+        let pushed = match self.load_gitignore(abs) {
+            Some(gi) => {
+                self.ignores.push(gi);
+                true
+            }
+            None => false,
+        };
+        let result = self.entries(abs, rel, depth, tracked, in_ignored, &names);
+        if pushed {
+            self.ignores.pop();
+        }
+        result
+    }
+
+    fn entries(
+        &mut self,
+        abs: &Path,
+        rel: &str,
+        depth: usize,
+        tracked: Option<&Tree<'_>>,
+        in_ignored: bool,
+        names: &[OsString],
+    ) -> Result<Built, GitError> {
+        let mut builder = self
+            .host
+            .treebuilder(None)
+            .map_err(|e| GitError::git("making a tree builder in the host repository", e))?;
+        for name in names {
+            let name_bytes = name.as_bytes();
+            let path = abs.join(name);
+            let child_rel = if rel.is_empty() {
+                name.to_string_lossy().into_owned()
+            } else {
+                format!("{rel}/{}", name.to_string_lossy())
+            };
+            if name_bytes.eq_ignore_ascii_case(b".git") {
+                if !(depth == 0 && name_bytes == b".git") {
+                    self.skip(&child_rel, SkipReason::NestedGitDir);
+                }
+                continue;
+            }
+            let meta = match fs::symlink_metadata(&path) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.skip(
+                        &child_rel,
+                        SkipReason::Unreadable {
+                            error: e.to_string(),
+                        },
+                    );
+                    continue;
+                }
+            };
+            let kind = meta.file_type();
+            let tracked_entry = tracked
+                .and_then(|t| t.get_name_bytes(name_bytes))
+                .map(|e| (e.id(), e.filemode(), e.kind()));
+            let is_tracked = tracked_entry.is_some();
+            // A tracked path that is skipped (limits, special file, unreadable)
+            // keeps the tip's entry: "not observed" must not read as "deleted".
+            let kept = tracked_entry.map(|(id, mode, _)| (id, mode));
+            let skipped_before = self.skipped.total;
+            let matches_ignore = self.is_ignored(&path, kind.is_dir());
+            let ignored = !is_tracked && (in_ignored || matches_ignore);
+
+            let entry: Option<(Oid, i32)> = if kind.is_dir() {
+                if let Some((id, MODE_GITLINK, _)) = tracked_entry {
+                    Some((id, MODE_GITLINK))
+                } else if ignored {
+                    self.ignored += 1;
+                    None
+                } else if depth + 1 >= MAX_DEPTH {
+                    self.skip(&child_rel, SkipReason::TooDeep { limit: MAX_DEPTH });
+                    kept
+                } else {
+                    let sub = match tracked_entry {
+                        Some((id, _, Some(ObjectType::Tree))) => Some(
+                            self.host
+                                .find_tree(id)
+                                .map_err(|e| GitError::git(format!("reading tip tree {id}"), e))?,
+                        ),
+                        _ => None,
+                    };
+                    match self.dir(
+                        &path,
+                        &child_rel,
+                        depth + 1,
+                        sub.as_ref(),
+                        in_ignored || matches_ignore,
+                    )? {
+                        Built::Tree(id) => Some((id, MODE_TREE)),
+                        Built::Empty => None,
+                        Built::Unread => kept,
+                    }
+                }
+            } else if ignored {
+                self.ignored += 1;
+                None
+            } else if kind.is_symlink() {
+                self.symlink(&path, &child_rel)?.map(|id| (id, MODE_LINK))
+            } else if kind.is_file() {
+                let mode = if meta.permissions().mode() & 0o100 != 0 {
+                    MODE_EXEC
+                } else {
+                    MODE_BLOB
+                };
+                self.file(&path, &child_rel, meta.len())?
+                    .map(|id| (id, mode))
+            } else {
+                let what = if kind.is_fifo() {
+                    "fifo"
+                } else if kind.is_socket() {
+                    "socket"
+                } else if kind.is_char_device() {
+                    "character device"
+                } else if kind.is_block_device() {
+                    "block device"
+                } else {
+                    "unknown file type"
+                };
+                self.skip(&child_rel, SkipReason::SpecialFile { kind: what });
+                None
+            };
+            let entry = match entry {
+                None if !kind.is_dir() && self.skipped.total > skipped_before => kept,
+                other => other,
+            };
+            if let Some((id, mode)) = entry {
+                if builder.insert(name_bytes, id, mode).is_err() {
+                    self.skip(&child_rel, SkipReason::InvalidName);
+                }
+            }
+        }
+        if builder.is_empty() {
+            return Ok(Built::Empty);
+        }
+        builder
+            .write()
+            .map(Built::Tree)
+            .map_err(|e| GitError::git(format!("writing the observed tree of {rel:?}"), e))
+    }
+
+    /// Takes one file slot, or says why not.
+    fn take_slot(&mut self, rel: &str, size: u64) -> bool {
+        let l = self.limits;
+        if self.files >= l.max_files {
+            self.skip(rel, SkipReason::TooManyFiles { limit: l.max_files });
+            return false;
+        }
+        if size > l.max_file_bytes {
+            self.skip(
+                rel,
+                SkipReason::TooLarge {
+                    size,
+                    limit: l.max_file_bytes,
+                },
+            );
+            return false;
+        }
+        if self.bytes.saturating_add(size) > l.max_total_bytes {
+            self.skip(
+                rel,
+                SkipReason::TotalBytesExceeded {
+                    limit: l.max_total_bytes,
+                },
+            );
+            return false;
+        }
+        true
+    }
+
+    fn symlink(&mut self, path: &Path, rel: &str) -> Result<Option<Oid>, GitError> {
+        let target = match fs::read_link(path) {
+            Ok(t) => t,
+            Err(e) => {
+                self.skip(
+                    rel,
+                    SkipReason::Unreadable {
+                        error: e.to_string(),
+                    },
+                );
+                return Ok(None);
+            }
+        };
+        let data = target.as_os_str().as_bytes();
+        if !self.take_slot(rel, data.len() as u64) {
+            return Ok(None);
+        }
+        self.files += 1;
+        self.bytes += data.len() as u64;
+        self.blob(data).map(Some)
+    }
+
+    fn file(&mut self, path: &Path, rel: &str, size: u64) -> Result<Option<Oid>, GitError> {
+        if !self.take_slot(rel, size) {
+            return Ok(None);
+        }
+        let remaining = self.limits.max_total_bytes - self.bytes;
+        let cap = self.limits.max_file_bytes.min(remaining);
+        let read = open_nofollow(path).and_then(|f| read_open_capped(f, cap));
+        let data = match read {
+            Ok(Capped::Data(d)) => d,
+            Ok(Capped::TooLarge(size)) => {
+                self.skip(
+                    rel,
+                    SkipReason::TooLarge {
+                        size,
+                        limit: self.limits.max_file_bytes,
+                    },
+                );
+                return Ok(None);
+            }
+            Ok(Capped::NotRegular | Capped::Missing) => {
+                self.skip(
+                    rel,
+                    SkipReason::SpecialFile {
+                        kind: "not a regular file when opened",
+                    },
+                );
+                return Ok(None);
+            }
+            Err(e) => {
+                self.skip(
+                    rel,
+                    SkipReason::Unreadable {
+                        error: e.to_string(),
+                    },
+                );
+                return Ok(None);
+            }
+        };
+        self.files += 1;
+        self.bytes += data.len() as u64;
+        self.blob(&data).map(Some)
+    }
+
+    /// Stores `data` as a blob in the host unless it is there already.
+    fn blob(&self, data: &[u8]) -> Result<Oid, GitError> {
+        let id = Oid::hash_object(ObjectType::Blob, data)
+            .map_err(|e| GitError::git("hashing an observed file", e))?;
+        if self.odb.exists(id) {
+            return Ok(id);
+        }
+        let written = self
+            .odb
+            .write(ObjectType::Blob, data)
+            .map_err(|e| GitError::git("writing an observed file into the host repository", e))?;
+        if written != id {
+            return Err(GitError::ObjectIdMismatch {
+                expected: id.to_string(),
+                written: written.to_string(),
+            });
+        }
+        Ok(id)
+    }
+}

@@ -1,0 +1,149 @@
+//! The typed audit events the supervisor records.
+//!
+//! Invariant: an event holds no content. Ids, digests, sizes, counts, labels,
+//! rule ids, paths and the supervisor's own observations only; never file
+//! contents, task text, agent output, or environment values. Each variant's
+//! fields are the whole of what can reach the chain, so review happens here.
+
+use serde::Serialize;
+
+/// One observed fact, as it is written into the chain.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Event {
+    RunCreated {
+        repo: String,
+        base_ref: String,
+        base_commit: String,
+        image: String,
+        image_id: String,
+        /// sha256 of the command's arguments (NUL-joined), never the arguments.
+        command_digest: String,
+        /// sha256 of the task text, and its size: the text itself stays out.
+        task_digest: String,
+        task_bytes: usize,
+        caps: serde_json::Value,
+    },
+    WorktreeCreated {
+        path: String,
+        branch: String,
+        base_commit: String,
+        base_tree: String,
+    },
+    Attestation {
+        passed: bool,
+        container: String,
+        properties: serde_json::Value,
+    },
+    Started {
+        container: String,
+    },
+    Exited {
+        exit_code: Option<i64>,
+        oom_killed: bool,
+        ended_by: String,
+        duration_ms: i64,
+        peak_memory_bytes: Option<i64>,
+        cpu_ns: Option<i64>,
+        output_bytes: u64,
+        output_kept_bytes: u64,
+    },
+    ObservedState {
+        agent_tip: String,
+        observed_commit: Option<String>,
+        tree: String,
+        files_changed: u64,
+        insertions: u64,
+        deletions: u64,
+        skipped: Vec<serde_json::Value>,
+    },
+    Imported {
+        reference: String,
+        commit: String,
+    },
+    ContainerRemoved {
+        container: String,
+    },
+    WorktreeRemoved {
+        path: String,
+    },
+    RunEnded {
+        status: String,
+        reason: Option<String>,
+    },
+    /// A refuse or ask of the policy engine (allows are not audited by the hook).
+    PolicyDecision {
+        actor: Option<String>,
+        door: String,
+        verdict: String,
+        rule: String,
+        escalated: bool,
+        stood_aside: Vec<String>,
+        generation: String,
+        /// sha256 of the request's canonical encoding, never its arguments.
+        digest: String,
+    },
+    /// A policy row written at run time (declare, retire, propose, ratify, freeze, thaw...).
+    PolicyRow {
+        row: String,
+        subject: String,
+        author: String,
+        generation: String,
+        /// Rules a freeze suspended, by id.
+        suspended: Vec<String>,
+    },
+}
+
+impl Event {
+    /// The entry's kind and its body (the event's fields without the tag).
+    pub fn kind_and_body(&self) -> (String, serde_json::Value) {
+        let mut value = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        let kind = value
+            .as_object_mut()
+            .and_then(|o| o.remove("kind"))
+            .and_then(|k| k.as_str().map(str::to_string))
+            .unwrap_or_else(|| "unknown".to_string());
+        (kind, value)
+    }
+}
+
+/// Hex sha256, the digest every content-bearing value is replaced by.
+pub fn digest(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_no_tag_and_kind_is_snake_case() {
+        let (kind, body) = Event::Started {
+            container: "abc".into(),
+        }
+        .kind_and_body();
+        assert_eq!(kind, "started");
+        assert_eq!(body, serde_json::json!({"container": "abc"}));
+    }
+
+    #[test]
+    fn run_created_carries_digests_not_text() {
+        let task = "rewrite the parser; secret plan";
+        let (_, body) = Event::RunCreated {
+            repo: "/r".into(),
+            base_ref: "HEAD".into(),
+            base_commit: "c".into(),
+            image: "i".into(),
+            image_id: "sha256:x".into(),
+            command_digest: digest(b"sh\0-c"),
+            task_digest: digest(task.as_bytes()),
+            task_bytes: task.len(),
+            caps: serde_json::json!({}),
+        }
+        .kind_and_body();
+        let text = body.to_string();
+        assert!(!text.contains("secret plan"));
+        assert!(text.contains(&digest(task.as_bytes())));
+    }
+}

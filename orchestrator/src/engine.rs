@@ -1,0 +1,393 @@
+//! The container-engine adapter: the only module that names bollard.
+//!
+//! Invariants:
+//! - Every container is created from a [`SandboxSpec`]; there is no other
+//!   way to create one here, so no call site can forget a hardening flag.
+//! - Inspection hands the attestation the engine's own document (the Engine
+//!   API's inspect JSON), not our request.
+//! - The engine keeps no copy of the output (log driver `none`): the
+//!   supervisor reads it through attach and keeps its own capped log.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::pin::Pin;
+use std::time::Duration;
+
+use bollard::container::LogOutput;
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigCgroupnsModeEnum, HostConfigLogConfig, Mount,
+    MountType, ResourcesUlimits, RestartPolicy, RestartPolicyNameEnum,
+};
+use bollard::query_parameters::{
+    AttachContainerOptions, CreateContainerOptions, ImportImageOptions, KillContainerOptions,
+    ListContainersOptions, RemoveContainerOptions, StatsOptions, WaitContainerOptions,
+};
+use bollard::Docker;
+use futures_util::{Stream, StreamExt};
+
+use crate::sandbox::{SandboxSpec, LABEL_MANAGED, LABEL_RUN, WORKSPACE};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("the container engine is unreachable ({endpoint}): {message}")]
+    Unreachable { endpoint: String, message: String },
+    #[error("image {0} is not in the local engine (build it with `nightshift image build`, or name a local image)")]
+    ImageMissing(String),
+    #[error("{doing}: {source}")]
+    Api {
+        doing: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
+}
+
+fn api(doing: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> EngineError {
+    let doing = doing.into();
+    move |source| EngineError::Api { doing, source }
+}
+
+/// A local image as the engine reports it.
+#[derive(Debug, Clone)]
+pub struct ImageInfo {
+    pub id: String,
+    pub env: Vec<String>,
+}
+
+/// How a container ended, as the engine reports it.
+#[derive(Debug, Clone, Default)]
+pub struct ExitState {
+    pub exit_code: Option<i64>,
+    pub oom_killed: bool,
+    pub running: bool,
+}
+
+/// One chunk of a sandbox's output.
+#[derive(Debug)]
+pub enum Output {
+    Stdout(bytes::Bytes),
+    Stderr(bytes::Bytes),
+}
+
+pub type OutputStream = Pin<Box<dyn Stream<Item = Result<Output, EngineError>> + Send>>;
+
+/// Resource figures sampled while a sandbox runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sample {
+    pub memory_bytes: Option<u64>,
+    pub peak_memory_bytes: Option<u64>,
+    pub cpu_ns: Option<u64>,
+    pub pids: Option<u64>,
+}
+
+/// A container of ours, found through its labels.
+#[derive(Debug, Clone)]
+pub struct Managed {
+    pub id: String,
+    pub run: Option<String>,
+    pub labels: HashMap<String, String>,
+    pub running: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Engine {
+    docker: Docker,
+    endpoint: String,
+}
+
+impl Engine {
+    /// Connects to the local engine (DOCKER_HOST or the default socket) and
+    /// checks that it answers.
+    pub async fn connect() -> Result<Self, EngineError> {
+        let endpoint =
+            std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
+        let docker =
+            Docker::connect_with_local_defaults().map_err(|e| EngineError::Unreachable {
+                endpoint: endpoint.clone(),
+                message: e.to_string(),
+            })?;
+        match tokio::time::timeout(Duration::from_secs(10), docker.ping()).await {
+            Ok(Ok(_)) => Ok(Self { docker, endpoint }),
+            Ok(Err(e)) => Err(EngineError::Unreachable {
+                endpoint,
+                message: e.to_string(),
+            }),
+            Err(_) => Err(EngineError::Unreachable {
+                endpoint,
+                message: "no answer within 10 s".into(),
+            }),
+        }
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    pub async fn image(&self, reference: &str) -> Result<Option<ImageInfo>, EngineError> {
+        match self.docker.inspect_image(reference).await {
+            Ok(img) => Ok(Some(ImageInfo {
+                id: img.id.unwrap_or_default(),
+                env: img.config.and_then(|c| c.env).unwrap_or_default(),
+            })),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(None),
+            Err(e) => Err(api(format!("inspecting image {reference}"))(e)),
+        }
+    }
+
+    pub async fn require_image(&self, reference: &str) -> Result<ImageInfo, EngineError> {
+        self.image(reference)
+            .await?
+            .ok_or_else(|| EngineError::ImageMissing(reference.to_string()))
+    }
+
+    /// Creates (does not start) the run's container.
+    pub async fn create(&self, spec: &SandboxSpec) -> Result<String, EngineError> {
+        let host = HostConfig {
+            network_mode: Some("none".into()),
+            cap_drop: Some(vec!["ALL".into()]),
+            cap_add: Some(vec![]),
+            privileged: Some(false),
+            security_opt: Some(vec!["no-new-privileges:true".into()]),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(spec.tmpfs.clone().into_iter().collect()),
+            mounts: Some(vec![Mount {
+                target: Some(WORKSPACE.into()),
+                source: Some(spec.worktree_host.to_string_lossy().into_owned()),
+                typ: Some(MountType::BIND),
+                read_only: Some(false),
+                ..Default::default()
+            }]),
+            memory: Some(spec.caps.memory_bytes),
+            memory_swap: Some(spec.caps.memory_bytes),
+            nano_cpus: Some(spec.caps.nano_cpus),
+            pids_limit: Some(spec.caps.pids),
+            ulimits: Some(vec![ResourcesUlimits {
+                name: Some("nofile".into()),
+                soft: Some(spec.caps.open_files),
+                hard: Some(spec.caps.open_files),
+            }]),
+            cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
+            ipc_mode: Some("private".into()),
+            init: Some(true),
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: Some(HashMap::new()),
+            }),
+            auto_remove: Some(false),
+            restart_policy: Some(RestartPolicy {
+                name: Some(RestartPolicyNameEnum::NO),
+                maximum_retry_count: None,
+            }),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: Some(spec.command.clone()),
+            entrypoint: Some(vec![]),
+            user: Some(spec.user()),
+            working_dir: Some(WORKSPACE.into()),
+            env: Some(spec.env_list()),
+            labels: Some(spec.labels.clone().into_iter().collect()),
+            network_disabled: Some(true),
+            attach_stdin: Some(false),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            open_stdin: Some(false),
+            tty: Some(false),
+            host_config: Some(host),
+            ..Default::default()
+        };
+        let options = CreateContainerOptions {
+            name: Some(spec.name.clone()),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(api(format!("creating container {}", spec.name)))?;
+        Ok(created.id)
+    }
+
+    /// The engine's inspect document for a container, as JSON.
+    pub async fn inspect_json(&self, id: &str) -> Result<serde_json::Value, EngineError> {
+        let inspected = self
+            .docker
+            .inspect_container(id, None)
+            .await
+            .map_err(api(format!("inspecting container {id}")))?;
+        Ok(serde_json::to_value(inspected).unwrap_or(serde_json::Value::Null))
+    }
+
+    pub async fn attach(&self, id: &str) -> Result<OutputStream, EngineError> {
+        let options = AttachContainerOptions {
+            stdout: true,
+            stderr: true,
+            stream: true,
+            logs: false,
+            stdin: false,
+            detach_keys: None,
+        };
+        let attached = self
+            .docker
+            .attach_container(id, Some(options))
+            .await
+            .map_err(api(format!("attaching to container {id}")))?;
+        let stream = attached.output.filter_map(|item| async move {
+            match item {
+                Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                    Some(Ok(Output::Stdout(message)))
+                }
+                Ok(LogOutput::StdErr { message }) => Some(Ok(Output::Stderr(message))),
+                Ok(LogOutput::StdIn { .. }) => None,
+                Err(e) => Some(Err(api("reading sandbox output")(e))),
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+
+    pub async fn start(&self, id: &str) -> Result<(), EngineError> {
+        self.docker
+            .start_container(id, None)
+            .await
+            .map_err(api(format!("starting container {id}")))
+    }
+
+    /// Waits for the container to stop and returns its exit code.
+    pub async fn wait(&self, id: &str) -> Result<i64, EngineError> {
+        let options = WaitContainerOptions {
+            condition: "not-running".into(),
+        };
+        let mut stream = self.docker.wait_container(id, Some(options));
+        match stream.next().await {
+            Some(Ok(r)) => Ok(r.status_code),
+            Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => Ok(code),
+            Some(Err(e)) => Err(api(format!("waiting for container {id}"))(e)),
+            None => Ok(self.exit_state(id).await?.exit_code.unwrap_or(-1)),
+        }
+    }
+
+    pub async fn exit_state(&self, id: &str) -> Result<ExitState, EngineError> {
+        let inspected = self
+            .docker
+            .inspect_container(id, None)
+            .await
+            .map_err(api(format!("inspecting container {id}")))?;
+        let state = inspected.state.unwrap_or_default();
+        Ok(ExitState {
+            exit_code: state.exit_code,
+            oom_killed: state.oom_killed.unwrap_or(false),
+            running: state.running.unwrap_or(false),
+        })
+    }
+
+    /// SIGKILL through the engine. A container that already stopped is not an error.
+    pub async fn kill(&self, id: &str) -> Result<(), EngineError> {
+        let options = KillContainerOptions {
+            signal: "SIGKILL".into(),
+        };
+        match self.docker.kill_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404 | 409,
+                ..
+            }) => Ok(()),
+            Err(e) => Err(api(format!("killing container {id}"))(e)),
+        }
+    }
+
+    /// Removes the container whatever its state. Already gone is not an error.
+    pub async fn remove(&self, id: &str) -> Result<(), EngineError> {
+        let options = RemoveContainerOptions {
+            force: true,
+            v: true,
+            link: false,
+        };
+        match self.docker.remove_container(id, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(()),
+            Err(e) => Err(api(format!("removing container {id}"))(e)),
+        }
+    }
+
+    /// Containers carrying our label, optionally only those of one run.
+    pub async fn managed(&self, run: Option<&str>) -> Result<Vec<Managed>, EngineError> {
+        let label = match run {
+            Some(r) => format!("{LABEL_RUN}={r}"),
+            None => format!("{LABEL_MANAGED}=1"),
+        };
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([("label".to_string(), vec![label])])),
+            ..Default::default()
+        };
+        let list = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(api("listing nightshift containers"))?;
+        Ok(list
+            .into_iter()
+            .filter_map(|c| {
+                let labels = c.labels.unwrap_or_default();
+                Some(Managed {
+                    id: c.id?,
+                    run: labels.get(LABEL_RUN).cloned(),
+                    running: c.state.map(|s| s.to_string() == "running").unwrap_or(false),
+                    labels,
+                })
+            })
+            .collect())
+    }
+
+    /// A stream of resource samples (about one a second) while the container runs.
+    pub fn samples(&self, id: &str) -> Pin<Box<dyn Stream<Item = Sample> + Send>> {
+        let options = StatsOptions {
+            stream: true,
+            one_shot: false,
+        };
+        Box::pin(
+            self.docker
+                .stats(id, Some(options))
+                .filter_map(|s| async move {
+                    let s = s.ok()?;
+                    let mem = s.memory_stats.unwrap_or_default();
+                    Some(Sample {
+                        memory_bytes: mem.usage,
+                        peak_memory_bytes: mem.max_usage,
+                        cpu_ns: s
+                            .cpu_stats
+                            .and_then(|c| c.cpu_usage)
+                            .and_then(|u| u.total_usage),
+                        pids: s.pids_stats.and_then(|p| p.current),
+                    })
+                }),
+        )
+    }
+
+    /// Loads an image archive (the `docker save` layout) into the engine.
+    pub async fn load_image(&self, archive: &Path) -> Result<(), EngineError> {
+        let file = tokio::fs::File::open(archive)
+            .await
+            .map_err(|e| EngineError::Api {
+                doing: format!("opening image archive {}", archive.display()),
+                source: bollard::errors::Error::IOError { err: e },
+            })?;
+        let stream = tokio_util::io::ReaderStream::new(file);
+        let mut progress = self.docker.import_image_stream(
+            ImportImageOptions {
+                quiet: true,
+                ..Default::default()
+            },
+            stream,
+            None,
+        );
+        while let Some(item) = progress.next().await {
+            item.map_err(api("loading the image into the engine"))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,273 @@
+//! The default sandbox image: built locally from Debian packages, no registry.
+//!
+//! Invariants:
+//! - The reference is content-addressed: `nightshift-sandbox:<digest>` where
+//!   the digest covers every input (the recipe script, the package list, the
+//!   suite, the image configuration). Same inputs, same reference; a build
+//!   whose reference the engine already holds does no work.
+//! - The image is assembled here from the root filesystem archive (one
+//!   layer, fixed creation time), so its id is the digest of its
+//!   configuration: the same root filesystem always gives the same image id.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::engine::{Engine, EngineError};
+use crate::sandbox::{PATH, SANDBOX_GID, SANDBOX_UID, WORKSPACE};
+
+pub const RECIPE: &str = include_str!("../../sandbox-image/build-rootfs.sh");
+pub const PACKAGES: &str = include_str!("../../sandbox-image/packages.txt");
+pub const SUITE: &str = "bookworm";
+pub const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
+pub const REPOSITORY: &str = "nightshift-sandbox";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("{doing} {path}: {source}")]
+    Io {
+        doing: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the root filesystem recipe failed ({status}); its last lines:\n{tail}")]
+    Recipe { status: String, tail: String },
+    #[error("the engine holds image {reference} with id {found}, expected {expected}")]
+    IdMismatch {
+        reference: String,
+        found: String,
+        expected: String,
+    },
+}
+
+fn io<'a>(doing: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ImageError + 'a {
+    move |source| ImageError::Io {
+        doing,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The image configuration (the Docker/OCI image config document), minus the layer id.
+fn config_json(layer_diff_id: &str, inputs_digest: &str) -> serde_json::Value {
+    serde_json::json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "created": "1970-01-01T00:00:00Z",
+        "config": {
+            "Env": [format!("PATH={PATH}")],
+            "User": format!("{SANDBOX_UID}:{SANDBOX_GID}"),
+            "WorkingDir": WORKSPACE,
+            "Labels": { "org.nightshift.inputs": inputs_digest },
+        },
+        "rootfs": { "type": "layers", "diff_ids": [layer_diff_id] },
+        "history": [{
+            "created": "1970-01-01T00:00:00Z",
+            "created_by": format!("nightshift image build: debootstrap {SUITE} minbase + packages.txt"),
+        }],
+    })
+}
+
+/// The digest of every input of the default image.
+pub fn inputs_digest() -> String {
+    let mut h = Sha256::new();
+    for part in [
+        "nightshift-sandbox/v1",
+        RECIPE,
+        PACKAGES,
+        SUITE,
+        &config_json("", "").to_string(),
+    ] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+/// The default image's reference: what `--image` defaults to.
+pub fn default_reference() -> String {
+    format!("{REPOSITORY}:{}", &inputs_digest()[..16])
+}
+
+/// Builds the default image unless the engine already has it; returns its reference.
+pub async fn build(
+    engine: &Engine,
+    scratch_root: &Path,
+    mirror: &str,
+    mut progress: impl FnMut(&str),
+) -> Result<String, ImageError> {
+    let digest = inputs_digest();
+    let reference = default_reference();
+    if let Some(found) = engine.image(&reference).await? {
+        progress(&format!("up to date: {reference} ({})", found.id));
+        return Ok(reference);
+    }
+    let scratch = scratch_root.join(&digest[..16]);
+    if scratch.exists() {
+        std::fs::remove_dir_all(&scratch).map_err(io("clearing", &scratch))?;
+    }
+    std::fs::create_dir_all(&scratch).map_err(io("creating", &scratch))?;
+    let recipe = scratch.join("build-rootfs.sh");
+    let packages = scratch.join("packages.txt");
+    let rootfs = scratch.join("rootfs.tar");
+    std::fs::write(&recipe, RECIPE).map_err(io("writing", &recipe))?;
+    std::fs::write(&packages, PACKAGES).map_err(io("writing", &packages))?;
+
+    progress(&format!(
+        "building {reference} from Debian {SUITE} packages"
+    ));
+    let mut child = tokio::process::Command::new("bash")
+        .arg(&recipe)
+        .arg(&rootfs)
+        .arg(&packages)
+        .arg(SUITE)
+        .arg(mirror)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(io("running", &recipe))?;
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let err_task = tokio::spawn(async move {
+        let mut tail = Vec::new();
+        if let Some(stderr) = stderr {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tail.push(line);
+                if tail.len() > 20 {
+                    tail.remove(0);
+                }
+            }
+        }
+        tail
+    });
+    if let Some(stdout) = stdout {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            progress(line.trim_start_matches("image: "));
+        }
+    }
+    let status = child.wait().await.map_err(io("running", &recipe))?;
+    let tail = err_task.await.unwrap_or_default();
+    if !status.success() {
+        return Err(ImageError::Recipe {
+            status: status.to_string(),
+            tail: tail.join("\n"),
+        });
+    }
+
+    progress("assembling the image (one layer, fixed time)");
+    let archive = scratch.join("image.tar");
+    let expected_id = {
+        let rootfs = rootfs.clone();
+        let archive = archive.clone();
+        let reference = reference.clone();
+        let digest = digest.clone();
+        tokio::task::spawn_blocking(move || assemble(&rootfs, &archive, &reference, &digest))
+            .await
+            .map_err(|e| ImageError::Io {
+                doing: "assembling",
+                path: scratch.clone(),
+                source: std::io::Error::other(e.to_string()),
+            })??
+    };
+    progress("loading the image into the engine");
+    engine.load_image(&archive).await?;
+    let found = engine.require_image(&reference).await?;
+    let _ = std::fs::remove_dir_all(&scratch);
+    if found.id != expected_id {
+        return Err(ImageError::IdMismatch {
+            reference,
+            found: found.id,
+            expected: expected_id,
+        });
+    }
+    progress(&format!("built {reference} ({expected_id})"));
+    Ok(reference)
+}
+
+/// Writes a `docker save`-layout archive holding the root filesystem as its
+/// one layer; returns the image id it will have.
+fn assemble(
+    rootfs: &Path,
+    archive: &Path,
+    reference: &str,
+    inputs: &str,
+) -> Result<String, ImageError> {
+    let mut hasher = Sha256::new();
+    let mut f = std::fs::File::open(rootfs).map_err(io("reading", rootfs))?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(io("reading", rootfs))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    let layer_hex = hex::encode(hasher.finalize());
+    let diff_id = format!("sha256:{layer_hex}");
+    let config = serde_json::to_vec(&config_json(&diff_id, inputs)).unwrap_or_default();
+    let config_hex = hex::encode(Sha256::digest(&config));
+    let manifest = serde_json::to_vec(&serde_json::json!([{
+        "Config": format!("{config_hex}.json"),
+        "RepoTags": [reference],
+        "Layers": [format!("{layer_hex}/layer.tar")],
+    }]))
+    .unwrap_or_default();
+
+    let out = std::fs::File::create(archive).map_err(io("writing", archive))?;
+    let mut tar = tar::Builder::new(std::io::BufWriter::new(out));
+    let mut add = |name: &str, data: &[u8]| -> std::io::Result<()> {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_mtime(0);
+        header.set_cksum();
+        tar.append_data(&mut header, name, data)
+    };
+    add(&format!("{config_hex}.json"), &config).map_err(io("writing", archive))?;
+    add("manifest.json", &manifest).map_err(io("writing", archive))?;
+    let mut layer = std::fs::File::open(rootfs).map_err(io("reading", rootfs))?;
+    let size = layer.metadata().map_err(io("reading", rootfs))?.len();
+    let mut header = tar::Header::new_gnu();
+    header.set_size(size);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_cksum();
+    tar.append_data(&mut header, format!("{layer_hex}/layer.tar"), &mut layer)
+        .map_err(io("writing", archive))?;
+    let mut inner = tar.into_inner().map_err(io("writing", archive))?;
+    inner.flush().map_err(io("writing", archive))?;
+    Ok(format!("sha256:{config_hex}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_is_stable_and_names_the_inputs() {
+        assert_eq!(default_reference(), default_reference());
+        assert!(default_reference().starts_with("nightshift-sandbox:"));
+        assert_eq!(default_reference().len(), REPOSITORY.len() + 1 + 16);
+    }
+
+    #[test]
+    fn same_root_filesystem_gives_same_image_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let rootfs = dir.path().join("rootfs.tar");
+        std::fs::write(&rootfs, b"not really a tar, but bytes are bytes").unwrap();
+        let a = assemble(&rootfs, &dir.path().join("a.tar"), "x:1", "d").unwrap();
+        let b = assemble(&rootfs, &dir.path().join("b.tar"), "x:1", "d").unwrap();
+        assert_eq!(a, b);
+        std::fs::write(&rootfs, b"different bytes").unwrap();
+        let c = assemble(&rootfs, &dir.path().join("c.tar"), "x:1", "d").unwrap();
+        assert_ne!(a, c);
+    }
+}

@@ -1,0 +1,571 @@
+//! The run lifecycle: worktree, sandbox, attestation, start, observe, import,
+//! remove — each step audited from what the supervisor itself observed.
+//!
+//! Invariants:
+//! - The agent never starts unless the inspected container passed the Tier 0
+//!   attestation, and the attestation is an audit entry either way.
+//! - Whatever the ending (exit, error, refusal, SIGINT/SIGTERM), the container
+//!   is removed, the worktree is imported if it existed (nothing the run wrote
+//!   is lost) and then removed, and a `run_ended` entry says how it ended.
+//! - The worktree is read only after the container has stopped, so nothing
+//!   changes under the import.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::watch;
+
+use crate::audit_log::{digest, Event};
+use crate::engine::{Engine, EngineError, Output, Sample};
+use crate::sandbox::{
+    sanitize_for_terminal, Caps, SandboxSpec, MAX_TASK_BYTES, SANDBOX_GID, SANDBOX_UID,
+};
+use crate::store::{now_rfc3339, RunRecord, Store, StoreError};
+
+/// Why a run was asked to stop from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    Interrupt,
+    Terminate,
+}
+
+impl Stop {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stop::Interrupt => "SIGINT",
+            Stop::Terminate => "SIGTERM",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RunRequest {
+    pub repo: PathBuf,
+    pub base_ref: String,
+    pub image: String,
+    pub task: String,
+    pub command: Vec<String>,
+    pub caps: Caps,
+    /// Echo the agent's output (sanitised) to this process's stdout/stderr.
+    pub echo: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("{0}")]
+    BadInput(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("run {run} refused: the sandbox failed the Tier 0 attestation: {failures}")]
+    Refused { run: String, failures: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Git(String),
+    #[error("refused: nightshift is frozen ({0}); `nightshift thaw` ends the freeze")]
+    Frozen(String),
+    #[error("reading the policy: {0}")]
+    Policy(String),
+    #[error("run {run} interrupted by {}", signal.name())]
+    Interrupted { run: String, signal: Stop },
+}
+
+/// Shared handles a run needs.
+#[derive(Debug, Clone)]
+pub struct Supervisor {
+    pub engine: Engine,
+    pub store: Arc<Mutex<Store>>,
+    pub state_tag: String,
+}
+
+impl Supervisor {
+    fn audit(&self, run: &str, event: Event, checkpoint: bool) -> Result<(), StoreError> {
+        let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        store.append(Some(run), &event, checkpoint)?;
+        Ok(())
+    }
+
+    fn save(&self, record: &RunRecord) -> Result<(), StoreError> {
+        let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        store.put_run(record)
+    }
+
+    fn paths(&self) -> crate::store::StatePaths {
+        let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        store.paths().clone()
+    }
+}
+
+/// What the steps created, so that the ending can undo it whatever happened.
+#[derive(Debug, Default)]
+struct Held {
+    container: Option<String>,
+    started: bool,
+    worktree: Option<PathBuf>,
+    base_commit: Option<String>,
+}
+
+/// Performs one run in the foreground. `stop` turns to `Some` when the run
+/// must end early (a signal to `nightshift run`).
+pub async fn execute(
+    sup: &Supervisor,
+    req: RunRequest,
+    stop: watch::Receiver<Option<Stop>>,
+) -> Result<RunRecord, RunError> {
+    if req.command.is_empty() {
+        return Err(RunError::BadInput(
+            "no agent command given (after `--`)".into(),
+        ));
+    }
+    if req.task.len() > MAX_TASK_BYTES {
+        return Err(RunError::BadInput(format!(
+            "the task text is {} bytes; the limit is {MAX_TASK_BYTES}",
+            req.task.len()
+        )));
+    }
+    {
+        let store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
+        let set = crate::policy::load(&store, None).map_err(|e| RunError::Policy(e.to_string()))?;
+        if let Some(freeze) = set.freeze() {
+            return Err(RunError::Frozen(freeze.reason.clone()));
+        }
+    }
+    let repo = req.repo.clone();
+    let base_ref = req.base_ref.clone();
+    let base =
+        tokio::task::spawn_blocking(move || orchestrator_git::resolve_base(&repo, &base_ref))
+            .await
+            .map_err(|e| RunError::Git(e.to_string()))?
+            .map_err(|e| RunError::BadInput(e.to_string()))?;
+    let image = sup.engine.require_image(&req.image).await?;
+
+    let id = ulid::Ulid::new().to_string().to_lowercase();
+    let mut record = RunRecord {
+        id: id.clone(),
+        created_at: now_rfc3339(),
+        repo: req.repo.display().to_string(),
+        base_ref: req.base_ref.clone(),
+        base_commit: Some(base.commit.clone()),
+        image: req.image.clone(),
+        command: req.command.clone(),
+        status: "created".into(),
+        supervisor_pid: Some(std::process::id() as i64),
+        ..Default::default()
+    };
+    sup.save(&record)?;
+    sup.audit(
+        &id,
+        Event::RunCreated {
+            repo: record.repo.clone(),
+            base_ref: req.base_ref.clone(),
+            base_commit: base.commit.clone(),
+            image: req.image.clone(),
+            image_id: image.id.clone(),
+            command_digest: digest(req.command.join("\0").as_bytes()),
+            task_digest: digest(req.task.as_bytes()),
+            task_bytes: req.task.len(),
+            caps: serde_json::to_value(&req.caps).unwrap_or_default(),
+        },
+        true,
+    )?;
+
+    let mut held = Held {
+        base_commit: Some(base.commit.clone()),
+        ..Default::default()
+    };
+    let outcome = steps(sup, &req, &image.env, &mut record, &mut held, stop).await;
+    finish(sup, &req, &mut record, &mut held, outcome).await
+}
+
+/// How the agent phase ended, before the common ending.
+#[derive(Debug)]
+enum Ended {
+    Exited,
+    Stopped(Stop),
+    TimedOut,
+}
+
+async fn steps(
+    sup: &Supervisor,
+    req: &RunRequest,
+    image_env: &[String],
+    record: &mut RunRecord,
+    held: &mut Held,
+    mut stop: watch::Receiver<Option<Stop>>,
+) -> Result<Ended, RunError> {
+    let id = record.id.clone();
+    let paths = sup.paths();
+    crate::store::create_private_dir(&paths.worktrees())?;
+    let run_dir = paths.run_dir(&id);
+    crate::store::create_private_dir(&run_dir)?;
+    let stopped = |stop: &watch::Receiver<Option<Stop>>| *stop.borrow();
+
+    // Worktree.
+    let dest = paths.worktrees().join(&id);
+    let spec = orchestrator_git::WorktreeSpec {
+        host_repo: req.repo.clone(),
+        base_commit: held.base_commit.clone().unwrap_or_default(),
+        run_id: id.clone(),
+        dest: dest.clone(),
+        owner: Some((SANDBOX_UID, SANDBOX_GID)),
+    };
+    held.worktree = Some(dest.clone());
+    let wt = tokio::task::spawn_blocking(move || orchestrator_git::create_worktree(&spec))
+        .await
+        .map_err(|e| RunError::Git(e.to_string()))?
+        .map_err(|e| RunError::Git(e.to_string()))?;
+    sup.audit(
+        &id,
+        Event::WorktreeCreated {
+            path: wt.path.display().to_string(),
+            branch: wt.branch.clone(),
+            base_commit: wt.base_commit.clone(),
+            base_tree: wt.base_tree.clone(),
+        },
+        false,
+    )?;
+    if let Some(s) = stopped(&stop) {
+        return Ok(Ended::Stopped(s));
+    }
+
+    // Sandbox: create, inspect, attest.
+    let spec = SandboxSpec::new(
+        &id,
+        &sup.state_tag,
+        &req.image,
+        &req.command,
+        dest.clone(),
+        &req.task,
+        &req.caps,
+    );
+    // Remember the name before the call: if creation half-succeeds, the
+    // ending still finds and removes it by its label.
+    let container = sup.engine.create(&spec).await?;
+    held.container = Some(container.clone());
+    record.container_id = Some(container.clone());
+    let inspected = sup.engine.inspect_json(&container).await?;
+    let attestation = match orchestrator_attest::parse_inspect(&inspected) {
+        Ok(observed) => {
+            orchestrator_attest::attest(&observed, &spec.expectations(image_env.to_vec()))
+        }
+        Err(e) => {
+            return Err(RunError::Refused {
+                run: id,
+                failures: format!("the engine's inspect document is unreadable: {e}"),
+            })
+        }
+    };
+    let passed = attestation.passed();
+    let properties = serde_json::to_value(&attestation.properties).unwrap_or_default();
+    record.attestation = Some(properties.clone());
+    sup.audit(
+        &id,
+        Event::Attestation {
+            passed,
+            container: container.clone(),
+            properties,
+        },
+        true,
+    )?;
+    if !passed {
+        let failures = attestation
+            .failures()
+            .map(|p| {
+                format!(
+                    "{} (observed {}, expected {})",
+                    p.name, p.observed, p.expected
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(RunError::Refused { run: id, failures });
+    }
+    if let Some(s) = stopped(&stop) {
+        return Ok(Ended::Stopped(s));
+    }
+
+    // Start, with output attached first so nothing is missed.
+    let mut output = sup.engine.attach(&container).await?;
+    held.started = true;
+    sup.engine.start(&container).await?;
+    let started = Instant::now();
+    record.status = "running".into();
+    record.started_at = Some(now_rfc3339());
+    sup.save(record)?;
+    sup.audit(
+        &id,
+        Event::Started {
+            container: container.clone(),
+        },
+        false,
+    )?;
+
+    let log_path = run_dir.join("output.log");
+    let mut log = tokio::fs::File::create(&log_path)
+        .await
+        .map_err(|e| RunError::Git(format!("creating {}: {e}", log_path.display())))?;
+    let mut samples = sup.engine.samples(&container);
+    let mut peak = Sample::default();
+    let mut seen: u64 = 0;
+    let mut kept: u64 = 0;
+    let wait = sup.engine.wait(&container);
+    tokio::pin!(wait);
+    let deadline = tokio::time::sleep(req.caps.timeout);
+    tokio::pin!(deadline);
+    let mut output_open = true;
+    let mut samples_open = true;
+    let ended = loop {
+        tokio::select! {
+            code = &mut wait => {
+                let _ = code?;
+                break Ended::Exited;
+            }
+            chunk = output.next(), if output_open => match chunk {
+                Some(Ok(chunk)) => {
+                    let (bytes, is_err) = match &chunk {
+                        Output::Stdout(b) => (b, false),
+                        Output::Stderr(b) => (b, true),
+                    };
+                    seen += bytes.len() as u64;
+                    let room = req.caps.max_output_bytes.saturating_sub(kept);
+                    let take = (bytes.len() as u64).min(room) as usize;
+                    if take > 0 {
+                        let _ = log.write_all(&bytes[..take]).await;
+                        kept += take as u64;
+                        if req.echo {
+                            let shown = sanitize_for_terminal(&bytes[..take]);
+                            if is_err { eprint!("{shown}") } else { print!("{shown}") }
+                        }
+                    }
+                }
+                _ => output_open = false,
+            },
+            sample = samples.next(), if samples_open => match sample {
+                Some(s) => {
+                    peak.peak_memory_bytes = max_opt(peak.peak_memory_bytes, s.peak_memory_bytes.or(s.memory_bytes));
+                    peak.cpu_ns = max_opt(peak.cpu_ns, s.cpu_ns);
+                }
+                None => samples_open = false,
+            },
+            _ = &mut deadline => {
+                sup.engine.kill(&container).await?;
+                break Ended::TimedOut;
+            }
+            _ = stop.changed() => {
+                if let Some(s) = stopped(&stop) {
+                    sup.engine.kill(&container).await?;
+                    break Ended::Stopped(s);
+                }
+            }
+        }
+    };
+    // Drain what the sandbox wrote before it stopped (bounded: it has stopped).
+    while output_open {
+        match tokio::time::timeout(Duration::from_secs(2), output.next()).await {
+            Ok(Some(Ok(Output::Stdout(b) | Output::Stderr(b)))) => {
+                seen += b.len() as u64;
+                let room = req.caps.max_output_bytes.saturating_sub(kept);
+                let take = (b.len() as u64).min(room) as usize;
+                if take > 0 {
+                    let _ = log.write_all(&b[..take]).await;
+                    kept += take as u64;
+                    if req.echo {
+                        print!("{}", sanitize_for_terminal(&b[..take]));
+                    }
+                }
+            }
+            _ => output_open = false,
+        }
+    }
+    let _ = log.flush().await;
+    let duration = started.elapsed();
+    let state = sup.engine.exit_state(&container).await?;
+    record.exit_code = state.exit_code;
+    record.duration_ms = Some(duration.as_millis() as i64);
+    record.peak_memory_bytes = peak.peak_memory_bytes.map(|v| v as i64);
+    record.cpu_ns = peak.cpu_ns.map(|v| v as i64);
+    let ended_by = match &ended {
+        Ended::Exited => "exit".to_string(),
+        Ended::TimedOut => format!("timeout {}s", req.caps.timeout.as_secs()),
+        Ended::Stopped(s) => s.name().to_string(),
+    };
+    sup.audit(
+        &id,
+        Event::Exited {
+            exit_code: state.exit_code,
+            oom_killed: state.oom_killed,
+            ended_by,
+            duration_ms: duration.as_millis() as i64,
+            peak_memory_bytes: record.peak_memory_bytes,
+            cpu_ns: record.cpu_ns,
+            output_bytes: seen,
+            output_kept_bytes: kept,
+        },
+        false,
+    )?;
+    Ok(ended)
+}
+
+fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The common ending: remove the container, import what the run wrote,
+/// remove the worktree, settle the record, audit how it ended.
+async fn finish(
+    sup: &Supervisor,
+    req: &RunRequest,
+    record: &mut RunRecord,
+    held: &mut Held,
+    outcome: Result<Ended, RunError>,
+) -> Result<RunRecord, RunError> {
+    let id = record.id.clone();
+    let mut cleanup_errors: Vec<String> = Vec::new();
+
+    // Every container of this run, including one whose creation we did not see finish.
+    let mut containers: Vec<String> = held.container.iter().cloned().collect();
+    if let Ok(found) = sup.engine.managed(Some(&id)).await {
+        for c in found {
+            if !containers.contains(&c.id) {
+                containers.push(c.id);
+            }
+        }
+    }
+    for c in &containers {
+        match sup.engine.remove(c).await {
+            Ok(()) => sup.audit(
+                &id,
+                Event::ContainerRemoved {
+                    container: c.clone(),
+                },
+                false,
+            )?,
+            Err(e) => cleanup_errors.push(e.to_string()),
+        }
+    }
+
+    // Import whatever the run wrote, once the agent had started.
+    let ran = held.started;
+    if let (Some(wt), Some(base), true) = (held.worktree.clone(), held.base_commit.clone(), ran) {
+        if wt.exists() {
+            let (repo, run_id) = (req.repo.clone(), id.clone());
+            let import = move || {
+                orchestrator_git::import_run(&orchestrator_git::ImportSpec {
+                    host_repo: &repo,
+                    worktree: &wt,
+                    run_id: &run_id,
+                    base_commit: &base,
+                    limits: orchestrator_git::ImportLimits::default(),
+                    committer: ("nightshift", "nightshift@localhost"),
+                })
+            };
+            match tokio::task::spawn_blocking(import).await {
+                Ok(Ok(imported)) => {
+                    record.result_ref = Some(format!("refs/nightshift/runs/{id}"));
+                    record.result_commit = Some(imported.result_commit.clone());
+                    record.files_changed = Some(imported.files_changed as i64);
+                    record.insertions = Some(imported.insertions as i64);
+                    record.deletions = Some(imported.deletions as i64);
+                    let skipped: Vec<serde_json::Value> = imported
+                        .skipped
+                        .iter()
+                        .map(|s| serde_json::json!({"path": s.path, "why": format!("{:?}", s.why)}))
+                        .collect();
+                    record.observed = Some(serde_json::json!({
+                        "agent_tip": imported.agent_tip,
+                        "observed_commit": imported.observed_commit,
+                        "tree": imported.result_tree,
+                        "skipped": skipped,
+                    }));
+                    sup.audit(
+                        &id,
+                        Event::ObservedState {
+                            agent_tip: imported.agent_tip.clone(),
+                            observed_commit: imported.observed_commit.clone(),
+                            tree: imported.result_tree.clone(),
+                            files_changed: imported.files_changed,
+                            insertions: imported.insertions,
+                            deletions: imported.deletions,
+                            skipped,
+                        },
+                        false,
+                    )?;
+                    sup.audit(
+                        &id,
+                        Event::Imported {
+                            reference: format!("refs/nightshift/runs/{id}"),
+                            commit: imported.result_commit,
+                        },
+                        false,
+                    )?;
+                }
+                Ok(Err(e)) => cleanup_errors.push(format!("importing the worktree: {e}")),
+                Err(e) => cleanup_errors.push(format!("importing the worktree: {e}")),
+            }
+        }
+    }
+    if let Some(wt) = held.worktree.take() {
+        if wt.exists() {
+            let path = wt.clone();
+            match tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&path))
+                .await
+            {
+                Ok(Ok(())) => sup.audit(
+                    &id,
+                    Event::WorktreeRemoved {
+                        path: wt.display().to_string(),
+                    },
+                    false,
+                )?,
+                Ok(Err(e)) => cleanup_errors.push(e.to_string()),
+                Err(e) => cleanup_errors.push(e.to_string()),
+            }
+        }
+    }
+
+    let (status, reason, result) = match outcome {
+        Ok(Ended::Exited) => {
+            let code = record.exit_code.unwrap_or(-1);
+            (format!("exited {code}"), None, Ok(()))
+        }
+        Ok(Ended::TimedOut) => (
+            "killed: timeout".to_string(),
+            Some(format!("wall clock cap {}s", req.caps.timeout.as_secs())),
+            Ok(()),
+        ),
+        Ok(Ended::Stopped(s)) => (
+            format!("interrupted: {}", s.name()),
+            Some(format!("nightshift run received {}", s.name())),
+            Err(RunError::Interrupted {
+                run: id.clone(),
+                signal: s,
+            }),
+        ),
+        Err(RunError::Refused { run, failures }) => (
+            "refused: attestation".to_string(),
+            Some(failures.clone()),
+            Err(RunError::Refused { run, failures }),
+        ),
+        Err(e) => ("error".to_string(), Some(e.to_string()), Err(e)),
+    };
+    let reason = match (reason, cleanup_errors.is_empty()) {
+        (r, true) => r,
+        (r, false) => Some(format!(
+            "{}cleanup: {}",
+            r.map(|r| format!("{r}; ")).unwrap_or_default(),
+            cleanup_errors.join("; ")
+        )),
+    };
+    record.status = status.clone();
+    record.reason = reason.clone();
+    record.ended_at = Some(now_rfc3339());
+    sup.save(record)?;
+    sup.audit(&id, Event::RunEnded { status, reason }, true)?;
+    result.map(|()| record.clone())
+}

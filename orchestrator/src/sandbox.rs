@@ -1,0 +1,209 @@
+//! What a run's container must be: the Tier 0 specification, as plain data.
+//!
+//! Invariants:
+//! - The environment is built only from the allowlist below; nothing from the
+//!   supervisor's own environment is ever copied in.
+//! - The worktree is the only host path mounted writable; everything else the
+//!   sandbox can write is a size-limited tmpfs.
+//! - The same spec yields the engine request (in `engine`) and the
+//!   attestation's expectations (here), so what we ask for and what we check
+//!   cannot drift apart; the check itself runs on what the engine reports.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The path the worktree is mounted at inside every sandbox.
+pub const WORKSPACE: &str = "/workspace";
+/// The sandbox user's home: a tmpfs, so nothing of it outlives the run.
+pub const HOME: &str = "/home/agent";
+pub const SANDBOX_UID: u32 = 1000;
+pub const SANDBOX_GID: u32 = 1000;
+pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Label keys that mark a container as one of ours.
+pub const LABEL_RUN: &str = "nightshift.run";
+pub const LABEL_STATE: &str = "nightshift.state";
+pub const LABEL_MANAGED: &str = "nightshift.managed";
+/// The longest task text passed to the sandbox (through its environment).
+pub const MAX_TASK_BYTES: usize = 64 * 1024;
+
+/// Per-run limits.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Caps {
+    pub memory_bytes: i64,
+    pub nano_cpus: i64,
+    pub pids: i64,
+    pub open_files: i64,
+    pub timeout: Duration,
+    pub max_output_bytes: u64,
+    pub tmpfs_bytes: i64,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Self {
+            memory_bytes: 2 << 30,
+            nano_cpus: 1_000_000_000,
+            pids: 512,
+            open_files: 4096,
+            timeout: Duration::from_secs(2 * 3600),
+            max_output_bytes: 16 << 20,
+            tmpfs_bytes: 256 << 20,
+        }
+    }
+}
+
+/// Everything the engine needs to create one run's container.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxSpec {
+    pub run_id: String,
+    pub name: String,
+    pub image: String,
+    pub command: Vec<String>,
+    pub worktree_host: PathBuf,
+    pub env: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+    pub tmpfs: BTreeMap<String, String>,
+    pub caps: Caps,
+}
+
+impl SandboxSpec {
+    pub fn new(
+        run_id: &str,
+        state_tag: &str,
+        image: &str,
+        command: &[String],
+        worktree_host: PathBuf,
+        task: &str,
+        caps: &Caps,
+    ) -> Self {
+        let env = BTreeMap::from([
+            ("PATH".to_string(), PATH.to_string()),
+            ("HOME".to_string(), HOME.to_string()),
+            ("LANG".to_string(), "C.UTF-8".to_string()),
+            ("NIGHTSHIFT_RUN_ID".to_string(), run_id.to_string()),
+            ("NIGHTSHIFT_TASK".to_string(), task.to_string()),
+        ]);
+        let labels = BTreeMap::from([
+            (LABEL_RUN.to_string(), run_id.to_string()),
+            (LABEL_STATE.to_string(), state_tag.to_string()),
+            (LABEL_MANAGED.to_string(), "1".to_string()),
+        ]);
+        let size = caps.tmpfs_bytes;
+        let tmpfs = BTreeMap::from([
+            (
+                "/tmp".to_string(),
+                format!("rw,nosuid,nodev,size={size},mode=1777"),
+            ),
+            (
+                HOME.to_string(),
+                format!(
+                    "rw,nosuid,nodev,size={size},uid={SANDBOX_UID},gid={SANDBOX_GID},mode=0700"
+                ),
+            ),
+        ]);
+        Self {
+            run_id: run_id.to_string(),
+            name: format!("nightshift-{run_id}"),
+            image: image.to_string(),
+            command: command.to_vec(),
+            worktree_host,
+            env,
+            labels,
+            tmpfs,
+            caps: caps.clone(),
+        }
+    }
+
+    pub fn user(&self) -> String {
+        format!("{SANDBOX_UID}:{SANDBOX_GID}")
+    }
+
+    pub fn env_list(&self) -> Vec<String> {
+        self.env.iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+
+    /// What the attestation holds the inspected container to.
+    pub fn expectations(&self, image_env: Vec<String>) -> orchestrator_attest::Expectations {
+        orchestrator_attest::Expectations {
+            run_id: self.run_id.clone(),
+            worktree_host_path: self.worktree_host.to_string_lossy().into_owned(),
+            workspace_target: WORKSPACE.to_string(),
+            door: None,
+            allowed_env: self.env.clone(),
+            image_env,
+            max_memory_bytes: self.caps.memory_bytes,
+            max_pids: self.caps.pids,
+            allowed_tmpfs: self.tmpfs.keys().cloned().collect::<BTreeSet<_>>(),
+        }
+    }
+}
+
+/// Makes untrusted output safe to show on a terminal: control characters
+/// (escape sequences could rewrite what the person sees) become visible
+/// escapes; newlines and tabs stay.
+pub fn sanitize_for_terminal(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() => out.push_str(&c.escape_unicode().to_string()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> SandboxSpec {
+        SandboxSpec::new(
+            "r1",
+            "st",
+            "img",
+            &["true".to_string()],
+            PathBuf::from("/s/w"),
+            "do it",
+            &Caps::default(),
+        )
+    }
+
+    #[test]
+    fn environment_is_the_allowlist_only() {
+        // A variable in the supervisor's environment must not reach the spec.
+        std::env::set_var("NIGHTSHIFT_SENTINEL_SECRET", "hunter2");
+        let s = spec();
+        let keys: Vec<_> = s.env.keys().cloned().collect();
+        assert_eq!(
+            keys,
+            [
+                "HOME",
+                "LANG",
+                "NIGHTSHIFT_RUN_ID",
+                "NIGHTSHIFT_TASK",
+                "PATH"
+            ]
+        );
+        assert!(!s.env_list().iter().any(|e| e.contains("hunter2")));
+    }
+
+    #[test]
+    fn tmpfs_mounts_are_size_limited() {
+        for opts in spec().tmpfs.values() {
+            assert!(opts.contains("size="), "{opts}");
+        }
+    }
+
+    #[test]
+    fn escape_sequences_are_made_visible() {
+        let shown = sanitize_for_terminal(b"ok\x1b]0;pwned\x07\n");
+        assert!(!shown.contains('\x1b'));
+        assert!(shown.contains("\\u{1b}"));
+        assert!(shown.ends_with('\n'));
+    }
+}

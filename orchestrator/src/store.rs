@@ -1,0 +1,568 @@
+//! The state store: one SQLite database per state directory, plus the audit
+//! checkpoints in a separate append-only file beside it.
+//!
+//! Invariants:
+//! - Every write is one transaction; the audit append takes the database's
+//!   write lock (`BEGIN IMMEDIATE`) so concurrent CLI invocations chain their
+//!   entries one after another and never fork the chain.
+//! - Checkpoints live apart from the entries (`audit.checkpoints`, JSON lines)
+//!   so that rewriting the database alone cannot hide a truncation; a
+//!   checkpoint is appended only after its entry is committed, so a crash can
+//!   lose a checkpoint but never name an entry that does not exist.
+//! - This module is the only one that names rusqlite.
+
+use std::fs::{self, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use orchestrator_audit::{Checkpoint, Entry, LogId};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use serde::{Deserialize, Serialize};
+
+use crate::audit_log::Event;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("opening the state store {path}: {source}")]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("creating the state directory {path}: {source}")]
+    CreateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{doing}: {source}")]
+    Sql {
+        doing: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("{doing} {path}: {source}")]
+    Io {
+        doing: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reading {path}: line {line}: {message}")]
+    BadCheckpoint {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("audit entry {seq} in the store is unreadable: {message}")]
+    BadEntry { seq: i64, message: String },
+    #[error("no run with id {0}")]
+    NoSuchRun(String),
+}
+
+fn sql(doing: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
+    move |source| StoreError::Sql { doing, source }
+}
+
+/// Where everything of one state lives.
+#[derive(Debug, Clone)]
+pub struct StatePaths {
+    pub root: PathBuf,
+}
+
+impl StatePaths {
+    pub fn new(root: PathBuf) -> Self {
+        Self { root }
+    }
+    pub fn db(&self) -> PathBuf {
+        self.root.join("state.db")
+    }
+    pub fn checkpoints(&self) -> PathBuf {
+        self.root.join("audit.checkpoints")
+    }
+    pub fn worktrees(&self) -> PathBuf {
+        self.root.join("worktrees")
+    }
+    pub fn run_dir(&self, run: &str) -> PathBuf {
+        self.root.join("runs").join(run)
+    }
+    pub fn image_build(&self) -> PathBuf {
+        self.root.join("image-build")
+    }
+}
+
+/// The record of one run, as `runs` and `show` print it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RunRecord {
+    pub id: String,
+    pub created_at: String,
+    pub repo: String,
+    pub base_ref: String,
+    pub base_commit: Option<String>,
+    pub image: String,
+    pub command: Vec<String>,
+    pub status: String,
+    pub reason: Option<String>,
+    pub exit_code: Option<i64>,
+    pub container_id: Option<String>,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub duration_ms: Option<i64>,
+    pub peak_memory_bytes: Option<i64>,
+    pub cpu_ns: Option<i64>,
+    pub result_ref: Option<String>,
+    pub result_commit: Option<String>,
+    pub files_changed: Option<i64>,
+    pub insertions: Option<i64>,
+    pub deletions: Option<i64>,
+    pub attestation: Option<serde_json::Value>,
+    pub observed: Option<serde_json::Value>,
+    pub supervisor_pid: Option<i64>,
+}
+
+#[derive(Debug)]
+pub struct Store {
+    conn: Connection,
+    paths: StatePaths,
+    log: LogId,
+}
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY,
+    created_at TEXT NOT NULL,
+    record TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY,
+    time TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    run TEXT,
+    body TEXT NOT NULL,
+    prev TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS audit_run ON audit(run);
+CREATE TABLE IF NOT EXISTS policy_rows (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    row TEXT NOT NULL
+);
+"#;
+
+impl Store {
+    /// Opens (creating when absent) the state under `paths.root`.
+    pub fn open(paths: StatePaths) -> Result<Self, StoreError> {
+        create_private_dir(&paths.root)?;
+        // Two first invocations may race to create the database: switching to
+        // WAL and creating the schema can answer "busy" without waiting, so
+        // the whole preparation is retried for a while.
+        let mut attempt = 0;
+        loop {
+            match Self::prepare(&paths) {
+                Err(StoreError::Sql { source, .. } | StoreError::Open { source, .. })
+                    if is_busy(&source) && attempt < 50 =>
+                {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(20 * attempt));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn prepare(paths: &StatePaths) -> Result<Self, StoreError> {
+        let db = paths.db();
+        let conn = Connection::open(&db).map_err(|source| StoreError::Open {
+            path: db.clone(),
+            source,
+        })?;
+        conn.busy_timeout(Duration::from_secs(30))
+            .map_err(sql("setting the busy timeout"))?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sql("enabling write-ahead logging"))?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(sql("setting synchronous writes"))?;
+        conn.execute_batch(SCHEMA)
+            .map_err(sql("creating the schema"))?;
+        let log = Self::log_id(&conn)?;
+        Ok(Self {
+            conn,
+            paths: paths.clone(),
+            log,
+        })
+    }
+
+    fn log_id(conn: &Connection) -> Result<LogId, StoreError> {
+        let existing: Option<String> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'log_id'", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql("reading the audit log id"))?;
+        if let Some(id) = existing {
+            return Ok(LogId(id));
+        }
+        let fresh = ulid::Ulid::new().to_string().to_lowercase();
+        // INSERT OR IGNORE: two first invocations racing agree on one id.
+        conn.execute(
+            "INSERT OR IGNORE INTO meta(key, value) VALUES ('log_id', ?1)",
+            params![fresh],
+        )
+        .map_err(sql("writing the audit log id"))?;
+        let id: String = conn
+            .query_row("SELECT value FROM meta WHERE key = 'log_id'", [], |r| {
+                r.get(0)
+            })
+            .map_err(sql("reading the audit log id"))?;
+        Ok(LogId(id))
+    }
+
+    pub fn paths(&self) -> &StatePaths {
+        &self.paths
+    }
+
+    pub fn log(&self) -> &LogId {
+        &self.log
+    }
+
+    pub fn get_meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        self.conn
+            .query_row("SELECT value FROM meta WHERE key = ?1", params![key], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql("reading a setting"))
+    }
+
+    pub fn set_meta(&self, key: &str, value: Option<&str>) -> Result<(), StoreError> {
+        match value {
+            Some(v) => self.conn.execute(
+                "INSERT INTO meta(key, value) VALUES (?1, ?2)
+                 ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                params![key, v],
+            ),
+            None => self
+                .conn
+                .execute("DELETE FROM meta WHERE key = ?1", params![key]),
+        }
+        .map_err(sql("writing a setting"))?;
+        Ok(())
+    }
+
+    // ----- runs -----
+
+    pub fn put_run(&self, run: &RunRecord) -> Result<(), StoreError> {
+        let record = serde_json::to_string(run).map_err(|e| StoreError::BadEntry {
+            seq: 0,
+            message: e.to_string(),
+        })?;
+        self.conn
+            .execute(
+                "INSERT INTO runs(id, created_at, record) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(id) DO UPDATE SET record = excluded.record",
+                params![run.id, run.created_at, record],
+            )
+            .map_err(sql("saving a run"))?;
+        Ok(())
+    }
+
+    pub fn run(&self, id: &str) -> Result<RunRecord, StoreError> {
+        let record: Option<String> = self
+            .conn
+            .query_row("SELECT record FROM runs WHERE id = ?1", params![id], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql("reading a run"))?;
+        let record = record.ok_or_else(|| StoreError::NoSuchRun(id.to_string()))?;
+        serde_json::from_str(&record).map_err(|e| StoreError::BadEntry {
+            seq: 0,
+            message: format!("run {id}: {e}"),
+        })
+    }
+
+    pub fn runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, record FROM runs ORDER BY created_at, id")
+            .map_err(sql("listing runs"))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(sql("listing runs"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (id, record) = row.map_err(sql("listing runs"))?;
+            out.push(
+                serde_json::from_str(&record).map_err(|e| StoreError::BadEntry {
+                    seq: 0,
+                    message: format!("run {id}: {e}"),
+                })?,
+            );
+        }
+        Ok(out)
+    }
+
+    // ----- audit -----
+
+    /// Appends one audit entry (the only write path for audit entries) and,
+    /// when `checkpoint` is set, records a checkpoint of it afterwards.
+    pub fn append(
+        &mut self,
+        run: Option<&str>,
+        event: &Event,
+        checkpoint: bool,
+    ) -> Result<Entry, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("locking the audit log"))?;
+        let entry = append_in(&tx, &self.log, run, event)?;
+        tx.commit().map_err(sql("committing an audit entry"))?;
+        if checkpoint {
+            self.write_checkpoint(&orchestrator_audit::checkpoint(&entry))?;
+        }
+        Ok(entry)
+    }
+
+    /// Appends a policy row and its audit entry in one transaction: neither
+    /// exists without the other.
+    pub fn append_policy_row(
+        &mut self,
+        row: &serde_json::Value,
+        event: &Event,
+    ) -> Result<Entry, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("locking the policy rows"))?;
+        tx.execute(
+            "INSERT INTO policy_rows(at, row) VALUES (?1, ?2)",
+            params![now_rfc3339(), row.to_string()],
+        )
+        .map_err(sql("appending a policy row"))?;
+        let entry = append_in(&tx, &self.log, None, event)?;
+        tx.commit().map_err(sql("committing a policy row"))?;
+        self.write_checkpoint(&orchestrator_audit::checkpoint(&entry))?;
+        Ok(entry)
+    }
+
+    /// The policy rows declared at run time, in the order they were written.
+    pub fn policy_rows(&self) -> Result<Vec<serde_json::Value>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT seq, row FROM policy_rows ORDER BY seq")
+            .map_err(sql("reading the policy rows"))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+            .map_err(sql("reading the policy rows"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, text) = row.map_err(sql("reading the policy rows"))?;
+            out.push(
+                serde_json::from_str(&text).map_err(|e| StoreError::BadEntry {
+                    seq,
+                    message: format!("policy row {seq} is not JSON: {e}"),
+                })?,
+            );
+        }
+        Ok(out)
+    }
+
+    fn write_checkpoint(&self, cp: &Checkpoint) -> Result<(), StoreError> {
+        let path = self.paths.checkpoints();
+        let io = |source| StoreError::Io {
+            doing: "appending a checkpoint to",
+            path: path.clone(),
+            source,
+        };
+        let mut line = serde_json::to_vec(cp).unwrap_or_default();
+        line.push(b'\n');
+        let mut f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(io)?;
+        // One write of a short line with O_APPEND: concurrent writers never interleave.
+        f.write_all(&line).map_err(io)?;
+        f.sync_data().map_err(io)?;
+        Ok(())
+    }
+
+    pub fn entries(&self) -> Result<Vec<Entry>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT seq, time, kind, run, body, prev, hash FROM audit ORDER BY seq")
+            .map_err(sql("reading the audit log"))?;
+        let rows = stmt
+            .query_map([], row_to_raw)
+            .map_err(sql("reading the audit log"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(raw_to_entry(row.map_err(sql("reading the audit log"))?)?);
+        }
+        Ok(out)
+    }
+
+    pub fn entries_for_run(&self, run: &str) -> Result<Vec<Entry>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT seq, time, kind, run, body, prev, hash FROM audit WHERE run = ?1 ORDER BY seq",
+            )
+            .map_err(sql("reading the audit log"))?;
+        let rows = stmt
+            .query_map(params![run], row_to_raw)
+            .map_err(sql("reading the audit log"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(raw_to_entry(row.map_err(sql("reading the audit log"))?)?);
+        }
+        Ok(out)
+    }
+
+    /// The checkpoints, sorted by entry (concurrent writers may append them
+    /// slightly out of order).
+    pub fn checkpoints(&self) -> Result<Vec<Checkpoint>, StoreError> {
+        let path = self.paths.checkpoints();
+        let file = match fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(source) => {
+                return Err(StoreError::Io {
+                    doing: "reading",
+                    path,
+                    source,
+                })
+            }
+        };
+        let mut out = Vec::new();
+        for (i, line) in BufReader::new(file).lines().enumerate() {
+            let line = line.map_err(|source| StoreError::Io {
+                doing: "reading",
+                path: path.clone(),
+                source,
+            })?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let cp: Checkpoint =
+                serde_json::from_str(&line).map_err(|e| StoreError::BadCheckpoint {
+                    path: path.clone(),
+                    line: i + 1,
+                    message: e.to_string(),
+                })?;
+            out.push(cp);
+        }
+        out.sort_by_key(|c| c.seq);
+        Ok(out)
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// The one write path of audit entries, inside a caller's transaction.
+fn append_in(
+    tx: &rusqlite::Transaction<'_>,
+    log: &LogId,
+    run: Option<&str>,
+    event: &Event,
+) -> Result<Entry, StoreError> {
+    let (kind, body) = event.kind_and_body();
+    let last = tx
+        .query_row(
+            "SELECT seq, time, kind, run, body, prev, hash FROM audit ORDER BY seq DESC LIMIT 1",
+            [],
+            row_to_raw,
+        )
+        .optional()
+        .map_err(sql("reading the audit head"))?;
+    let last = last.map(raw_to_entry).transpose()?;
+    let body = match body {
+        serde_json::Value::Object(map) => map,
+        other => serde_json::Map::from_iter([("value".to_string(), other)]),
+    };
+    let entry = orchestrator_audit::seal(log, last.as_ref(), &now_rfc3339(), &kind, run, body)
+        .map_err(|e| StoreError::BadEntry {
+            seq: last.as_ref().map(|l| l.seq as i64 + 1).unwrap_or(1),
+            message: e.to_string(),
+        })?;
+    tx.execute(
+        "INSERT INTO audit(seq, time, kind, run, body, prev, hash) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![
+            entry.seq as i64,
+            entry.time,
+            entry.kind,
+            entry.run,
+            serde_json::to_string(&entry.body).unwrap_or_default(),
+            entry.prev,
+            entry.hash
+        ],
+    )
+    .map_err(sql("appending an audit entry"))?;
+    Ok(entry)
+}
+
+type RawRow = (i64, String, String, Option<String>, String, String, String);
+
+fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+    ))
+}
+
+fn raw_to_entry(raw: RawRow) -> Result<Entry, StoreError> {
+    let (seq, time, kind, run, body, prev, hash) = raw;
+    let body = serde_json::from_str(&body).map_err(|e| StoreError::BadEntry {
+        seq,
+        message: format!("body is not JSON: {e}"),
+    })?;
+    Ok(Entry {
+        seq: u64::try_from(seq).map_err(|_| StoreError::BadEntry {
+            seq,
+            message: "negative sequence number".into(),
+        })?,
+        time,
+        kind,
+        run,
+        body,
+        prev,
+        hash,
+    })
+}
+
+pub fn now_rfc3339() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_else(|_| "1970-01-01T00:00:00Z".into())
+}
+
+/// Creates a directory readable only by its owner: state holds worktrees
+/// written by sandboxes, which host users must not reach.
+pub fn create_private_dir(path: &Path) -> Result<(), StoreError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let err = |source| StoreError::CreateDir {
+        path: path.to_path_buf(),
+        source,
+    };
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(err)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(err)?;
+    Ok(())
+}

@@ -1,0 +1,27 @@
+# Shared by the scripts: make sure the container engine answers, starting
+# dockerd when it is not running.
+ensure_docker() {
+  if docker info >/dev/null 2>&1; then return 0; fi
+  if ! command -v dockerd >/dev/null 2>&1; then
+    echo "setup: installing docker.io (Debian's package)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >/dev/null
+  fi
+  echo "setup: starting dockerd" >&2
+  (dockerd >/var/log/nightshift-dockerd.log 2>&1 &)
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  echo "setup: dockerd did not come up; see /var/log/nightshift-dockerd.log" >&2
+  return 1
+}
+
+ensure_packages() {
+  local missing=()
+  command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+  command -v git >/dev/null 2>&1 || missing+=(git)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+  fi
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Runs every test: lints, unit and property tests, and the end-to-end tests
+# against the real container engine (which need the sandbox image: built here
+# when the engine lacks it; a no-op when it is up to date).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+ensure_packages
+ensure_docker
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets -q -- -D warnings
+cargo build -q -p orchestrator
+NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image ./target/debug/nightshift image build
+cargo test --workspace -q

@@ -1,0 +1,78 @@
+//! One refusal through the real engine: an image that declares a VOLUME gets
+//! an anonymous engine volume mounted, a writable host path that is not the
+//! worktree. The attestation sees it in the inspected container and refuses.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use tests::{audit_kinds, image, make_repo, only_run, stderr, State};
+
+fn volume_image() -> String {
+    let tag = format!("nightshift-test-volume:{}", &image().replace(':', "-"));
+    let exists = Command::new("docker")
+        .args(["image", "inspect", &tag])
+        .output()
+        .unwrap()
+        .status
+        .success();
+    if !exists {
+        let mut build = Command::new("docker")
+            .args(["build", "-q", "-t", &tag, "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        write!(
+            build.stdin.take().unwrap(),
+            "FROM {}\nVOLUME /data\n",
+            image()
+        )
+        .unwrap();
+        assert!(build.wait().unwrap().success(), "docker build failed");
+    }
+    tag
+}
+
+#[test]
+fn a_container_that_breaks_tier0_never_starts() {
+    let state = State::new();
+    let repo = make_repo();
+    let sentinel = state.path().join("agent-ran");
+    let out = state.run(&[
+        "run",
+        "--repo",
+        repo.path().to_str().unwrap(),
+        "--image",
+        &volume_image(),
+        "--",
+        "touch",
+        "/workspace/agent-ran",
+    ]);
+    assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("mounts-only-worktree"),
+        "refusal does not name the property: {err}"
+    );
+    let run = only_run(&state);
+    assert_eq!(run["status"], "refused: attestation");
+    assert!(run["started_at"].is_null(), "the agent was started");
+    assert!(run["result_commit"].is_null());
+    assert!(!sentinel.exists());
+    let kinds = audit_kinds(&state, run["id"].as_str().unwrap());
+    assert!(kinds.contains(&"attestation".to_string()));
+    assert!(!kinds.contains(&"started".to_string()));
+    let show = state.show(run["id"].as_str().unwrap());
+    let att = show["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "attestation")
+        .unwrap();
+    assert_eq!(att["body"]["passed"], false);
+    assert!(
+        state.containers().is_empty(),
+        "the refused container was left behind"
+    );
+    assert!(state.verify().status.success());
+}
