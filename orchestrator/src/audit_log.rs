@@ -71,6 +71,32 @@ pub enum Event {
         status: String,
         reason: Option<String>,
     },
+    /// Resource figures the supervisor sampled from the sandbox's cgroup.
+    Resources {
+        memory_bytes: Option<u64>,
+        memory_peak_bytes: Option<u64>,
+        cpu_ns: Option<u64>,
+        pids: Option<u64>,
+        max_open_files: Option<u64>,
+        worktree_bytes: Option<u64>,
+    },
+    /// A cap was passed and the run killed for it.
+    CapBreached {
+        cap: String,
+        limit: u64,
+        observed: u64,
+    },
+    /// The kill switch was used on a run.
+    KillRequested {
+        by: String,
+        container: Option<String>,
+    },
+    /// A run whose supervisor vanished was found and settled.
+    Reconciled {
+        by: String,
+        containers: Vec<String>,
+        status: String,
+    },
     /// A refuse or ask of the policy engine (allows are not audited by the hook).
     PolicyDecision {
         actor: Option<String>,

@@ -175,6 +175,7 @@ impl Engine {
                 config: Some(HashMap::new()),
             }),
             auto_remove: Some(false),
+            cgroup_parent: spec.cgroup_parent.clone(),
             restart_policy: Some(RestartPolicy {
                 name: Some(RestartPolicyNameEnum::NO),
                 maximum_retry_count: None,

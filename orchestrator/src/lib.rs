@@ -5,9 +5,12 @@
 //! `orchestrator-git` (git2).
 
 pub mod audit_log;
+pub mod config;
 pub mod demo;
 pub mod engine;
 pub mod image;
+pub mod killswitch;
+pub mod monitor;
 pub mod owner;
 pub mod policy;
 pub mod run;

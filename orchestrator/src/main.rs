@@ -24,6 +24,9 @@ struct Cli {
     /// Where this state lives (database, audit checkpoints, worktrees).
     #[arg(long, global = true, env = "NIGHTSHIFT_STATE_DIR")]
     state_dir: Option<PathBuf>,
+    /// The configuration file (default: STATE/config.toml).
+    #[arg(long, global = true, env = "NIGHTSHIFT_CONFIG")]
+    config: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -68,6 +71,23 @@ enum Command {
         #[arg(long, default_value = "frozen by the operator")]
         why: String,
     },
+    /// Stop one run, or every run of this state, at once (SIGKILL through the engine).
+    Kill {
+        run: Option<String>,
+        #[arg(long, conflicts_with = "run")]
+        all: bool,
+        /// Also freeze: no new run starts until `thaw`.
+        #[arg(long, requires = "all")]
+        freeze: bool,
+    },
+    /// (internal) The dead man's switch for one supervisor process.
+    #[command(hide = true)]
+    Watchdog {
+        #[arg(long)]
+        supervisor: String,
+    },
+    /// Find sandboxes and runs whose supervisor vanished, and settle them.
+    Reconcile,
     /// End a freeze (needs the owner's credential).
     Thaw {
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
@@ -183,9 +203,27 @@ struct RunArgs {
     /// Read the task text from a file.
     #[arg(long)]
     task_file: Option<PathBuf>,
-    /// Wall-clock cap, in seconds.
-    #[arg(long, default_value_t = 7200)]
-    timeout_secs: u64,
+    /// Memory cap (no swap), e.g. 256m, 2g.
+    #[arg(long, value_parser = size_arg)]
+    memory: Option<u64>,
+    /// CPU cap, in cores (e.g. 0.5, 1).
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// Process (and thread) cap.
+    #[arg(long)]
+    pids: Option<u64>,
+    /// Wall-clock cap, e.g. 30s, 10m, 2h.
+    #[arg(long, value_parser = span_arg)]
+    timeout: Option<std::time::Duration>,
+    /// Bytes of output kept; past 4x this the run is killed.
+    #[arg(long, value_parser = size_arg)]
+    max_output: Option<u64>,
+    /// Disk the worktree may use.
+    #[arg(long, value_parser = size_arg)]
+    max_worktree: Option<u64>,
+    /// Open files per process.
+    #[arg(long)]
+    max_files: Option<u64>,
     #[arg(long)]
     json: bool,
     /// The agent command and its arguments.
@@ -241,21 +279,29 @@ async fn connect() -> Result<Engine, i32> {
 
 async fn dispatch(cli: Cli) -> i32 {
     let root = state_root(&cli);
+    let config = cli.config.clone();
     let result = match cli.command {
         Command::Image { command } => image_cmd(&root, command).await,
-        Command::Run(args) => run_cmd(&root, args).await,
+        Command::Run(args) => run_cmd(&root, config.as_deref(), args).await,
         Command::Runs { json } => runs_cmd(&root, json),
         Command::Show { run, json } => show_cmd(&root, &run, json),
         Command::Audit {
             command: AuditCommand::Verify { json },
         } => verify_cmd(&root, json),
-        Command::Demo => demo_cmd(&root).await,
+        Command::Demo => demo_cmd(&root, config.as_deref()).await,
         Command::Owner {
             command: OwnerCommand::Init,
         } => owner_init(&root),
         Command::Policy(args) => policy_cmd(&root, args),
         Command::Freeze { why } => freeze_cmd(&root, &why),
         Command::Thaw { owner_key_file } => thaw_cmd(&root, owner_key_file.as_deref()),
+        Command::Kill { run, all, freeze } => {
+            kill_cmd(&root, config.as_deref(), run, all, freeze).await
+        }
+        Command::Watchdog { supervisor } => {
+            watchdog_cmd(&root, config.as_deref(), &supervisor).await
+        }
+        Command::Reconcile => reconcile_cmd(&root, config.as_deref()).await,
     };
     match result {
         Ok(code) | Err(code) => code,
@@ -292,7 +338,58 @@ async fn build_image(engine: &Engine, root: &std::path::Path, mirror: &str) -> R
     })
 }
 
-async fn run_cmd(root: &std::path::Path, args: RunArgs) -> Result<i32, i32> {
+fn size_arg(s: &str) -> Result<u64, String> {
+    orchestrator::config::parse_size(s)
+}
+
+fn span_arg(s: &str) -> Result<std::time::Duration, String> {
+    orchestrator::config::parse_span(s)
+}
+
+fn load_config(
+    root: &std::path::Path,
+    path: Option<&std::path::Path>,
+) -> Result<orchestrator::config::Config, i32> {
+    let path = path
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| root.join("config.toml"));
+    orchestrator::config::Config::load(&path).map_err(|e| {
+        eprintln!("nightshift: {e}");
+        exit::BAD_INPUT
+    })
+}
+
+/// Opens the state, the engine and the fleet cgroup: what every command
+/// that starts or stops sandboxes needs.
+async fn supervisor(
+    root: &std::path::Path,
+    config: &orchestrator::config::Config,
+) -> Result<Supervisor, i32> {
+    let store = open_store(root)?;
+    let engine = connect().await?;
+    let state_tag = orchestrator::state_tag(root);
+    let fleet =
+        orchestrator::run::FleetHandle::ensure(&state_tag, &config.fleet()).map_err(|e| {
+            eprintln!("nightshift: {e}");
+            exit::INTERNAL
+        })?;
+    let identity = orchestrator::run::process_identity(std::process::id())
+        .unwrap_or_else(|| format!("{}:0", std::process::id()));
+    Ok(Supervisor {
+        engine,
+        store: Arc::new(Mutex::new(store)),
+        state_tag,
+        identity,
+        fleet: Some(fleet),
+    })
+}
+
+async fn run_cmd(
+    root: &std::path::Path,
+    config_path: Option<&std::path::Path>,
+    args: RunArgs,
+) -> Result<i32, i32> {
+    let config = load_config(root, config_path)?;
     let task = match (&args.task, &args.task_file) {
         (Some(t), _) => t.clone(),
         (None, Some(f)) => {
@@ -307,9 +404,35 @@ async fn run_cmd(root: &std::path::Path, args: RunArgs) -> Result<i32, i32> {
         }
         (None, None) => String::new(),
     };
+    let defaults = config.caps();
+    let fleet = config.fleet();
+    if let Some(cpus) = args.cpus {
+        if !(cpus > 0.0 && cpus <= fleet.cpus) {
+            eprintln!(
+                "nightshift: --cpus {cpus} must be above 0 and at most the fleet's {} cpus",
+                fleet.cpus
+            );
+            return Err(exit::BAD_INPUT);
+        }
+    }
     let caps = Caps {
-        timeout: std::time::Duration::from_secs(args.timeout_secs),
-        ..Caps::default()
+        memory_bytes: args
+            .memory
+            .map(|v| v as i64)
+            .unwrap_or(defaults.memory_bytes),
+        nano_cpus: args
+            .cpus
+            .map(|v| (v * 1e9) as i64)
+            .unwrap_or(defaults.nano_cpus),
+        pids: args.pids.map(|v| v as i64).unwrap_or(defaults.pids),
+        open_files: args
+            .max_files
+            .map(|v| v as i64)
+            .unwrap_or(defaults.open_files),
+        timeout: args.timeout.unwrap_or(defaults.timeout),
+        max_output_bytes: args.max_output.unwrap_or(defaults.max_output_bytes),
+        max_worktree_bytes: args.max_worktree.unwrap_or(defaults.max_worktree_bytes),
+        tmpfs_bytes: defaults.tmpfs_bytes,
     };
     let req = RunRequest {
         repo: args.repo,
@@ -320,7 +443,7 @@ async fn run_cmd(root: &std::path::Path, args: RunArgs) -> Result<i32, i32> {
         caps,
         echo: !args.json,
     };
-    let record = perform(root, req).await?;
+    let record = perform(root, &config, req).await?;
     if args.json {
         println!(
             "{}",
@@ -339,14 +462,25 @@ async fn run_cmd(root: &std::path::Path, args: RunArgs) -> Result<i32, i32> {
 }
 
 /// Runs one request with signal handling; maps errors to exit codes.
-async fn perform(root: &std::path::Path, req: RunRequest) -> Result<RunRecord, i32> {
-    let store = open_store(root)?;
-    let engine = connect().await?;
-    let sup = Supervisor {
-        engine,
-        store: Arc::new(Mutex::new(store)),
-        state_tag: orchestrator::state_tag(root),
-    };
+async fn perform(
+    root: &std::path::Path,
+    config: &orchestrator::config::Config,
+    req: RunRequest,
+) -> Result<RunRecord, i32> {
+    // A freeze refuses a new run before the engine is asked anything, so it
+    // holds with the engine down too; `run::execute` checks it again.
+    if let Ok(set) = orchestrator::policy::load(&open_store(root)?, None) {
+        if let Some(freeze) = set.freeze() {
+            eprintln!("nightshift: {}", RunError::Frozen(freeze.reason.clone()));
+            return Err(exit::DENIED);
+        }
+    }
+    let sup = supervisor(root, config).await?;
+    // Sandboxes left by a supervisor that vanished are settled first.
+    if let Err(e) = orchestrator::killswitch::reconcile(&sup, None, "supervisor start").await {
+        eprintln!("nightshift: reconciling: {e}");
+    }
+    spawn_watchdog(root, &sup.identity);
     let (tx, rx) = tokio::sync::watch::channel(None);
     let signals = tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
@@ -382,6 +516,111 @@ async fn perform(root: &std::path::Path, req: RunRequest) -> Result<RunRecord, i
             },
         }
     })
+}
+
+/// Starts the dead man's switch for this process: a separate process, in
+/// its own process group, that stops this supervisor's sandboxes if it dies.
+fn spawn_watchdog(root: &std::path::Path, identity: &str) {
+    use std::os::unix::process::CommandExt;
+    let Ok(exe) = std::env::current_exe() else {
+        eprintln!("nightshift: warning: cannot find my own executable to start the watchdog");
+        return;
+    };
+    let spawned = std::process::Command::new(exe)
+        .arg("--state-dir")
+        .arg(root)
+        .args(["watchdog", "--supervisor", identity])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
+        .spawn();
+    if let Err(e) = spawned {
+        eprintln!("nightshift: warning: starting the watchdog: {e}");
+    }
+}
+
+async fn kill_cmd(
+    root: &std::path::Path,
+    config_path: Option<&std::path::Path>,
+    run: Option<String>,
+    all: bool,
+    freeze: bool,
+) -> Result<i32, i32> {
+    if run.is_none() && !all {
+        eprintln!("nightshift: name a run, or --all");
+        return Err(exit::BAD_INPUT);
+    }
+    let config = load_config(root, config_path)?;
+    let sup = supervisor(root, &config).await?;
+    if freeze {
+        let mut store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = orchestrator::policy::freeze(&mut store, None, "kill --all --freeze") {
+            // Already frozen is fine for a kill switch.
+            eprintln!("nightshift: {e}");
+        }
+    }
+    let who = format!(
+        "{} (nightshift kill)",
+        std::env::var("USER").unwrap_or_else(|_| "operator".into())
+    );
+    match orchestrator::killswitch::kill(&sup, run.as_deref(), &who).await {
+        Ok(k) => {
+            println!(
+                "killed {} sandbox(es) of {} run(s)",
+                k.containers,
+                k.runs.len()
+            );
+            for r in k.runs {
+                println!("  {r}");
+            }
+            Ok(exit::OK)
+        }
+        Err(e) => {
+            eprintln!("nightshift: {e}");
+            Err(match e {
+                RunError::Store(StoreError::NoSuchRun(_)) => exit::BAD_INPUT,
+                _ => exit::INTERNAL,
+            })
+        }
+    }
+}
+
+async fn watchdog_cmd(
+    root: &std::path::Path,
+    config_path: Option<&std::path::Path>,
+    watched: &str,
+) -> Result<i32, i32> {
+    let config = load_config(root, config_path)?;
+    let sup = supervisor(root, &config).await?;
+    orchestrator::killswitch::watchdog(&sup, watched, std::time::Duration::from_millis(500))
+        .await
+        .map(|()| exit::OK)
+        .map_err(|e| {
+            eprintln!("nightshift: watchdog: {e}");
+            exit::INTERNAL
+        })
+}
+
+async fn reconcile_cmd(
+    root: &std::path::Path,
+    config_path: Option<&std::path::Path>,
+) -> Result<i32, i32> {
+    let config = load_config(root, config_path)?;
+    let sup = supervisor(root, &config).await?;
+    match orchestrator::killswitch::reconcile(&sup, None, "nightshift reconcile").await {
+        Ok(settled) => {
+            println!("settled {} run(s)", settled.len());
+            for r in settled {
+                println!("  {r}");
+            }
+            Ok(exit::OK)
+        }
+        Err(e) => {
+            eprintln!("nightshift: {e}");
+            Err(exit::INTERNAL)
+        }
+    }
 }
 
 fn print_summary(r: &RunRecord) {
@@ -546,7 +785,11 @@ fn verify_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
     }
 }
 
-async fn demo_cmd(root: &std::path::Path) -> Result<i32, i32> {
+async fn demo_cmd(
+    root: &std::path::Path,
+    config_path: Option<&std::path::Path>,
+) -> Result<i32, i32> {
+    let config = load_config(root, config_path)?;
     std::fs::create_dir_all(root).map_err(|e| {
         eprintln!("nightshift: creating {}: {e}", root.display());
         exit::STATE
@@ -565,10 +808,10 @@ async fn demo_cmd(root: &std::path::Path) -> Result<i32, i32> {
         image: reference,
         task: demo::TASK.into(),
         command: vec!["bash".into(), "-c".into(), demo::AGENT_SCRIPT.into()],
-        caps: Caps::default(),
+        caps: config.caps(),
         echo: true,
     };
-    let record = perform(root, req).await?;
+    let record = perform(root, &config, req).await?;
     print_summary(&record);
     println!();
     println!("What the agent left, as the supervisor observed and imported it:");
@@ -739,7 +982,14 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
                 let doc = serde_json::json!({
                     "generation": set.generation().to_string(),
                     "frozen": set.freeze().map(|f| f.reason.clone()),
-                    "active": active.iter().map(|r| serde_json::to_value(r).unwrap_or_default()).collect::<Vec<_>>(),
+                    // `locked` is the lock state now (ratified rules are locked), not as declared.
+                    "active": active.iter().map(|r| {
+                        let mut v = serde_json::to_value(r).unwrap_or_default();
+                        if let Some(entry) = set.entries().get(r.id()) {
+                            v["locked"] = entry.locked.into();
+                        }
+                        v
+                    }).collect::<Vec<_>>(),
                     "pending": set.pending().keys().collect::<Vec<_>>(),
                 });
                 println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());

@@ -20,6 +20,7 @@ use tokio::sync::watch;
 
 use crate::audit_log::{digest, Event};
 use crate::engine::{Engine, EngineError, Output, Sample};
+use crate::monitor::{self, Breach, Observed};
 use crate::sandbox::{
     sanitize_for_terminal, Caps, SandboxSpec, MAX_TASK_BYTES, SANDBOX_GID, SANDBOX_UID,
 };
@@ -79,6 +80,72 @@ pub struct Supervisor {
     pub engine: Engine,
     pub store: Arc<Mutex<Store>>,
     pub state_tag: String,
+    /// `pid:starttime` of this supervisor process, put on every sandbox it
+    /// creates so that a watchdog or a later supervisor can tell its orphans.
+    pub identity: String,
+    /// The fleet's parent cgroup, when managed.
+    pub fleet: Option<FleetHandle>,
+}
+
+/// The fleet cgroup every sandbox of this state is created under.
+#[derive(Debug, Clone)]
+pub struct FleetHandle {
+    pub layout: orchestrator_cgroups::Layout,
+    pub name: String,
+    pub memory_bytes: u64,
+    pub cpus: f64,
+}
+
+impl FleetHandle {
+    /// Creates (or updates) the fleet's cgroup with its limits.
+    pub fn ensure(state_tag: &str, fleet: &crate::config::Fleet) -> Result<Self, String> {
+        let fs = orchestrator_cgroups::RealFs;
+        let layout = orchestrator_cgroups::detect(&fs).map_err(|e| e.to_string())?;
+        let name = format!("nightshift-{state_tag}");
+        orchestrator_cgroups::ensure_fleet(
+            &fs,
+            &layout,
+            &name,
+            orchestrator_cgroups::FleetLimits {
+                memory_bytes: Some(fleet.memory_bytes),
+                cpus: Some(fleet.cpus),
+                pids: Some(fleet.pids),
+            },
+        )
+        .map_err(|e| format!("setting up the fleet cgroup {name}: {e}"))?;
+        Ok(Self {
+            layout,
+            name,
+            memory_bytes: fleet.memory_bytes,
+            cpus: fleet.cpus,
+        })
+    }
+
+    pub fn cgroup_parent(&self) -> String {
+        format!("/{}", self.name)
+    }
+}
+
+/// This process's identity as a supervisor: its pid and kernel start time,
+/// so a reused pid is never mistaken for it.
+pub fn process_identity(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: split after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let start = rest.split_whitespace().nth(19)?;
+    Some(format!("{pid}:{start}"))
+}
+
+/// Is the supervisor named by `identity` (`pid:starttime`) still running?
+pub fn identity_alive(identity: &str) -> bool {
+    let Some(pid) = identity
+        .split(':')
+        .next()
+        .and_then(|p| p.parse::<u32>().ok())
+    else {
+        return false;
+    };
+    process_identity(pid).as_deref() == Some(identity)
 }
 
 impl Supervisor {
@@ -153,6 +220,7 @@ pub async fn execute(
         command: req.command.clone(),
         status: "created".into(),
         supervisor_pid: Some(std::process::id() as i64),
+        supervisor: Some(sup.identity.clone()),
         ..Default::default()
     };
     sup.save(&record)?;
@@ -185,7 +253,8 @@ pub async fn execute(
 enum Ended {
     Exited,
     Stopped(Stop),
-    TimedOut,
+    Breach(Breach),
+    KilledBy(String),
 }
 
 async fn steps(
@@ -240,7 +309,9 @@ async fn steps(
         dest.clone(),
         &req.task,
         &req.caps,
-    );
+    )
+    .with_supervisor(&sup.identity)
+    .with_cgroup_parent(sup.fleet.as_ref().map(FleetHandle::cgroup_parent));
     // Remember the name before the call: if creation half-succeeds, the
     // ending still finds and removes it by its label.
     let container = sup.engine.create(&spec).await?;
@@ -288,7 +359,11 @@ async fn steps(
     }
 
     // Start, with output attached first so nothing is missed.
-    let mut output = sup.engine.attach(&container).await?;
+    let output = sup.engine.attach(&container).await?;
+    let fleet_hits_before = sup
+        .fleet
+        .as_ref()
+        .and_then(|f| monitor::fleet_memory_hits(&f.layout, &f.name));
     held.started = true;
     sup.engine.start(&container).await?;
     let started = Instant::now();
@@ -304,55 +379,89 @@ async fn steps(
     )?;
 
     let log_path = run_dir.join("output.log");
-    let mut log = tokio::fs::File::create(&log_path)
+    let log = tokio::fs::File::create(&log_path)
         .await
         .map_err(|e| RunError::Git(format!("creating {}: {e}", log_path.display())))?;
-    let mut samples = sup.engine.samples(&container);
+    // The output is drained by its own task, always: a sandbox blocked on a
+    // full pipe must never stall the supervisor (or the engine's kill).
+    let (over_tx, mut over_rx) = tokio::sync::watch::channel(false);
+    let drain = tokio::spawn(drain_output(
+        output,
+        log,
+        req.caps.max_output_bytes,
+        req.caps.output_ceiling(),
+        req.echo,
+        over_tx,
+    ));
     let mut peak = Sample::default();
-    let mut seen: u64 = 0;
-    let mut kept: u64 = 0;
+    let mut last = Observed::default();
     let wait = sup.engine.wait(&container);
     tokio::pin!(wait);
     let deadline = tokio::time::sleep(req.caps.timeout);
     tokio::pin!(deadline);
-    let mut output_open = true;
-    let mut samples_open = true;
+    let mut sample_tick = tokio::time::interval(monitor::SAMPLE_EVERY);
+    let mut worktree_tick = tokio::time::interval(monitor::WORKTREE_EVERY);
+    let mut audit_every = 0u32;
     let ended = loop {
         tokio::select! {
             code = &mut wait => {
                 let _ = code?;
                 break Ended::Exited;
             }
-            chunk = output.next(), if output_open => match chunk {
-                Some(Ok(chunk)) => {
-                    let (bytes, is_err) = match &chunk {
-                        Output::Stdout(b) => (b, false),
-                        Output::Stderr(b) => (b, true),
-                    };
-                    seen += bytes.len() as u64;
-                    let room = req.caps.max_output_bytes.saturating_sub(kept);
-                    let take = (bytes.len() as u64).min(room) as usize;
-                    if take > 0 {
-                        let _ = log.write_all(&bytes[..take]).await;
-                        kept += take as u64;
-                        if req.echo {
-                            let shown = sanitize_for_terminal(&bytes[..take]);
-                            if is_err { eprint!("{shown}") } else { print!("{shown}") }
-                        }
+            _ = over_rx.changed() => {
+                if *over_rx.borrow() {
+                    sup.engine.kill(&container).await?;
+                    break Ended::Breach(Breach {
+                        cap: "output",
+                        limit: req.caps.max_output_bytes,
+                        observed: req.caps.output_ceiling(),
+                        detail: format!(
+                            "output cap {} (more than {} written)",
+                            monitor::mib(req.caps.max_output_bytes),
+                            monitor::mib(req.caps.output_ceiling()),
+                        ),
+                    });
+                }
+            }
+            _ = sample_tick.tick() => {
+                if let Some(fleet) = &sup.fleet {
+                    let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), container.clone());
+                    let observed = tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
+                        .await
+                        .unwrap_or_default();
+                    last = Observed { worktree_bytes: last.worktree_bytes, ..observed };
+                    peak.peak_memory_bytes = max_opt(peak.peak_memory_bytes, max_opt(observed.memory_peak_bytes, observed.memory_bytes));
+                    peak.cpu_ns = max_opt(peak.cpu_ns, observed.cpu_ns);
+                    audit_every += 1;
+                    if audit_every.is_multiple_of(10) {
+                        sup.audit(&id_of(record), resources_event(&last), false)?;
+                    }
+                    if let Some(b) = monitor::breach(&req.caps, &last) {
+                        sup.engine.kill(&container).await?;
+                        break Ended::Breach(b);
                     }
                 }
-                _ => output_open = false,
-            },
-            sample = samples.next(), if samples_open => match sample {
-                Some(s) => {
-                    peak.peak_memory_bytes = max_opt(peak.peak_memory_bytes, s.peak_memory_bytes.or(s.memory_bytes));
-                    peak.cpu_ns = max_opt(peak.cpu_ns, s.cpu_ns);
+            }
+            _ = worktree_tick.tick() => {
+                let (path, cap) = (dest.clone(), req.caps.max_worktree_bytes);
+                let bytes = tokio::task::spawn_blocking(move || monitor::tree_bytes(&path, cap))
+                    .await
+                    .unwrap_or(0);
+                last.worktree_bytes = Some(bytes);
+                if let Some(b) = monitor::breach(&req.caps, &last) {
+                    sup.engine.kill(&container).await?;
+                    break Ended::Breach(b);
                 }
-                None => samples_open = false,
-            },
+            }
             _ = &mut deadline => {
                 sup.engine.kill(&container).await?;
-                break Ended::TimedOut;
+                let cpu = peak.cpu_ns.map(|c| format!(", cpu {:.1}s", c as f64 / 1e9)).unwrap_or_default();
+                break Ended::Breach(Breach {
+                    cap: "timeout",
+                    limit: req.caps.timeout.as_secs(),
+                    observed: req.caps.timeout.as_secs(),
+                    detail: format!("timeout {}s{cpu}", req.caps.timeout.as_secs()),
+                });
             }
             _ = stop.changed() => {
                 if let Some(s) = stopped(&stop) {
@@ -362,36 +471,113 @@ async fn steps(
             }
         }
     };
-    // Drain what the sandbox wrote before it stopped (bounded: it has stopped).
-    while output_open {
-        match tokio::time::timeout(Duration::from_secs(2), output.next()).await {
-            Ok(Some(Ok(Output::Stdout(b) | Output::Stderr(b)))) => {
-                seen += b.len() as u64;
-                let room = req.caps.max_output_bytes.saturating_sub(kept);
-                let take = (b.len() as u64).min(room) as usize;
-                if take > 0 {
-                    let _ = log.write_all(&b[..take]).await;
-                    kept += take as u64;
-                    if req.echo {
-                        print!("{}", sanitize_for_terminal(&b[..take]));
-                    }
-                }
-            }
-            _ => output_open = false,
+    // The sandbox has stopped: its output ends; wait (bounded) for the rest.
+    let (seen_out, kept) = match tokio::time::timeout(Duration::from_secs(10), drain).await {
+        Ok(Ok(counts)) => counts,
+        _ => (0, 0),
+    };
+    let duration = started.elapsed();
+    // A last look at the cgroup before the container (and its cgroup) goes.
+    if let Some(fleet) = &sup.fleet {
+        let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), container.clone());
+        let observed = tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
+            .await
+            .unwrap_or_default();
+        peak.peak_memory_bytes = max_opt(
+            peak.peak_memory_bytes,
+            max_opt(observed.memory_peak_bytes, observed.memory_bytes),
+        );
+        peak.cpu_ns = max_opt(peak.cpu_ns, observed.cpu_ns);
+        if observed.oom_kills.is_some() {
+            last.oom_kills = observed.oom_kills;
         }
     }
-    let _ = log.flush().await;
-    let duration = started.elapsed();
     let state = sup.engine.exit_state(&container).await?;
     record.exit_code = state.exit_code;
     record.duration_ms = Some(duration.as_millis() as i64);
     record.peak_memory_bytes = peak.peak_memory_bytes.map(|v| v as i64);
     record.cpu_ns = peak.cpu_ns.map(|v| v as i64);
+    // How it ended, as observed: a kill switch request, or the kernel's OOM kill.
+    let killed_by = {
+        let store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
+        store.kill_request(&record.id)?
+    };
+    let ended = match ended {
+        Ended::Exited if killed_by.is_some() => Ended::KilledBy(killed_by.unwrap_or_default()),
+        Ended::Exited
+            if state.exit_code == Some(137)
+                && (state.oom_killed || last.oom_kills.unwrap_or(0) > 0) =>
+        {
+            let fleet_memory = sup
+                .fleet
+                .as_ref()
+                .map(|f| f.memory_bytes)
+                .unwrap_or(u64::MAX);
+            let fleet_hits_after = sup
+                .fleet
+                .as_ref()
+                .and_then(|f| monitor::fleet_memory_hits(&f.layout, &f.name));
+            let fleet_reached = matches!(
+                (fleet_hits_before, fleet_hits_after),
+                (Some(a), Some(b)) if b > a
+            );
+            Ended::Breach(monitor::memory_breach(
+                &req.caps,
+                fleet_memory,
+                peak.peak_memory_bytes,
+                fleet_reached,
+            ))
+        }
+        other => other,
+    };
+    // A run that wrote past the worktree cap between two looks and exited
+    // still went past it.
+    let ended = match ended {
+        Ended::Exited => {
+            let (path, cap) = (dest.clone(), req.caps.max_worktree_bytes);
+            let bytes = tokio::task::spawn_blocking(move || monitor::tree_bytes(&path, cap))
+                .await
+                .unwrap_or(0);
+            let seen = Observed {
+                worktree_bytes: Some(bytes),
+                ..Default::default()
+            };
+            match monitor::breach(&req.caps, &seen) {
+                Some(b) => Ended::Breach(Breach {
+                    detail: format!("{} at exit", b.detail),
+                    ..b
+                }),
+                None => Ended::Exited,
+            }
+        }
+        other => other,
+    };
     let ended_by = match &ended {
         Ended::Exited => "exit".to_string(),
-        Ended::TimedOut => format!("timeout {}s", req.caps.timeout.as_secs()),
+        Ended::Breach(b) => format!("cap {}", b.cap),
+        Ended::KilledBy(who) => format!("kill switch ({who})"),
         Ended::Stopped(s) => s.name().to_string(),
     };
+    if let Ended::Breach(b) = &ended {
+        sup.audit(
+            &record.id,
+            Event::CapBreached {
+                cap: b.cap.to_string(),
+                limit: b.limit,
+                observed: b.observed,
+            },
+            false,
+        )?;
+    }
+    sup.audit(
+        &record.id,
+        resources_event(&Observed {
+            memory_peak_bytes: peak.peak_memory_bytes,
+            cpu_ns: peak.cpu_ns,
+            ..last
+        }),
+        false,
+    )?;
     sup.audit(
         &id,
         Event::Exited {
@@ -401,12 +587,66 @@ async fn steps(
             duration_ms: duration.as_millis() as i64,
             peak_memory_bytes: record.peak_memory_bytes,
             cpu_ns: record.cpu_ns,
-            output_bytes: seen,
+            output_bytes: seen_out,
             output_kept_bytes: kept,
         },
         false,
     )?;
     Ok(ended)
+}
+
+fn id_of(record: &RunRecord) -> String {
+    record.id.clone()
+}
+
+fn resources_event(o: &Observed) -> Event {
+    Event::Resources {
+        memory_bytes: o.memory_bytes,
+        memory_peak_bytes: o.memory_peak_bytes,
+        cpu_ns: o.cpu_ns,
+        pids: o.pids,
+        max_open_files: o.max_open_files,
+        worktree_bytes: o.worktree_bytes,
+    }
+}
+
+/// Reads the sandbox's output to its end: keeps up to `cap` bytes in the
+/// run's log (echoed with control characters escaped), counts the rest, and
+/// raises `over` once more than `ceiling` bytes were written.
+async fn drain_output(
+    mut output: crate::engine::OutputStream,
+    mut log: tokio::fs::File,
+    cap: u64,
+    ceiling: u64,
+    echo: bool,
+    over: watch::Sender<bool>,
+) -> (u64, u64) {
+    let (mut seen, mut kept) = (0u64, 0u64);
+    while let Some(Ok(chunk)) = output.next().await {
+        let (bytes, is_err) = match &chunk {
+            Output::Stdout(b) => (b, false),
+            Output::Stderr(b) => (b, true),
+        };
+        seen += bytes.len() as u64;
+        let take = (bytes.len() as u64).min(cap.saturating_sub(kept)) as usize;
+        if take > 0 {
+            let _ = log.write_all(&bytes[..take]).await;
+            kept += take as u64;
+            if echo {
+                let shown = sanitize_for_terminal(&bytes[..take]);
+                if is_err {
+                    eprint!("{shown}")
+                } else {
+                    print!("{shown}")
+                }
+            }
+        }
+        if seen > ceiling && !*over.borrow() {
+            let _ = over.send(true);
+        }
+    }
+    let _ = log.flush().await;
+    (seen, kept)
 }
 
 fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
@@ -534,11 +774,8 @@ async fn finish(
             let code = record.exit_code.unwrap_or(-1);
             (format!("exited {code}"), None, Ok(()))
         }
-        Ok(Ended::TimedOut) => (
-            "killed: timeout".to_string(),
-            Some(format!("wall clock cap {}s", req.caps.timeout.as_secs())),
-            Ok(()),
-        ),
+        Ok(Ended::Breach(b)) => (format!("killed: {}", b.detail), None, Ok(())),
+        Ok(Ended::KilledBy(who)) => (format!("killed: by {who}"), None, Ok(())),
         Ok(Ended::Stopped(s)) => (
             format!("interrupted: {}", s.name()),
             Some(format!("nightshift run received {}", s.name())),

@@ -26,6 +26,7 @@ pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:
 pub const LABEL_RUN: &str = "nightshift.run";
 pub const LABEL_STATE: &str = "nightshift.state";
 pub const LABEL_MANAGED: &str = "nightshift.managed";
+pub const LABEL_SUPERVISOR: &str = "nightshift.supervisor";
 /// The longest task text passed to the sandbox (through its environment).
 pub const MAX_TASK_BYTES: usize = 64 * 1024;
 
@@ -38,7 +39,15 @@ pub struct Caps {
     pub open_files: i64,
     pub timeout: Duration,
     pub max_output_bytes: u64,
+    pub max_worktree_bytes: u64,
     pub tmpfs_bytes: i64,
+}
+
+impl Caps {
+    /// Output past the cap is dropped; past this ceiling the run is killed.
+    pub fn output_ceiling(&self) -> u64 {
+        self.max_output_bytes.saturating_mul(4)
+    }
 }
 
 impl Default for Caps {
@@ -50,6 +59,7 @@ impl Default for Caps {
             open_files: 4096,
             timeout: Duration::from_secs(2 * 3600),
             max_output_bytes: 16 << 20,
+            max_worktree_bytes: 2 << 30,
             tmpfs_bytes: 256 << 20,
         }
     }
@@ -67,9 +77,23 @@ pub struct SandboxSpec {
     pub labels: BTreeMap<String, String>,
     pub tmpfs: BTreeMap<String, String>,
     pub caps: Caps,
+    /// The fleet's parent cgroup (`/name`), when the supervisor manages one.
+    pub cgroup_parent: Option<String>,
 }
 
 impl SandboxSpec {
+    /// Marks the sandbox with the supervisor that owns it.
+    pub fn with_supervisor(mut self, identity: &str) -> Self {
+        self.labels
+            .insert(LABEL_SUPERVISOR.to_string(), identity.to_string());
+        self
+    }
+
+    pub fn with_cgroup_parent(mut self, parent: Option<String>) -> Self {
+        self.cgroup_parent = parent;
+        self
+    }
+
     pub fn new(
         run_id: &str,
         state_tag: &str,
@@ -114,6 +138,7 @@ impl SandboxSpec {
             labels,
             tmpfs,
             caps: caps.clone(),
+            cgroup_parent: None,
         }
     }
 

@@ -119,6 +119,9 @@ pub struct RunRecord {
     pub attestation: Option<serde_json::Value>,
     pub observed: Option<serde_json::Value>,
     pub supervisor_pid: Option<i64>,
+    /// `pid:starttime` of the supervisor that ran it.
+    #[serde(default)]
+    pub supervisor: Option<String>,
 }
 
 #[derive(Debug)]
@@ -145,6 +148,15 @@ CREATE TABLE IF NOT EXISTS audit (
     hash TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_run ON audit(run);
+CREATE TABLE IF NOT EXISTS kill_requests (
+    run TEXT PRIMARY KEY,
+    by TEXT NOT NULL,
+    at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS settled (
+    run TEXT PRIMARY KEY,
+    by TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS policy_rows (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at TEXT NOT NULL,
@@ -303,6 +315,41 @@ impl Store {
             );
         }
         Ok(out)
+    }
+
+    /// Records that a run is to be killed, by whom (the first request wins).
+    pub fn request_kill(&self, run: &str, by: &str) -> Result<bool, StoreError> {
+        let n = self
+            .conn
+            .execute(
+                "INSERT OR IGNORE INTO kill_requests(run, by, at) VALUES (?1, ?2, ?3)",
+                params![run, by, now_rfc3339()],
+            )
+            .map_err(sql("recording a kill request"))?;
+        Ok(n == 1)
+    }
+
+    pub fn kill_request(&self, run: &str) -> Result<Option<String>, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT by FROM kill_requests WHERE run = ?1",
+                params![run],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql("reading a kill request"))
+    }
+
+    /// Claims the settling of an orphaned run; false if someone else has it.
+    pub fn claim_settle(&self, run: &str, by: &str) -> Result<bool, StoreError> {
+        let n = self
+            .conn
+            .execute(
+                "INSERT OR IGNORE INTO settled(run, by) VALUES (?1, ?2)",
+                params![run, by],
+            )
+            .map_err(sql("claiming a run to settle"))?;
+        Ok(n == 1)
     }
 
     // ----- audit -----

@@ -461,7 +461,9 @@ fn nested_git_dirs_and_deep_trees_are_skipped_not_followed() {
     write(&deep.join("bottom.txt"), "too deep");
     let got = import_with_deadline(&fx, &p, "nest").unwrap();
     assert!(
-        got.skipped.iter().any(|s| matches!(s.why, SkipReason::TooDeep { limit: 256 })),
+        got.skipped
+            .iter()
+            .any(|s| matches!(s.why, SkipReason::TooDeep { limit: 256 })),
         "{:?}",
         got.skipped
     );

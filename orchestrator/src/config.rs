@@ -1,0 +1,267 @@
+//! The supervisor's configuration: `STATE/config.toml` (or `--config FILE`),
+//! TOML into structs that refuse unknown fields. Every error names the file
+//! and the line.
+//!
+//! Invariant: every cap has a safe default, so an absent file is a valid
+//! configuration; a present but broken file is an error, never ignored.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::sandbox::Caps;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: line {line}: {message}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// A size in bytes, written `512`, `64k`, `64m`, `2g` (powers of 1024).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Size(pub u64);
+
+/// A duration, written `30s`, `10m`, `2h` or a number of seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span(pub Duration);
+
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim().to_ascii_lowercase();
+    let t = t
+        .strip_suffix("ib")
+        .or_else(|| t.strip_suffix('b'))
+        .unwrap_or(&t);
+    let (digits, mult) = match t.chars().last() {
+        Some('k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('m') => (&t[..t.len() - 1], 1 << 20),
+        Some('g') => (&t[..t.len() - 1], 1 << 30),
+        Some('t') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (like 512, 64k, 64m, 2g)"))?;
+    n.checked_mul(mult)
+        .filter(|v| *v > 0)
+        .ok_or_else(|| format!("{text:?} is not a positive size that fits in 64 bits"))
+}
+
+pub fn parse_span(text: &str) -> Result<Duration, String> {
+    let t = text.trim().to_ascii_lowercase();
+    let (digits, mult) = match t.chars().last() {
+        Some('s') => (&t[..t.len() - 1], 1u64),
+        Some('m') => (&t[..t.len() - 1], 60),
+        Some('h') => (&t[..t.len() - 1], 3600),
+        _ => (t.as_str(), 1),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (like 30s, 10m, 2h)"))?;
+    n.checked_mul(mult)
+        .filter(|v| *v > 0)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is not a positive duration"))
+}
+
+impl<'de> Deserialize<'de> for Size {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) if n > 0 => Ok(Size(n)),
+            Raw::N(_) => Err(serde::de::Error::custom("a size must be positive")),
+            Raw::S(s) => parse_size(&s).map(Size).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) if n > 0 => Ok(Span(Duration::from_secs(n))),
+            Raw::N(_) => Err(serde::de::Error::custom("a duration must be positive")),
+            Raw::S(s) => parse_span(&s).map(Span).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Per-run defaults (each overridable on the command line).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RunCaps {
+    pub memory: Option<Size>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u64>,
+    pub timeout: Option<Span>,
+    pub max_output: Option<Size>,
+    pub max_worktree: Option<Size>,
+    pub max_files: Option<u64>,
+}
+
+/// Limits on all sandboxes together.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct FleetCaps {
+    pub memory: Option<Size>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub caps: RunCaps,
+    #[serde(default)]
+    pub fleet: FleetCaps,
+}
+
+/// The fleet's limits after defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fleet {
+    pub memory_bytes: u64,
+    pub cpus: f64,
+    pub pids: u64,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        };
+        Self::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            line: e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+                .unwrap_or(1),
+            message: e.message().to_string(),
+        })?;
+        let fleet = config.fleet();
+        if let Some(cpus) = config.caps.cpus {
+            if !(cpus > 0.0 && cpus <= fleet.cpus) {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "caps.cpus = {cpus} must be above 0 and at most fleet.cpus ({})",
+                        fleet.cpus
+                    ),
+                });
+            }
+        }
+        Ok(config)
+    }
+
+    /// The per-run caps after defaults.
+    pub fn caps(&self) -> Caps {
+        let d = Caps::default();
+        let c = &self.caps;
+        Caps {
+            memory_bytes: c.memory.map(|s| s.0 as i64).unwrap_or(d.memory_bytes),
+            nano_cpus: c.cpus.map(|v| (v * 1e9) as i64).unwrap_or(d.nano_cpus),
+            pids: c.pids.map(|v| v as i64).unwrap_or(d.pids),
+            open_files: c.max_files.map(|v| v as i64).unwrap_or(d.open_files),
+            timeout: c.timeout.map(|s| s.0).unwrap_or(d.timeout),
+            max_output_bytes: c.max_output.map(|s| s.0).unwrap_or(d.max_output_bytes),
+            max_worktree_bytes: c.max_worktree.map(|s| s.0).unwrap_or(d.max_worktree_bytes),
+            tmpfs_bytes: d.tmpfs_bytes,
+        }
+    }
+
+    pub fn fleet(&self) -> Fleet {
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get() as f64)
+            .unwrap_or(1.0);
+        Fleet {
+            memory_bytes: self.fleet.memory.map(|s| s.0).unwrap_or(8 << 30),
+            cpus: self.fleet.cpus.unwrap_or(cores),
+            pids: self.fleet.pids.unwrap_or(4096),
+        }
+    }
+
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_spans() {
+        assert_eq!(parse_size("64m").unwrap(), 64 << 20);
+        assert_eq!(parse_size("2g").unwrap(), 2 << 30);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999999t").is_err());
+        assert_eq!(parse_span("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_span("10m").unwrap(), Duration::from_secs(600));
+        assert_eq!(parse_span("2h").unwrap(), Duration::from_secs(7200));
+        assert!(parse_span("soon").is_err());
+    }
+
+    #[test]
+    fn the_example_config_parses() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/config.example.toml"
+        ));
+        let text = std::fs::read_to_string(path).unwrap();
+        let c = Config::parse(path, &text).unwrap();
+        assert_eq!(c.caps().memory_bytes, 2 << 30);
+        assert_eq!(c.fleet().pids, 4096);
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_name_the_line() {
+        let p = Path::new("x.toml");
+        let e = Config::parse(p, "[caps]\nmemory = \"2g\"\nmemroy = \"1g\"\n").unwrap_err();
+        assert!(e.to_string().starts_with("x.toml: line 3:"), "{e}");
+        let e = Config::parse(p, "[caps]\n\ntimeout = \"soon\"\n").unwrap_err();
+        assert!(e.to_string().starts_with("x.toml: line 3:"), "{e}");
+        let e = Config::parse(p, "[fleet]\ncpus = 1.0\n[caps]\ncpus = 2.0\n").unwrap_err();
+        assert!(e.to_string().contains("fleet.cpus"), "{e}");
+    }
+
+    #[test]
+    fn absent_file_is_the_defaults() {
+        let c = Config::load(Path::new("/nonexistent/nightshift.toml")).unwrap();
+        assert_eq!(c.caps(), Caps::default());
+    }
+}

@@ -1,0 +1,299 @@
+//! What the supervisor observes of a running sandbox from outside: cgroup
+//! figures, the worktree's disk use, open files. Never what the agent says.
+//!
+//! Invariants:
+//! - Every observation is bounded: the worktree walk stops once it has seen
+//!   more than the cap (or a fixed number of entries), so its cost depends on
+//!   the cap and the tree, never on how often the agent writes.
+//! - Nothing here follows a symlink or opens a file the sandbox wrote: sizes
+//!   come from `symlink_metadata`, open files from counting `/proc/PID/fd`.
+//! - The cap decisions are pure functions of the figures ([`breach`]).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use orchestrator_cgroups::{CgroupFs, Layout, RealFs};
+
+use crate::sandbox::Caps;
+
+/// How often the cgroup figures and open files are sampled.
+pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
+/// How often the worktree's disk use is measured.
+pub const WORKTREE_EVERY: Duration = Duration::from_secs(2);
+/// The walk gives up (and reports what it saw) past this many entries.
+pub const WALK_LIMIT: u64 = 2_000_000;
+
+/// One round of observations.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Observed {
+    pub memory_bytes: Option<u64>,
+    pub memory_peak_bytes: Option<u64>,
+    pub cpu_ns: Option<u64>,
+    pub pids: Option<u64>,
+    pub oom_kills: Option<u64>,
+    pub max_open_files: Option<u64>,
+    pub worktree_bytes: Option<u64>,
+}
+
+/// A cap the run went past, with the figure that shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Breach {
+    pub cap: &'static str,
+    pub limit: u64,
+    pub observed: u64,
+    pub detail: String,
+}
+
+/// A size for people: KiB under one MiB, whole MiB from 10 MiB.
+pub fn mib(bytes: u64) -> String {
+    let m = bytes as f64 / (1u64 << 20) as f64;
+    if bytes < 1 << 20 {
+        format!("{:.0} KiB", bytes as f64 / 1024.0)
+    } else if m >= 10.0 && bytes.is_multiple_of(1 << 20) {
+        format!("{m:.0} MiB")
+    } else {
+        format!("{m:.1} MiB")
+    }
+}
+
+/// The caps a running sandbox has gone past, judged on observed figures.
+/// Memory is not here: the kernel enforces it (OOM), judged after exit.
+pub fn breach(caps: &Caps, seen: &Observed) -> Option<Breach> {
+    if let Some(pids) = seen.pids {
+        if caps.pids > 0 && pids >= caps.pids as u64 {
+            return Some(Breach {
+                cap: "pids",
+                limit: caps.pids as u64,
+                observed: pids,
+                detail: format!("process cap {} ({pids} running)", caps.pids),
+            });
+        }
+    }
+    if let Some(files) = seen.max_open_files {
+        if caps.open_files > 0 && files >= caps.open_files as u64 {
+            return Some(Breach {
+                cap: "open-files",
+                limit: caps.open_files as u64,
+                observed: files,
+                detail: format!(
+                    "open files cap {} (a process held {files})",
+                    caps.open_files
+                ),
+            });
+        }
+    }
+    if let Some(bytes) = seen.worktree_bytes {
+        if bytes > caps.max_worktree_bytes {
+            return Some(Breach {
+                cap: "worktree",
+                limit: caps.max_worktree_bytes,
+                observed: bytes,
+                detail: format!(
+                    "worktree cap {} (observed {})",
+                    mib(caps.max_worktree_bytes),
+                    mib(bytes)
+                ),
+            });
+        }
+    }
+    None
+}
+
+/// How many times the fleet's own memory limit was reached (v1
+/// `memory.failcnt`, v2 `memory.events.local` max): it tells a fleet OOM from
+/// a run's own.
+pub fn fleet_memory_hits(layout: &Layout, fleet: &str) -> Option<u64> {
+    match layout {
+        Layout::V1 { root } => RealFs
+            .read(&root.join("memory").join(fleet).join("memory.failcnt"))
+            .ok()
+            .and_then(|t| t.trim().parse().ok()),
+        Layout::V2 { root } => RealFs
+            .read(&root.join(fleet).join("memory.events.local"))
+            .ok()
+            .and_then(|t| orchestrator_cgroups::keyed_value(&t, "max").ok().flatten()),
+    }
+}
+
+/// How a memory kill reads, once the run has ended with an OOM. The kernel
+/// enforced one of two limits: the fleet's (its hit counter moved) or the
+/// run's own, which the run then reached by definition.
+pub fn memory_breach(
+    caps: &Caps,
+    fleet_memory: u64,
+    peak: Option<u64>,
+    fleet_reached: bool,
+) -> Breach {
+    let own_cap = caps.memory_bytes as u64;
+    if !fleet_reached {
+        let peak_v = peak.unwrap_or(0).max(own_cap);
+        Breach {
+            cap: "memory",
+            limit: own_cap,
+            observed: peak_v,
+            detail: format!(
+                "memory cap {} (peak {}, OOM)",
+                mib(caps.memory_bytes as u64),
+                mib(peak_v)
+            ),
+        }
+    } else {
+        let peak_v = peak.unwrap_or(0);
+        Breach {
+            cap: "fleet-memory",
+            limit: fleet_memory,
+            observed: peak_v,
+            detail: format!(
+                "fleet memory cap {} (this run's peak {}, OOM)",
+                mib(fleet_memory),
+                mib(peak_v)
+            ),
+        }
+    }
+}
+
+/// Disk used by the tree under `root` (allocated blocks, so a sparse file
+/// counts for what it occupies), without following symlinks; stops counting
+/// once past `stop_above` or [`WALK_LIMIT`] entries.
+pub fn tree_bytes(root: &Path, stop_above: u64) -> u64 {
+    let mut total: u64 = 0;
+    let mut seen: u64 = 0;
+    let mut stack: Vec<PathBuf> = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            seen += 1;
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            total = total.saturating_add(meta.blocks().saturating_mul(512));
+            if meta.is_dir() {
+                stack.push(entry.path());
+            }
+            if total > stop_above || seen > WALK_LIMIT {
+                return total;
+            }
+        }
+    }
+    total
+}
+
+/// The most file descriptors any process of the container holds.
+pub fn max_open_files(layout: &Layout, fleet: &str, container: &str) -> Option<u64> {
+    let procs = match layout {
+        Layout::V1 { root } => root
+            .join("pids")
+            .join(fleet)
+            .join(container)
+            .join("cgroup.procs"),
+        Layout::V2 { root } => root.join(fleet).join(container).join("cgroup.procs"),
+    };
+    let text = RealFs.read(&procs).ok()?;
+    text.lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .filter_map(|pid| std::fs::read_dir(format!("/proc/{pid}/fd")).ok())
+        .map(|d| d.count() as u64)
+        .max()
+}
+
+/// One round of cgroup figures and open files for a container.
+pub fn observe(layout: &Layout, fleet: &str, container: &str) -> Observed {
+    let sample = orchestrator_cgroups::sample(&RealFs, layout, fleet, Some(container)).ok();
+    Observed {
+        memory_bytes: sample.as_ref().map(|s| s.memory_bytes),
+        memory_peak_bytes: sample.as_ref().and_then(|s| s.memory_peak_bytes),
+        cpu_ns: sample.as_ref().map(|s| s.cpu_ns),
+        pids: sample.as_ref().map(|s| s.pids),
+        oom_kills: sample.as_ref().and_then(|s| s.oom_kills),
+        max_open_files: max_open_files(layout, fleet, container),
+        worktree_bytes: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caps() -> Caps {
+        Caps {
+            pids: 64,
+            open_files: 256,
+            max_worktree_bytes: 10 << 20,
+            memory_bytes: 256 << 20,
+            ..Caps::default()
+        }
+    }
+
+    #[test]
+    fn within_caps_is_no_breach() {
+        let seen = Observed {
+            pids: Some(63),
+            max_open_files: Some(255),
+            worktree_bytes: Some(10 << 20),
+            ..Default::default()
+        };
+        assert_eq!(breach(&caps(), &seen), None);
+    }
+
+    #[test]
+    fn each_cap_names_itself_and_the_figure() {
+        let b = breach(
+            &caps(),
+            &Observed {
+                pids: Some(64),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (b.cap, b.detail.as_str()),
+            ("pids", "process cap 64 (64 running)")
+        );
+        let b = breach(
+            &caps(),
+            &Observed {
+                max_open_files: Some(300),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(b.cap, "open-files");
+        assert!(b.detail.contains("300"));
+        let b = breach(
+            &caps(),
+            &Observed {
+                worktree_bytes: Some(11 << 20),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(b.detail, "worktree cap 10 MiB (observed 11 MiB)");
+        assert_eq!(mib(100 << 10), "100 KiB");
+        assert_eq!(mib((20 << 20) + 4096), "20.0 MiB");
+    }
+
+    #[test]
+    fn memory_kill_is_attributed_to_the_cap_that_was_reached() {
+        let own = memory_breach(&caps(), 1 << 30, Some(3 << 20), false);
+        assert_eq!(own.detail, "memory cap 256 MiB (peak 256 MiB, OOM)");
+        let fleet = memory_breach(&caps(), 1 << 30, Some(100 << 20), true);
+        assert_eq!(fleet.cap, "fleet-memory");
+        assert!(fleet.detail.contains("1024 MiB"), "{}", fleet.detail);
+    }
+
+    #[test]
+    fn tree_bytes_counts_allocated_blocks_and_ignores_symlink_targets() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a"), vec![1u8; 1 << 20]).unwrap();
+        let sparse = std::fs::File::create(dir.path().join("sparse")).unwrap();
+        sparse.set_len(10 << 30).unwrap();
+        std::os::unix::fs::symlink("/usr", dir.path().join("link")).unwrap();
+        let n = tree_bytes(dir.path(), u64::MAX);
+        assert!((1 << 20..2 << 20).contains(&n), "{n}");
+        // Stops early once past the cap.
+        assert!(tree_bytes(dir.path(), 1000) > 1000);
+    }
+}

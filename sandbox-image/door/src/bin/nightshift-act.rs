@@ -1,0 +1,119 @@
+//! `nightshift-act`: asks the run's door for an act (see `--help`).
+//!
+//! Exit codes: 0 queued or done, 2 usage mistake (nothing sent), 3 refused
+//! by a rule, 4 error (invalid request, door unreachable, protocol error,
+//! the door's error reply). The door's answer is one line: on standard
+//! output when queued or done, on standard error otherwise.
+
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use sandbox_image_door::cli::{self, Invocation, USAGE};
+use sandbox_image_door::client::{self, read_body_file, DoorAddress};
+use sandbox_image_door::local_git::resolve_commit;
+use sandbox_image_door::validate::{check_alias, normalize_branch, MAX_BODY};
+use sandbox_image_door::{Request, Response, EXIT_ERROR, EXIT_USAGE};
+
+fn exit(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+fn main() -> ExitCode {
+    let args: Result<Vec<String>, _> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string())
+        .collect();
+    let Ok(args) = args else {
+        eprintln!("nightshift-act: arguments must be UTF-8\n\n{USAGE}");
+        return exit(EXIT_USAGE);
+    };
+    let invocation = match cli::parse(&args) {
+        Ok(invocation) => invocation,
+        Err(e) => {
+            eprintln!("nightshift-act: {e}\n\n{USAGE}");
+            return exit(EXIT_USAGE);
+        }
+    };
+    let request = match invocation {
+        Invocation::Help => {
+            println!("{USAGE}");
+            return exit(0);
+        }
+        Invocation::Version => {
+            println!(
+                "nightshift-act {} (door protocol {})",
+                env!("CARGO_PKG_VERSION"),
+                sandbox_image_door::PROTOCOL_VERSION
+            );
+            return exit(0);
+        }
+        other => build_request(other),
+    };
+    let answer = request.and_then(|request| {
+        let door = DoorAddress::from_env().map_err(|e| e.to_string())?;
+        client::send(&door, &request).map_err(|e| e.to_string())
+    });
+    match answer {
+        Ok(response) => {
+            let line = response.line();
+            if response.exit_code() == 0 {
+                println!("{line}");
+            } else {
+                eprintln!("{line}");
+            }
+            exit(response.exit_code())
+        }
+        Err(reason) => {
+            eprintln!("{}", Response::Error { reason }.line());
+            exit(EXIT_ERROR)
+        }
+    }
+}
+
+/// The request an invocation asks for, with files read and names checked.
+fn build_request(invocation: Invocation) -> Result<Request, String> {
+    let body = |file: &str| read_body_file(file, MAX_BODY).map_err(|e| e.to_string());
+    let invalid = |e: sandbox_image_door::ValidationError| format!("invalid request: {e}");
+    Ok(match invocation {
+        Invocation::Help | Invocation::Version => {
+            return Err("nothing to send".into());
+        }
+        Invocation::Push {
+            remote,
+            src,
+            dst,
+            commit,
+        } => {
+            check_alias("remote", &remote).map_err(invalid)?;
+            let dst_ref = normalize_branch("branch", &dst).map_err(invalid)?;
+            let claimed_commit = match commit {
+                Some(commit) => commit,
+                None => resolve_commit(&src).map_err(|e| e.to_string())?,
+            };
+            Request::Push {
+                remote,
+                dst_ref,
+                claimed_commit,
+            }
+        }
+        Invocation::PullRequest {
+            remote,
+            base,
+            head,
+            title,
+            body_file,
+        } => Request::PullRequest {
+            base: normalize_branch("base", &base).map_err(invalid)?,
+            head: normalize_branch("head", &head).map_err(invalid)?,
+            body: body(&body_file)?,
+            remote,
+            title,
+        },
+        Invocation::Notify { destination, file } => Request::Notify {
+            body: body(&file)?,
+            destination,
+        },
+        Invocation::Ask { file } => Request::Ask { body: body(&file)? },
+    })
+}

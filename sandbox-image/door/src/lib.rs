@@ -1,0 +1,47 @@
+//! The door: the one way a run asks for anything outside its sandbox.
+//!
+//! Each sandbox sees a Unix socket in a read-only mount
+//! (`/run/nightshift/door.sock`) and two static clients beside it:
+//! `nightshift-act` (push, pull request, notify, ask) and
+//! `git-remote-nightshift` (so that `git push` to a `nightshift::ALIAS`
+//! remote becomes push acts). This crate is both sides' protocol and the
+//! clients; the supervisor serves the socket.
+//!
+//! Wire format (version 1; `PROTOCOL.md` beside this crate has it in full):
+//! one request per connection, then one response; each is a frame, a 4-byte
+//! big-endian length then that many bytes of JSON,
+//! `{"v":1,"request":{"door":"push",...}}` /
+//! `{"v":1,"response":{"verdict":"queued","act":"..."}}`.
+//!
+//! Invariants:
+//! - [`frame`], [`message`], [`validate`], [`cli`] and [`remote_helper`] are
+//!   pure: no I/O, no clock, no panic on any input. Only [`client`],
+//!   [`local_git`] and the binaries touch sockets, files, processes and the
+//!   environment.
+//! - Limits are checked before allocation: a request frame is at most
+//!   [`MAX_REQUEST_FRAME`] bytes of JSON, a response at most
+//!   [`MAX_RESPONSE_FRAME`], and a length prefix over the limit is refused
+//!   from the 4-byte header alone.
+//! - A request that decodes has passed validation: destinations are aliases
+//!   (never URLs or paths), refs are full `refs/heads/` branch refs that
+//!   pass git's rules, commit ids are full hex ids, text is bounded.
+//! - Every answer prints as exactly one line ([`Response::line`]) with a
+//!   documented exit code ([`Response::exit_code`]).
+
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod client;
+pub mod frame;
+pub mod local_git;
+pub mod message;
+pub mod remote_helper;
+pub mod validate;
+
+pub use frame::{decode_frame, encode_frame, frame_len, FrameError, HEADER_LEN};
+pub use message::{
+    decode_request, decode_response, encode_request, encode_response, parse_request,
+    parse_response, ProtocolError, Request, RequestReader, Response, EXIT_ERROR, EXIT_OK,
+    EXIT_REFUSED, EXIT_USAGE, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME, PROTOCOL_VERSION,
+};
+pub use validate::ValidationError;
