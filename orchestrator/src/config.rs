@@ -214,7 +214,6 @@ impl Config {
             pids: self.fleet.pids.unwrap_or(4096),
         }
     }
-
 }
 
 #[cfg(test)]

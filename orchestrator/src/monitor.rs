@@ -116,6 +116,37 @@ pub fn fleet_memory_hits(layout: &Layout, fleet: &str) -> Option<u64> {
     }
 }
 
+/// The fleet's memory high-water mark (v1 `memory.max_usage_in_bytes`, v2
+/// `memory.peak`); on v1 it is reset to the current usage after reading, so
+/// each run's ending judges only what happened since the previous one.
+pub fn take_fleet_memory_peak(layout: &Layout, fleet: &str) -> Option<u64> {
+    let path = match layout {
+        Layout::V1 { root } => root
+            .join("memory")
+            .join(fleet)
+            .join("memory.max_usage_in_bytes"),
+        Layout::V2 { root } => root.join(fleet).join("memory.peak"),
+    };
+    let peak = RealFs.read(&path).ok()?.trim().parse().ok();
+    if matches!(layout, Layout::V1 { .. }) {
+        let _ = RealFs.write(&path, "0");
+    }
+    peak
+}
+
+/// Did the fleet reach its memory limit? Its hit counter moved, or its
+/// high-water mark is within 2 MiB of the limit.
+pub fn fleet_reached(
+    hits_before: Option<u64>,
+    hits_after: Option<u64>,
+    fleet_peak: Option<u64>,
+    fleet_limit: u64,
+) -> bool {
+    let counted = matches!((hits_before, hits_after), (Some(a), Some(b)) if b > a);
+    let touched = fleet_peak.is_some_and(|p| p.saturating_add(2 << 20) >= fleet_limit);
+    counted || touched
+}
+
 /// How a memory kill reads, once the run has ended with an OOM. The kernel
 /// enforced one of two limits: the fleet's (its hit counter moved) or the
 /// run's own, which the run then reached by definition.
@@ -279,6 +310,14 @@ mod tests {
     fn memory_kill_is_attributed_to_the_cap_that_was_reached() {
         let own = memory_breach(&caps(), 1 << 30, Some(3 << 20), false);
         assert_eq!(own.detail, "memory cap 256 MiB (peak 256 MiB, OOM)");
+        assert!(fleet_reached(Some(0), Some(1), None, 1 << 30));
+        assert!(fleet_reached(
+            Some(0),
+            Some(0),
+            Some((1 << 30) - 4096),
+            1 << 30
+        ));
+        assert!(!fleet_reached(Some(0), Some(0), Some(512 << 20), 1 << 30));
         let fleet = memory_breach(&caps(), 1 << 30, Some(100 << 20), true);
         assert_eq!(fleet.cap, "fleet-memory");
         assert!(fleet.detail.contains("1024 MiB"), "{}", fleet.detail);

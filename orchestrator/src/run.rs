@@ -517,9 +517,15 @@ async fn steps(
                 .fleet
                 .as_ref()
                 .and_then(|f| monitor::fleet_memory_hits(&f.layout, &f.name));
-            let fleet_reached = matches!(
-                (fleet_hits_before, fleet_hits_after),
-                (Some(a), Some(b)) if b > a
+            let fleet_peak = sup
+                .fleet
+                .as_ref()
+                .and_then(|f| monitor::take_fleet_memory_peak(&f.layout, &f.name));
+            let fleet_reached = monitor::fleet_reached(
+                fleet_hits_before,
+                fleet_hits_after,
+                fleet_peak,
+                fleet_memory,
             );
             Ended::Breach(monitor::memory_breach(
                 &req.caps,

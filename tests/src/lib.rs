@@ -98,6 +98,35 @@ impl State {
     }
 }
 
+impl Drop for State {
+    /// Removes this state's fleet cgroup once its sandboxes are gone (the
+    /// kernel refuses to remove a cgroup that still has members).
+    fn drop(&mut self) {
+        let tag = orchestrator::state_tag(self.path());
+        for controller in [
+            "memory",
+            "cpu,cpuacct",
+            "cpu",
+            "cpuacct",
+            "pids",
+            "unified",
+            "systemd",
+            "blkio",
+            "devices",
+            "freezer",
+            "net_cls,net_prio",
+            "perf_event",
+            "hugetlb",
+            "cpuset",
+            "rdma",
+            "misc",
+        ] {
+            let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{controller}/nightshift-{tag}"));
+        }
+        let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/nightshift-{tag}"));
+    }
+}
+
 impl Default for State {
     fn default() -> Self {
         Self::new()

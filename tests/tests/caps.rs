@@ -1,0 +1,202 @@
+//! Each per-run cap, hit for real by a hostile workload: the run is stopped
+//! with the right reason and figure, what it wrote is kept, the supervisor
+//! stays responsive meanwhile, and no sandbox is left.
+
+use std::time::{Duration, Instant};
+
+use tests::{git, image, make_repo, only_run, stderr, State};
+
+/// Runs `script` with `caps`, checking that another command answers while it
+/// runs; returns the run's record.
+fn capped(caps: &[&str], script: &str) -> (State, tempfile::TempDir, serde_json::Value) {
+    let state = State::new();
+    let repo = make_repo();
+    let mut args = vec!["run", "--repo", repo.path().to_str().unwrap(), "--image"];
+    let img = image();
+    args.push(&img);
+    args.extend_from_slice(caps);
+    args.extend_from_slice(&["--", "bash", "-c", script]);
+    let mut child = state
+        .cmd()
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // While the hog runs, the supervisor's state still answers.
+    let started = Instant::now();
+    let mut answered_while_running = false;
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            break;
+        }
+        let out = state.run(&["runs", "--json"]);
+        assert!(
+            out.status.success(),
+            "runs did not answer: {}",
+            stderr(&out)
+        );
+        if String::from_utf8_lossy(&out.stdout).contains("\"running\"") {
+            answered_while_running = true;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "capped run never ended"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(answered_while_running, "never saw the run running");
+    let run = only_run(&state);
+    assert!(state.containers().is_empty(), "sandbox left behind");
+    assert!(state.verify().status.success());
+    (state, repo, run)
+}
+
+fn status(run: &serde_json::Value) -> String {
+    run["status"].as_str().unwrap_or_default().to_string()
+}
+
+fn kept_file(repo: &tempfile::TempDir, run: &serde_json::Value, file: &str) -> String {
+    let reference = format!("refs/nightshift/runs/{}", run["id"].as_str().unwrap());
+    git(repo.path(), &["show", &format!("{reference}:{file}")])
+}
+
+#[test]
+fn memory_hog_is_killed_by_the_memory_cap() {
+    let (_s, repo, run) = capped(
+        &["--memory", "96m"],
+        "echo before > before.txt; python3 -c 'b = bytearray(400 * 1024 * 1024)'",
+    );
+    assert_eq!(status(&run), "killed: memory cap 96 MiB (peak 96 MiB, OOM)");
+    assert_eq!(kept_file(&repo, &run, "before.txt"), "before\n");
+}
+
+#[test]
+fn fork_bomb_is_killed_by_the_process_cap() {
+    let (_s, repo, run) = capped(
+        &["--pids", "48"],
+        "echo before > before.txt; bomb() { bomb | bomb & }; bomb; sleep 60",
+    );
+    let s = status(&run);
+    assert!(s.starts_with("killed: process cap 48 ("), "{s}");
+    assert_eq!(kept_file(&repo, &run, "before.txt"), "before\n");
+}
+
+#[test]
+fn cpu_spinner_is_throttled_and_stopped_by_the_timeout() {
+    let (_s, _repo, run) = capped(&["--cpus", "0.5", "--timeout", "4s"], "while :; do :; done");
+    let s = status(&run);
+    assert!(s.starts_with("killed: timeout 4s"), "{s}");
+    // Throttled to half a core: well under the wall-clock time in CPU.
+    let cpu = run["cpu_ns"].as_i64().unwrap_or(0) as f64 / 1e9;
+    assert!(cpu > 0.5 && cpu < 3.5, "cpu {cpu}s for 4s at 0.5 cores");
+}
+
+#[test]
+fn sleeper_past_the_timeout_is_killed() {
+    let (_s, repo, run) = capped(
+        &["--timeout", "2s"],
+        "echo before > before.txt; sleep infinity",
+    );
+    assert_eq!(status(&run), "killed: timeout 2s, cpu 0.0s");
+    assert_eq!(kept_file(&repo, &run, "before.txt"), "before\n");
+}
+
+#[test]
+fn output_flood_is_truncated_then_killed() {
+    let (state, _repo, run) = capped(&["--max-output", "64k"], "yes flood");
+    let s = status(&run);
+    assert!(s.starts_with("killed: output cap 64 KiB"), "{s}");
+    let log = state.output_log(run["id"].as_str().unwrap());
+    assert_eq!(log.len(), 64 << 10, "kept exactly the cap");
+    assert!(log.starts_with("flood\n"));
+}
+
+#[test]
+fn worktree_filler_is_killed_by_the_worktree_cap() {
+    let (_s, repo, run) = capped(
+        &["--max-worktree", "24m"],
+        "echo before > before.txt; for i in $(seq 1 200); do dd if=/dev/zero of=fill$i bs=1M count=2 2>/dev/null; sleep 0.1; done",
+    );
+    let s = status(&run);
+    assert!(
+        s.starts_with("killed: worktree cap 24 MiB (observed "),
+        "{s}"
+    );
+    assert_eq!(kept_file(&repo, &run, "before.txt"), "before\n");
+}
+
+#[test]
+fn file_descriptor_hog_is_killed_by_the_open_files_cap() {
+    let (_s, _repo, run) = capped(
+        &["--max-files", "128"],
+        "python3 -c '
+import time
+held = []
+try:
+    while True:
+        held.append(open(\"/dev/null\"))
+except OSError:
+    pass
+time.sleep(60)
+'",
+    );
+    let s = status(&run);
+    assert!(
+        s.starts_with("killed: open files cap 128 (a process held 128)"),
+        "{s}"
+    );
+}
+
+#[test]
+fn a_cap_breach_is_audited_with_its_figure() {
+    let (state, _repo, run) = capped(&["--timeout", "2s"], "sleep infinity");
+    let show = state.show(run["id"].as_str().unwrap());
+    let breach = show["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "cap_breached")
+        .expect("cap_breached entry");
+    assert_eq!(breach["body"]["cap"], "timeout");
+    assert_eq!(breach["body"]["limit"], 2);
+    assert!(show["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["kind"] == "resources"));
+}
+
+#[test]
+fn bad_cap_values_are_refused_with_a_clear_error() {
+    let state = State::new();
+    let repo = make_repo();
+    let out = state.run(&[
+        "run",
+        "--repo",
+        repo.path().to_str().unwrap(),
+        "--memory",
+        "lots",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("\"lots\" is not a size"),
+        "{}",
+        stderr(&out)
+    );
+    let out = state.run(&[
+        "run",
+        "--repo",
+        repo.path().to_str().unwrap(),
+        "--cpus",
+        "99",
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(stderr(&out).contains("--cpus 99"), "{}", stderr(&out));
+}
