@@ -97,6 +97,23 @@ pub enum Event {
         containers: Vec<String>,
         status: String,
     },
+    /// A request at a run's door, and what the gate answered.
+    DoorRequest {
+        door: String,
+        destination: Option<String>,
+        verdict: String,
+        rule: Option<String>,
+        act: Option<String>,
+        /// sha256 of the request's canonical form, never its content.
+        digest: String,
+        bytes: u64,
+    },
+    /// A transition of a queued act (content-free fields from the queue).
+    Act {
+        act: String,
+        transition: String,
+        fields: serde_json::Value,
+    },
     /// A refuse or ask of the policy engine (allows are not audited by the hook).
     PolicyDecision {
         actor: Option<String>,

@@ -25,7 +25,7 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures_util::{Stream, StreamExt};
 
-use crate::sandbox::{SandboxSpec, LABEL_MANAGED, LABEL_RUN, WORKSPACE};
+use crate::sandbox::{SandboxSpec, DOOR_MOUNT, LABEL_MANAGED, LABEL_RUN, WORKSPACE};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -151,13 +151,23 @@ impl Engine {
             security_opt: Some(vec!["no-new-privileges:true".into()]),
             readonly_rootfs: Some(true),
             tmpfs: Some(spec.tmpfs.clone().into_iter().collect()),
-            mounts: Some(vec![Mount {
-                target: Some(WORKSPACE.into()),
-                source: Some(spec.worktree_host.to_string_lossy().into_owned()),
-                typ: Some(MountType::BIND),
-                read_only: Some(false),
-                ..Default::default()
-            }]),
+            mounts: Some(
+                std::iter::once(Mount {
+                    target: Some(WORKSPACE.into()),
+                    source: Some(spec.worktree_host.to_string_lossy().into_owned()),
+                    typ: Some(MountType::BIND),
+                    read_only: Some(false),
+                    ..Default::default()
+                })
+                .chain(spec.door.as_ref().map(|dir| Mount {
+                    target: Some(DOOR_MOUNT.into()),
+                    source: Some(dir.to_string_lossy().into_owned()),
+                    typ: Some(MountType::BIND),
+                    read_only: Some(true),
+                    ..Default::default()
+                }))
+                .collect(),
+            ),
             memory: Some(spec.caps.memory_bytes),
             memory_swap: Some(spec.caps.memory_bytes),
             nano_cpus: Some(spec.caps.nano_cpus),

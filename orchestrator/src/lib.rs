@@ -4,9 +4,11 @@
 //! here (`engine` names bollard, `store` names rusqlite) and in
 //! `orchestrator-git` (git2).
 
+pub mod acts;
 pub mod audit_log;
 pub mod config;
 pub mod demo;
+pub mod door;
 pub mod engine;
 pub mod image;
 pub mod killswitch;

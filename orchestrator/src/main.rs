@@ -80,6 +80,29 @@ enum Command {
         #[arg(long, requires = "all")]
         freeze: bool,
     },
+    /// The deferred queue: acts waiting for a person, pending first, grouped by run.
+    Queue {
+        #[command(subcommand)]
+        command: Option<QueueCommand>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve acts (needs the owner's credential); each is re-checked and carried out at once.
+    Approve {
+        #[arg(required = true)]
+        acts: Vec<String>,
+        #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
+        owner_key_file: Option<PathBuf>,
+    },
+    /// Reject acts (needs the owner's credential).
+    Reject {
+        #[arg(required = true)]
+        acts: Vec<String>,
+        #[arg(long)]
+        why: String,
+        #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
+        owner_key_file: Option<PathBuf>,
+    },
     /// (internal) The dead man's switch for one supervisor process.
     #[command(hide = true)]
     Watchdog {
@@ -93,6 +116,12 @@ enum Command {
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
         owner_key_file: Option<PathBuf>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum QueueCommand {
+    /// One act in full: its diff or its content (as plain text).
+    Show { act: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -302,6 +331,16 @@ async fn dispatch(cli: Cli) -> i32 {
             watchdog_cmd(&root, config.as_deref(), &supervisor).await
         }
         Command::Reconcile => reconcile_cmd(&root, config.as_deref()).await,
+        Command::Queue { command, json } => queue_cmd(&root, command, json),
+        Command::Approve {
+            acts,
+            owner_key_file,
+        } => decide_cmd(&root, &acts, owner_key_file.as_deref(), None),
+        Command::Reject {
+            acts,
+            why,
+            owner_key_file,
+        } => decide_cmd(&root, &acts, owner_key_file.as_deref(), Some(&why)),
     };
     match result {
         Ok(code) | Err(code) => code,
@@ -1090,4 +1129,159 @@ fn thaw_cmd(root: &std::path::Path, key: Option<&std::path::Path>) -> Result<i32
     orchestrator::policy::thaw(&mut store, None, &who).map_err(policy_err)?;
     println!("thawed");
     Ok(exit::OK)
+}
+
+fn queue_cmd(
+    root: &std::path::Path,
+    command: Option<QueueCommand>,
+    json: bool,
+) -> Result<i32, i32> {
+    let store = open_store(root)?;
+    let rows = orchestrator::acts::rows(&store, None).map_err(store_err)?;
+    if let Some(QueueCommand::Show { act }) = command {
+        let row = rows.iter().find(|r| r.act.id == act).ok_or_else(|| {
+            eprintln!("nightshift: no act with id {act}");
+            exit::BAD_INPUT
+        })?;
+        println!(
+            "act {} ({}), run {}: {}",
+            row.act.id,
+            row.act.door.name(),
+            row.act.run,
+            row.state.name()
+        );
+        println!("destination: {}", row.act.routing.destination);
+        match (&row.act.routing.target, &row.act.content) {
+            (
+                deferred_queue::Target::Push {
+                    target_ref,
+                    expected_old,
+                },
+                deferred_queue::Content::Commit { commit },
+            ) => {
+                println!(
+                    "push {commit} to {target_ref} (remote now at {})",
+                    expected_old.as_deref().unwrap_or("nothing")
+                );
+                let run = store.run(&row.act.run).map_err(store_err)?;
+                let base = run.base_commit.unwrap_or_default();
+                let out = std::process::Command::new("git")
+                    .arg("-C")
+                    .arg(&run.repo)
+                    .args([
+                        "-c",
+                        "core.pager=cat",
+                        "diff",
+                        "--no-ext-diff",
+                        "--no-textconv",
+                        "--stat",
+                        "-p",
+                        &base,
+                        commit,
+                    ])
+                    .output();
+                if let Ok(out) = out {
+                    print!(
+                        "{}",
+                        orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
+                    );
+                }
+            }
+            _ => {
+                let body = row.content.as_deref().unwrap_or_default();
+                println!("content ({} bytes, shown as plain text):", body.len());
+                println!("{}", orchestrator::sandbox::sanitize_for_terminal(body));
+            }
+        }
+        return Ok(exit::OK);
+    }
+    let table: Vec<deferred_queue::ActRow> = rows
+        .iter()
+        .map(|r| deferred_queue::ActRow {
+            act: r.act.clone(),
+            state: r.state.clone(),
+        })
+        .collect();
+    let ordered = deferred_queue::order_for_listing(&table);
+    if json {
+        let doc: Vec<_> = ordered
+            .iter()
+            .map(|r| serde_json::json!({"act": r.act, "state": r.state, "status": r.state.name()}))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        return Ok(exit::OK);
+    }
+    let mut run = String::new();
+    for r in ordered {
+        if r.act.run != run {
+            run = r.act.run.clone();
+            println!("run {run}");
+        }
+        let what = match (&r.act.routing.target, &r.act.content) {
+            (
+                deferred_queue::Target::Push { target_ref, .. },
+                deferred_queue::Content::Commit { commit },
+            ) => {
+                format!(
+                    "push {} to {} {}",
+                    &commit[..commit.len().min(12)],
+                    r.act.routing.destination,
+                    target_ref
+                )
+            }
+            (deferred_queue::Target::PullRequest { base_ref, head_ref }, _) => {
+                format!(
+                    "pull request on {}: {head_ref} into {base_ref}",
+                    r.act.routing.destination
+                )
+            }
+            _ => {
+                let preview = rows
+                    .iter()
+                    .find(|x| x.act.id == r.act.id)
+                    .and_then(|x| x.content.as_deref())
+                    .map(|b| {
+                        orchestrator::sandbox::sanitize_for_terminal(&b[..b.len().min(60)])
+                            .replace('\n', " ")
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "{} to {}: {preview}",
+                    r.act.door.name(),
+                    r.act.routing.destination
+                )
+            }
+        };
+        println!("  {}  {:<10} {what}", r.act.id, r.state.name());
+    }
+    Ok(exit::OK)
+}
+
+fn decide_cmd(
+    root: &std::path::Path,
+    acts: &[String],
+    key: Option<&std::path::Path>,
+    reject_why: Option<&str>,
+) -> Result<i32, i32> {
+    let mut store = open_store(root)?;
+    let mut code = exit::OK;
+    for id in acts {
+        let result = match reject_why {
+            Some(why) => orchestrator::acts::reject(&mut store, id, why, key)
+                .map(|()| format!("act {id}: rejected")),
+            None => orchestrator::acts::approve(&mut store, id, key),
+        };
+        match result {
+            Ok(line) => println!("{line}"),
+            Err(e) => {
+                eprintln!("nightshift: {e}");
+                code = if e.contains("credential") {
+                    exit::DENIED
+                } else {
+                    exit::FAILED
+                };
+            }
+        }
+    }
+    Ok(code)
 }

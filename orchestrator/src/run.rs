@@ -169,6 +169,7 @@ impl Supervisor {
 /// What the steps created, so that the ending can undo it whatever happened.
 #[derive(Debug, Default)]
 struct Held {
+    door: Option<crate::door::DoorHandle>,
     container: Option<String>,
     started: bool,
     worktree: Option<PathBuf>,
@@ -300,6 +301,23 @@ async fn steps(
         return Ok(Ended::Stopped(s));
     }
 
+    // The door: the only way anything leaves the sandbox.
+    crate::door::configure_worktree(&dest)
+        .map_err(|e| RunError::Git(format!("pointing the worktree's origin at the door: {e}")))?;
+    let door = crate::door::open(
+        &paths,
+        crate::acts::RunDoor {
+            run: id.clone(),
+            repo: req.repo.clone(),
+            base_commit: held.base_commit.clone().unwrap_or_default(),
+            worktree: dest.clone(),
+            public_content: false,
+        },
+    )
+    .map_err(|e| RunError::Git(format!("opening the run's door: {e}")))?;
+    let door_dir = door.dir.clone();
+    held.door = Some(door);
+
     // Sandbox: create, inspect, attest.
     let spec = SandboxSpec::new(
         &id,
@@ -311,6 +329,7 @@ async fn steps(
         &req.caps,
     )
     .with_supervisor(&sup.identity)
+    .with_door(door_dir)
     .with_cgroup_parent(sup.fleet.as_ref().map(FleetHandle::cgroup_parent));
     // Remember the name before the call: if creation half-succeeds, the
     // ending still finds and removes it by its label.
@@ -673,6 +692,9 @@ async fn finish(
 ) -> Result<RunRecord, RunError> {
     let id = record.id.clone();
     let mut cleanup_errors: Vec<String> = Vec::new();
+    if let Some(door) = held.door.take() {
+        door.close();
+    }
 
     // Every container of this run, including one whose creation we did not see finish.
     let mut containers: Vec<String> = held.container.iter().cloned().collect();

@@ -19,6 +19,8 @@ use serde::{Deserialize, Serialize};
 pub const WORKSPACE: &str = "/workspace";
 /// The sandbox user's home: a tmpfs, so nothing of it outlives the run.
 pub const HOME: &str = "/home/agent";
+/// Where the run's door is mounted (read-only) inside every sandbox.
+pub const DOOR_MOUNT: &str = "/run/nightshift";
 pub const SANDBOX_UID: u32 = 1000;
 pub const SANDBOX_GID: u32 = 1000;
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -79,6 +81,8 @@ pub struct SandboxSpec {
     pub caps: Caps,
     /// The fleet's parent cgroup (`/name`), when the supervisor manages one.
     pub cgroup_parent: Option<String>,
+    /// The run's door directory, mounted read-only at `/run/nightshift`.
+    pub door: Option<PathBuf>,
 }
 
 impl SandboxSpec {
@@ -86,6 +90,18 @@ impl SandboxSpec {
     pub fn with_supervisor(mut self, identity: &str) -> Self {
         self.labels
             .insert(LABEL_SUPERVISOR.to_string(), identity.to_string());
+        self
+    }
+
+    /// Mounts the run's door (read-only) and tells the clients where it is.
+    pub fn with_door(mut self, dir: PathBuf) -> Self {
+        self.door = Some(dir);
+        self.env.insert(
+            "NIGHTSHIFT_DOOR".to_string(),
+            format!("{DOOR_MOUNT}/door.sock"),
+        );
+        self.env
+            .insert("PATH".to_string(), format!("{DOOR_MOUNT}/bin:{PATH}"));
         self
     }
 
@@ -139,6 +155,7 @@ impl SandboxSpec {
             tmpfs,
             caps: caps.clone(),
             cgroup_parent: None,
+            door: None,
         }
     }
 
@@ -156,7 +173,13 @@ impl SandboxSpec {
             run_id: self.run_id.clone(),
             worktree_host_path: self.worktree_host.to_string_lossy().into_owned(),
             workspace_target: WORKSPACE.to_string(),
-            door: None,
+            door: self
+                .door
+                .as_ref()
+                .map(|d| orchestrator_attest::MountExpectation {
+                    host_path: d.to_string_lossy().into_owned(),
+                    target: DOOR_MOUNT.to_string(),
+                }),
             allowed_env: self.env.clone(),
             image_env,
             max_memory_bytes: self.caps.memory_bytes,

@@ -157,6 +157,16 @@ CREATE TABLE IF NOT EXISTS settled (
     run TEXT PRIMARY KEY,
     by TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS acts (
+    id TEXT PRIMARY KEY,
+    run TEXT NOT NULL,
+    act TEXT NOT NULL,
+    state TEXT NOT NULL,
+    content BLOB,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS acts_run ON acts(run);
 CREATE TABLE IF NOT EXISTS policy_rows (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at TEXT NOT NULL,
@@ -350,6 +360,108 @@ impl Store {
             )
             .map_err(sql("claiming a run to settle"))?;
         Ok(n == 1)
+    }
+
+    // ----- acts -----
+
+    /// Queues an act: its row and its audit entry in one transaction.
+    pub fn put_act(
+        &mut self,
+        id: &str,
+        run: &str,
+        act: &serde_json::Value,
+        state: &serde_json::Value,
+        content: Option<&[u8]>,
+        event: &Event,
+    ) -> Result<(), StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("locking the act queue"))?;
+        let now = now_rfc3339();
+        tx.execute(
+            "INSERT INTO acts(id, run, act, state, content, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
+            params![id, run, act.to_string(), state.to_string(), content, now],
+        )
+        .map_err(sql("queueing an act"))?;
+        append_in(&tx, &self.log, Some(run), event)?;
+        tx.commit().map_err(sql("committing a queued act"))?;
+        Ok(())
+    }
+
+    /// Moves an act from `from` to `to` with its audit entry, in one
+    /// transaction, only if its state is still `from`. False when another
+    /// process moved it first (nothing is written then).
+    pub fn transition_act(
+        &mut self,
+        id: &str,
+        run: &str,
+        from: &serde_json::Value,
+        to: &serde_json::Value,
+        event: &Event,
+    ) -> Result<bool, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("locking the act queue"))?;
+        let n = tx
+            .execute(
+                "UPDATE acts SET state = ?1, updated_at = ?2 WHERE id = ?3 AND state = ?4",
+                params![to.to_string(), now_rfc3339(), id, from.to_string()],
+            )
+            .map_err(sql("moving an act"))?;
+        if n != 1 {
+            return Ok(false);
+        }
+        append_in(&tx, &self.log, Some(run), event)?;
+        tx.commit().map_err(sql("committing an act's move"))?;
+        Ok(true)
+    }
+
+    /// Every act: (act, state, content), oldest first.
+    #[allow(clippy::type_complexity)]
+    pub fn acts(
+        &self,
+        id: Option<&str>,
+    ) -> Result<Vec<(serde_json::Value, serde_json::Value, Option<Vec<u8>>)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT act, state, content FROM acts WHERE ?1 IS NULL OR id = ?1 ORDER BY created_at, id",
+            )
+            .map_err(sql("reading the act queue"))?;
+        let rows = stmt
+            .query_map(params![id], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Option<Vec<u8>>>(2)?,
+                ))
+            })
+            .map_err(sql("reading the act queue"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (act, state, content) = row.map_err(sql("reading the act queue"))?;
+            let parse = |t: &str| {
+                serde_json::from_str(t).map_err(|e| StoreError::BadEntry {
+                    seq: 0,
+                    message: format!("act row: {e}"),
+                })
+            };
+            out.push((parse(&act)?, parse(&state)?, content));
+        }
+        Ok(out)
+    }
+
+    pub fn count_acts(&self, run: &str) -> Result<u64, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT count(*) FROM acts WHERE run = ?1",
+                params![run],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(sql("counting a run's acts"))
     }
 
     // ----- audit -----

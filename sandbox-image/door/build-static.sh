@@ -7,7 +7,7 @@ out=${1:?usage: build-static.sh OUTDIR}
 here=$(cd "$(dirname "$0")" && pwd)
 target=x86_64-unknown-linux-gnu
 RUSTFLAGS="-C target-feature=+crt-static" \
-    cargo build --release --locked -p sandbox-image-door --bins --target "$target" \
+    cargo build --release -p sandbox-image-door --bins --target "$target" \
     --manifest-path "$here/../../Cargo.toml"
 dir=${CARGO_TARGET_DIR:-$here/../../target}/$target/release
 mkdir -p "$out"

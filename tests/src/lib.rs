@@ -196,3 +196,4 @@ pub fn audit_kinds(state: &State, run: &str) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+pub mod loopback;

@@ -1,0 +1,190 @@
+//! The one error type of the executors.
+//!
+//! Invariants:
+//! - No message, field or source holds a credential. A destination's answer
+//!   is kept only as a short excerpt from which the credential in use has
+//!   been scrubbed.
+//! - [`ExecError::retryable`] is true only when the effect certainly did not
+//!   happen, or when a repeat is harmless (a push repeats its lease check,
+//!   and a remote that already holds the commit counts as done). When in
+//!   doubt it is false, as the deferred queue asks.
+//! - [`ExecError::audit_reason`] is content-free (a class, a status, ids the
+//!   supervisor chose): it is what goes into the audit. `Display` may carry
+//!   a destination's words and is for the operator's log.
+
+use std::path::PathBuf;
+
+use crate::secret::SecretError;
+
+/// How many characters of a destination's answer an error keeps.
+pub const EXCERPT_CHARS: usize = 200;
+
+/// Everything that can go wrong carrying out an act.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("reading the credential of {destination} from {path}")]
+    Credential {
+        destination: String,
+        path: PathBuf,
+        #[source]
+        source: SecretError,
+    },
+    #[error("{action}: {why}")]
+    InvalidRequest { action: String, why: String },
+    #[error("{action}: commit {commit} is not in {repo}")]
+    MissingCommit {
+        action: String,
+        commit: String,
+        repo: PathBuf,
+        #[source]
+        source: git2::Error,
+    },
+    #[error(
+        "{action}: the remote holds {}, the approval expected {}",
+        show_ref(found),
+        show_ref(expected)
+    )]
+    Stale {
+        action: String,
+        expected: Option<String>,
+        found: Option<String>,
+    },
+    #[error("{action}: the destination refused the credential")]
+    Auth { action: String },
+    #[error("{action}: the remote refused the update: {reason}")]
+    Rejected { action: String, reason: String },
+    #[error("{action}: could not reach the destination")]
+    Unreachable {
+        action: String,
+        retryable: bool,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{action}: the destination answered {status}: {excerpt:?}")]
+    Status {
+        action: String,
+        status: u16,
+        excerpt: String,
+        retryable: bool,
+    },
+    #[error("{action}: no answer within {secs}s; whether it took effect is unknown")]
+    TimedOut { action: String, secs: u64 },
+    #[error("{action}: unexpected answer: {why}")]
+    Protocol { action: String, why: String },
+    #[error("{action}: {why}")]
+    Internal { action: String, why: &'static str },
+    #[error("{action}")]
+    Git {
+        action: String,
+        retryable: bool,
+        #[source]
+        source: git2::Error,
+    },
+}
+
+fn show_ref(oid: &Option<String>) -> String {
+    match oid {
+        Some(oid) => oid.clone(),
+        None => "no such ref".into(),
+    }
+}
+
+impl ExecError {
+    /// True if a new attempt may be made (see the module note).
+    pub fn retryable(&self) -> bool {
+        match self {
+            ExecError::Unreachable { retryable, .. }
+            | ExecError::Status { retryable, .. }
+            | ExecError::Git { retryable, .. } => *retryable,
+            ExecError::Credential { .. }
+            | ExecError::InvalidRequest { .. }
+            | ExecError::MissingCommit { .. }
+            | ExecError::Stale { .. }
+            | ExecError::Auth { .. }
+            | ExecError::Rejected { .. }
+            | ExecError::TimedOut { .. }
+            | ExecError::Protocol { .. }
+            | ExecError::Internal { .. } => false,
+        }
+    }
+
+    /// A stable name of the failure's kind.
+    pub fn class(&self) -> &'static str {
+        match self {
+            ExecError::Credential { .. } => "credential_unreadable",
+            ExecError::InvalidRequest { .. } => "invalid_request",
+            ExecError::MissingCommit { .. } => "missing_commit",
+            ExecError::Stale { .. } => "stale",
+            ExecError::Auth { .. } => "auth_refused",
+            ExecError::Rejected { .. } => "rejected",
+            ExecError::Unreachable { .. } => "unreachable",
+            ExecError::Status { .. } => "http_status",
+            ExecError::TimedOut { .. } => "timed_out",
+            ExecError::Protocol { .. } => "protocol",
+            ExecError::Internal { .. } => "internal",
+            ExecError::Git { .. } => "git",
+        }
+    }
+
+    /// Content-free text for the audit: the class and the supervisor's own
+    /// figures, never a destination's or an agent's words.
+    pub fn audit_reason(&self) -> String {
+        match self {
+            ExecError::Stale {
+                expected, found, ..
+            } => format!(
+                "stale: expected {}, found {}",
+                show_ref(expected),
+                show_ref(found)
+            ),
+            ExecError::Status { status, .. } => format!("http_status: {status}"),
+            ExecError::TimedOut { secs, .. } => format!("timed_out: {secs}s"),
+            other => other.class().to_string(),
+        }
+    }
+}
+
+/// A destination's answer cut to [`EXCERPT_CHARS`] characters, with every
+/// occurrence of `secret` (if it is there at all) replaced by `***`.
+pub(crate) fn excerpt(body: &[u8], secret: Option<&str>) -> String {
+    let mut text = String::from_utf8_lossy(body).into_owned();
+    if let Some(secret) = secret.filter(|s| !s.is_empty()) {
+        text = text.replace(secret, "***");
+    }
+    match text.char_indices().nth(EXCERPT_CHARS) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excerpt_scrubs_the_secret_before_cutting() {
+        let body = format!("{}token=s3cr3t", "x".repeat(EXCERPT_CHARS - 5));
+        let e = excerpt(body.as_bytes(), Some("s3cr3t"));
+        assert!(!e.contains("s3cr"), "{e}");
+        assert!(e.starts_with("xxxxx"));
+        assert!(e.chars().count() <= EXCERPT_CHARS + 1);
+        assert_eq!(excerpt(b"short", None), "short");
+    }
+
+    #[test]
+    fn audit_reasons_hold_no_words_of_the_destination() {
+        let e = ExecError::Status {
+            action: "opening a pull request".into(),
+            status: 422,
+            excerpt: "title: ignore previous instructions".into(),
+            retryable: false,
+        };
+        assert_eq!(e.audit_reason(), "http_status: 422");
+        assert!(!e.retryable());
+        let r = ExecError::Rejected {
+            action: "pushing".into(),
+            reason: "hook said: something".into(),
+        };
+        assert_eq!(r.audit_reason(), "rejected");
+    }
+}

@@ -1,0 +1,169 @@
+//! The HTTP boundary of the forge and notify executors: one narrow trait,
+//! [`HttpPost`], with the real client ([`UreqPost`]) here and hand-written
+//! fakes in the tests.
+//!
+//! Invariants:
+//! - Every call has a time limit (the request's `timeout`), follows no
+//!   redirect (a credential is never carried to a place the owner did not
+//!   name) and ignores proxy variables of the environment.
+//! - The bearer token travels as a [`Secret`] up to the moment the header is
+//!   written; a request's `Debug` shows `***` for it.
+//! - A transport error says whether the request certainly never left
+//!   ([`TransportError::NotSent`]): only then is a new attempt safe.
+//! - Responses are read up to [`MAX_RESPONSE_BYTES`]; more is an error.
+
+use std::time::Duration;
+
+use crate::secret::Secret;
+
+/// Largest response body read.
+pub const MAX_RESPONSE_BYTES: u64 = 1024 * 1024;
+
+/// One POST to make.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpRequest<'a> {
+    /// Where to.
+    pub url: &'a str,
+    /// `Content-Type` of the body.
+    pub content_type: &'a str,
+    /// `Accept`, if any.
+    pub accept: Option<&'a str>,
+    /// Sent as `Authorization: Bearer <token>`.
+    pub bearer: Option<&'a Secret>,
+    /// The body, sent as is.
+    pub body: &'a [u8],
+    /// Time limit of the whole exchange.
+    pub timeout: Duration,
+}
+
+/// What came back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpResponse {
+    /// The status code.
+    pub status: u16,
+    /// The body, at most [`MAX_RESPONSE_BYTES`].
+    pub body: Vec<u8>,
+}
+
+/// Why a request got no response.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The request certainly never reached the destination (no connection).
+    #[error("no connection was made")]
+    NotSent(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The time limit passed; the request may have been acted on.
+    #[error("timed out")]
+    TimedOut,
+    /// Anything else; the request may have been acted on.
+    #[error("the exchange failed")]
+    Failed(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Makes one HTTP POST.
+pub trait HttpPost {
+    /// Sends `request` and returns the response whatever its status.
+    fn post(&self, request: &HttpRequest<'_>) -> Result<HttpResponse, TransportError>;
+}
+
+/// The real client: `ureq`, plain HTTP (no TLS is compiled in).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct UreqPost;
+
+impl HttpPost for UreqPost {
+    fn post(&self, request: &HttpRequest<'_>) -> Result<HttpResponse, TransportError> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(request.timeout))
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .proxy(None)
+            .build()
+            .into();
+        let mut builder = agent
+            .post(request.url)
+            .header("Content-Type", request.content_type)
+            .header("User-Agent", "nightshift");
+        if let Some(accept) = request.accept {
+            builder = builder.header("Accept", accept);
+        }
+        if let Some(token) = request.bearer {
+            builder = builder.header("Authorization", format!("Bearer {}", token.expose()));
+        }
+        let mut response = builder.send(request.body).map_err(classify)?;
+        let status = response.status().as_u16();
+        let body = response
+            .body_mut()
+            .with_config()
+            .limit(MAX_RESPONSE_BYTES)
+            .read_to_vec()
+            .map_err(classify)?;
+        Ok(HttpResponse { status, body })
+    }
+}
+
+fn classify(e: ureq::Error) -> TransportError {
+    use std::io::ErrorKind;
+    use ureq::Timeout;
+    match e {
+        ureq::Error::Timeout(Timeout::Resolve | Timeout::Connect) => {
+            TransportError::NotSent(Box::new(e))
+        }
+        ureq::Error::Timeout(_) => TransportError::TimedOut,
+        ureq::Error::HostNotFound | ureq::Error::ConnectionFailed | ureq::Error::BadUri(_) => {
+            TransportError::NotSent(Box::new(e))
+        }
+        ureq::Error::Io(ref io)
+            if matches!(
+                io.kind(),
+                ErrorKind::ConnectionRefused
+                    | ErrorKind::AddrNotAvailable
+                    | ErrorKind::NetworkUnreachable
+                    | ErrorKind::HostUnreachable
+            ) =>
+        {
+            TransportError::NotSent(Box::new(e))
+        }
+        other => TransportError::Failed(Box::new(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_prints_no_token() {
+        let token = Secret::new("tok-abc").unwrap();
+        let r = HttpRequest {
+            url: "http://h/x",
+            content_type: "text/plain",
+            accept: None,
+            bearer: Some(&token),
+            body: b"",
+            timeout: Duration::from_secs(1),
+        };
+        let shown = format!("{r:?}");
+        assert!(!shown.contains("tok-abc"), "{shown}");
+        assert!(shown.contains("***"), "{shown}");
+    }
+
+    #[test]
+    fn nothing_listening_is_not_sent() {
+        // A port that was just free: bind, note it, close.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("http://127.0.0.1:{port}/x");
+        let r = HttpRequest {
+            url: &url,
+            content_type: "text/plain",
+            accept: None,
+            bearer: None,
+            body: b"hi",
+            timeout: Duration::from_secs(5),
+        };
+        let err = UreqPost.post(&r).unwrap_err();
+        assert!(matches!(err, TransportError::NotSent(_)), "{err:?}");
+    }
+}

@@ -1,0 +1,621 @@
+//! Acts: the door's requests, the gate, the deferred queue's store, and the
+//! carrying out of approved acts with credentials no sandbox held.
+//!
+//! Invariants:
+//! - Every request passes, in order: the freeze, routing (the destination is
+//!   an alias the owner configured), labels (agent-made content is
+//!   untrusted; private content never goes to a public destination), and the
+//!   policy. Every verdict is an audit entry holding digests, never content.
+//! - Content agent-made is untrusted, so nothing is carried out without a
+//!   person: an allowing rule still queues the act.
+//! - What an act carries is bound when it is requested: a push's commit is
+//!   copied into the host repository under `refs/nightshift/acts/<id>`, a
+//!   message's body is kept in the state store and bound by its digest.
+//! - Every queue transition is written with its audit entry in one
+//!   transaction, conditioned on the state it moves from; an approved act is
+//!   re-checked immediately before it is carried out, and a changed
+//!   destination or policy makes it stale instead of executing.
+
+use std::path::{Path, PathBuf};
+
+use deferred_queue::{Act, Content, Door, Routing, State, Target};
+use orchestrator_executors::{Destinations, Readers};
+use sandbox_image_door::message::{Request, Response};
+use serde_json::json;
+
+use crate::audit_log::{digest, Event};
+use crate::owner;
+use crate::store::{Store, StoreError};
+
+/// Where the owner's destinations are configured.
+pub fn destinations_path(store: &Store) -> PathBuf {
+    store.paths().root.join("destinations.toml")
+}
+
+pub fn destinations(store: &Store) -> Result<Destinations, String> {
+    let path = destinations_path(store);
+    if !path.exists() {
+        return Ok(Destinations::default());
+    }
+    Destinations::load(&path).map_err(|e| e.to_string())
+}
+
+/// The most acts one run may request; past it every request is refused.
+pub const MAX_ACTS_PER_RUN: u64 = 200;
+/// How long an approval stays valid, and a pending act waits.
+pub const APPROVAL_TTL_SECS: i64 = 24 * 3600;
+pub const PENDING_TTL_SECS: i64 = 7 * 24 * 3600;
+
+fn now() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+/// What one run's door needs to decide.
+#[derive(Debug, Clone)]
+pub struct RunDoor {
+    pub run: String,
+    pub repo: PathBuf,
+    pub base_commit: String,
+    pub worktree: PathBuf,
+    /// Whether the repository's content is public (otherwise private).
+    pub public_content: bool,
+}
+
+fn refused(rule: &str, reason: impl Into<String>) -> Response {
+    Response::Refused {
+        rule: rule.to_string(),
+        reason: reason.into(),
+    }
+}
+
+fn request_digest(req: &Request) -> String {
+    digest(&serde_json::to_vec(req).unwrap_or_default())
+}
+
+fn destination_of(req: &Request) -> Option<&str> {
+    match req {
+        Request::Push { remote, .. } | Request::PullRequest { remote, .. } => Some(remote),
+        Request::Notify { destination, .. } => Some(destination),
+        Request::Ask { .. } => None,
+    }
+}
+
+/// The pure part of the gate: routing and labels.
+pub fn route_and_label(
+    dest: &Destinations,
+    req: &Request,
+    public_content: bool,
+) -> Result<(), Response> {
+    let readers = match req {
+        Request::Push { remote, .. } => dest.remotes.get(remote).map(|r| r.readers),
+        Request::PullRequest { remote, .. } => dest.forges.get(remote).map(|f| f.readers),
+        Request::Notify { destination, .. } => dest.notify.get(destination).map(|n| n.readers),
+        Request::Ask { .. } => Some(Readers::Private),
+    };
+    let Some(readers) = readers else {
+        return Err(refused(
+            "nightshift:routing",
+            format!(
+                "{:?} is not a destination the owner configured for {}; destinations are aliases, never URLs or paths",
+                destination_of(req).unwrap_or(""),
+                req.door()
+            ),
+        ));
+    };
+    if !public_content && readers == Readers::Public {
+        return Err(refused(
+            "nightshift:labels",
+            format!(
+                "private content may not go to {:?}, whose readers are public",
+                destination_of(req).unwrap_or("")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Decides one door request and, when a person must decide, queues it.
+pub fn handle(store: &mut Store, door: &RunDoor, req: Request) -> Response {
+    let req_digest = request_digest(&req);
+    let bytes = serde_json::to_vec(&req)
+        .map(|v| v.len() as u64)
+        .unwrap_or(0);
+    let answer = decide(store, door, &req);
+    let (verdict, rule, act) = match &answer {
+        Response::Refused { rule, .. } => ("refused", Some(rule.clone()), None),
+        Response::Queued { act } => ("queued", None, Some(act.clone())),
+        Response::Done { .. } => ("done", None, None),
+        Response::Error { .. } => ("error", None, None),
+    };
+    let audited = store.append(
+        Some(&door.run),
+        &Event::DoorRequest {
+            door: req.door().to_string(),
+            destination: destination_of(&req).map(str::to_string),
+            verdict: verdict.to_string(),
+            rule,
+            act,
+            digest: req_digest,
+            bytes,
+        },
+        false,
+    );
+    match audited {
+        Ok(_) => answer,
+        // An act that cannot be audited is not queued for anyone to trust.
+        Err(e) => Response::Error {
+            reason: format!("the supervisor could not record the request: {e}"),
+        },
+    }
+}
+
+fn decide(store: &mut Store, door: &RunDoor, req: &Request) -> Response {
+    if let Err(e) = req.validate() {
+        return Response::Error {
+            reason: e.to_string(),
+        };
+    }
+    let rules = match crate::policy::load(store, None) {
+        Ok(r) => r,
+        Err(e) => {
+            return refused(
+                "nightshift:policy",
+                format!("the policy could not be read: {e}"),
+            )
+        }
+    };
+    if let Some(freeze) = rules.freeze() {
+        return refused(
+            "nightshift:freeze",
+            format!("everything is frozen: {}", freeze.reason),
+        );
+    }
+    match store.count_acts(&door.run) {
+        Ok(n) if n >= MAX_ACTS_PER_RUN => {
+            return refused(
+                "nightshift:rate-cap",
+                format!("this run has requested {n} acts, the most one run may"),
+            )
+        }
+        Err(e) => {
+            return Response::Error {
+                reason: e.to_string(),
+            }
+        }
+        _ => {}
+    }
+    let dest = match destinations(store) {
+        Ok(d) => d,
+        Err(e) => return refused("nightshift:routing", e),
+    };
+    if let Err(answer) = route_and_label(&dest, req, door.public_content) {
+        return answer;
+    }
+    // The policy, on the request's routing (content is never matched on).
+    let args = match req {
+        Request::Push {
+            remote, dst_ref, ..
+        } => json!({"remote": remote, "ref": dst_ref}),
+        Request::PullRequest {
+            remote, base, head, ..
+        } => json!({"remote": remote, "base": base, "head": head}),
+        Request::Notify { destination, .. } => json!({"destination": destination}),
+        Request::Ask { .. } => json!({}),
+    };
+    let actor = format!("run-{}", door.run);
+    let decision = policies::evaluate(
+        &rules,
+        &policies::Request {
+            actor: Some(actor.clone()),
+            door: req.door().to_string(),
+            args,
+            scope: None,
+        },
+        crate::policy::now(),
+    );
+    let _ =
+        crate::policy::record_decision(store, Some(&door.run), Some(&actor), req.door(), &decision);
+    if decision.verdict == policies::Verdict::Refuse {
+        return refused(&decision.rule.to_string(), decision.reason);
+    }
+    // Allow or ask: agent-made content is untrusted, so a person decides.
+    let id = format!("a{}", ulid::Ulid::new().to_string().to_lowercase());
+    let (door_kind, routing, content, body) = match bind(&dest, door, req, &id) {
+        Ok(b) => b,
+        Err(answer) => return answer,
+    };
+    let created = now();
+    let act = Act {
+        id: id.clone(),
+        run: door.run.clone(),
+        actor,
+        door: door_kind,
+        routing,
+        content,
+        policy_generation: decision.generation.to_string(),
+        deciding_rules: match &decision.rule {
+            policies::Decider::Rule(r) => vec![r.to_string()],
+            other => vec![other.to_string()],
+        },
+        created_at: created,
+        expires_at: created + PENDING_TTL_SECS,
+    };
+    let act_json = serde_json::to_value(&act).unwrap_or_default();
+    let state_json = serde_json::to_value(State::Pending).unwrap_or_default();
+    let queued = store.put_act(
+        &id,
+        &door.run,
+        &act_json,
+        &state_json,
+        body.as_deref(),
+        &Event::Act {
+            act: id.clone(),
+            transition: "queued".into(),
+            fields: json!({
+                "door": req.door(),
+                "digest": deferred_queue::act_digest(&act),
+                "generation": act.policy_generation,
+            }),
+        },
+    );
+    match queued {
+        Ok(()) => Response::Queued { act: id },
+        Err(e) => Response::Error {
+            reason: format!("queueing the act: {e}"),
+        },
+    }
+}
+
+/// Resolves what the act carries, on the supervisor's side.
+#[allow(clippy::type_complexity)]
+fn bind(
+    dest: &Destinations,
+    door: &RunDoor,
+    req: &Request,
+    id: &str,
+) -> Result<(Door, Routing, Content, Option<Vec<u8>>), Response> {
+    match req {
+        Request::Push {
+            remote,
+            dst_ref,
+            claimed_commit,
+        } => {
+            // The objects are copied now: later changes in the sandbox cannot alter them.
+            let captured = orchestrator_git::capture_commit(
+                &door.repo,
+                &door.worktree,
+                &door.base_commit,
+                claimed_commit,
+                &format!("refs/nightshift/acts/{id}"),
+                &orchestrator_git::ImportLimits::default(),
+            )
+            .map_err(|e| Response::Error {
+                reason: format!("reading commit {claimed_commit} from the run: {e}"),
+            })?;
+            // The lease: what the remote ref holds now is what it must still
+            // hold when the push is carried out.
+            let config = dest.remotes.get(remote).ok_or_else(|| {
+                refused(
+                    "nightshift:routing",
+                    format!("{remote:?} is not a configured remote"),
+                )
+            })?;
+            let expected_old =
+                orchestrator_executors::remote_ref(config, dst_ref).map_err(|e| {
+                    Response::Error {
+                        reason: format!("reading {dst_ref} of {remote}: {}", e.audit_reason()),
+                    }
+                })?;
+            Ok((
+                Door::Push,
+                Routing {
+                    destination: remote.clone(),
+                    target: Target::Push {
+                        target_ref: dst_ref.clone(),
+                        expected_old,
+                    },
+                },
+                Content::Commit {
+                    commit: captured.commit,
+                },
+                None,
+            ))
+        }
+        Request::PullRequest {
+            remote,
+            base,
+            head,
+            title,
+            body,
+        } => {
+            let text =
+                serde_json::to_vec(&json!({"title": title, "body": body})).unwrap_or_default();
+            Ok((
+                Door::PullRequest,
+                Routing {
+                    destination: remote.clone(),
+                    target: Target::PullRequest {
+                        base_ref: base.clone(),
+                        head_ref: head.clone(),
+                    },
+                },
+                Content::PullRequest {
+                    head_commit: String::new(),
+                    text_digest: digest(&text),
+                },
+                Some(text),
+            ))
+        }
+        Request::Notify { destination, body } => Ok((
+            Door::Notify,
+            Routing {
+                destination: destination.clone(),
+                target: Target::Message {
+                    endpoint: destination.clone(),
+                },
+            },
+            Content::Message {
+                body_digest: digest(body.as_bytes()),
+                size: body.len() as u64,
+            },
+            Some(body.as_bytes().to_vec()),
+        )),
+        Request::Ask { body } => Ok((
+            Door::Ask,
+            Routing {
+                destination: "morning".into(),
+                target: Target::Message {
+                    endpoint: "morning".into(),
+                },
+            },
+            Content::Message {
+                body_digest: digest(body.as_bytes()),
+                size: body.len() as u64,
+            },
+            Some(body.as_bytes().to_vec()),
+        )),
+    }
+}
+
+/// One queued act as stored.
+#[derive(Debug, Clone)]
+pub struct Row {
+    pub act: Act,
+    pub state: State,
+    pub content: Option<Vec<u8>>,
+}
+
+pub fn rows(store: &Store, id: Option<&str>) -> Result<Vec<Row>, StoreError> {
+    let mut out = Vec::new();
+    for (act, state, content) in store.acts(id)? {
+        let act: Act = serde_json::from_value(act).map_err(|e| StoreError::BadEntry {
+            seq: 0,
+            message: format!("act: {e}"),
+        })?;
+        let state: State = serde_json::from_value(state).map_err(|e| StoreError::BadEntry {
+            seq: 0,
+            message: format!("act state: {e}"),
+        })?;
+        out.push(Row {
+            act,
+            state,
+            content,
+        });
+    }
+    Ok(out)
+}
+
+/// The owner's credential, as the queue's state machine wants it checked.
+struct KeyCheck<'a>(&'a Store);
+
+impl deferred_queue::CredentialCheck for KeyCheck<'_> {
+    type Credential = Option<PathBuf>;
+    type Error = owner::OwnerError;
+    fn check(&self, key: &Option<PathBuf>) -> Result<String, owner::OwnerError> {
+        owner::verify(self.0, key.as_deref()).map(|_| "owner".to_string())
+    }
+}
+
+fn queue_policy() -> deferred_queue::QueuePolicy {
+    deferred_queue::QueuePolicy {
+        max_attempts: 3,
+        backoff: deferred_queue::Backoff {
+            base_secs: 2,
+            max_secs: 60,
+        },
+    }
+}
+
+/// Applies one event and stores the move with its audit entry; returns the
+/// new state and the effects to carry out.
+fn step(
+    store: &mut Store,
+    row: &Row,
+    event: &deferred_queue::Event,
+) -> Result<(State, Vec<deferred_queue::Effect>), String> {
+    let (next, effects) = deferred_queue::apply(&row.act, &row.state, event, &queue_policy())
+        .map_err(|e| format!("act {}: {e}", row.act.id))?;
+    let fields: serde_json::Value = effects
+        .iter()
+        .find_map(|e| match e {
+            deferred_queue::Effect::Audit(a) => Some(json!(a.fields)),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let moved = store
+        .transition_act(
+            &row.act.id,
+            &row.act.run,
+            &serde_json::to_value(&row.state).unwrap_or_default(),
+            &serde_json::to_value(&next).unwrap_or_default(),
+            &Event::Act {
+                act: row.act.id.clone(),
+                transition: next.name().to_string(),
+                fields,
+            },
+        )
+        .map_err(|e| e.to_string())?;
+    if !moved {
+        return Err(format!(
+            "act {} changed while it was being decided; try again",
+            row.act.id
+        ));
+    }
+    Ok((next, effects))
+}
+
+pub fn reject(store: &mut Store, id: &str, why: &str, key: Option<&Path>) -> Result<(), String> {
+    let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
+        .map_err(|e| e.to_string())?;
+    let row = rows(store, Some(id))
+        .map_err(|e| e.to_string())?
+        .pop()
+        .ok_or_else(|| format!("no act with id {id}"))?;
+    step(
+        store,
+        &row,
+        &deferred_queue::Event::Reject {
+            why: why.to_string(),
+            by,
+        },
+    )?;
+    Ok(())
+}
+
+/// The act's digest as it would be if created now: the remote's current
+/// ref for a push, the policy's current generation.
+fn recompute(store: &Store, dest: &Destinations, act: &Act) -> Result<String, String> {
+    let mut now_act = act.clone();
+    if let (Door::Push, Target::Push { target_ref, .. }) = (&act.door, &act.routing.target) {
+        let remote = dest.remotes.get(&act.routing.destination).ok_or_else(|| {
+            format!(
+                "remote {:?} is no longer configured",
+                act.routing.destination
+            )
+        })?;
+        let current =
+            orchestrator_executors::remote_ref(remote, target_ref).map_err(|e| e.audit_reason())?;
+        now_act.routing.target = Target::Push {
+            target_ref: target_ref.clone(),
+            expected_old: current,
+        };
+    }
+    let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
+    if rules.freeze().is_some() {
+        return Err("nightshift is frozen".into());
+    }
+    now_act.policy_generation = rules.generation().to_string();
+    Ok(deferred_queue::act_digest(&now_act))
+}
+
+/// Approves an act (owner's credential) and carries it out at once.
+pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<String, String> {
+    let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
+        .map_err(|e| e.to_string())?;
+    let row = rows(store, Some(id))
+        .map_err(|e| e.to_string())?
+        .pop()
+        .ok_or_else(|| format!("no act with id {id}"))?;
+    let (state, _) = step(
+        store,
+        &row,
+        &deferred_queue::Event::Approve {
+            digest: deferred_queue::act_digest(&row.act),
+            by,
+            now: now(),
+            ttl_secs: APPROVAL_TTL_SECS,
+        },
+    )?;
+    let row = Row { state, ..row };
+    execute(store, &row)
+}
+
+/// Re-checks and carries out an approved act; the outcome is stored.
+pub fn execute(store: &mut Store, row: &Row) -> Result<String, String> {
+    let dest = destinations(store)?;
+    let recomputed = match recompute(store, &dest, &row.act) {
+        Ok(d) => d,
+        Err(why) => format!("unverifiable: {why}"),
+    };
+    let (state, effects) = step(
+        store,
+        row,
+        &deferred_queue::Event::BeginExecution {
+            recomputed_digest: recomputed,
+            now: now(),
+        },
+    )?;
+    let Some(attempt) = effects.iter().find_map(|e| match e {
+        deferred_queue::Effect::Execute { attempt, .. } => Some(*attempt),
+        _ => None,
+    }) else {
+        return Ok(format!("act {}: {}", row.act.id, state.name()));
+    };
+    let row = Row {
+        state,
+        ..row.clone()
+    };
+    let result = carry_out(store, &dest, &row);
+    let event = match &result {
+        Ok(outcome) => deferred_queue::Event::Succeeded {
+            attempt,
+            outcome: outcome.clone(),
+        },
+        Err(e) => deferred_queue::Event::AttemptFailed {
+            attempt,
+            reason: e.audit_reason(),
+            retryable: e.retryable(),
+            now: now(),
+        },
+    };
+    let (state, _) = step(store, &row, &event)?;
+    Ok(format!("act {}: {}", row.act.id, state.name()))
+}
+
+fn carry_out(
+    store: &Store,
+    dest: &Destinations,
+    row: &Row,
+) -> Result<String, orchestrator_executors::ExecError> {
+    let invalid = |why: &str| orchestrator_executors::ExecError::InvalidRequest {
+        action: format!("carrying out act {}", row.act.id),
+        why: why.to_string(),
+    };
+    match (&row.act.door, &row.act.routing.target, &row.act.content) {
+        (
+            Door::Push,
+            Target::Push {
+                target_ref,
+                expected_old,
+            },
+            Content::Commit { commit },
+        ) => {
+            let remote = dest
+                .remotes
+                .get(&row.act.routing.destination)
+                .ok_or_else(|| invalid("the remote is no longer configured"))?;
+            let run = store
+                .run(&row.act.run)
+                .map_err(|e| invalid(&e.to_string()))?;
+            let out = orchestrator_executors::push(
+                remote,
+                Path::new(&run.repo),
+                commit,
+                target_ref,
+                expected_old.as_deref(),
+            )?;
+            Ok(format!("{target_ref} = {}", out.new))
+        }
+        (Door::Notify, _, Content::Message { .. }) => {
+            let endpoint = dest
+                .notify
+                .get(&row.act.routing.destination)
+                .ok_or_else(|| invalid("the endpoint is no longer configured"))?;
+            let body = row.content.clone().unwrap_or_default();
+            let out = orchestrator_executors::notify(endpoint, &body, "text/plain; charset=utf-8")?;
+            Ok(format!("HTTP {}", out.status))
+        }
+        (Door::Ask, _, _) => Ok("answered in the morning".to_string()),
+        _ => Err(invalid("this kind of act has no executor yet")),
+    }
+}

