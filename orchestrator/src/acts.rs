@@ -512,10 +512,16 @@ fn recompute(store: &Store, dest: &Destinations, act: &Act) -> Result<String, St
 pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<String, String> {
     let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
+    let lock = executor_lock(store)?;
+    recover(store, &lock)?;
     let row = rows(store, Some(id))
         .map_err(|e| e.to_string())?
         .pop()
         .ok_or_else(|| format!("no act with id {id}"))?;
+    // Approved before a crash, never carried out: carry it out now.
+    if matches!(row.state, State::Approved { .. }) {
+        return execute(store, &row);
+    }
     let (state, _) = step(
         store,
         &row,
@@ -617,5 +623,113 @@ fn carry_out(
         }
         (Door::Ask, _, _) => Ok("answered in the morning".to_string()),
         _ => Err(invalid("this kind of act has no executor yet")),
+    }
+}
+
+/// Held while acts are carried out or recovered: one executor at a time per
+/// state, so recovery never mistakes a live attempt for a crashed one.
+pub struct ExecutorLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl std::fmt::Debug for ExecutorLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ExecutorLock")
+    }
+}
+
+pub fn executor_lock(store: &Store) -> Result<ExecutorLock, String> {
+    let path = store.paths().root.join("executor.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("opening {}: {e}", path.display()))?;
+    let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| format!("locking {}: {e}", path.display()))?;
+    Ok(ExecutorLock { _lock: lock })
+}
+
+/// After a crash: every act found executing (its executor is gone, since we
+/// hold the lock) has an unknown outcome; the destination is checked, never
+/// blindly written again. Then retries that are due are carried out.
+/// Returns one line per act it moved.
+pub fn recover(store: &mut Store, _lock: &ExecutorLock) -> Result<Vec<String>, String> {
+    let mut lines = Vec::new();
+    let dest = destinations(store)?;
+    for row in rows(store, None).map_err(|e| e.to_string())? {
+        let row = if matches!(row.state, State::Executing { .. }) {
+            let (state, _) = step(store, &row, &deferred_queue::Event::Recover)?;
+            lines.push(format!(
+                "act {}: {} (after a crash)",
+                row.act.id,
+                state.name()
+            ));
+            Row { state, ..row }
+        } else {
+            row
+        };
+        if let State::OutcomeUnknown { attempt, .. } = row.state {
+            let found = check_destination(&dest, &row.act);
+            let (state, _) = step(
+                store,
+                &row,
+                &deferred_queue::Event::Resolve {
+                    attempt,
+                    found,
+                    now: now(),
+                },
+            )?;
+            lines.push(format!(
+                "act {}: {} (destination checked)",
+                row.act.id,
+                state.name()
+            ));
+            let row = Row { state, ..row };
+            if matches!(row.state, State::AwaitingRetry { .. }) {
+                lines.push(execute(store, &row)?);
+            }
+        } else if let State::AwaitingRetry { not_before, .. } = row.state {
+            if not_before <= now() {
+                lines.push(execute(store, &row)?);
+            }
+        }
+    }
+    Ok(lines)
+}
+
+/// Is the effect of an attempt whose outcome is unknown there?
+fn check_destination(dest: &Destinations, act: &Act) -> deferred_queue::Found {
+    use deferred_queue::Found;
+    match (&act.routing.target, &act.content) {
+        (
+            Target::Push {
+                target_ref,
+                expected_old,
+            },
+            Content::Commit { commit },
+        ) => {
+            let Some(remote) = dest.remotes.get(&act.routing.destination) else {
+                return Found::CannotTell {
+                    why: "the remote is no longer configured".into(),
+                };
+            };
+            match orchestrator_executors::remote_ref(remote, target_ref) {
+                Ok(Some(now)) if &now == commit => Found::Applied {
+                    outcome: format!("{target_ref} = {now}"),
+                },
+                Ok(now) if now == *expected_old => Found::NotApplied,
+                Ok(_) => Found::CannotTell {
+                    why: "the remote ref moved to something else".into(),
+                },
+                Err(e) => Found::CannotTell {
+                    why: e.audit_reason(),
+                },
+            }
+        }
+        _ => Found::CannotTell {
+            why: "this destination keeps no record to check".into(),
+        },
     }
 }

@@ -14,11 +14,44 @@ python3 -c 'import greet; print("agent: " + greet.greet("nightshift"))'
 rm -rf __pycache__
 git add greet.py
 git commit -q -m "add greet()"
+echo "agent: asking to push the branch (a person decides in the morning)"
+git push origin HEAD:refs/heads/agent/greet
 echo "- greet() added overnight" >> NOTES.md
-echo "agent: done (one commit, one uncommitted change)"
+echo "agent: done (one commit pushed through the door, one uncommitted change)"
 "#;
 
 pub const TASK: &str = "Add a greet() function and note it in NOTES.md.";
+
+/// Makes (once) the demo's destination: a local bare repository configured
+/// as the alias `origin` in `STATE/destinations.toml`. Returns its path.
+pub fn ensure_destination(root: &Path) -> Result<PathBuf, String> {
+    let bare = root.join("demo").join("origin.git");
+    if !bare.join("HEAD").exists() {
+        let out = Command::new("git")
+            .args(["init", "-q", "--bare"])
+            .arg(&bare)
+            .output()
+            .map_err(|e| format!("running git: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "git init --bare: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+    }
+    let config = root.join("destinations.toml");
+    if !config.exists() {
+        std::fs::write(
+            &config,
+            format!(
+                "# Written by `nightshift demo`: the demo's one destination.\n[remotes.origin]\nurl = \"file://{}\"\nreaders = \"private\"\n",
+                bare.display()
+            ),
+        )
+        .map_err(|e| format!("writing {}: {e}", config.display()))?;
+    }
+    Ok(bare)
+}
 
 /// Makes (once) the demo repository under `root` and returns its path.
 pub fn ensure_repo(root: &Path) -> Result<PathBuf, String> {

@@ -837,9 +837,24 @@ async fn demo_cmd(
         eprintln!("nightshift: making the demo repository: {e}");
         exit::INTERNAL
     })?;
+    let bare = demo::ensure_destination(root).map_err(|e| {
+        eprintln!("nightshift: making the demo destination: {e}");
+        exit::INTERNAL
+    })?;
+    {
+        let store = open_store(root)?;
+        orchestrator::owner::init(&store).map_err(|e| {
+            eprintln!("nightshift: {e}");
+            exit::STATE
+        })?;
+    }
     let engine = connect().await?;
     let reference = build_image(&engine, root, image::DEFAULT_MIRROR).await?;
     println!("demo: repository {}", repo.display());
+    println!(
+        "demo: destination origin = {} (a local bare repository)",
+        bare.display()
+    );
     println!("demo: running a scripted agent in a Tier 0 sandbox ({reference})");
     let req = RunRequest {
         repo: repo.clone(),
@@ -852,6 +867,7 @@ async fn demo_cmd(
     };
     let record = perform(root, &config, req).await?;
     print_summary(&record);
+    let state = root.display();
     println!();
     println!("What the agent left, as the supervisor observed and imported it:");
     println!(
@@ -859,7 +875,38 @@ async fn demo_cmd(
         repo.display(),
         record.result_ref.as_deref().unwrap_or("-")
     );
-    let state = root.display();
+    let store = open_store(root)?;
+    let pending: Vec<_> = orchestrator::acts::rows(&store, None)
+        .map_err(store_err)?
+        .into_iter()
+        .filter(|r| r.act.run == record.id)
+        .collect();
+    println!();
+    println!("Waiting for you in the morning queue (`nightshift --state-dir {state} queue`):");
+    for r in &pending {
+        println!(
+            "  act {} ({}): {}",
+            r.act.id,
+            r.act.door.name(),
+            r.state.name()
+        );
+    }
+    if let Some(r) = pending.first() {
+        let exe = std::env::current_exe()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| "nightshift".into());
+        println!();
+        println!("Approve it (with the owner's key) and the commit lands in the destination:");
+        println!(
+            "  {exe} --state-dir {state} approve {} --owner-key-file {state}/owner.key",
+            r.act.id
+        );
+        println!(
+            "  git --git-dir {} log --oneline agent/greet",
+            bare.display()
+        );
+    }
+    println!();
     println!("  nightshift --state-dir {state} show {}", record.id);
     println!("  nightshift --state-dir {state} audit verify");
     Ok(if record.exit_code == Some(0) {

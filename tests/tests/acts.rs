@@ -303,3 +303,108 @@ fn a_moved_remote_makes_an_approved_act_stale() {
     assert!(m.state.verify().status.success());
     let _ = only_run(&m.state);
 }
+
+#[test]
+fn kill_9_between_approval_and_execution_executes_once() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let m = setup();
+    let log = run_agent(
+        &m,
+        "echo c > c.txt && git add c.txt && git commit -qm c && echo commit=$(git rev-parse HEAD) && git push origin HEAD:refs/heads/agent/crash",
+    );
+    let commit = log
+        .lines()
+        .find_map(|l| l.strip_prefix("commit="))
+        .unwrap()
+        .to_string();
+    let push = act_of(&queue(&m), "push");
+    // Point origin at a black hole for the morning: the executor hangs there.
+    let config_path = m.state.path().join("destinations.toml");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hole_url = format!("http://{}/origin.git", hole.local_addr().unwrap());
+    std::fs::write(&config_path, config.replace(&m.git_server.url(), &hole_url)).unwrap();
+    let child = m
+        .state
+        .cmd()
+        .args([
+            "approve",
+            &push,
+            "--owner-key-file",
+            m.key.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while queue(&m)[0]["status"] != "approved" {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "never approved"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = child.wait_with_output();
+    assert_eq!(queue(&m)[0]["status"], "approved");
+    assert_eq!(remote_ref(&m.bare, "refs/heads/agent/crash"), None);
+    // The supervisor comes back (origin reachable again): carried out once.
+    std::fs::write(&config_path, config).unwrap();
+    let out = m.state.run(&[
+        "approve",
+        &push,
+        "--owner-key-file",
+        m.key.to_str().unwrap(),
+    ]);
+    assert!(
+        stdout(&out).contains("done"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert_eq!(
+        remote_ref(&m.bare, "refs/heads/agent/crash").as_deref(),
+        Some(commit.as_str())
+    );
+    let receive_packs = m
+        .git_server
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("git-receive-pack"))
+        .count();
+    assert_eq!(receive_packs, 1, "pushed more than once");
+    let out = m.state.run(&[
+        "approve",
+        &push,
+        "--owner-key-file",
+        m.key.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success(), "a done act was carried out again");
+    assert!(m.state.verify().status.success());
+}
+
+#[test]
+fn a_flood_of_acts_is_answered_audited_and_capped() {
+    let m = setup();
+    let log = run_agent(
+        &m,
+        "echo hi > q.txt; ok=0; refused=0; for i in $(seq 1 260); do if nightshift-act ask --file q.txt >/dev/null 2>>err.txt; then ok=$((ok+1)); else refused=$((refused+1)); fi; done; echo ok=$ok refused=$refused; tail -1 err.txt; rm err.txt",
+    );
+    assert!(log.contains("ok=200 refused=60"), "{log}");
+    assert!(log.contains("refused by rule nightshift:rate-cap"), "{log}");
+    // Each request answered and audited exactly once.
+    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
+    let n: i64 = db
+        .query_row(
+            "SELECT count(*) FROM audit WHERE kind = 'door_request'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 260);
+    assert_eq!(queue(&m).len(), 200);
+    assert!(m.state.verify().status.success());
+}

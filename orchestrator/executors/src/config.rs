@@ -209,7 +209,7 @@ impl Destinations {
         };
         for (alias, remote) in &self.remotes {
             check_alias(alias).map_err(|why| invalid("remotes", alias, why.into()))?;
-            check_url(&remote.url)
+            check_remote_url(&remote.url)
                 .map_err(|why| invalid("remotes", alias, format!("url: {why}")))?;
             check_timeout(remote.timeout_secs)
                 .map_err(|why| invalid("remotes", alias, why.into()))?;
@@ -290,6 +290,23 @@ fn check_timeout(secs: Option<u64>) -> Result<(), &'static str> {
 
 /// Checks that a URL is `http(s)://host[:port][/path]` with no user
 /// information, no whitespace and no control character.
+/// A git remote may also be a local repository the owner named by
+/// `file:///absolute/path` (the demo's destination); HTTP endpoints may not.
+pub(crate) fn check_remote_url(url: &str) -> Result<(), &'static str> {
+    match url.strip_prefix("file://") {
+        Some(path) => {
+            if !path.starts_with('/') || path.split('/').any(|c| c == "..") {
+                return Err("a file:// remote must name an absolute path without ..");
+            }
+            if url.chars().any(|c| c.is_control()) {
+                return Err("must not contain control characters");
+            }
+            Ok(())
+        }
+        None => check_url(url),
+    }
+}
+
 pub(crate) fn check_url(url: &str) -> Result<(), &'static str> {
     let rest = url
         .strip_prefix("http://")

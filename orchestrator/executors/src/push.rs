@@ -37,7 +37,7 @@ use git2::{
     Repository, RepositoryOpenFlags,
 };
 
-use crate::config::{check_url, RemoteConfig, DEFAULT_PUSH_TIMEOUT_SECS};
+use crate::config::{check_remote_url as check_url, RemoteConfig, DEFAULT_PUSH_TIMEOUT_SECS};
 use crate::error::ExecError;
 use crate::secret::Secret;
 
