@@ -1258,6 +1258,10 @@ fn queue_cmd(
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return Ok(exit::OK);
     }
+    let contents: std::collections::HashMap<&str, &Option<Vec<u8>>> = rows
+        .iter()
+        .map(|r| (r.act.id.as_str(), &r.content))
+        .collect();
     let mut run = String::new();
     for r in ordered {
         if r.act.run != run {
@@ -1283,10 +1287,9 @@ fn queue_cmd(
                 )
             }
             _ => {
-                let preview = rows
-                    .iter()
-                    .find(|x| x.act.id == r.act.id)
-                    .and_then(|x| x.content.as_deref())
+                let preview = contents
+                    .get(r.act.id.as_str())
+                    .and_then(|c| c.as_deref())
                     .map(|b| {
                         orchestrator::sandbox::sanitize_for_terminal(&b[..b.len().min(60)])
                             .replace('\n', " ")
