@@ -988,15 +988,35 @@ fn policy_check(root: &std::path::Path, rules: Option<&std::path::Path>, args: &
                 orchestrator::policy::now(),
                 false,
             );
-            if let Some(decision) = &outcome.decision {
-                orchestrator::policy::record_decision(
+            match &outcome.decision {
+                Some(decision) => orchestrator::policy::record_decision(
                     &mut store,
                     None,
                     args.actor.as_deref(),
                     &args.tool,
                     decision,
                 )
-                .map_err(|e| format!("auditing the decision: {e}"))?;
+                .map_err(|e| format!("auditing the decision: {e}"))?,
+                // Refused before any rule was consulted (bad input): audited
+                // too, with the digest of the bytes received.
+                None => {
+                    store
+                        .append(
+                            None,
+                            &orchestrator::audit_log::Event::PolicyDecision {
+                                actor: args.actor.clone(),
+                                door: args.tool.clone(),
+                                verdict: "refuse".into(),
+                                rule: "nightshift:hook-input".into(),
+                                escalated: false,
+                                stood_aside: Vec::new(),
+                                generation: set.generation().to_string(),
+                                digest: orchestrator::audit_log::digest(&stdin),
+                            },
+                            false,
+                        )
+                        .map_err(|e| format!("auditing the refusal: {e}"))?;
+                }
             }
             if outcome.exit_code != 0 {
                 eprintln!("{}", outcome.stderr);

@@ -317,6 +317,12 @@ fn the_hook_fails_closed_on_bad_input() {
         let out = with_stdin(check_cmd(&state, None, Some("agent-a"), tool), &input);
         assert_refused_by(&out, "nightshift:hook-input", needle);
         assert_eq!(stderr(&out).lines().count(), 1, "{what}: {}", stderr(&out));
+        // The refusal is audited, by the digest of what was received.
+        let audited = decisions(&state);
+        assert_eq!(audited.len(), 1, "{what}: {audited:?}");
+        assert_eq!(audited[0]["rule"], "nightshift:hook-input");
+        assert_eq!(audited[0]["digest"].as_str().map(str::len), Some(64));
+        assert_audit_intact(&state);
     }
 }
 
