@@ -12,4 +12,4 @@ cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build -q -p orchestrator
 sandbox-image/door/build-static.sh target/door-clients >/dev/null
 NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image ./target/debug/nightshift image build
-cargo test --workspace -q
+cargo test --workspace -q --no-fail-fast

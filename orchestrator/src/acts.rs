@@ -42,9 +42,12 @@ pub fn destinations(store: &Store) -> Result<Destinations, String> {
 
 /// The most acts one run may request; past it every request is refused.
 pub const MAX_ACTS_PER_RUN: u64 = 200;
-/// How long an approval stays valid, and a pending act waits.
-pub const APPROVAL_TTL_SECS: i64 = 24 * 3600;
-pub const PENDING_TTL_SECS: i64 = 7 * 24 * 3600;
+/// (pending, approval) lifetimes from the state's configuration.
+fn ttls(store: &Store) -> (i64, i64) {
+    crate::config::Config::load(&store.paths().root.join("config.toml"))
+        .map(|c| c.queue_ttls())
+        .unwrap_or((7 * 24 * 3600, 24 * 3600))
+}
 
 fn now() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
@@ -238,7 +241,7 @@ fn decide(store: &mut Store, door: &RunDoor, req: &Request) -> Response {
             other => vec![other.to_string()],
         },
         created_at: created,
-        expires_at: created + PENDING_TTL_SECS,
+        expires_at: created + ttls(store).0,
     };
     let act_json = serde_json::to_value(&act).unwrap_or_default();
     let state_json = serde_json::to_value(State::Pending).unwrap_or_default();
@@ -328,6 +331,26 @@ fn bind(
             title,
             body,
         } => {
+            // The head is the run's branch as it is now, read and copied by
+            // the supervisor: the pull request is bound to that commit.
+            let head_commit = orchestrator_git::worktree_branch(&door.worktree, head)
+                .map_err(|e| Response::Error {
+                    reason: format!("reading branch {head} of the run: {e}"),
+                })?
+                .ok_or_else(|| Response::Error {
+                    reason: format!("the run has no branch {head}"),
+                })?;
+            orchestrator_git::capture_commit(
+                &door.repo,
+                &door.worktree,
+                &door.base_commit,
+                &head_commit,
+                &format!("refs/nightshift/acts/{id}"),
+                &orchestrator_git::ImportLimits::default(),
+            )
+            .map_err(|e| Response::Error {
+                reason: format!("reading commit {head_commit} from the run: {e}"),
+            })?;
             let text =
                 serde_json::to_vec(&json!({"title": title, "body": body})).unwrap_or_default();
             Ok((
@@ -340,7 +363,7 @@ fn bind(
                     },
                 },
                 Content::PullRequest {
-                    head_commit: String::new(),
+                    head_commit,
                     text_digest: digest(&text),
                 },
                 Some(text),
@@ -529,7 +552,7 @@ pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<String
             digest: deferred_queue::act_digest(&row.act),
             by,
             now: now(),
-            ttl_secs: APPROVAL_TTL_SECS,
+            ttl_secs: ttls(store).1,
         },
     )?;
     let row = Row { state, ..row };
@@ -587,6 +610,16 @@ fn carry_out(
         action: format!("carrying out act {}", row.act.id),
         why: why.to_string(),
     };
+    // The stored content must still be what was bound by digest.
+    let stored = digest(row.content.as_deref().unwrap_or_default());
+    match &row.act.content {
+        Content::Message { body_digest: d, .. } | Content::PullRequest { text_digest: d, .. }
+            if *d != stored =>
+        {
+            return Err(invalid("the stored content no longer matches its digest"));
+        }
+        _ => {}
+    }
     match (&row.act.door, &row.act.routing.target, &row.act.content) {
         (
             Door::Push,
@@ -620,6 +653,28 @@ fn carry_out(
             let body = row.content.clone().unwrap_or_default();
             let out = orchestrator_executors::notify(endpoint, &body, "text/plain; charset=utf-8")?;
             Ok(format!("HTTP {}", out.status))
+        }
+        (
+            Door::PullRequest,
+            Target::PullRequest { base_ref, head_ref },
+            Content::PullRequest { head_commit, .. },
+        ) => {
+            let forge = dest
+                .forges
+                .get(&row.act.routing.destination)
+                .ok_or_else(|| invalid("the forge is no longer configured"))?;
+            let text: serde_json::Value =
+                serde_json::from_slice(row.content.as_deref().unwrap_or_default())
+                    .map_err(|_| invalid("the stored title and body are unreadable"))?;
+            let out = orchestrator_executors::open_pull_request(
+                forge,
+                head_ref,
+                base_ref,
+                head_commit,
+                text["title"].as_str().unwrap_or_default(),
+                text["body"].as_str().unwrap_or_default(),
+            )?;
+            Ok(format!("pull request #{}", out.number))
         }
         (Door::Ask, _, _) => Ok("answered in the morning".to_string()),
         _ => Err(invalid("this kind of act has no executor yet")),
@@ -656,7 +711,7 @@ pub fn executor_lock(store: &Store) -> Result<ExecutorLock, String> {
 /// blindly written again. Then retries that are due are carried out.
 /// Returns one line per act it moved.
 pub fn recover(store: &mut Store, _lock: &ExecutorLock) -> Result<Vec<String>, String> {
-    let mut lines = Vec::new();
+    let mut lines = expire(store)?;
     let dest = destinations(store)?;
     for row in rows(store, None).map_err(|e| e.to_string())? {
         let row = if matches!(row.state, State::Executing { .. }) {
@@ -694,6 +749,30 @@ pub fn recover(store: &mut Store, _lock: &ExecutorLock) -> Result<Vec<String>, S
             if not_before <= now() {
                 lines.push(execute(store, &row)?);
             }
+        }
+    }
+    Ok(lines)
+}
+
+/// Moves every act whose time has passed to `expired` (a pending act past its
+/// window, an approval past its own). Expiry refuses; it never proceeds.
+pub fn expire(store: &mut Store) -> Result<Vec<String>, String> {
+    let mut lines = Vec::new();
+    let now = now();
+    for row in rows(store, None).map_err(|e| e.to_string())? {
+        if row.state.is_final() {
+            continue;
+        }
+        let (next, effects) = deferred_queue::apply(
+            &row.act,
+            &row.state,
+            &deferred_queue::Event::Tick { now },
+            &queue_policy(),
+        )
+        .map_err(|e| format!("act {}: {e}", row.act.id))?;
+        if next != row.state && !effects.is_empty() {
+            let (state, _) = step(store, &row, &deferred_queue::Event::Tick { now })?;
+            lines.push(format!("act {}: {}", row.act.id, state.name()));
         }
     }
     Ok(lines)

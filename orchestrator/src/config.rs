@@ -66,12 +66,13 @@ pub fn parse_span(text: &str) -> Result<Duration, String> {
         Some('s') => (&t[..t.len() - 1], 1u64),
         Some('m') => (&t[..t.len() - 1], 60),
         Some('h') => (&t[..t.len() - 1], 3600),
+        Some('d') => (&t[..t.len() - 1], 86400),
         _ => (t.as_str(), 1),
     };
     let n: u64 = digits
         .trim()
         .parse()
-        .map_err(|_| format!("{text:?} is not a duration (like 30s, 10m, 2h)"))?;
+        .map_err(|_| format!("{text:?} is not a duration (like 30s, 10m, 2h, 7d)"))?;
     n.checked_mul(mult)
         .filter(|v| *v > 0)
         .map(Duration::from_secs)
@@ -132,6 +133,14 @@ pub struct FleetCaps {
     pub pids: Option<u64>,
 }
 
+/// How long acts wait for a person, and approvals for their execution.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct QueueConfig {
+    pub pending_ttl: Option<Span>,
+    pub approval_ttl: Option<Span>,
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -139,6 +148,8 @@ pub struct Config {
     pub caps: RunCaps,
     #[serde(default)]
     pub fleet: FleetCaps,
+    #[serde(default)]
+    pub queue: QueueConfig,
 }
 
 /// The fleet's limits after defaults.
@@ -202,6 +213,20 @@ impl Config {
             max_worktree_bytes: c.max_worktree.map(|s| s.0).unwrap_or(d.max_worktree_bytes),
             tmpfs_bytes: d.tmpfs_bytes,
         }
+    }
+
+    /// (pending, approval) lifetimes in seconds.
+    pub fn queue_ttls(&self) -> (i64, i64) {
+        (
+            self.queue
+                .pending_ttl
+                .map(|s| s.0.as_secs() as i64)
+                .unwrap_or(7 * 24 * 3600),
+            self.queue
+                .approval_ttl
+                .map(|s| s.0.as_secs() as i64)
+                .unwrap_or(24 * 3600),
+        )
     }
 
     pub fn fleet(&self) -> Fleet {

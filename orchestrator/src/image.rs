@@ -53,24 +53,27 @@ fn io<'a>(doing: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) ->
     }
 }
 
-/// The image configuration (the Docker/OCI image config document), minus the layer id.
-fn config_json(layer_diff_id: &str, inputs_digest: &str) -> serde_json::Value {
-    serde_json::json!({
-        "architecture": "amd64",
-        "os": "linux",
-        "created": "1970-01-01T00:00:00Z",
-        "config": {
-            "Env": [format!("PATH={PATH}")],
-            "User": format!("{SANDBOX_UID}:{SANDBOX_GID}"),
-            "WorkingDir": WORKSPACE,
-            "Labels": { "org.nightshift.inputs": inputs_digest },
-        },
-        "rootfs": { "type": "layers", "diff_ids": [layer_diff_id] },
-        "history": [{
-            "created": "1970-01-01T00:00:00Z",
-            "created_by": format!("nightshift image build: debootstrap {SUITE} minbase + packages.txt"),
-        }],
-    })
+/// The image configuration (the Docker/OCI image config document). Written
+/// as text with a fixed key order: its bytes are the image id's input, and
+/// must not depend on how a JSON library happens to order maps in a build.
+fn config_json(layer_diff_id: &str, inputs_digest: &str) -> String {
+    let s = |v: &str| serde_json::Value::String(v.to_string()).to_string();
+    format!(
+        concat!(
+            r#"{{"architecture":"amd64","config":{{"Env":[{env}],"Labels":{{"org.nightshift.inputs":{inputs}}},"#,
+            r#""User":{user},"WorkingDir":{wd}}},"created":"1970-01-01T00:00:00Z","#,
+            r#""history":[{{"created":"1970-01-01T00:00:00Z","created_by":{by}}}],"#,
+            r#""os":"linux","rootfs":{{"diff_ids":[{diff}],"type":"layers"}}}}"#
+        ),
+        env = s(&format!("PATH={PATH}")),
+        inputs = s(inputs_digest),
+        user = s(&format!("{SANDBOX_UID}:{SANDBOX_GID}")),
+        wd = s(WORKSPACE),
+        by = s(&format!(
+            "nightshift image build: debootstrap {SUITE} minbase + packages.txt"
+        )),
+        diff = s(layer_diff_id),
+    )
 }
 
 /// The digest of every input of the default image.
@@ -81,7 +84,7 @@ pub fn inputs_digest() -> String {
         RECIPE,
         PACKAGES,
         SUITE,
-        &config_json("", "").to_string(),
+        &config_json("", ""),
     ] {
         h.update((part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
@@ -212,14 +215,13 @@ fn assemble(
     }
     let layer_hex = hex::encode(hasher.finalize());
     let diff_id = format!("sha256:{layer_hex}");
-    let config = serde_json::to_vec(&config_json(&diff_id, inputs)).unwrap_or_default();
+    let config = config_json(&diff_id, inputs).into_bytes();
     let config_hex = hex::encode(Sha256::digest(&config));
-    let manifest = serde_json::to_vec(&serde_json::json!([{
-        "Config": format!("{config_hex}.json"),
-        "RepoTags": [reference],
-        "Layers": [format!("{layer_hex}/layer.tar")],
-    }]))
-    .unwrap_or_default();
+    let manifest = format!(
+        r#"[{{"Config":"{config_hex}.json","RepoTags":[{}],"Layers":["{layer_hex}/layer.tar"]}}]"#,
+        serde_json::Value::String(reference.to_string())
+    )
+    .into_bytes();
 
     let out = std::fs::File::create(archive).map_err(io("writing", archive))?;
     let mut tar = tar::Builder::new(std::io::BufWriter::new(out));
@@ -256,6 +258,14 @@ mod tests {
         assert_eq!(default_reference(), default_reference());
         assert!(default_reference().starts_with("nightshift-sandbox:"));
         assert_eq!(default_reference().len(), REPOSITORY.len() + 1 + 16);
+    }
+
+    #[test]
+    fn the_config_is_valid_json_with_its_fields() {
+        let v: serde_json::Value = serde_json::from_str(&config_json("sha256:ab", "d1")).unwrap();
+        assert_eq!(v["config"]["User"], "1000:1000");
+        assert_eq!(v["rootfs"]["diff_ids"][0], "sha256:ab");
+        assert_eq!(v["config"]["Labels"]["org.nightshift.inputs"], "d1");
     }
 
     #[test]

