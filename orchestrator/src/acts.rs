@@ -598,7 +598,19 @@ pub fn execute(store: &mut Store, row: &Row) -> Result<String, String> {
         },
     };
     let (state, _) = step(store, &row, &event)?;
-    Ok(format!("act {}: {}", row.act.id, state.name()))
+    // A failure known not to have taken effect is retried after its backoff,
+    // a bounded number of times (the queue's policy); then it is `failed`.
+    if let State::AwaitingRetry { not_before, .. } = &state {
+        let wait = (*not_before - now()).clamp(0, 120) as u64;
+        std::thread::sleep(std::time::Duration::from_secs(wait));
+        let row = Row { state, ..row };
+        return execute(store, &row);
+    }
+    let why = match &state {
+        State::Failed { reason, .. } => format!(" ({reason})"),
+        _ => String::new(),
+    };
+    Ok(format!("act {}: {}{why}", row.act.id, state.name()))
 }
 
 fn carry_out(

@@ -481,3 +481,43 @@ fn a_flood_of_acts_is_answered_audited_and_capped() {
     assert_eq!(queue(&m).len(), 200);
     assert!(m.state.verify().status.success());
 }
+
+#[test]
+fn a_destination_that_stays_down_is_retried_with_backoff_then_failed() {
+    let m = setup();
+    // A notification endpoint nobody listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", closed.local_addr().unwrap());
+    drop(closed);
+    let config_path = m.state.path().join("destinations.toml");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(&config_path, config.replace(&m.notify.url(), &url)).unwrap();
+    run_agent(
+        &m,
+        "echo hello > m.txt && nightshift-act notify team --file m.txt",
+    );
+    let notify = act_of(&queue(&m), "notify");
+    let out = m.state.run(&[
+        "approve",
+        &notify,
+        "--owner-key-file",
+        m.key.to_str().unwrap(),
+    ]);
+    assert!(
+        stdout(&out).contains(": failed ("),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
+    let attempts: i64 = db
+        .query_row(
+            "SELECT count(*) FROM audit WHERE kind = 'act' AND body LIKE '%\"transition\":\"executing\"%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(attempts, 3, "bounded attempts");
+    assert_eq!(queue(&m)[0]["status"], "failed");
+    assert!(m.state.verify().status.success());
+}
