@@ -117,11 +117,19 @@ async fn serve(
         }
     };
     let response = match tokio::time::timeout(READ_DEADLINE, read).await {
-        Err(_) => Response::Error {
-            reason: "the request did not arrive in time".into(),
-        },
+        Err(_) => {
+            let response = Response::Error {
+                reason: "the request did not arrive in time".into(),
+            };
+            audit_protocol_error(paths, &door.run, &response).await;
+            response
+        }
         Ok(Err(e)) => return Err(e),
-        Ok(Ok(Err(e))) => Response::for_error(&e),
+        Ok(Ok(Err(e))) => {
+            let response = Response::for_error(&e);
+            audit_protocol_error(paths, &door.run, &response).await;
+            response
+        }
         Ok(Ok(Ok(request))) => {
             let (paths, door) = (paths.clone(), door.clone());
             tokio::task::spawn_blocking(move || match Store::open(paths) {
@@ -138,6 +146,30 @@ async fn serve(
     };
     stream.write_all(&encode_response(&response)).await?;
     stream.shutdown().await
+}
+
+/// A request that never became one (malformed, oversized, out of order, too
+/// slow) is audited too: the door, the verdict and the reason's digest.
+async fn audit_protocol_error(paths: &StatePaths, run: &str, response: &Response) {
+    let (paths, run, line) = (paths.clone(), run.to_string(), response.line());
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Ok(mut store) = Store::open(paths) {
+            let _ = store.append(
+                Some(&run),
+                &crate::audit_log::Event::DoorRequest {
+                    door: "unknown".into(),
+                    destination: None,
+                    verdict: "error".into(),
+                    rule: None,
+                    act: None,
+                    digest: crate::audit_log::digest(line.as_bytes()),
+                    bytes: 0,
+                },
+                false,
+            );
+        }
+    })
+    .await;
 }
 
 /// Points the worktree's `origin` at the door (through the git remote helper).

