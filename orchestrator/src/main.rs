@@ -1297,8 +1297,21 @@ fn queue_cmd(
                 deferred_queue::Target::Push { target_ref, .. },
                 deferred_queue::Content::Commit { commit },
             ) => {
+                let stat = store
+                    .run(&r.act.run)
+                    .ok()
+                    .and_then(|run| {
+                        orchestrator_git::diffstat_between(
+                            std::path::Path::new(&run.repo),
+                            run.base_commit.as_deref()?,
+                            commit,
+                        )
+                        .ok()
+                    })
+                    .map(|(f, i, d)| format!(" ({f} files, +{i} -{d})"))
+                    .unwrap_or_default();
                 format!(
-                    "push {} to {} {}",
+                    "push {} to {} {}{stat}",
                     &commit[..commit.len().min(12)],
                     r.act.routing.destination,
                     target_ref

@@ -241,6 +241,23 @@ pub fn worktree_branch(worktree: &Path, branch: &str) -> Result<Option<String>, 
     Ok(refs::read_ref(&worktree.join(".git"), &refname)?.map(|o| o.to_string()))
 }
 
+/// Files changed, insertions and deletions from `base` to `commit`, both in
+/// the host repository (blobs only: no filters, no textconv).
+pub fn diffstat_between(
+    host_repo: &Path,
+    base: &str,
+    commit: &str,
+) -> Result<(u64, u64, u64), GitError> {
+    let host = open_host(host_repo)?;
+    let base = parse_full_id(base)?;
+    let commit = parse_full_id(commit)?;
+    let tree = host
+        .find_commit(commit)
+        .map_err(|e| GitError::git(format!("reading commit {commit}"), e))?
+        .tree_id();
+    diffstat(&host, base, tree)
+}
+
 /// A commit an agent asked to act on, copied into the host repository.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Captured {
