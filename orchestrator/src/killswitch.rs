@@ -181,45 +181,17 @@ pub async fn settle_orphan(sup: &Supervisor, run: &str, by: &str) -> Result<bool
     // Keep what the run wrote, as for any run.
     let worktree = lock(sup).paths().worktrees().join(run);
     if worktree.exists() {
-        if let Some(base) = record.base_commit.clone() {
-            let (repo, id, wt) = (
-                std::path::PathBuf::from(&record.repo),
-                run.to_string(),
-                worktree.clone(),
-            );
-            let imported = tokio::task::spawn_blocking(move || {
-                orchestrator_git::import_run(&orchestrator_git::ImportSpec {
-                    host_repo: &repo,
-                    worktree: &wt,
-                    run_id: &id,
-                    base_commit: &base,
-                    limits: orchestrator_git::ImportLimits::default(),
-                    committer: ("nightshift", "nightshift@localhost"),
-                })
-            })
-            .await
-            .map_err(|e| RunError::Git(e.to_string()))?;
-            if let Ok(imported) = imported {
-                record.result_ref = Some(format!("refs/nightshift/runs/{run}"));
-                record.result_commit = Some(imported.result_commit.clone());
-                record.files_changed = Some(imported.files_changed as i64);
-                record.insertions = Some(imported.insertions as i64);
-                record.deletions = Some(imported.deletions as i64);
-                lock(sup).append(
-                    Some(run),
-                    &Event::Imported {
-                        reference: format!("refs/nightshift/runs/{run}"),
-                        commit: imported.result_commit,
-                    },
-                    false,
-                )?;
-            }
+        if let Err(e) = crate::run::import_into(sup, &mut record, &worktree).await {
+            record.reason = Some(e);
         }
         let wt = worktree.clone();
         let _ = tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&wt)).await;
     }
     record.status = status.clone();
-    record.reason = Some(format!("settled by {by}"));
+    record.reason = Some(match record.reason.take() {
+        Some(why) => format!("settled by {by}; {why}"),
+        None => format!("settled by {by}"),
+    });
     record.ended_at = Some(now_rfc3339());
     lock(sup).put_run(&record)?;
     lock(sup).append(

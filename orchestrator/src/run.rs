@@ -246,7 +246,7 @@ pub async fn execute(
         ..Default::default()
     };
     let outcome = steps(sup, &req, &image.env, &mut record, &mut held, stop).await;
-    finish(sup, &req, &mut record, &mut held, outcome).await
+    finish(sup, &mut record, &mut held, outcome).await
 }
 
 /// How the agent phase ended, before the common ending.
@@ -674,6 +674,75 @@ async fn drain_output(
     (seen, kept)
 }
 
+/// Imports what a run wrote (its commits and its observed state) into the
+/// host repository as `refs/nightshift/runs/<id>`, fills the record and
+/// audits it. The one path by which any run's work comes back, whatever
+/// ended the run (its own supervisor, the kill switch, reconciliation).
+pub(crate) async fn import_into(
+    sup: &Supervisor,
+    record: &mut RunRecord,
+    worktree: &std::path::Path,
+) -> Result<(), String> {
+    let Some(base) = record.base_commit.clone() else {
+        return Ok(());
+    };
+    if !worktree.exists() {
+        return Ok(());
+    }
+    let id = record.id.clone();
+    let (repo, run_id, wt) = (
+        std::path::PathBuf::from(&record.repo),
+        id.clone(),
+        worktree.to_path_buf(),
+    );
+    let import = move || {
+        orchestrator_git::import_run(&orchestrator_git::ImportSpec {
+            host_repo: &repo,
+            worktree: &wt,
+            run_id: &run_id,
+            base_commit: &base,
+            limits: orchestrator_git::ImportLimits::default(),
+            committer: ("nightshift", "nightshift@localhost"),
+        })
+    };
+    let imported = tokio::task::spawn_blocking(import)
+        .await
+        .map_err(|e| format!("importing the worktree: {e}"))?
+        .map_err(|e| format!("importing the worktree: {e}"))?;
+    let reference = format!("refs/nightshift/runs/{id}");
+    record.result_ref = Some(reference.clone());
+    record.result_commit = Some(imported.result_commit.clone());
+    record.files_changed = Some(imported.files_changed as i64);
+    record.insertions = Some(imported.insertions as i64);
+    record.deletions = Some(imported.deletions as i64);
+    let skipped: Vec<serde_json::Value> = imported
+        .skipped
+        .iter()
+        .map(|s| serde_json::json!({"path": s.path, "why": format!("{:?}", s.why)}))
+        .collect();
+    record.observed = Some(serde_json::json!({
+        "agent_tip": imported.agent_tip,
+        "observed_commit": imported.observed_commit,
+        "tree": imported.result_tree,
+        "skipped": skipped,
+    }));
+    let audit = |event| sup.audit(&id, event, false).map_err(|e| e.to_string());
+    audit(Event::ObservedState {
+        agent_tip: imported.agent_tip.clone(),
+        observed_commit: imported.observed_commit.clone(),
+        tree: imported.result_tree.clone(),
+        files_changed: imported.files_changed,
+        insertions: imported.insertions,
+        deletions: imported.deletions,
+        skipped,
+    })?;
+    audit(Event::Imported {
+        reference,
+        commit: imported.result_commit,
+    })?;
+    Ok(())
+}
+
 fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.max(b)),
@@ -685,7 +754,6 @@ fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 /// remove the worktree, settle the record, audit how it ended.
 async fn finish(
     sup: &Supervisor,
-    req: &RunRequest,
     record: &mut RunRecord,
     held: &mut Held,
     outcome: Result<Ended, RunError>,
@@ -719,63 +787,9 @@ async fn finish(
     }
 
     // Import whatever the run wrote, once the agent had started.
-    let ran = held.started;
-    if let (Some(wt), Some(base), true) = (held.worktree.clone(), held.base_commit.clone(), ran) {
-        if wt.exists() {
-            let (repo, run_id) = (req.repo.clone(), id.clone());
-            let import = move || {
-                orchestrator_git::import_run(&orchestrator_git::ImportSpec {
-                    host_repo: &repo,
-                    worktree: &wt,
-                    run_id: &run_id,
-                    base_commit: &base,
-                    limits: orchestrator_git::ImportLimits::default(),
-                    committer: ("nightshift", "nightshift@localhost"),
-                })
-            };
-            match tokio::task::spawn_blocking(import).await {
-                Ok(Ok(imported)) => {
-                    record.result_ref = Some(format!("refs/nightshift/runs/{id}"));
-                    record.result_commit = Some(imported.result_commit.clone());
-                    record.files_changed = Some(imported.files_changed as i64);
-                    record.insertions = Some(imported.insertions as i64);
-                    record.deletions = Some(imported.deletions as i64);
-                    let skipped: Vec<serde_json::Value> = imported
-                        .skipped
-                        .iter()
-                        .map(|s| serde_json::json!({"path": s.path, "why": format!("{:?}", s.why)}))
-                        .collect();
-                    record.observed = Some(serde_json::json!({
-                        "agent_tip": imported.agent_tip,
-                        "observed_commit": imported.observed_commit,
-                        "tree": imported.result_tree,
-                        "skipped": skipped,
-                    }));
-                    sup.audit(
-                        &id,
-                        Event::ObservedState {
-                            agent_tip: imported.agent_tip.clone(),
-                            observed_commit: imported.observed_commit.clone(),
-                            tree: imported.result_tree.clone(),
-                            files_changed: imported.files_changed,
-                            insertions: imported.insertions,
-                            deletions: imported.deletions,
-                            skipped,
-                        },
-                        false,
-                    )?;
-                    sup.audit(
-                        &id,
-                        Event::Imported {
-                            reference: format!("refs/nightshift/runs/{id}"),
-                            commit: imported.result_commit,
-                        },
-                        false,
-                    )?;
-                }
-                Ok(Err(e)) => cleanup_errors.push(format!("importing the worktree: {e}")),
-                Err(e) => cleanup_errors.push(format!("importing the worktree: {e}")),
-            }
+    if let (Some(wt), true) = (held.worktree.clone(), held.started) {
+        if let Err(e) = import_into(sup, record, &wt).await {
+            cleanup_errors.push(e);
         }
     }
     if let Some(wt) = held.worktree.take() {
