@@ -160,9 +160,22 @@ enum PolicyCommand {
     },
     /// Propose the rules of FILE to the owner (inert until ratified).
     Propose {
-        file: PathBuf,
+        /// A rule file whose [[rule]] tables to propose.
+        #[arg(required_unless_present = "retire")]
+        file: Option<PathBuf>,
         #[arg(long)]
         actor: String,
+        /// Propose retiring this rule instead (needs --why).
+        #[arg(long, requires = "why", conflicts_with = "file")]
+        retire: Option<String>,
+        #[arg(long)]
+        why: Option<String>,
+    },
+    /// Unlock a rule (the owner's credential), so that it can be retired.
+    Unlock {
+        rule: String,
+        #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
+        owner_key_file: Option<PathBuf>,
     },
     /// Adopt a proposal (needs the owner's credential); the rule is locked.
     Ratify {
@@ -1140,11 +1153,42 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             }
             Ok(exit::OK)
         }
-        PolicyCommand::Propose { file, actor } => {
+        PolicyCommand::Unlock {
+            rule,
+            owner_key_file,
+        } => {
+            let mut store = open_store(root)?;
+            let who = owner(&store, owner_key_file.as_deref())?;
+            orchestrator::policy::unlock(&mut store, rules, &rule, &who).map_err(policy_err)?;
+            println!("unlocked {rule}");
+            Ok(exit::OK)
+        }
+        PolicyCommand::Propose {
+            file,
+            actor,
+            retire,
+            why,
+        } => {
             let mut store = open_store(root)?;
             let writer = orchestrator::policy::Writer::Agent(actor);
-            let ids = orchestrator::policy::propose(&mut store, rules, &file, &writer)
-                .map_err(policy_err)?;
+            let ids = match (file, retire) {
+                (Some(file), None) => {
+                    orchestrator::policy::propose(&mut store, rules, &file, &writer)
+                }
+                (None, Some(rule)) => orchestrator::policy::propose_retirement(
+                    &mut store,
+                    rules,
+                    &rule,
+                    why.as_deref().unwrap_or_default(),
+                    &writer,
+                )
+                .map(|id| vec![id]),
+                _ => {
+                    eprintln!("nightshift: name a rule file or --retire RULE");
+                    return Err(exit::BAD_INPUT);
+                }
+            }
+            .map_err(policy_err)?;
             for id in ids {
                 println!(
                     "proposed {id}: inert until the owner runs `nightshift policy ratify {id}`"

@@ -280,6 +280,55 @@ pub fn retire(
     Ok(())
 }
 
+fn rule_id(rule: &str) -> Result<policies::RuleId, PolicyError> {
+    if !policies::RuleId::is_valid(rule) {
+        return Err(PolicyError::Refused(format!("{rule:?} is not a rule id")));
+    }
+    Ok(policies::RuleId(rule.to_string()))
+}
+
+/// Proposes retiring a rule: inert until the owner ratifies it.
+pub fn propose_retirement(
+    store: &mut Store,
+    dir: Option<&Path>,
+    rule: &str,
+    why: &str,
+    writer: &Writer,
+) -> Result<String, PolicyError> {
+    let proposal = format!("p-{}", ulid::Ulid::new().to_string().to_lowercase());
+    write_row(
+        store,
+        dir,
+        Row::Propose {
+            proposal: proposal.clone(),
+            change: policies::Change::Retire {
+                rule: rule_id(rule)?,
+                reason: why.to_string(),
+            },
+            author: writer.author(),
+        },
+    )?;
+    Ok(proposal)
+}
+
+/// The owner unlocks a rule (a new row; the rule itself never changes).
+pub fn unlock(
+    store: &mut Store,
+    dir: Option<&Path>,
+    rule: &str,
+    _owner: &Owner,
+) -> Result<(), PolicyError> {
+    write_row(
+        store,
+        dir,
+        Row::Unlock {
+            rule: rule_id(rule)?,
+            authority: "owner".into(),
+        },
+    )?;
+    Ok(())
+}
+
 pub fn ratify(
     store: &mut Store,
     dir: Option<&Path>,

@@ -783,3 +783,107 @@ fn claude_code_hook_input_names_the_tool_arguments_and_scope() {
     assert_allowed(&hook("Bash", "rm -rf x", "/workshop"));
     assert_audit_intact(&state);
 }
+
+#[test]
+fn a_retirement_is_proposed_ratified_and_a_locked_rule_unlocked_first() {
+    let state = State::new();
+    let key = owner_init(&state);
+    let key = key.to_str().unwrap();
+    // A plain notify asks a person under the shipped rules.
+    assert_blocked(
+        &check(
+            &state,
+            Some("agent-a"),
+            "notify",
+            r#"{"destination":"team"}"#,
+        ),
+        "asks a person: Messages reach people: a person approves each one.",
+    );
+    let out = ns(
+        &state,
+        &[
+            "policy",
+            "propose",
+            "--actor",
+            "agent-a",
+            "--retire",
+            "ask-before-notify",
+            "--why",
+            "fine",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let proposal = stdout(&out)
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .trim_end_matches(':')
+        .to_string();
+    // Inert until ratified.
+    assert_blocked(
+        &check(
+            &state,
+            Some("agent-a"),
+            "notify",
+            r#"{"destination":"team"}"#,
+        ),
+        "asks a person: Messages reach people: a person approves each one.",
+    );
+    let out = ns(
+        &state,
+        &["policy", "ratify", &proposal, "--owner-key-file", key],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_allowed(&check(
+        &state,
+        Some("agent-a"),
+        "notify",
+        r#"{"destination":"team"}"#,
+    ));
+    // A locked rule cannot be retired until the owner unlocks it.
+    let out = ns(
+        &state,
+        &[
+            "policy",
+            "retire",
+            "no-force-push-to-main",
+            "--why",
+            "x",
+            "--owner-key-file",
+            key,
+        ],
+    );
+    assert_eq!(out.status.code(), Some(9), "{}", stderr(&out));
+    let out = ns(&state, &["policy", "unlock", "no-force-push-to-main"]);
+    assert_eq!(
+        out.status.code(),
+        Some(9),
+        "unlock without the key: {}",
+        stderr(&out)
+    );
+    let out = ns(
+        &state,
+        &[
+            "policy",
+            "unlock",
+            "no-force-push-to-main",
+            "--owner-key-file",
+            key,
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = ns(
+        &state,
+        &[
+            "policy",
+            "retire",
+            "no-force-push-to-main",
+            "--why",
+            "x",
+            "--owner-key-file",
+            key,
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_audit_intact(&state);
+}
