@@ -100,7 +100,8 @@ fn sleeper_past_the_timeout_is_killed() {
         &["--timeout", "2s"],
         "echo before > before.txt; sleep infinity",
     );
-    assert_eq!(status(&run), "killed: timeout 2s, cpu 0.0s");
+    let s = status(&run);
+    assert!(s.starts_with("killed: timeout 2s, cpu "), "{s}");
     assert_eq!(kept_file(&repo, &run, "before.txt"), "before\n");
 }
 

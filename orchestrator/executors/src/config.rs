@@ -362,7 +362,10 @@ mod tests {
     fn bad_values_are_refused() {
         let cases = [
             ("[remotes.o]\nurl = \"http://u:p@h/r.git\"\nreaders = \"public\"\n", "user information"),
-            ("[remotes.o]\nurl = \"file:///r.git\"\nreaders = \"public\"\n", "http://"),
+            ("[remotes.o]\nurl = \"ftp://h/r.git\"\nreaders = \"public\"\n", "http://"),
+            ("[remotes.o]\nurl = \"file://r.git\"\nreaders = \"public\"\n", "absolute path"),
+            ("[remotes.o]\nurl = \"file:///srv/../etc\"\nreaders = \"public\"\n", "absolute path"),
+            ("[notify.n]\nurl = \"file:///tmp/x\"\nreaders = \"public\"\n", "http://"),
             ("[remotes.o]\nurl = \"http://h/r\"\nreaders = \"public\"\npassword_file = \"/p\"\n", "needs a username"),
             ("[remotes.o]\nurl = \"http://h/r\"\nreaders = \"public\"\nusername = \"u\"\npassword_file = \"/p\"\ntoken_file = \"/t\"\n", "exclusive"),
             ("[remotes.\"a b\"]\nurl = \"http://h/r\"\nreaders = \"public\"\n", "alias"),
@@ -373,6 +376,12 @@ mod tests {
             let err = Destinations::parse(text, "d.toml").unwrap_err().to_string();
             assert!(err.contains(expect), "{text}: {err}");
         }
+        // An owner-named local repository is a valid remote.
+        assert!(Destinations::parse(
+            "[remotes.o]\nurl = \"file:///srv/r.git\"\nreaders = \"private\"\n",
+            "d.toml"
+        )
+        .is_ok());
         let readers = "[notify.n]\nurl = \"http://h/x\"\nreaders = \"everyone\"\n";
         assert!(matches!(
             Destinations::parse(readers, "d.toml"),
