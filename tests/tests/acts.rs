@@ -630,3 +630,56 @@ fn kill_9_during_execution_never_sends_twice_and_ends_defined() {
     assert!(m.state.verify().status.success());
     drop(hole);
 }
+
+#[test]
+fn a_push_cannot_smuggle_objects_from_another_host_repository() {
+    let m = setup();
+    // A private repository elsewhere on the host, whose commit id the agent knows.
+    let secret = make_repo();
+    std::fs::write(secret.path().join("secret.txt"), "PRIVATE-HOST-CONTENT\n").unwrap();
+    git(secret.path(), &["add", "-A"]);
+    git(secret.path(), &["commit", "-qm", "secret"]);
+    let secret_commit = git(secret.path(), &["rev-parse", "HEAD"])
+        .trim()
+        .to_string();
+    let objects = secret.path().join(".git/objects");
+    let log = run_agent(
+        &m,
+        &format!(
+            r#"echo {objects} > .git/objects/info/alternates
+python3 - <<'PY'
+import json, socket, struct
+s = socket.socket(socket.AF_UNIX); s.connect("/run/nightshift/door.sock")
+body = json.dumps({{"v": 1, "request": {{"door": "push", "remote": "origin",
+    "dst_ref": "refs/heads/agent/smuggle", "claimed_commit": "{secret_commit}"}}}}).encode()
+s.sendall(struct.pack(">I", len(body)) + body)
+n = struct.unpack(">I", s.recv(4))[0]
+data = b""
+while len(data) < n:
+    data += s.recv(n - len(data))
+print("answer=" + data.decode())
+PY
+"#,
+            objects = objects.display()
+        ),
+    );
+    let answer = log
+        .lines()
+        .find(|l| l.starts_with("answer="))
+        .unwrap_or_else(|| panic!("no answer: {log}"));
+    eprintln!("{answer}");
+    assert!(
+        answer.contains("\"error\""),
+        "a foreign commit was not refused: {answer}"
+    );
+    // Nothing of the other repository reached this one.
+    let dump = std::process::Command::new("git")
+        .arg("-C")
+        .arg(m.repo.path())
+        .args(["cat-file", "--batch-all-objects", "--batch"])
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&dump.stdout).contains("PRIVATE-HOST-CONTENT"));
+    assert!(queue(&m).is_empty());
+    assert!(m.state.verify().status.success());
+}

@@ -41,6 +41,24 @@ fn wait_running(state: &State, n: usize) {
     }
 }
 
+/// SIGKILLs a run's watchdog and then its supervisor: nothing of nightshift
+/// is left running to act on the sandbox.
+fn kill_supervisor_and_watchdog(state: &State, supervisor: &Child) {
+    let watchdogs = Command::new("pgrep")
+        .args(["-f", &format!("{} watchdog", state.path().display())])
+        .output()
+        .unwrap();
+    let pids: Vec<i32> = stdout(&watchdogs)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    assert!(!pids.is_empty(), "no watchdog running");
+    for p in pids {
+        kill(Pid::from_raw(p), Signal::SIGKILL).unwrap();
+    }
+    kill(Pid::from_raw(supervisor.id() as i32), Signal::SIGKILL).unwrap();
+}
+
 fn wait_gone(state: &State, bound: Duration) -> Duration {
     let started = Instant::now();
     while !state.containers().is_empty() {
@@ -107,20 +125,8 @@ fn kill_all_works_with_no_supervisor_running() {
     let repo = make_repo();
     let c = start_run(&state, repo.path(), &[], "echo kept > kept.txt; sleep 600");
     wait_running(&state, 1);
-    // Freeze the supervisor and its watchdog: no nightshift process can act.
-    let watchdogs = Command::new("pgrep")
-        .args(["-f", &format!("{} watchdog", state.path().display())])
-        .output()
-        .unwrap();
-    let wd: Vec<i32> = stdout(&watchdogs)
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect();
-    assert!(!wd.is_empty(), "no watchdog running");
-    for p in &wd {
-        kill(Pid::from_raw(*p), Signal::SIGKILL).unwrap();
-    }
-    kill(Pid::from_raw(c.id() as i32), Signal::SIGKILL).unwrap();
+    // Kill the supervisor and its watchdog: no nightshift process can act.
+    kill_supervisor_and_watchdog(&state, &c);
     c.wait_with_output().unwrap();
     assert_eq!(
         state.containers().len(),
@@ -188,17 +194,7 @@ fn a_later_supervisor_settles_what_a_crash_left() {
     let c = start_run(&state, repo.path(), &[], "sleep 600");
     wait_running(&state, 1);
     // Kill the watchdog first, then the supervisor: nothing settles the run...
-    let watchdogs = Command::new("pgrep")
-        .args(["-f", &format!("{} watchdog", state.path().display())])
-        .output()
-        .unwrap();
-    for p in stdout(&watchdogs)
-        .split_whitespace()
-        .filter_map(|p| p.parse::<i32>().ok())
-    {
-        kill(Pid::from_raw(p), Signal::SIGKILL).unwrap();
-    }
-    kill(Pid::from_raw(c.id() as i32), Signal::SIGKILL).unwrap();
+    kill_supervisor_and_watchdog(&state, &c);
     c.wait_with_output().unwrap();
     assert_eq!(state.runs()[0]["status"], "running");
     // ...until the next supervisor starts, and reconciles.
