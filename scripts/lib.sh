@@ -1,10 +1,20 @@
 # Shared by the scripts: make sure the container engine answers, starting
-# dockerd when it is not running.
+# dockerd when it is not running, and that Debian's packages we need are in.
+
+# Installs Debian packages; refreshes the package lists first if that is
+# what stands in the way (a fresh machine may have none).
+apt_install() {
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1; then
+    apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
+  fi
+}
+
 ensure_docker() {
   if docker info >/dev/null 2>&1; then return 0; fi
   if ! command -v dockerd >/dev/null 2>&1; then
     echo "setup: installing docker.io (Debian's package)" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >/dev/null
+    apt_install docker.io
   fi
   echo "setup: starting dockerd" >&2
   (dockerd >/var/log/nightshift-dockerd.log 2>&1 &)
@@ -22,6 +32,6 @@ ensure_packages() {
   command -v git >/dev/null 2>&1 || missing+=(git)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null
+    apt_install "${missing[@]}"
   fi
 }
