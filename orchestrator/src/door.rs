@@ -26,6 +26,10 @@ pub const MOUNT: &str = "/run/nightshift";
 pub const SOCKET: &str = "door.sock";
 const READ_DEADLINE: Duration = Duration::from_secs(10);
 const CONCURRENT: usize = 4;
+/// Requests one run's door answers with a decision and an audit entry each;
+/// past it, every request is refused at once and the flood is audited once,
+/// so a flooding agent cannot grow the audit (or the disk) without bound.
+pub const MAX_REQUESTS_PER_RUN: u64 = 1000;
 
 /// The static door clients, when built (`sandbox-image/door/build-static.sh`).
 pub fn clients_dir() -> Option<PathBuf> {
@@ -75,6 +79,7 @@ pub fn open(paths: &StatePaths, door: RunDoor) -> std::io::Result<DoorHandle> {
     // The sandbox's user must be able to connect; the directory is read-only to it.
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))?;
     let limit = Arc::new(tokio::sync::Semaphore::new(CONCURRENT));
+    let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let paths = paths.clone();
     let door = Arc::new(door);
     let task = tokio::spawn(async move {
@@ -85,14 +90,39 @@ pub fn open(paths: &StatePaths, door: RunDoor) -> std::io::Result<DoorHandle> {
             let Ok(permit) = limit.clone().acquire_owned().await else {
                 return;
             };
-            let (paths, door) = (paths.clone(), door.clone());
+            let (paths, door, served) = (paths.clone(), door.clone(), served.clone());
             tokio::spawn(async move {
-                let _ = serve(stream, &paths, door).await;
+                let n = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                let _ = if n > MAX_REQUESTS_PER_RUN {
+                    flooded(stream, &paths, &door.run, n == MAX_REQUESTS_PER_RUN + 1).await
+                } else {
+                    serve(stream, &paths, door).await
+                };
                 drop(permit);
             });
         }
     });
     Ok(DoorHandle { dir, task })
+}
+
+/// Past the request cap: refused without reading, the first time audited.
+async fn flooded(
+    mut stream: UnixStream,
+    paths: &StatePaths,
+    run: &str,
+    first: bool,
+) -> std::io::Result<()> {
+    let response = Response::Refused {
+        rule: "nightshift:rate-cap".into(),
+        reason: format!(
+            "this run's door has answered {MAX_REQUESTS_PER_RUN} requests; it refuses the rest"
+        ),
+    };
+    if first {
+        audit_protocol_error(paths, run, &response, "flood").await;
+    }
+    stream.write_all(&encode_response(&response)).await?;
+    stream.shutdown().await
 }
 
 async fn serve(
@@ -121,13 +151,13 @@ async fn serve(
             let response = Response::Error {
                 reason: "the request did not arrive in time".into(),
             };
-            audit_protocol_error(paths, &door.run, &response).await;
+            audit_protocol_error(paths, &door.run, &response, "error").await;
             response
         }
         Ok(Err(e)) => return Err(e),
         Ok(Ok(Err(e))) => {
             let response = Response::for_error(&e);
-            audit_protocol_error(paths, &door.run, &response).await;
+            audit_protocol_error(paths, &door.run, &response, "error").await;
             response
         }
         Ok(Ok(Ok(request))) => {
@@ -150,8 +180,13 @@ async fn serve(
 
 /// A request that never became one (malformed, oversized, out of order, too
 /// slow) is audited too: the door, the verdict and the reason's digest.
-async fn audit_protocol_error(paths: &StatePaths, run: &str, response: &Response) {
-    let (paths, run, line) = (paths.clone(), run.to_string(), response.line());
+async fn audit_protocol_error(paths: &StatePaths, run: &str, response: &Response, verdict: &str) {
+    let (paths, run, line, verdict) = (
+        paths.clone(),
+        run.to_string(),
+        response.line(),
+        verdict.to_string(),
+    );
     let _ = tokio::task::spawn_blocking(move || {
         if let Ok(mut store) = Store::open(paths) {
             let _ = store.append(
@@ -159,7 +194,7 @@ async fn audit_protocol_error(paths: &StatePaths, run: &str, response: &Response
                 &crate::audit_log::Event::DoorRequest {
                     door: "unknown".into(),
                     destination: None,
-                    verdict: "error".into(),
+                    verdict,
                     rule: None,
                     act: None,
                     digest: crate::audit_log::digest(line.as_bytes()),

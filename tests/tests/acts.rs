@@ -683,3 +683,46 @@ PY
     assert!(queue(&m).is_empty());
     assert!(m.state.verify().status.success());
 }
+
+#[test]
+fn a_flood_of_requests_past_the_door_cap_cannot_grow_the_audit() {
+    let m = setup();
+    let log = run_agent(
+        &m,
+        r#"python3 - <<'PY'
+import json, socket, struct
+refused = 0
+for i in range(1200):
+    s = socket.socket(socket.AF_UNIX); s.connect("/run/nightshift/door.sock")
+    body = json.dumps({"v": 1, "request": {"door": "notify", "destination": "nowhere", "body": "x"}}).encode()
+    try:
+        s.sendall(struct.pack(">I", len(body)) + body)
+    except BrokenPipeError:
+        pass  # past the cap the door answers without reading
+    n = struct.unpack(">I", s.recv(4))[0]
+    data = b""
+    while len(data) < n:
+        data += s.recv(n - len(data))
+    if "rate-cap" in data.decode():
+        refused += 1
+    s.close()
+print("capped=%d" % refused)
+PY
+"#,
+    );
+    assert!(log.contains("capped=200"), "{log}");
+    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
+    let count = |verdict: &str| -> i64 {
+        db.query_row(
+            &format!(
+                "SELECT count(*) FROM audit WHERE kind = 'door_request' AND body LIKE '%\"verdict\":\"{verdict}\"%'"
+            ),
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    assert_eq!(count("refused"), 1000, "each answered request audited once");
+    assert_eq!(count("flood"), 1, "the flood itself audited once");
+    assert!(m.state.verify().status.success());
+}
