@@ -115,6 +115,30 @@ fn act_of(queue: &[serde_json::Value], door: &str) -> String {
         .to_string()
 }
 
+/// Starts `nightshift approve ACT` and SIGKILLs it once the act's state is
+/// `status`: a supervisor dying at that point of carrying it out.
+fn approve_and_kill_when(m: &Morning, act: &str, status: &str) {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let child = m
+        .state
+        .cmd()
+        .args(["approve", act, "--owner-key-file", m.key.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while queue(m)[0]["status"] != status {
+        if started.elapsed() > std::time::Duration::from_secs(30) {
+            panic!("act {act} never became {status}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    let _ = child.wait_with_output();
+}
+
 fn remote_ref(bare: &Path, r: &str) -> Option<String> {
     let out = std::process::Command::new("git")
         .arg("--git-dir")
@@ -385,8 +409,6 @@ fn a_moved_remote_makes_an_approved_act_stale() {
 
 #[test]
 fn kill_9_between_approval_and_execution_executes_once() {
-    use nix::sys::signal::{kill, Signal};
-    use nix::unistd::Pid;
     let m = setup();
     let log = run_agent(
         &m,
@@ -404,30 +426,7 @@ fn kill_9_between_approval_and_execution_executes_once() {
     let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let hole_url = format!("http://{}/origin.git", hole.local_addr().unwrap());
     std::fs::write(&config_path, config.replace(&m.git_server.url(), &hole_url)).unwrap();
-    let child = m
-        .state
-        .cmd()
-        .args([
-            "approve",
-            &push,
-            "--owner-key-file",
-            m.key.to_str().unwrap(),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while queue(&m)[0]["status"] != "approved" {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(30),
-            "never approved"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
-    let _ = child.wait_with_output();
+    approve_and_kill_when(&m, &push, "approved");
     assert_eq!(queue(&m)[0]["status"], "approved");
     assert_eq!(remote_ref(&m.bare, "refs/heads/agent/crash"), None);
     // The supervisor comes back (origin reachable again): carried out once.
@@ -575,8 +574,6 @@ echo q > q.txt; nightshift-act ask --file q.txt; echo "after=$?""#,
 
 #[test]
 fn kill_9_during_execution_never_sends_twice_and_ends_defined() {
-    use nix::sys::signal::{kill, Signal};
-    use nix::unistd::Pid;
     let m = setup();
     // An endpoint that accepts the connection and never answers.
     let hole = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -589,29 +586,7 @@ fn kill_9_during_execution_never_sends_twice_and_ends_defined() {
         "echo hello > m.txt && nightshift-act notify team --file m.txt",
     );
     let notify = act_of(&queue(&m), "notify");
-    let child = m
-        .state
-        .cmd()
-        .args([
-            "approve",
-            &notify,
-            "--owner-key-file",
-            m.key.to_str().unwrap(),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let started = std::time::Instant::now();
-    while queue(&m)[0]["status"] != "executing" {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(30),
-            "never executing"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
-    let _ = child.wait_with_output();
+    approve_and_kill_when(&m, &notify, "executing");
     // Restart with the endpoint reachable: the message cannot be known to
     // have gone out, so it is not sent again: it goes stale, for a person.
     std::fs::write(&config_path, config).unwrap();
