@@ -197,3 +197,4 @@ pub fn audit_kinds(state: &State, run: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 pub mod loopback;
+pub mod morning;
