@@ -96,12 +96,20 @@ pub fn route_and_label(
     req: &Request,
     public_content: bool,
 ) -> Result<(), Response> {
-    let readers = match req {
-        Request::Push { remote, .. } => dest.remotes.get(remote).map(|r| r.readers),
-        Request::PullRequest { remote, .. } => dest.forges.get(remote).map(|f| f.readers),
-        Request::Notify { destination, .. } => dest.notify.get(destination).map(|n| n.readers),
-        Request::Ask { .. } => Some(Readers::Private),
-    };
+    let readers =
+        match req {
+            Request::Push { remote, .. } => dest.remotes.get(remote).map(|r| r.readers),
+            // A pull request's commit lands on the forge and on the git remote
+            // that holds its branches: both must be fit for the content.
+            Request::PullRequest { remote, .. } => dest.forges.get(remote).map(|f| {
+                match dest.remotes.get(&f.remote).map(|r| r.readers) {
+                    Some(Readers::Private) | None => f.readers,
+                    Some(Readers::Public) => Readers::Public,
+                }
+            }),
+            Request::Notify { destination, .. } => dest.notify.get(destination).map(|n| n.readers),
+            Request::Ask { .. } => Some(Readers::Private),
+        };
     let Some(readers) = readers else {
         return Err(refused(
             "nightshift:routing",
@@ -575,11 +583,72 @@ fn recompute(store: &Store, dest: &Destinations, act: &Act) -> Result<String, St
             expected_old: current,
         };
     }
+    if let (Target::PullRequest { head_ref, .. }, Content::PullRequest { head_commit, .. }) =
+        (&act.routing.target, &act.content)
+    {
+        head_is_bindable(store, dest, act, head_ref, head_commit)?;
+    }
     let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
     if let Some(why) = refused_now(&rules, act) {
         return Err(why);
     }
     Ok(deferred_queue::act_digest(&now_act))
+}
+
+/// A pull request opens on its head branch as the forge's git remote holds
+/// it. That branch must hold the approved commit already, or be absent, or
+/// hold a commit the approved one extends (then the act pushes it there,
+/// fast-forward only, before the request). Anything else moved the branch
+/// under the act: it goes stale, and no pull request opens on another
+/// commit.
+fn head_is_bindable(
+    store: &Store,
+    dest: &Destinations,
+    act: &Act,
+    head_ref: &str,
+    head_commit: &str,
+) -> Result<Option<String>, String> {
+    let (_, remote) = forge_remote(dest, act)?;
+    let now = orchestrator_executors::remote_ref(remote, head_ref).map_err(|e| e.audit_reason())?;
+    let Some(now) = now else {
+        return Ok(None);
+    };
+    let run = store.run(&act.run).map_err(|e| e.to_string())?;
+    let extends = orchestrator_executors::extends(Path::new(&run.repo), head_commit, &now)
+        .map_err(|e| e.audit_reason())?;
+    if extends {
+        Ok(Some(now))
+    } else {
+        Err(format!(
+            "the head branch {head_ref} now holds {now}, which the approved {head_commit} does not extend"
+        ))
+    }
+}
+
+/// The forge of a pull-request act and the git remote that holds its branches.
+fn forge_remote<'d>(
+    dest: &'d Destinations,
+    act: &Act,
+) -> Result<
+    (
+        &'d orchestrator_executors::ForgeConfig,
+        &'d orchestrator_executors::RemoteConfig,
+    ),
+    String,
+> {
+    let forge = dest.forges.get(&act.routing.destination).ok_or_else(|| {
+        format!(
+            "forge {:?} is no longer configured",
+            act.routing.destination
+        )
+    })?;
+    let remote = dest.remotes.get(&forge.remote).ok_or_else(|| {
+        format!(
+            "remote {:?} of forge {:?} is no longer configured",
+            forge.remote, act.routing.destination
+        )
+    })?;
+    Ok((forge, remote))
 }
 
 /// What `approve` did with one act: a line for the owner, and whether the
@@ -611,6 +680,15 @@ pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<Decide
             "nightshift is frozen ({why}): act {id} was neither approved nor carried out; thaw first"
         ));
     }
+    let was_unsettled = rows(store, Some(id))
+        .map_err(|e| e.to_string())?
+        .pop()
+        .is_some_and(|r| {
+            matches!(
+                r.state,
+                State::Executing { .. } | State::OutcomeUnknown { .. }
+            )
+        });
     recover(store, &lock)?;
     let row = rows(store, Some(id))
         .map_err(|e| e.to_string())?
@@ -619,6 +697,14 @@ pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<Decide
     // Approved before a crash, never carried out: carry it out now.
     if matches!(row.state, State::Approved { .. }) {
         return execute(store, &row);
+    }
+    if let (true, State::Done { outcome, .. }) = (was_unsettled, &row.state) {
+        // Its approver died while carrying it out; the recovery just now
+        // found it carried out at the destination.
+        return Ok(Decided {
+            line: format!("act {id}: done ({outcome})"),
+            carried_out: true,
+        });
     }
     if let State::Stale { why } = &row.state {
         return Ok(Decided::not_carried(format!(
@@ -927,10 +1013,23 @@ fn carry_out(
             Target::PullRequest { base_ref, head_ref },
             Content::PullRequest { head_commit, .. },
         ) => {
-            let forge = dest
-                .forges
-                .get(&row.act.routing.destination)
-                .ok_or_else(|| invalid("the forge is no longer configured"))?;
+            let (forge, remote) = forge_remote(dest, &row.act).map_err(|why| invalid(&why))?;
+            // The head branch holds the approved commit before the request
+            // (pushed fast-forward only, under the lease read just now).
+            let run = store
+                .run(&row.act.run)
+                .map_err(|e| invalid(&e.to_string()))?;
+            let now = head_is_bindable(store, dest, &row.act, head_ref, head_commit)
+                .map_err(|why| invalid(&why))?;
+            if now.as_deref() != Some(head_commit.as_str()) {
+                orchestrator_executors::push(
+                    remote,
+                    Path::new(&run.repo),
+                    head_commit,
+                    head_ref,
+                    now.as_deref(),
+                )?;
+            }
             let text: serde_json::Value =
                 serde_json::from_slice(row.content.as_deref().unwrap_or_default())
                     .map_err(|_| invalid("the stored title and body are unreadable"))?;
@@ -942,7 +1041,11 @@ fn carry_out(
                 text["title"].as_str().unwrap_or_default(),
                 text["body"].as_str().unwrap_or_default(),
             )?;
-            Ok(format!("pull request #{}", out.number))
+            Ok(if out.adopted {
+                format!("pull request #{} (found open, adopted)", out.number)
+            } else {
+                format!("pull request #{}", out.number)
+            })
         }
         (Door::Ask, _, _) => Ok("answered in the morning".to_string()),
         _ => Err(invalid("this kind of act has no executor yet")),
@@ -1070,6 +1173,23 @@ fn check_destination(dest: &Destinations, act: &Act) -> deferred_queue::Found {
                 Ok(_) => Found::CannotTell {
                     why: "the remote ref moved to something else".into(),
                 },
+                Err(e) => Found::CannotTell {
+                    why: e.audit_reason(),
+                },
+            }
+        }
+        (Target::PullRequest { base_ref, head_ref }, Content::PullRequest { head_commit, .. }) => {
+            let Some(forge) = dest.forges.get(&act.routing.destination) else {
+                return Found::CannotTell {
+                    why: "the forge is no longer configured".into(),
+                };
+            };
+            match orchestrator_executors::find_pull_request(forge, head_ref, base_ref, head_commit)
+            {
+                Ok(Some(pr)) => Found::Applied {
+                    outcome: format!("pull request #{} (found open, adopted)", pr.number),
+                },
+                Ok(None) => Found::NotApplied,
                 Err(e) => Found::CannotTell {
                     why: e.audit_reason(),
                 },

@@ -1361,27 +1361,32 @@ fn queue_cmd(
                     }
                 }
                 let base = run.base_commit.unwrap_or_default();
-                let out = std::process::Command::new("git")
-                    .arg("-C")
-                    .arg(&run.repo)
-                    .args([
-                        "-c",
-                        "core.pager=cat",
-                        "diff",
-                        "--no-ext-diff",
-                        "--no-textconv",
-                        "--stat",
-                        "-p",
-                        &base,
-                        commit,
-                    ])
-                    .output();
-                if let Ok(out) = out {
-                    print!(
-                        "{}",
-                        orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
-                    );
-                }
+                print_diff(&run.repo, &base, commit);
+            }
+            (
+                deferred_queue::Target::PullRequest { base_ref, head_ref },
+                deferred_queue::Content::PullRequest { head_commit, .. },
+            ) => {
+                println!(
+                    "pull request from {head_ref} at {head_commit} into {base_ref} (the head branch is pushed there first, fast-forward only, if it does not hold that commit)"
+                );
+                let text: serde_json::Value =
+                    serde_json::from_slice(row.content.as_deref().unwrap_or_default())
+                        .unwrap_or_default();
+                let title = text["title"].as_str().unwrap_or_default();
+                let body = text["body"].as_str().unwrap_or_default();
+                println!(
+                    "title: {}",
+                    orchestrator::sandbox::sanitize_for_terminal(title.as_bytes())
+                );
+                println!("body ({} bytes, shown as plain text):", body.len());
+                println!(
+                    "{}",
+                    orchestrator::sandbox::sanitize_for_terminal(body.as_bytes())
+                );
+                let run = store.run(&row.act.run).map_err(store_err)?;
+                let base = run.base_commit.unwrap_or_default();
+                print_diff(&run.repo, &base, head_commit);
             }
             _ => {
                 let body = row.content.as_deref().unwrap_or_default();
@@ -1467,6 +1472,50 @@ fn queue_cmd(
         println!("  {}  {:<10} {what}", r.act.id, r.state.name());
     }
     Ok(exit::OK)
+}
+
+/// The commits and diff from `from` to `to` in the host repository, as
+/// escaped text (the host's git, no pager, no external diff, no textconv).
+fn print_diff(repo: &str, from: &str, to: &str) {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args([
+            "-c",
+            "core.pager=cat",
+            "log",
+            "--no-decorate",
+            "--format=commit %H%n    %s",
+            &format!("{from}..{to}"),
+        ])
+        .output();
+    if let Ok(out) = out {
+        print!(
+            "{}",
+            orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
+        );
+    }
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args([
+            "-c",
+            "core.pager=cat",
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--stat",
+            "-p",
+            from,
+            to,
+        ])
+        .output();
+    if let Ok(out) = out {
+        print!(
+            "{}",
+            orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
+        );
+    }
 }
 
 fn rebind_cmd(

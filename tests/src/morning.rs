@@ -7,10 +7,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use crate::loopback::GitHttpServer;
+use crate::loopback::{ForgeServer, GitHttpServer};
 use crate::{git, image, make_repo, stderr, stdout, State};
 
 pub const PASSWORD: &str = "s3cret-morning-password-77ad";
+/// The forge's API token (see [`Morning::with_forge`]).
+pub const FORGE_TOKEN: &str = "forge-token-morning-31c4";
 
 #[derive(Debug)]
 pub struct Morning {
@@ -19,11 +21,22 @@ pub struct Morning {
     _remote_dir: tempfile::TempDir,
     pub bare: PathBuf,
     pub git_server: GitHttpServer,
+    /// A GitHub-shaped forge whose repository is the remote (`forge`).
+    pub forge: Option<ForgeServer>,
     pub key: PathBuf,
 }
 
 impl Morning {
     pub fn new() -> Morning {
+        Self::setup(false)
+    }
+
+    /// As [`Morning::new`], plus a forge `forge` whose git remote is `origin`.
+    pub fn with_forge() -> Morning {
+        Self::setup(true)
+    }
+
+    fn setup(with_forge: bool) -> Morning {
         let state = State::new();
         let repo = make_repo();
         let remote_dir = tempfile::tempdir().unwrap();
@@ -38,15 +51,24 @@ impl Morning {
         let pw = secrets.join("origin.password");
         std::fs::write(&pw, PASSWORD).unwrap();
         std::fs::set_permissions(&pw, std::fs::Permissions::from_mode(0o600)).unwrap();
-        std::fs::write(
-            state.path().join("destinations.toml"),
-            format!(
-                "[remotes.origin]\nurl = \"{}\"\nreaders = \"private\"\nusername = \"nightshift\"\npassword_file = \"{}\"\n",
-                git_server.url(),
-                pw.display(),
-            ),
-        )
-        .unwrap();
+        let mut destinations = format!(
+            "[remotes.origin]\nurl = \"{}\"\nreaders = \"private\"\nusername = \"nightshift\"\npassword_file = \"{}\"\n",
+            git_server.url(),
+            pw.display(),
+        );
+        let forge = with_forge.then(|| {
+            let forge = ForgeServer::with_repo(FORGE_TOKEN, &bare);
+            let token = secrets.join("forge.token");
+            std::fs::write(&token, FORGE_TOKEN).unwrap();
+            std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+            destinations.push_str(&format!(
+                "\n[forges.forge]\napi = \"{}\"\nrepo = \"owner/name\"\nremote = \"origin\"\ntoken_file = \"{}\"\nreaders = \"private\"\n",
+                forge.url(),
+                token.display()
+            ));
+            forge
+        });
+        std::fs::write(state.path().join("destinations.toml"), destinations).unwrap();
         assert!(state.run(&["owner", "init"]).status.success());
         let key = state.path().join("owner.key");
         Morning {
@@ -55,6 +77,7 @@ impl Morning {
             _remote_dir: remote_dir,
             bare,
             git_server,
+            forge,
             key,
         }
     }
