@@ -49,11 +49,22 @@ pub fn destinations(store: &Store) -> Result<Destinations, String> {
 
 /// The most acts one run may request; past it every request is refused.
 pub const MAX_ACTS_PER_RUN: u64 = 200;
-/// (pending, approval) lifetimes from the state's configuration.
-fn ttls(store: &Store) -> (i64, i64) {
-    crate::config::Config::load(&store.paths().root.join("config.toml"))
-        .map(|c| c.queue_ttls())
-        .unwrap_or((7 * 24 * 3600, 24 * 3600))
+/// The queue's (pending, approval) lifetimes of this process: set once from
+/// the one configuration the process loaded and checked ([`use_queue_ttls`]),
+/// never read again from whatever file is at `STATE/config.toml`.
+static QUEUE_TTLS: std::sync::OnceLock<(i64, i64)> = std::sync::OnceLock::new();
+
+/// Sets the queue's lifetimes from the process's configuration
+/// ([`crate::config::Config::queue_ttls`]); the first call wins.
+pub fn use_queue_ttls(ttls: (i64, i64)) {
+    let _ = QUEUE_TTLS.set(ttls);
+}
+
+/// (pending, approval) lifetimes: the process's configuration's, or the
+/// documented defaults of an absent configuration when none was set (a
+/// library user that loaded none).
+fn ttls(_store: &Store) -> (i64, i64) {
+    *QUEUE_TTLS.get_or_init(|| crate::config::Config::default().queue_ttls())
 }
 
 fn now() -> i64 {

@@ -345,27 +345,29 @@ async fn dispatch(cli: Cli) -> i32 {
         Command::Policy(args) => policy_cmd(&root, args),
         Command::Freeze { why } => freeze_cmd(&root, &why),
         Command::Thaw { owner_key_file } => thaw_cmd(&root, owner_key_file.as_deref()),
-        Command::Kill { run, all, freeze } => {
-            kill_cmd(&root, config.as_deref(), run, all, freeze).await
-        }
+        Command::Kill { run, all, freeze } => kill_cmd(&root, run, all, freeze).await,
         Command::Watchdog { supervisor } => {
             watchdog_cmd(&root, config.as_deref(), &supervisor).await
         }
         Command::Reconcile => reconcile_cmd(&root, config.as_deref()).await,
-        Command::Queue { command, json } => queue_cmd(&root, command, json),
+        Command::Queue { command, json } => with_queue_config(&root, config.as_deref())
+            .and_then(|()| queue_cmd(&root, command, json)),
         Command::Approve {
             acts,
             owner_key_file,
-        } => decide_cmd(&root, &acts, owner_key_file.as_deref(), None),
+        } => with_queue_config(&root, config.as_deref())
+            .and_then(|()| decide_cmd(&root, &acts, owner_key_file.as_deref(), None)),
         Command::Reject {
             acts,
             why,
             owner_key_file,
-        } => decide_cmd(&root, &acts, owner_key_file.as_deref(), Some(&why)),
+        } => with_queue_config(&root, config.as_deref())
+            .and_then(|()| decide_cmd(&root, &acts, owner_key_file.as_deref(), Some(&why))),
         Command::Rebind {
             acts,
             owner_key_file,
-        } => rebind_cmd(&root, &acts, owner_key_file.as_deref()),
+        } => with_queue_config(&root, config.as_deref())
+            .and_then(|()| rebind_cmd(&root, &acts, owner_key_file.as_deref())),
     };
     match result {
         Ok(code) | Err(code) => code,
@@ -423,6 +425,14 @@ fn load_config(
     })
 }
 
+/// Loads and checks the process's one configuration and gives the queue its
+/// lifetimes from it: a broken file is an error, never silently defaults.
+fn with_queue_config(root: &std::path::Path, path: Option<&std::path::Path>) -> Result<(), i32> {
+    let config = load_config(root, path)?;
+    orchestrator::acts::use_queue_ttls(config.queue_ttls());
+    Ok(())
+}
+
 /// Opens the state, the engine and the fleet cgroup: what every command
 /// that starts or stops sandboxes needs.
 async fn supervisor(
@@ -454,6 +464,8 @@ async fn run_cmd(
     args: RunArgs,
 ) -> Result<i32, i32> {
     let config = load_config(root, config_path)?;
+    // The door queues acts with this run's configuration's lifetimes.
+    orchestrator::acts::use_queue_ttls(config.queue_ttls());
     let task = match (&args.task, &args.task_file) {
         (Some(t), _) => t.clone(),
         (None, Some(f)) => {
@@ -507,7 +519,7 @@ async fn run_cmd(
         caps,
         echo: !args.json,
     };
-    let record = perform(root, &config, req).await?;
+    let record = perform(root, &config, config_path, req).await?;
     if args.json {
         println!(
             "{}",
@@ -529,6 +541,7 @@ async fn run_cmd(
 async fn perform(
     root: &std::path::Path,
     config: &orchestrator::config::Config,
+    config_path: Option<&std::path::Path>,
     req: RunRequest,
 ) -> Result<RunRecord, i32> {
     // A freeze refuses a new run before the engine is asked anything, so it
@@ -544,7 +557,7 @@ async fn perform(
     if let Err(e) = orchestrator::killswitch::reconcile(&sup, None, "supervisor start").await {
         eprintln!("nightshift: reconciling: {e}");
     }
-    spawn_watchdog(root, &sup.identity);
+    spawn_watchdog(root, config_path, &sup.identity);
     let (tx, rx) = tokio::sync::watch::channel(None);
     let signals = tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
@@ -584,15 +597,19 @@ async fn perform(
 
 /// Starts the dead man's switch for this process: a separate process, in
 /// its own process group, that stops this supervisor's sandboxes if it dies.
-fn spawn_watchdog(root: &std::path::Path, identity: &str) {
+fn spawn_watchdog(root: &std::path::Path, config: Option<&std::path::Path>, identity: &str) {
     use std::os::unix::process::CommandExt;
     let Ok(exe) = std::env::current_exe() else {
         eprintln!("nightshift: warning: cannot find my own executable to start the watchdog");
         return;
     };
-    let spawned = std::process::Command::new(exe)
-        .arg("--state-dir")
-        .arg(root)
+    let mut command = std::process::Command::new(exe);
+    command.arg("--state-dir").arg(root);
+    // One config per process, passed on: the watchdog reads the run's.
+    if let Some(config) = config {
+        command.arg("--config").arg(config);
+    }
+    let spawned = command
         .args(["watchdog", "--supervisor", identity])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -604,9 +621,13 @@ fn spawn_watchdog(root: &std::path::Path, identity: &str) {
     }
 }
 
+/// The kill switch. It depends on nothing that may be broken: the sandboxes
+/// are stopped first, with only the engine and the state's tag (no config,
+/// no database, no cgroup); then it is recorded, and when the store cannot
+/// be opened in time, what was done is written to `STATE/killswitch.pending`
+/// for the next reconciliation to record.
 async fn kill_cmd(
     root: &std::path::Path,
-    config_path: Option<&std::path::Path>,
     run: Option<String>,
     all: bool,
     freeze: bool,
@@ -615,26 +636,67 @@ async fn kill_cmd(
         eprintln!("nightshift: name a run, or --all");
         return Err(exit::BAD_INPUT);
     }
-    let config = load_config(root, config_path)?;
-    let sup = supervisor(root, &config).await?;
-    if freeze {
-        let mut store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = orchestrator::policy::freeze(&mut store, None, "kill --all --freeze") {
-            // Already frozen is fine for a kill switch.
-            eprintln!("nightshift: {e}");
-        }
-    }
     let who = format!(
         "{} (nightshift kill)",
         std::env::var("USER").unwrap_or_else(|_| "operator".into())
     );
-    match orchestrator::killswitch::kill(&sup, run.as_deref(), &who).await {
+    let engine = connect().await?;
+    let state_tag = orchestrator::state_tag(root);
+    let stopped =
+        orchestrator::killswitch::stop_sandboxes(&engine, &state_tag, run.as_deref(), &who, freeze)
+            .await
+            .map_err(|e| {
+                eprintln!("nightshift: {e}");
+                exit::ENGINE
+            })?;
+    println!("killed {} sandbox(es)", stopped.containers.len());
+
+    // Now record it, if the store answers in time.
+    let paths = StatePaths::new(root.to_path_buf());
+    let opened = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        tokio::task::spawn_blocking(move || Store::open(paths)),
+    )
+    .await;
+    let store = match opened {
+        Ok(Ok(Ok(store))) => Ok(store),
+        Ok(Ok(Err(e))) => Err(e.to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the state store did not answer within 5 s".to_string()),
+    };
+    let store = match store {
+        Ok(store) => store,
+        Err(why) => {
+            return match orchestrator::killswitch::write_pending(root, &stopped) {
+                Ok(()) => {
+                    eprintln!(
+                        "nightshift: the kill is not recorded yet ({why}); it was written to {} and the next `nightshift reconcile` (or run) records it",
+                        orchestrator::killswitch::pending_path(root).display()
+                    );
+                    Ok(exit::OK)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "nightshift: the sandboxes were stopped, but the kill could not be recorded: {why}; writing {}: {e}",
+                        orchestrator::killswitch::pending_path(root).display()
+                    );
+                    Err(exit::STATE)
+                }
+            };
+        }
+    };
+    let identity = orchestrator::run::process_identity(std::process::id())
+        .unwrap_or_else(|| format!("{}:0", std::process::id()));
+    let sup = Supervisor {
+        engine,
+        store: Arc::new(Mutex::new(store)),
+        state_tag,
+        identity,
+        fleet: None,
+    };
+    match orchestrator::killswitch::record_kill(&sup, &stopped).await {
         Ok(k) => {
-            println!(
-                "killed {} sandbox(es) of {} run(s)",
-                k.containers,
-                k.runs.len()
-            );
+            println!("recorded the kill of {} run(s)", k.runs.len());
             for r in k.runs {
                 println!("  {r}");
             }
@@ -644,6 +706,10 @@ async fn kill_cmd(
             eprintln!("nightshift: {e}");
             Err(match e {
                 RunError::Store(StoreError::NoSuchRun(_)) => exit::BAD_INPUT,
+                RunError::Store(_) => {
+                    let _ = orchestrator::killswitch::write_pending(root, &stopped);
+                    exit::STATE
+                }
                 _ => exit::INTERNAL,
             })
         }
@@ -655,8 +721,10 @@ async fn watchdog_cmd(
     config_path: Option<&std::path::Path>,
     watched: &str,
 ) -> Result<i32, i32> {
-    let config = load_config(root, config_path)?;
-    let sup = supervisor(root, &config).await?;
+    // The supervisor's own config, checked; the watchdog creates nothing, so
+    // it never touches the fleet's limits.
+    let _config = load_config(root, config_path)?;
+    let sup = stopping_supervisor(root).await?;
     orchestrator::killswitch::watchdog(&sup, watched, std::time::Duration::from_millis(500))
         .await
         .map(|()| exit::OK)
@@ -666,12 +734,29 @@ async fn watchdog_cmd(
         })
 }
 
+/// What commands that only stop and settle sandboxes need: the state and
+/// the engine, never the fleet cgroup (whose limits only the process that
+/// creates sandboxes writes, from its own config).
+async fn stopping_supervisor(root: &std::path::Path) -> Result<Supervisor, i32> {
+    let store = open_store(root)?;
+    let engine = connect().await?;
+    let identity = orchestrator::run::process_identity(std::process::id())
+        .unwrap_or_else(|| format!("{}:0", std::process::id()));
+    Ok(Supervisor {
+        engine,
+        store: Arc::new(Mutex::new(store)),
+        state_tag: orchestrator::state_tag(root),
+        identity,
+        fleet: None,
+    })
+}
+
 async fn reconcile_cmd(
     root: &std::path::Path,
     config_path: Option<&std::path::Path>,
 ) -> Result<i32, i32> {
-    let config = load_config(root, config_path)?;
-    let sup = supervisor(root, &config).await?;
+    let _config = load_config(root, config_path)?;
+    let sup = stopping_supervisor(root).await?;
     match orchestrator::killswitch::reconcile(&sup, None, "nightshift reconcile").await {
         Ok(settled) => {
             println!("settled {} run(s)", settled.len());
@@ -854,6 +939,7 @@ async fn demo_cmd(
     config_path: Option<&std::path::Path>,
 ) -> Result<i32, i32> {
     let config = load_config(root, config_path)?;
+    orchestrator::acts::use_queue_ttls(config.queue_ttls());
     std::fs::create_dir_all(root).map_err(|e| {
         eprintln!("nightshift: creating {}: {e}", root.display());
         exit::STATE
@@ -890,7 +976,7 @@ async fn demo_cmd(
         caps: config.caps(),
         echo: true,
     };
-    let record = perform(root, &config, req).await?;
+    let record = perform(root, &config, config_path, req).await?;
     print_summary(&record);
     let state = root.display();
     println!();

@@ -300,6 +300,9 @@ async fn steps(
     if let Some(s) = stopped(&stop) {
         return Ok(Ended::Stopped(s));
     }
+    if let Some(by) = kill_or_freeze(sup, &id)? {
+        return Ok(Ended::KilledBy(by));
+    }
 
     // The door: the only way anything leaves the sandbox.
     crate::door::configure_worktree(&dest)
@@ -383,8 +386,18 @@ async fn steps(
         .fleet
         .as_ref()
         .and_then(|f| monitor::fleet_memory_hits(&f.layout, &f.name));
+    // Last look before the agent runs.
+    if let Some(by) = kill_or_freeze(sup, &id)? {
+        return Ok(Ended::KilledBy(by));
+    }
     held.started = true;
-    sup.engine.start(&container).await?;
+    if let Err(e) = sup.engine.start(&container).await {
+        // The kill switch removes a created container: that is its kill.
+        if let Some(by) = kill_or_freeze(sup, &id)? {
+            return Ok(Ended::KilledBy(by));
+        }
+        return Err(e.into());
+    }
     let started = Instant::now();
     record.status = "running".into();
     record.started_at = Some(now_rfc3339());
@@ -517,10 +530,28 @@ async fn steps(
     record.peak_memory_bytes = peak.peak_memory_bytes.map(|v| v as i64);
     record.cpu_ns = peak.cpu_ns.map(|v| v as i64);
     // How it ended, as observed: a kill switch request, or the kernel's OOM kill.
-    let killed_by = {
+    let read_kill = || -> Result<Option<String>, RunError> {
         let store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
-        store.kill_request(&record.id)?
+        Ok(store.kill_request(&record.id)?)
     };
+    let mut killed_by = read_kill()?;
+    if killed_by.is_none()
+        && matches!(ended, Ended::Exited)
+        && state.exit_code == Some(137)
+        && !state.oom_killed
+        && last.oom_kills.unwrap_or(0) == 0
+    {
+        // A SIGKILL from outside: the kill switch stops sandboxes first and
+        // records the request right after, so give the record a moment to
+        // land before calling this an ordinary exit.
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            killed_by = read_kill()?;
+            if killed_by.is_some() {
+                break;
+            }
+        }
+    }
     let ended = match ended {
         Ended::Exited if killed_by.is_some() => Ended::KilledBy(killed_by.unwrap_or_default()),
         Ended::Exited
@@ -672,6 +703,20 @@ async fn drain_output(
     }
     let _ = log.flush().await;
     (seen, kept)
+}
+
+/// The kill switch and the freeze, read again just before a step that would
+/// let the agent run: a kill or a freeze that came during worktree creation,
+/// or between creating the container and starting it, ends the run there
+/// (the kill switch cannot stop a sandbox that does not exist yet; it leaves
+/// a kill request, which is read here).
+fn kill_or_freeze(sup: &Supervisor, run: &str) -> Result<Option<String>, RunError> {
+    let store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(by) = store.kill_request(run)? {
+        return Ok(Some(by));
+    }
+    let rules = crate::policy::load(&store, None).map_err(|e| RunError::Policy(e.to_string()))?;
+    Ok(rules.freeze().map(|f| format!("the freeze ({})", f.reason)))
 }
 
 /// Imports what a run wrote (its commits and its observed state) into the

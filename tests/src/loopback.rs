@@ -447,9 +447,9 @@ impl ForgeServer {
                 ("GET", ["repos", owner, repo, "pulls"]) if authorized => {
                     let query = req.query.clone().unwrap_or_default();
                     let param = |k: &str| {
-                        query.split('&').find_map(|kv| {
-                            kv.strip_prefix(&format!("{k}=")).map(percent_decode)
-                        })
+                        query
+                            .split('&')
+                            .find_map(|kv| kv.strip_prefix(&format!("{k}=")).map(percent_decode))
                     };
                     let head = param("head")
                         .map(|h| h.split_once(':').map(|(_, b)| b.to_string()).unwrap_or(h));
