@@ -960,11 +960,7 @@ async fn demo_cmd(
     println!();
     println!("  nightshift --state-dir {state} show {}", record.id);
     println!("  nightshift --state-dir {state} audit verify");
-    Ok(if record.exit_code == Some(0) {
-        exit::OK
-    } else {
-        exit::FAILED
-    })
+    Ok(run_exit_code(&record))
 }
 
 fn owner_init(root: &std::path::Path) -> Result<i32, i32> {

@@ -1128,3 +1128,67 @@ async fn finish(
     sup.audit(&id, Event::RunEnded { status, reason }, true)?;
     result.map(|()| record.clone())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn record() -> RunRecord {
+        RunRecord {
+            id: "r1".into(),
+            status: "running".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_whole_import_keeps_the_ending() {
+        let mut r = record();
+        r.observed = Some(serde_json::json!({"tree": "t", "history_dropped": null}));
+        let (status, reason) = status_after_import(&mut r, "exited 0".into(), None, Path::new(""));
+        assert_eq!((status.as_str(), reason), ("exited 0", None));
+        r.status = status;
+        assert_eq!(import_state(&r), ImportState::Whole);
+    }
+
+    #[test]
+    fn a_dropped_history_is_in_the_status_and_the_state() {
+        let mut r = record();
+        r.observed = Some(serde_json::json!({
+            "history_dropped": {"kind": "bad_tip", "why": "the agent's branch names no commit"}
+        }));
+        let (status, _) =
+            status_after_import(&mut r, "killed: timeout 2s".into(), None, Path::new(""));
+        assert_eq!(
+            status,
+            "killed: timeout 2s (history dropped: the agent's branch names no commit)"
+        );
+        r.status = status;
+        assert_eq!(import_state(&r), ImportState::HistoryDropped);
+    }
+
+    #[test]
+    fn a_failed_import_names_the_failure_and_keeps_the_ending_for_a_retry() {
+        let mut r = record();
+        let failure = ImportFailure {
+            kind: "host_locked",
+            message: "importing the worktree: updating refs/nightshift/runs/r1".into(),
+        };
+        let wt = Path::new("/state/worktrees/r1");
+        let (status, reason) = status_after_import(&mut r, "exited 3".into(), Some(&failure), wt);
+        assert_eq!(
+            status,
+            "import failed: importing the worktree: updating refs/nightshift/runs/r1"
+        );
+        let reason = reason.unwrap();
+        assert!(reason.contains("/state/worktrees/r1"), "{reason}");
+        assert!(reason.contains("`nightshift import r1`"), "{reason}");
+        let kept = &r.observed.as_ref().unwrap()["import_failed"];
+        assert_eq!(kept["ended"], "exited 3");
+        assert_eq!(kept["kind"], "host_locked");
+        r.status = status;
+        assert_eq!(import_state(&r), ImportState::Failed);
+    }
+}
