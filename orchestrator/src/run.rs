@@ -6,8 +6,9 @@
 //!   attestation, and the attestation is an audit entry either way.
 //! - Whatever the ending (exit, error, refusal, SIGINT/SIGTERM), the container
 //!   is removed, the worktree is imported if it existed (nothing the run wrote
-//!   is lost) and then removed, and a `run_ended` entry says how it ended.
-//! - The worktree is removed only after its import succeeded. An import that
+//!   is lost) and then removed once the import succeeded, and a `run_ended`
+//!   entry says how it ended.
+//! - An import that
 //!   cannot complete (the host's side: its repository locked or gone, a write
 //!   refused) keeps the worktree, ends the run as `import failed: ...`
 //!   (audited `import_failed`), and `nightshift import RUN` retries it
