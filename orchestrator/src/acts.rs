@@ -13,8 +13,15 @@
 //!   message's body is kept in the state store and bound by its digest.
 //! - Every queue transition is written with its audit entry in one
 //!   transaction, conditioned on the state it moves from; an approved act is
-//!   re-checked immediately before it is carried out, and a changed
-//!   destination or policy makes it stale instead of executing.
+//!   re-checked under the executor lock immediately before it is carried
+//!   out: a changed destination (the push's lease), or a rule in force that
+//!   now refuses the act, makes it stale instead of executing. A rule change
+//!   that does not refuse it (another run's tier-1 rule, a freeze and thaw)
+//!   stales nothing; while frozen, nothing is approved or carried out.
+//! - A stale act is left only by a person: rejected, or re-bound (a new
+//!   pending act with the same content bound to the destination as it is
+//!   now), which needs one more approval; nothing is carried out against a
+//!   state nobody approved.
 
 use std::path::{Path, PathBuf};
 
@@ -505,8 +512,53 @@ pub fn reject(store: &mut Store, id: &str, why: &str, key: Option<&Path>) -> Res
     Ok(())
 }
 
-/// The act's digest as it would be if created now: the remote's current
-/// ref for a push, the policy's current generation.
+/// The policy request an act made when it was queued, rebuilt from what the
+/// act binds: its door, its actor and its routing (never its content).
+pub fn act_policy_request(act: &Act) -> policies::Request {
+    let args = match (&act.routing.target, &act.content) {
+        (Target::Push { target_ref, .. }, Content::Commit { commit }) => {
+            json!({"remote": act.routing.destination, "ref": target_ref, "commit": commit})
+        }
+        (Target::PullRequest { base_ref, head_ref }, Content::PullRequest { head_commit, .. }) => {
+            json!({
+                "remote": act.routing.destination,
+                "base": base_ref,
+                "head": head_ref,
+                "commit": head_commit,
+            })
+        }
+        _ if act.door == Door::Ask => json!({}),
+        _ => json!({"destination": act.routing.destination}),
+    };
+    policies::Request {
+        actor: Some(act.actor.clone()),
+        door: act.door.name().to_string(),
+        args,
+        scope: None,
+    }
+}
+
+/// Why the rules in force now refuse an act, if they do. A freeze is not a
+/// refusal of the act (it suspends everything; see [`frozen`]); neither is a
+/// rule declared, retired or ratified since the act was queued, unless it now
+/// refuses this very act.
+fn refused_now(rules: &policies::RuleSet, act: &Act) -> Option<String> {
+    let decision = policies::evaluate(rules, &act_policy_request(act), crate::policy::now());
+    (decision.verdict == policies::Verdict::Refuse)
+        .then(|| format!("rule {} now refuses it: {}", decision.rule, decision.reason))
+}
+
+/// The freeze in force, if any, as a sentence for the owner.
+pub fn frozen(store: &Store) -> Result<Option<String>, String> {
+    let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
+    Ok(rules.freeze().map(|f| f.reason.clone()))
+}
+
+/// The act's digest as it would be if created now: the remote's current ref
+/// for a push. The policy generation is the act's own: a rule change moves
+/// the generation but stales nothing unless the rules in force now refuse
+/// this act, which makes the recomputed digest differ (so the act goes stale
+/// with the rule named).
 fn recompute(store: &Store, dest: &Destinations, act: &Act) -> Result<String, String> {
     let mut now_act = act.clone();
     if let (Door::Push, Target::Push { target_ref, .. }) = (&act.door, &act.routing.target) {
@@ -524,18 +576,41 @@ fn recompute(store: &Store, dest: &Destinations, act: &Act) -> Result<String, St
         };
     }
     let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
-    if rules.freeze().is_some() {
-        return Err("nightshift is frozen".into());
+    if let Some(why) = refused_now(&rules, act) {
+        return Err(why);
     }
-    now_act.policy_generation = rules.generation().to_string();
     Ok(deferred_queue::act_digest(&now_act))
 }
 
-/// Approves an act (owner's credential) and carries it out at once.
-pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<String, String> {
+/// What `approve` did with one act: a line for the owner, and whether the
+/// act was carried out (anything else makes `approve` exit non-zero).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    pub line: String,
+    pub carried_out: bool,
+}
+
+impl Decided {
+    fn not_carried(line: String) -> Self {
+        Decided {
+            line,
+            carried_out: false,
+        }
+    }
+}
+
+/// Approves an act (owner's credential) and carries it out at once. While
+/// nightshift is frozen nothing is approved or carried out (an error, so
+/// the owner sees it); the act stays as it was.
+pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<Decided, String> {
     let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let lock = executor_lock(store)?;
+    if let Some(why) = frozen(store)? {
+        return Err(format!(
+            "nightshift is frozen ({why}): act {id} was neither approved nor carried out; thaw first"
+        ));
+    }
     recover(store, &lock)?;
     let row = rows(store, Some(id))
         .map_err(|e| e.to_string())?
@@ -544,6 +619,11 @@ pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<String
     // Approved before a crash, never carried out: carry it out now.
     if matches!(row.state, State::Approved { .. }) {
         return execute(store, &row);
+    }
+    if let State::Stale { why } = &row.state {
+        return Ok(Decided::not_carried(format!(
+            "act {id}: stale ({why}); see `nightshift queue show {id}`, then `nightshift rebind {id}` to bind it to the destination as it is now"
+        )));
     }
     let (state, _) = step(
         store,
@@ -559,8 +639,16 @@ pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<String
     execute(store, &row)
 }
 
-/// Re-checks and carries out an approved act; the outcome is stored.
-pub fn execute(store: &mut Store, row: &Row) -> Result<String, String> {
+/// Re-checks and carries out an approved act; the outcome is stored. While
+/// frozen, an approved act waits (it is neither carried out nor staled).
+pub fn execute(store: &mut Store, row: &Row) -> Result<Decided, String> {
+    if let Some(why) = frozen(store)? {
+        return Ok(Decided::not_carried(format!(
+            "act {}: {}, not carried out: nightshift is frozen ({why})",
+            row.act.id,
+            row.state.name()
+        )));
+    }
     let dest = destinations(store)?;
     let recomputed = match recompute(store, &dest, &row.act) {
         Ok(d) => d,
@@ -578,7 +666,15 @@ pub fn execute(store: &mut Store, row: &Row) -> Result<String, String> {
         deferred_queue::Effect::Execute { attempt, .. } => Some(*attempt),
         _ => None,
     }) else {
-        return Ok(format!("act {}: {}", row.act.id, state.name()));
+        let why = match &state {
+            State::Stale { why } | State::Expired { why } => format!(" ({why})"),
+            _ => String::new(),
+        };
+        return Ok(Decided::not_carried(format!(
+            "act {}: {}{why}",
+            row.act.id,
+            state.name()
+        )));
     };
     let row = Row {
         state,
@@ -610,7 +706,167 @@ pub fn execute(store: &mut Store, row: &Row) -> Result<String, String> {
         State::Failed { reason, .. } => format!(" ({reason})"),
         _ => String::new(),
     };
-    Ok(format!("act {}: {}{why}", row.act.id, state.name()))
+    Ok(Decided {
+        line: format!("act {}: {}{why}", row.act.id, state.name()),
+        carried_out: matches!(state, State::Done { .. }),
+    })
+}
+
+/// What changed under a stale act, for the owner: the lease it was bound to
+/// and what the destination holds now (pushes), and whether the rules in
+/// force still let it through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleView {
+    pub why: String,
+    /// A push's lease: what it was bound to and what the remote holds now.
+    pub lease: Option<LeaseView>,
+    pub refused_now: Option<String>,
+}
+
+/// A push's remote ref: the value the act was bound to, and the value now
+/// (or why it could not be read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    pub bound: Option<String>,
+    pub now: Result<Option<String>, String>,
+}
+
+pub fn stale_view(store: &Store, row: &Row) -> Option<StaleView> {
+    let State::Stale { why } = &row.state else {
+        return None;
+    };
+    let lease = match &row.act.routing.target {
+        Target::Push {
+            target_ref,
+            expected_old,
+        } => {
+            let current = destinations(store).and_then(|dest| {
+                let remote = dest
+                    .remotes
+                    .get(&row.act.routing.destination)
+                    .ok_or_else(|| "the remote is no longer configured".to_string())?;
+                orchestrator_executors::remote_ref(remote, target_ref).map_err(|e| e.audit_reason())
+            });
+            Some(LeaseView {
+                bound: expected_old.clone(),
+                now: current,
+            })
+        }
+        _ => None,
+    };
+    let refused_now = crate::policy::load(store, None)
+        .map_err(|e| e.to_string())
+        .map(|rules| refused_now(&rules, &row.act))
+        .unwrap_or_else(|e| Some(format!("the policy could not be read: {e}")));
+    Some(StaleView {
+        why: why.clone(),
+        lease,
+        refused_now,
+    })
+}
+
+/// Re-binds a stale act to the destination as it is now (owner's
+/// credential): a new pending act with the same content and routing, bound
+/// to the remote ref's current value and the rules in force, which needs one
+/// more approval; the stale act is closed (rejected, naming the new one).
+/// Never carries anything out. Returns the new act's id and a line.
+pub fn rebind(store: &mut Store, id: &str, key: Option<&Path>) -> Result<(String, String), String> {
+    let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
+        .map_err(|e| e.to_string())?;
+    let _lock = executor_lock(store)?;
+    let row = rows(store, Some(id))
+        .map_err(|e| e.to_string())?
+        .pop()
+        .ok_or_else(|| format!("no act with id {id}"))?;
+    if !matches!(row.state, State::Stale { .. }) {
+        return Err(format!(
+            "act {id} is {}, not stale: only a stale act is re-bound",
+            row.state.name()
+        ));
+    }
+    let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
+    if let Some(freeze) = rules.freeze() {
+        return Err(format!(
+            "nightshift is frozen ({}): thaw first",
+            freeze.reason
+        ));
+    }
+    let decision = policies::evaluate(&rules, &act_policy_request(&row.act), crate::policy::now());
+    if decision.verdict == policies::Verdict::Refuse {
+        return Err(format!(
+            "act {id} cannot be re-bound: rule {} now refuses it: {}",
+            decision.rule, decision.reason
+        ));
+    }
+    let dest = destinations(store)?;
+    let mut act = row.act.clone();
+    let mut change = String::new();
+    if let Target::Push {
+        target_ref,
+        expected_old,
+    } = &row.act.routing.target
+    {
+        let remote = dest.remotes.get(&act.routing.destination).ok_or_else(|| {
+            format!(
+                "remote {:?} is no longer configured",
+                act.routing.destination
+            )
+        })?;
+        let current =
+            orchestrator_executors::remote_ref(remote, target_ref).map_err(|e| e.audit_reason())?;
+        change = format!(
+            "; lease {} -> {}",
+            expected_old.as_deref().unwrap_or("(absent)"),
+            current.as_deref().unwrap_or("(absent)")
+        );
+        act.routing.target = Target::Push {
+            target_ref: target_ref.clone(),
+            expected_old: current,
+        };
+    }
+    let new_id = format!("a{}", ulid::Ulid::new().to_string().to_lowercase());
+    let created = now();
+    act.id = new_id.clone();
+    act.policy_generation = decision.generation.to_string();
+    act.deciding_rules = match &decision.rule {
+        policies::Decider::Rule(r) => vec![r.to_string()],
+        other => vec![other.to_string()],
+    };
+    act.created_at = created;
+    act.expires_at = created + ttls(store).0;
+    // The new act first: a crash between the two writes leaves the stale act
+    // open beside the new one, never the content without an act.
+    store
+        .put_act(
+            &new_id,
+            &act.run,
+            &serde_json::to_value(&act).unwrap_or_default(),
+            &serde_json::to_value(State::Pending).unwrap_or_default(),
+            row.content.as_deref(),
+            &Event::Act {
+                act: new_id.clone(),
+                transition: "queued".into(),
+                fields: json!({
+                    "door": act.door.name(),
+                    "digest": deferred_queue::act_digest(&act),
+                    "generation": act.policy_generation,
+                    "rebinds": id,
+                }),
+            },
+        )
+        .map_err(|e| format!("queueing the re-bound act: {e}"))?;
+    step(
+        store,
+        &row,
+        &deferred_queue::Event::Reject {
+            why: format!("re-bound as act {new_id}"),
+            by,
+        },
+    )?;
+    Ok((
+        new_id.clone(),
+        format!("act {id}: re-bound as act {new_id}{change}; approve {new_id} to carry it out"),
+    ))
 }
 
 fn carry_out(
@@ -755,11 +1011,11 @@ pub fn recover(store: &mut Store, _lock: &ExecutorLock) -> Result<Vec<String>, S
             ));
             let row = Row { state, ..row };
             if matches!(row.state, State::AwaitingRetry { .. }) {
-                lines.push(execute(store, &row)?);
+                lines.push(execute(store, &row)?.line);
             }
         } else if let State::AwaitingRetry { not_before, .. } = row.state {
             if not_before <= now() {
-                lines.push(execute(store, &row)?);
+                lines.push(execute(store, &row)?.line);
             }
         }
     }

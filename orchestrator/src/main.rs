@@ -94,6 +94,14 @@ enum Command {
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
         owner_key_file: Option<PathBuf>,
     },
+    /// Re-bind stale acts to their destination as it is now (owner): each
+    /// becomes a new pending act with the same content, to approve again.
+    Rebind {
+        #[arg(required = true)]
+        acts: Vec<String>,
+        #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
+        owner_key_file: Option<PathBuf>,
+    },
     /// Reject acts (needs the owner's credential).
     Reject {
         #[arg(required = true)]
@@ -357,6 +365,10 @@ async fn dispatch(cli: Cli) -> i32 {
             why,
             owner_key_file,
         } => decide_cmd(&root, &acts, owner_key_file.as_deref(), Some(&why)),
+        Command::Rebind {
+            acts,
+            owner_key_file,
+        } => rebind_cmd(&root, &acts, owner_key_file.as_deref()),
     };
     match result {
         Ok(code) | Err(code) => code,
@@ -1300,6 +1312,38 @@ fn queue_cmd(
             row.state.name()
         );
         println!("destination: {}", row.act.routing.destination);
+        if let Some(stale) = orchestrator::acts::stale_view(&store, row) {
+            println!(
+                "stale: {}",
+                orchestrator::sandbox::sanitize_for_terminal(stale.why.as_bytes())
+            );
+            if let Some(orchestrator::acts::LeaseView { bound, now }) = &stale.lease {
+                println!(
+                    "  bound to the remote ref at: {}",
+                    bound.as_deref().unwrap_or("(absent)")
+                );
+                match now {
+                    Ok(now) => println!(
+                        "  the remote ref is now at:   {}",
+                        now.as_deref().unwrap_or("(absent)")
+                    ),
+                    Err(e) => println!(
+                        "  the remote ref cannot be read now: {}",
+                        orchestrator::sandbox::sanitize_for_terminal(e.as_bytes())
+                    ),
+                }
+            }
+            match &stale.refused_now {
+                Some(why) => println!(
+                    "  it cannot be re-bound: {}",
+                    orchestrator::sandbox::sanitize_for_terminal(why.as_bytes())
+                ),
+                None => println!(
+                    "  re-bind it to the destination as it is now (then approve again): nightshift rebind {}",
+                    row.act.id
+                ),
+            }
+        }
         match (&row.act.routing.target, &row.act.content) {
             (
                 deferred_queue::Target::Push {
@@ -1313,6 +1357,43 @@ fn queue_cmd(
                     expected_old.as_deref().unwrap_or("nothing")
                 );
                 let run = store.run(&row.act.run).map_err(store_err)?;
+                if let Some(orchestrator::acts::StaleView {
+                    lease:
+                        Some(orchestrator::acts::LeaseView {
+                            now: Ok(Some(now)), ..
+                        }),
+                    ..
+                }) = orchestrator::acts::stale_view(&store, row)
+                {
+                    // What the destination gained since the act was bound,
+                    // when those objects are in the repository.
+                    let out = std::process::Command::new("git")
+                        .arg("-C")
+                        .arg(&run.repo)
+                        .args([
+                            "-c",
+                            "core.pager=cat",
+                            "diff",
+                            "--no-ext-diff",
+                            "--no-textconv",
+                            "--stat",
+                            &now,
+                            commit,
+                        ])
+                        .output();
+                    match out {
+                        Ok(out) if out.status.success() => {
+                            println!("from the remote's new {now} to this act's commit:");
+                            print!(
+                                "{}",
+                                orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
+                            );
+                        }
+                        _ => println!(
+                            "  (the remote's new commit is not in the repository: fetch it to see what changed)"
+                        ),
+                    }
+                }
                 let base = run.base_commit.unwrap_or_default();
                 let out = std::process::Command::new("git")
                     .arg("-C")
@@ -1422,6 +1503,29 @@ fn queue_cmd(
     Ok(exit::OK)
 }
 
+fn rebind_cmd(
+    root: &std::path::Path,
+    acts: &[String],
+    key: Option<&std::path::Path>,
+) -> Result<i32, i32> {
+    let mut store = open_store(root)?;
+    let mut code = exit::OK;
+    for id in acts {
+        match orchestrator::acts::rebind(&mut store, id, key) {
+            Ok((_, line)) => println!("{line}"),
+            Err(e) => {
+                eprintln!("nightshift: {e}");
+                code = if e.contains("credential") || e.contains("frozen") {
+                    exit::DENIED
+                } else {
+                    exit::FAILED
+                };
+            }
+        }
+    }
+    Ok(code)
+}
+
 fn decide_cmd(
     root: &std::path::Path,
     acts: &[String],
@@ -1432,15 +1536,25 @@ fn decide_cmd(
     let mut code = exit::OK;
     for id in acts {
         let result = match reject_why {
-            Some(why) => orchestrator::acts::reject(&mut store, id, why, key)
-                .map(|()| format!("act {id}: rejected")),
+            Some(why) => orchestrator::acts::reject(&mut store, id, why, key).map(|()| {
+                orchestrator::acts::Decided {
+                    line: format!("act {id}: rejected"),
+                    carried_out: true,
+                }
+            }),
             None => orchestrator::acts::approve(&mut store, id, key),
         };
         match result {
-            Ok(line) => println!("{line}"),
+            Ok(decided) => {
+                println!("{}", decided.line);
+                // An approval that was not carried out is not a success.
+                if !decided.carried_out && code == exit::OK {
+                    code = exit::FAILED;
+                }
+            }
             Err(e) => {
                 eprintln!("nightshift: {e}");
-                code = if e.contains("credential") {
+                code = if e.contains("credential") || e.contains("frozen") {
                     exit::DENIED
                 } else {
                     exit::FAILED

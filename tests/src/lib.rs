@@ -256,3 +256,4 @@ pub fn wait_for_file(path: &Path) {
 }
 
 pub mod loopback;
+pub mod morning;
