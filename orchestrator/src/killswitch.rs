@@ -18,8 +18,10 @@
 //!   that has vanished; a later supervisor does the same at start. Nothing
 //!   inside a sandbox can reach either.
 //! - An orphaned run is settled once (a claim row in the store): its
-//!   containers removed, what it wrote imported, its worktree removed, its
-//!   record and the audit saying what happened.
+//!   containers removed, what it wrote imported, its worktree removed (only
+//!   once the import succeeded; a failed import keeps it and ends the run as
+//!   `import failed: ...`, for `nightshift import`), its record and the audit
+//!   saying what happened.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -169,7 +171,10 @@ pub async fn record_kill(sup: &Supervisor, stopped: &Stopped) -> Result<Killed, 
             .as_deref()
             .map(identity_alive)
             .unwrap_or(false);
-        if !alive && !record.status.starts_with("exited") && !record.status.starts_with("killed") {
+        let ended = ["exited", "killed", "import failed"]
+            .iter()
+            .any(|s| record.status.starts_with(s));
+        if !alive && !ended {
             settle_orphan(sup, r, "kill switch").await?;
         }
     }
@@ -306,17 +311,24 @@ pub async fn settle_orphan(sup: &Supervisor, run: &str, by: &str) -> Result<bool
         },
         false,
     )?;
-    // Keep what the run wrote, as for any run.
+    // Keep what the run wrote, as for any run; the worktree goes only once
+    // its import succeeded.
     let worktree = lock(sup).paths().worktrees().join(run);
+    let mut failure = None;
     if worktree.exists() {
-        if let Err(e) = crate::run::import_into(sup, &mut record, &worktree).await {
-            record.reason = Some(e);
+        match crate::run::import_into(&sup.store, &mut record, &worktree).await {
+            Ok(()) => {
+                let wt = worktree.clone();
+                let _ = tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&wt))
+                    .await;
+            }
+            Err(e) => failure = Some(e),
         }
-        let wt = worktree.clone();
-        let _ = tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&wt)).await;
     }
+    let (status, import_reason) =
+        crate::run::status_after_import(&mut record, status, failure.as_ref(), &worktree);
     record.status = status.clone();
-    record.reason = Some(match record.reason.take() {
+    record.reason = Some(match import_reason {
         Some(why) => format!("settled by {by}; {why}"),
         None => format!("settled by {by}"),
     });

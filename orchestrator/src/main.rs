@@ -119,6 +119,8 @@ enum Command {
     },
     /// Find sandboxes and runs whose supervisor vanished, and settle them.
     Reconcile,
+    /// Retry the import of a run whose import failed (its worktree was kept).
+    Import { run: String },
     /// End a freeze (needs the owner's credential).
     Thaw {
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
@@ -350,6 +352,7 @@ async fn dispatch(cli: Cli) -> i32 {
             watchdog_cmd(&root, config.as_deref(), &supervisor).await
         }
         Command::Reconcile => reconcile_cmd(&root, config.as_deref()).await,
+        Command::Import { run } => import_cmd(&root, &run).await,
         Command::Queue { command, json } => with_queue_config(&root, config.as_deref())
             .and_then(|()| queue_cmd(&root, command, json)),
         Command::Approve {
@@ -528,13 +531,48 @@ async fn run_cmd(
     } else {
         print_summary(&record);
     }
-    Ok(
-        if record.exit_code == Some(0) && record.status.starts_with("exited") {
+    Ok(run_exit_code(&record))
+}
+
+/// A run's exit code: an import that failed or dropped the history says so
+/// before the agent's own ending does (never success when work is missing).
+fn run_exit_code(record: &RunRecord) -> i32 {
+    match run::import_state(record) {
+        run::ImportState::Failed => exit::IMPORT_FAILED,
+        run::ImportState::HistoryDropped => exit::NOT_WHOLE,
+        run::ImportState::Whole
+            if record.exit_code == Some(0) && record.status.starts_with("exited") =>
+        {
             exit::OK
-        } else {
-            exit::FAILED
-        },
-    )
+        }
+        run::ImportState::Whole => exit::FAILED,
+    }
+}
+
+/// `nightshift import RUN`: retries a failed import (see `run::retry_import`).
+async fn import_cmd(root: &std::path::Path, id: &str) -> Result<i32, i32> {
+    let store = Mutex::new(open_store(root)?);
+    match run::retry_import(&store, id).await {
+        Ok(record) => {
+            print_summary(&record);
+            Ok(match run::import_state(&record) {
+                run::ImportState::HistoryDropped => exit::NOT_WHOLE,
+                _ => exit::OK,
+            })
+        }
+        Err(e) => {
+            eprintln!("nightshift: {e}");
+            Err(match e {
+                run::RetryError::NothingToRetry { .. } => exit::BAD_INPUT,
+                run::RetryError::Store(StoreError::NoSuchRun(_)) => exit::BAD_INPUT,
+                run::RetryError::Store(_) => exit::STATE,
+                run::RetryError::Failed { .. } => exit::IMPORT_FAILED,
+                run::RetryError::WorktreeGone { .. } | run::RetryError::Lock { .. } => {
+                    exit::INTERNAL
+                }
+            })
+        }
+    }
 }
 
 /// Runs one request with signal handling; maps errors to exit codes.
@@ -1020,11 +1058,7 @@ async fn demo_cmd(
     println!();
     println!("  nightshift --state-dir {state} show {}", record.id);
     println!("  nightshift --state-dir {state} audit verify");
-    Ok(if record.exit_code == Some(0) {
-        exit::OK
-    } else {
-        exit::FAILED
-    })
+    Ok(run_exit_code(&record))
 }
 
 fn owner_init(root: &std::path::Path) -> Result<i32, i32> {
