@@ -12,7 +12,21 @@ use orchestrator::exit;
 use orchestrator::run::{self, RunError, RunRequest, Stop, Supervisor};
 use orchestrator::sandbox::Caps;
 use orchestrator::store::{RunRecord, StatePaths, Store, StoreError};
+use orchestrator::terminal;
 use orchestrator::{demo, image};
+
+// Everything a command prints goes through `orchestrator::terminal` (its
+// note says why): agent-made values through `line` / `block` first.
+macro_rules! outln {
+    () => { orchestrator::terminal::out(format_args!("\n")) };
+    ($($t:tt)*) => { orchestrator::terminal::out(format_args!("{}\n", format_args!($($t)*))) };
+}
+macro_rules! out {
+    ($($t:tt)*) => { orchestrator::terminal::out(format_args!($($t)*)) };
+}
+macro_rules! errln {
+    ($($t:tt)*) => { orchestrator::terminal::err(format_args!("{}\n", format_args!($($t)*))) };
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -289,11 +303,15 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("nightshift: starting the async runtime: {e}");
+            errln!("nightshift: starting the async runtime: {e}");
             return ExitCode::from(exit::INTERNAL as u8);
         }
     };
     let code = runtime.block_on(dispatch(cli));
+    // Output cut short by anything but a closed pipe is not a success.
+    if code == exit::OK && orchestrator::terminal::stdout_failed() {
+        return ExitCode::from(exit::INTERNAL as u8);
+    }
     ExitCode::from(code as u8)
 }
 
@@ -307,14 +325,14 @@ fn state_root(cli: &Cli) -> PathBuf {
 
 fn open_store(root: &std::path::Path) -> Result<Store, i32> {
     Store::open(StatePaths::new(root.to_path_buf())).map_err(|e| {
-        eprintln!("nightshift: {e}");
+        errln!("nightshift: {e}");
         exit::STATE
     })
 }
 
 async fn connect() -> Result<Engine, i32> {
     Engine::connect().await.map_err(|e| {
-        eprintln!("nightshift: {e}");
+        errln!("nightshift: {e}");
         exit::ENGINE
     })
 }
@@ -363,13 +381,13 @@ async fn dispatch(cli: Cli) -> i32 {
 async fn image_cmd(root: &std::path::Path, command: ImageCommand) -> Result<i32, i32> {
     match command {
         ImageCommand::Ref => {
-            println!("{}", image::default_reference());
+            outln!("{}", image::default_reference());
             Ok(exit::OK)
         }
         ImageCommand::Build { mirror } => {
             let engine = connect().await?;
             let reference = build_image(&engine, root, &mirror).await?;
-            println!("{reference}");
+            outln!("{reference}");
             Ok(exit::OK)
         }
     }
@@ -378,11 +396,11 @@ async fn image_cmd(root: &std::path::Path, command: ImageCommand) -> Result<i32,
 async fn build_image(engine: &Engine, root: &std::path::Path, mirror: &str) -> Result<String, i32> {
     let paths = StatePaths::new(root.to_path_buf());
     image::build(engine, &paths.image_build(), mirror, |line| {
-        eprintln!("image: {line}")
+        errln!("image: {line}")
     })
     .await
     .map_err(|e| {
-        eprintln!("nightshift: building the image: {e}");
+        errln!("nightshift: building the image: {e}");
         match e {
             image::ImageError::Engine(EngineError::Unreachable { .. }) => exit::ENGINE,
             _ => exit::INTERNAL,
@@ -406,7 +424,7 @@ fn load_config(
         .map(std::path::Path::to_path_buf)
         .unwrap_or_else(|| root.join("config.toml"));
     orchestrator::config::Config::load(&path).map_err(|e| {
-        eprintln!("nightshift: {e}");
+        errln!("nightshift: {e}");
         exit::BAD_INPUT
     })
 }
@@ -422,7 +440,7 @@ async fn supervisor(
     let state_tag = orchestrator::state_tag(root);
     let fleet =
         orchestrator::run::FleetHandle::ensure(&state_tag, &config.fleet()).map_err(|e| {
-            eprintln!("nightshift: {e}");
+            errln!("nightshift: {e}");
             exit::INTERNAL
         })?;
     let identity = orchestrator::run::process_identity(std::process::id())
@@ -449,7 +467,7 @@ async fn run_cmd(
             std::fs::File::open(f)
                 .and_then(|mut h| h.read_to_string(&mut text))
                 .map_err(|e| {
-                    eprintln!("nightshift: reading the task file {}: {e}", f.display());
+                    errln!("nightshift: reading the task file {}: {e}", f.display());
                     exit::BAD_INPUT
                 })?;
             text
@@ -460,7 +478,7 @@ async fn run_cmd(
     let fleet = config.fleet();
     if let Some(cpus) = args.cpus {
         if !(cpus > 0.0 && cpus <= fleet.cpus) {
-            eprintln!(
+            errln!(
                 "nightshift: --cpus {cpus} must be above 0 and at most the fleet's {} cpus",
                 fleet.cpus
             );
@@ -497,10 +515,7 @@ async fn run_cmd(
     };
     let record = perform(root, &config, req).await?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&record).unwrap_or_default()
-        );
+        outln!("{}", terminal::json(&record, true));
     } else {
         print_summary(&record);
     }
@@ -523,14 +538,14 @@ async fn perform(
     // holds with the engine down too; `run::execute` checks it again.
     if let Ok(set) = orchestrator::policy::load(&open_store(root)?, None) {
         if let Some(freeze) = set.freeze() {
-            eprintln!("nightshift: {}", RunError::Frozen(freeze.reason.clone()));
+            errln!("nightshift: {}", RunError::Frozen(freeze.reason.clone()));
             return Err(exit::DENIED);
         }
     }
     let sup = supervisor(root, config).await?;
     // Sandboxes left by a supervisor that vanished are settled first.
     if let Err(e) = orchestrator::killswitch::reconcile(&sup, None, "supervisor start").await {
-        eprintln!("nightshift: reconciling: {e}");
+        errln!("nightshift: reconciling: {e}");
     }
     spawn_watchdog(root, &sup.identity);
     let (tx, rx) = tokio::sync::watch::channel(None);
@@ -551,7 +566,7 @@ async fn perform(
     let result = run::execute(&sup, req, rx).await;
     signals.abort();
     result.map_err(|e| {
-        eprintln!("nightshift: {e}");
+        errln!("nightshift: {e}");
         match e {
             RunError::BadInput(_) => exit::BAD_INPUT,
             RunError::Engine(EngineError::ImageMissing(_)) => exit::IMAGE_MISSING,
@@ -575,7 +590,7 @@ async fn perform(
 fn spawn_watchdog(root: &std::path::Path, identity: &str) {
     use std::os::unix::process::CommandExt;
     let Ok(exe) = std::env::current_exe() else {
-        eprintln!("nightshift: warning: cannot find my own executable to start the watchdog");
+        errln!("nightshift: warning: cannot find my own executable to start the watchdog");
         return;
     };
     let spawned = std::process::Command::new(exe)
@@ -588,7 +603,7 @@ fn spawn_watchdog(root: &std::path::Path, identity: &str) {
         .process_group(0)
         .spawn();
     if let Err(e) = spawned {
-        eprintln!("nightshift: warning: starting the watchdog: {e}");
+        errln!("nightshift: warning: starting the watchdog: {e}");
     }
 }
 
@@ -600,7 +615,7 @@ async fn kill_cmd(
     freeze: bool,
 ) -> Result<i32, i32> {
     if run.is_none() && !all {
-        eprintln!("nightshift: name a run, or --all");
+        errln!("nightshift: name a run, or --all");
         return Err(exit::BAD_INPUT);
     }
     let config = load_config(root, config_path)?;
@@ -609,7 +624,7 @@ async fn kill_cmd(
         let mut store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = orchestrator::policy::freeze(&mut store, None, "kill --all --freeze") {
             // Already frozen is fine for a kill switch.
-            eprintln!("nightshift: {e}");
+            errln!("nightshift: {e}");
         }
     }
     let who = format!(
@@ -618,18 +633,18 @@ async fn kill_cmd(
     );
     match orchestrator::killswitch::kill(&sup, run.as_deref(), &who).await {
         Ok(k) => {
-            println!(
+            outln!(
                 "killed {} sandbox(es) of {} run(s)",
                 k.containers,
                 k.runs.len()
             );
             for r in k.runs {
-                println!("  {r}");
+                outln!("  {r}");
             }
             Ok(exit::OK)
         }
         Err(e) => {
-            eprintln!("nightshift: {e}");
+            errln!("nightshift: {e}");
             Err(match e {
                 RunError::Store(StoreError::NoSuchRun(_)) => exit::BAD_INPUT,
                 _ => exit::INTERNAL,
@@ -649,7 +664,7 @@ async fn watchdog_cmd(
         .await
         .map(|()| exit::OK)
         .map_err(|e| {
-            eprintln!("nightshift: watchdog: {e}");
+            errln!("nightshift: watchdog: {e}");
             exit::INTERNAL
         })
 }
@@ -662,34 +677,36 @@ async fn reconcile_cmd(
     let sup = supervisor(root, &config).await?;
     match orchestrator::killswitch::reconcile(&sup, None, "nightshift reconcile").await {
         Ok(settled) => {
-            println!("settled {} run(s)", settled.len());
+            outln!("settled {} run(s)", settled.len());
             for r in settled {
-                println!("  {r}");
+                outln!("  {r}");
             }
             Ok(exit::OK)
         }
         Err(e) => {
-            eprintln!("nightshift: {e}");
+            errln!("nightshift: {e}");
             Err(exit::INTERNAL)
         }
     }
 }
 
 fn print_summary(r: &RunRecord) {
-    println!("run {}: {}", r.id, r.status);
+    outln!("run {}: {}", terminal::line(&r.id), terminal::line(&r.status));
     if let Some(reason) = &r.reason {
-        println!("  reason: {reason}");
+        outln!("  reason: {}", terminal::line(reason));
     }
     if let (Some(reference), Some(commit)) = (&r.result_ref, &r.result_commit) {
-        println!(
-            "  result: {reference} = {commit} ({} files changed, +{} -{})",
+        outln!(
+            "  result: {} = {} ({} files changed, +{} -{})",
+            terminal::line(reference),
+            terminal::line(commit),
             r.files_changed.unwrap_or(0),
             r.insertions.unwrap_or(0),
             r.deletions.unwrap_or(0)
         );
     }
     if let Some(ms) = r.duration_ms {
-        println!("  duration: {:.1}s", ms as f64 / 1000.0);
+        outln!("  duration: {:.1}s", ms as f64 / 1000.0);
     }
 }
 
@@ -697,13 +714,10 @@ fn runs_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
     let store = open_store(root)?;
     let runs = store.runs().map_err(store_err)?;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&runs).unwrap_or_default()
-        );
+        outln!("{}", terminal::json(&runs, true));
         return Ok(exit::OK);
     }
-    println!(
+    outln!(
         "{:<26}  {:<24}  {:>4}  {:>8}  {:>14}  REPO",
         "ID", "STATUS", "EXIT", "DURATION", "CHANGES"
     );
@@ -712,10 +726,10 @@ fn runs_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
             (Some(f), Some(i), Some(d)) => format!("{f}f +{i} -{d}"),
             _ => "-".into(),
         };
-        println!(
+        outln!(
             "{:<26}  {:<24}  {:>4}  {:>8}  {:>14}  {}",
-            r.id,
-            truncate(&r.status, 24),
+            terminal::line(&r.id),
+            truncate(&terminal::line(&r.status), 24),
             r.exit_code
                 .map(|c| c.to_string())
                 .unwrap_or_else(|| "-".into()),
@@ -723,7 +737,7 @@ fn runs_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
                 .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
                 .unwrap_or_else(|| "-".into()),
             changes,
-            r.repo
+            terminal::line(&r.repo)
         );
     }
     Ok(exit::OK)
@@ -738,7 +752,7 @@ fn truncate(s: &str, n: usize) -> String {
 }
 
 fn store_err(e: StoreError) -> i32 {
-    eprintln!("nightshift: {e}");
+    errln!("nightshift: {e}");
     match e {
         StoreError::NoSuchRun(_) => exit::BAD_INPUT,
         _ => exit::STATE,
@@ -757,49 +771,53 @@ fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
                 "seq": e.seq, "time": e.time, "kind": e.kind, "body": e.body, "hash": e.hash,
             })).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        outln!("{}", terminal::json(&doc, true));
         return Ok(exit::OK);
     }
     print_summary(&run);
-    println!(
+    outln!(
         "  repo: {} at {} ({})",
-        run.repo,
-        run.base_ref,
-        run.base_commit.as_deref().unwrap_or("-")
+        terminal::line(&run.repo),
+        terminal::line(&run.base_ref),
+        terminal::line(run.base_commit.as_deref().unwrap_or("-"))
     );
-    println!("  image: {}", run.image);
+    outln!("  image: {}", terminal::line(&run.image));
     if let Some(mem) = run.peak_memory_bytes {
-        println!("  peak memory: {:.1} MiB", mem as f64 / (1 << 20) as f64);
+        outln!("  peak memory: {:.1} MiB", mem as f64 / (1 << 20) as f64);
     }
     if let Some(cpu) = run.cpu_ns {
-        println!("  cpu time: {:.2}s", cpu as f64 / 1e9);
+        outln!("  cpu time: {:.2}s", cpu as f64 / 1e9);
     }
     if let Some(props) = run.attestation.as_ref().and_then(|a| a.as_array()) {
-        println!("  attestation:");
+        outln!("  attestation:");
         for p in props {
-            println!(
+            outln!(
                 "    {} {:<22} {}",
                 if p["ok"].as_bool().unwrap_or(false) {
                     "ok  "
                 } else {
                     "FAIL"
                 },
-                p["name"].as_str().unwrap_or("?"),
-                p["observed"].as_str().unwrap_or("")
+                terminal::line(p["name"].as_str().unwrap_or("?")),
+                terminal::line(p["observed"].as_str().unwrap_or(""))
             );
         }
     }
     if let Some(skipped) = run.observed.as_ref().and_then(|o| o["skipped"].as_array()) {
         for s in skipped {
-            println!(
+            outln!(
                 "  skipped: {} ({})",
-                s["path"].as_str().unwrap_or("?"),
-                s["why"].as_str().unwrap_or("?")
+                terminal::line(s["path"].as_str().unwrap_or("?")),
+                terminal::line(s["why"].as_str().unwrap_or("?"))
             );
         }
     }
     if let Some((seq, hash)) = head {
-        println!("  audit: {} entries, last #{seq} {hash}", entries.len());
+        outln!(
+            "  audit: {} entries, last #{seq} {}",
+            entries.len(),
+            terminal::line(&hash)
+        );
     }
     Ok(exit::OK)
 }
@@ -811,12 +829,12 @@ fn verify_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
     match orchestrator_audit::verify(store.log(), &entries, &checkpoints) {
         Ok(v) => {
             if json {
-                println!(
+                outln!(
                     "{}",
-                    serde_json::json!({"intact": true, "entries": v.entries, "checkpoints": v.checkpoints, "head": v.head})
+                    terminal::json(&serde_json::json!({"intact": true, "entries": v.entries, "checkpoints": v.checkpoints, "head": v.head}), false)
                 );
             } else {
-                println!(
+                outln!(
                     "audit chain intact: {} entries, {} checkpoints, head {}",
                     v.entries, v.checkpoints, v.head
                 );
@@ -825,12 +843,12 @@ fn verify_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
         }
         Err(e) => {
             if json {
-                println!(
+                outln!(
                     "{}",
-                    serde_json::json!({"intact": false, "first_bad_entry": e.seq(), "error": e.to_string()})
+                    terminal::json(&serde_json::json!({"intact": false, "first_bad_entry": e.seq(), "error": e.to_string()}), false)
                 );
             } else {
-                println!("audit chain broken: {e}");
+                outln!("audit chain broken: {}", terminal::line(&e.to_string()));
             }
             Ok(exit::FAILED)
         }
@@ -843,32 +861,32 @@ async fn demo_cmd(
 ) -> Result<i32, i32> {
     let config = load_config(root, config_path)?;
     std::fs::create_dir_all(root).map_err(|e| {
-        eprintln!("nightshift: creating {}: {e}", root.display());
+        errln!("nightshift: creating {}: {e}", root.display());
         exit::STATE
     })?;
     let repo = demo::ensure_repo(root).map_err(|e| {
-        eprintln!("nightshift: making the demo repository: {e}");
+        errln!("nightshift: making the demo repository: {e}");
         exit::INTERNAL
     })?;
     let bare = demo::ensure_destination(root).map_err(|e| {
-        eprintln!("nightshift: making the demo destination: {e}");
+        errln!("nightshift: making the demo destination: {e}");
         exit::INTERNAL
     })?;
     {
         let store = open_store(root)?;
         orchestrator::owner::init(&store).map_err(|e| {
-            eprintln!("nightshift: {e}");
+            errln!("nightshift: {e}");
             exit::STATE
         })?;
     }
     let engine = connect().await?;
     let reference = build_image(&engine, root, image::DEFAULT_MIRROR).await?;
-    println!("demo: repository {}", repo.display());
-    println!(
+    outln!("demo: repository {}", repo.display());
+    outln!(
         "demo: destination origin = {} (a local bare repository)",
         bare.display()
     );
-    println!("demo: running a scripted agent in a Tier 0 sandbox ({reference})");
+    outln!("demo: running a scripted agent in a Tier 0 sandbox ({reference})");
     let req = RunRequest {
         repo: repo.clone(),
         base_ref: "HEAD".into(),
@@ -881,9 +899,9 @@ async fn demo_cmd(
     let record = perform(root, &config, req).await?;
     print_summary(&record);
     let state = root.display();
-    println!();
-    println!("What the agent left, as the supervisor observed and imported it:");
-    println!(
+    outln!();
+    outln!("What the agent left, as the supervisor observed and imported it:");
+    outln!(
         "  git -C {} log --stat {}",
         repo.display(),
         record.result_ref.as_deref().unwrap_or("-")
@@ -894,10 +912,10 @@ async fn demo_cmd(
         .into_iter()
         .filter(|r| r.act.run == record.id)
         .collect();
-    println!();
-    println!("Waiting for you in the morning queue (`nightshift --state-dir {state} queue`):");
+    outln!();
+    outln!("Waiting for you in the morning queue (`nightshift --state-dir {state} queue`):");
     for r in &pending {
-        println!(
+        outln!(
             "  act {} ({}): {}",
             r.act.id,
             r.act.door.name(),
@@ -908,20 +926,20 @@ async fn demo_cmd(
         let exe = std::env::current_exe()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| "nightshift".into());
-        println!();
-        println!("Approve it (with the owner's key) and the commit lands in the destination:");
-        println!(
+        outln!();
+        outln!("Approve it (with the owner's key) and the commit lands in the destination:");
+        outln!(
             "  {exe} --state-dir {state} approve {} --owner-key-file {state}/owner.key",
             r.act.id
         );
-        println!(
+        outln!(
             "  git --git-dir {} log --oneline agent/greet",
             bare.display()
         );
     }
-    println!();
-    println!("  nightshift --state-dir {state} show {}", record.id);
-    println!("  nightshift --state-dir {state} audit verify");
+    outln!();
+    outln!("  nightshift --state-dir {state} show {}", record.id);
+    outln!("  nightshift --state-dir {state} audit verify");
     Ok(if record.exit_code == Some(0) {
         exit::OK
     } else {
@@ -933,18 +951,18 @@ fn owner_init(root: &std::path::Path) -> Result<i32, i32> {
     let store = open_store(root)?;
     match orchestrator::owner::init(&store) {
         Ok((path, true)) => {
-            println!(
+            outln!(
                 "owner key written to {} (mode 0600); keep it to yourself",
                 path.display()
             );
             Ok(exit::OK)
         }
         Ok((path, false)) => {
-            println!("the owner key already exists: {}", path.display());
+            outln!("the owner key already exists: {}", path.display());
             Ok(exit::OK)
         }
         Err(e) => {
-            eprintln!("nightshift: {e}");
+            errln!("nightshift: {e}");
             Err(exit::STATE)
         }
     }
@@ -955,13 +973,13 @@ fn owner(
     key_file: Option<&std::path::Path>,
 ) -> Result<orchestrator::owner::Owner, i32> {
     orchestrator::owner::verify(store, key_file).map_err(|e| {
-        eprintln!("nightshift: {e}");
+        errln!("nightshift: {e}");
         exit::DENIED
     })
 }
 
 fn policy_err(e: orchestrator::policy::PolicyError) -> i32 {
-    eprintln!("nightshift: {e}");
+    errln!("nightshift: {e}");
     match e {
         orchestrator::policy::PolicyError::Refused(_) => exit::DENIED,
         orchestrator::policy::PolicyError::Store(_) => exit::STATE,
@@ -1032,21 +1050,21 @@ fn policy_check(root: &std::path::Path, rules: Option<&std::path::Path>, args: &
                 }
             }
             if outcome.exit_code != 0 {
-                eprintln!("{}", outcome.stderr);
+                errln!("{}", outcome.stderr);
             }
             Ok(outcome.exit_code)
         }));
     match result {
         Ok(Ok(code)) => code,
         Ok(Err(reason)) => {
-            eprintln!(
+            errln!(
                 "refused by rule nightshift:hook-internal: {}",
                 reason.replace('\n', " ")
             );
             policies::hook::EXIT_BLOCK
         }
         Err(_) => {
-            eprintln!("refused by rule nightshift:hook-internal: the policy check panicked");
+            errln!("refused by rule nightshift:hook-internal: the policy check panicked");
             policies::hook::EXIT_BLOCK
         }
     }
@@ -1058,7 +1076,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
         PolicyCommand::Check(check) => Ok(policy_check(root, rules, &check)),
         PolicyCommand::Explain(check) => {
             let stdin = read_stdin_bytes().map_err(|e| {
-                eprintln!("nightshift: reading stdin: {e}");
+                errln!("nightshift: reading stdin: {e}");
                 exit::BAD_INPUT
             })?;
             let store = open_store(root)?;
@@ -1072,9 +1090,9 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
                 false,
             );
             match outcome.decision {
-                Some(d) => println!(
+                Some(d) => outln!(
                     "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({
+                    terminal::json(&serde_json::json!({
                         "verdict": orchestrator::policy::verdict_name(d.verdict),
                         "rule": d.rule.to_string(),
                         "reason": d.reason,
@@ -1085,10 +1103,9 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
                         })).collect::<Vec<_>>(),
                         "generation": d.generation.to_string(),
                         "digest": d.digest.to_string(),
-                    }))
-                    .unwrap_or_default()
+                    }), true)
                 ),
-                None => println!("{}", outcome.stderr),
+                None => outln!("{}", terminal::block(outcome.stderr.as_bytes())),
             }
             Ok(exit::OK)
         }
@@ -1111,26 +1128,34 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
                     }).collect::<Vec<_>>(),
                     "pending": set.pending().keys().collect::<Vec<_>>(),
                 });
-                println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+                outln!("{}", terminal::json(&doc, true));
                 return Ok(exit::OK);
             }
-            println!("generation {}", set.generation());
+            outln!("generation {}", set.generation());
             if let Some(f) = set.freeze() {
-                println!("FROZEN: {} ({})", f.reason, f.authority);
+                outln!(
+                    "FROZEN: {} ({})",
+                    terminal::line(&f.reason),
+                    terminal::line(&f.authority.to_string())
+                );
             }
             for r in &active {
                 let v = serde_json::to_value(r).unwrap_or_default();
-                println!(
+                outln!(
                     "{:<7} {:<32} doors={} subject={}  {}",
-                    v["effect"].as_str().unwrap_or("?"),
-                    v["id"].as_str().unwrap_or("?"),
-                    v["doors"],
-                    v["subject"].as_str().unwrap_or("?"),
-                    v["reason"].as_str().unwrap_or("")
+                    terminal::line(v["effect"].as_str().unwrap_or("?")),
+                    terminal::line(v["id"].as_str().unwrap_or("?")),
+                    terminal::line(&v["doors"].to_string()),
+                    terminal::line(v["subject"].as_str().unwrap_or("?")),
+                    terminal::line(v["reason"].as_str().unwrap_or(""))
                 );
             }
             for (id, p) in set.pending() {
-                println!("pending proposal {id} by {:?}", p.author);
+                outln!(
+                    "pending proposal {} by {}",
+                    terminal::line(id),
+                    terminal::line(&format!("{:?}", p.author))
+                );
             }
             Ok(exit::OK)
         }
@@ -1149,7 +1174,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             let ids = orchestrator::policy::declare(&mut store, rules, &file, &writer)
                 .map_err(policy_err)?;
             for id in ids {
-                println!("declared {id}");
+                outln!("declared {id}");
             }
             Ok(exit::OK)
         }
@@ -1160,7 +1185,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             let mut store = open_store(root)?;
             let who = owner(&store, owner_key_file.as_deref())?;
             orchestrator::policy::unlock(&mut store, rules, &rule, &who).map_err(policy_err)?;
-            println!("unlocked {rule}");
+            outln!("unlocked {rule}");
             Ok(exit::OK)
         }
         PolicyCommand::Propose {
@@ -1184,13 +1209,13 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
                 )
                 .map(|id| vec![id]),
                 _ => {
-                    eprintln!("nightshift: name a rule file or --retire RULE");
+                    errln!("nightshift: name a rule file or --retire RULE");
                     return Err(exit::BAD_INPUT);
                 }
             }
             .map_err(policy_err)?;
             for id in ids {
-                println!(
+                outln!(
                     "proposed {id}: inert until the owner runs `nightshift policy ratify {id}`"
                 );
             }
@@ -1203,7 +1228,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             let mut store = open_store(root)?;
             let who = owner(&store, owner_key_file.as_deref())?;
             orchestrator::policy::ratify(&mut store, rules, &proposal, &who).map_err(policy_err)?;
-            println!("ratified {proposal} (locked)");
+            outln!("ratified {proposal} (locked)");
             Ok(exit::OK)
         }
         PolicyCommand::Retire {
@@ -1221,7 +1246,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             };
             orchestrator::policy::retire(&mut store, rules, &rule, &why, &writer)
                 .map_err(policy_err)?;
-            println!("retired {rule}");
+            outln!("retired {rule}");
             Ok(exit::OK)
         }
     }
@@ -1230,7 +1255,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
 fn freeze_cmd(root: &std::path::Path, why: &str) -> Result<i32, i32> {
     let mut store = open_store(root)?;
     orchestrator::policy::freeze(&mut store, None, why).map_err(policy_err)?;
-    println!("frozen: no run starts and every door refuses until `nightshift thaw`");
+    outln!("frozen: no run starts and every door refuses until `nightshift thaw`");
     Ok(exit::OK)
 }
 
@@ -1238,7 +1263,7 @@ fn thaw_cmd(root: &std::path::Path, key: Option<&std::path::Path>) -> Result<i32
     let mut store = open_store(root)?;
     let who = owner(&store, key)?;
     orchestrator::policy::thaw(&mut store, None, &who).map_err(policy_err)?;
-    println!("thawed");
+    outln!("thawed");
     Ok(exit::OK)
 }
 
@@ -1250,22 +1275,25 @@ fn queue_cmd(
     let mut store = open_store(root)?;
     // What has run out of time is shown as expired, never as waiting.
     if let Err(e) = orchestrator::acts::expire(&mut store) {
-        eprintln!("nightshift: expiring acts: {e}");
+        errln!("nightshift: expiring acts: {e}");
     }
     let rows = orchestrator::acts::rows(&store, None).map_err(store_err)?;
     if let Some(QueueCommand::Show { act }) = command {
         let row = rows.iter().find(|r| r.act.id == act).ok_or_else(|| {
-            eprintln!("nightshift: no act with id {act}");
+            errln!("nightshift: no act with id {act}");
             exit::BAD_INPUT
         })?;
-        println!(
+        outln!(
             "act {} ({}), run {}: {}",
-            row.act.id,
-            row.act.door.name(),
-            row.act.run,
-            row.state.name()
+            terminal::line(&row.act.id),
+            terminal::line(row.act.door.name()),
+            terminal::line(&row.act.run),
+            terminal::line(row.state.name())
         );
-        println!("destination: {}", row.act.routing.destination);
+        outln!(
+            "destination: {}",
+            terminal::line(&row.act.routing.destination)
+        );
         match (&row.act.routing.target, &row.act.content) {
             (
                 deferred_queue::Target::Push {
@@ -1274,9 +1302,11 @@ fn queue_cmd(
                 },
                 deferred_queue::Content::Commit { commit },
             ) => {
-                println!(
-                    "push {commit} to {target_ref} (remote now at {})",
-                    expected_old.as_deref().unwrap_or("nothing")
+                outln!(
+                    "push {} to {} (remote now at {})",
+                    terminal::line(commit),
+                    terminal::line(target_ref),
+                    terminal::line(expected_old.as_deref().unwrap_or("nothing"))
                 );
                 let run = store.run(&row.act.run).map_err(store_err)?;
                 let base = run.base_commit.unwrap_or_default();
@@ -1296,16 +1326,13 @@ fn queue_cmd(
                     ])
                     .output();
                 if let Ok(out) = out {
-                    print!(
-                        "{}",
-                        orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
-                    );
+                    out!("{}", terminal::block(&out.stdout));
                 }
             }
             _ => {
                 let body = row.content.as_deref().unwrap_or_default();
-                println!("content ({} bytes, shown as plain text):", body.len());
-                println!("{}", orchestrator::sandbox::sanitize_for_terminal(body));
+                outln!("content ({} bytes, shown as plain text):", body.len());
+                outln!("{}", terminal::block(body));
             }
         }
         return Ok(exit::OK);
@@ -1323,7 +1350,7 @@ fn queue_cmd(
             .iter()
             .map(|r| serde_json::json!({"act": r.act, "state": r.state, "status": r.state.name()}))
             .collect();
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        outln!("{}", terminal::json(&doc, true));
         return Ok(exit::OK);
     }
     let contents: std::collections::HashMap<&str, &Option<Vec<u8>>> = rows
@@ -1334,7 +1361,7 @@ fn queue_cmd(
     for r in ordered {
         if r.act.run != run {
             run = r.act.run.clone();
-            println!("run {run}");
+            outln!("run {}", terminal::line(&run));
         }
         let what = match (&r.act.routing.target, &r.act.content) {
             (
@@ -1356,34 +1383,37 @@ fn queue_cmd(
                     .unwrap_or_default();
                 format!(
                     "push {} to {} {}{stat}",
-                    &commit[..commit.len().min(12)],
-                    r.act.routing.destination,
-                    target_ref
+                    terminal::line(commit.get(..12).unwrap_or(commit)),
+                    terminal::line(&r.act.routing.destination),
+                    terminal::line(target_ref)
                 )
             }
             (deferred_queue::Target::PullRequest { base_ref, head_ref }, _) => {
                 format!(
-                    "pull request on {}: {head_ref} into {base_ref}",
-                    r.act.routing.destination
+                    "pull request on {}: {} into {}",
+                    terminal::line(&r.act.routing.destination),
+                    terminal::line(head_ref),
+                    terminal::line(base_ref)
                 )
             }
             _ => {
                 let preview = contents
                     .get(r.act.id.as_str())
                     .and_then(|c| c.as_deref())
-                    .map(|b| {
-                        orchestrator::sandbox::sanitize_for_terminal(&b[..b.len().min(60)])
-                            .replace('\n', " ")
-                    })
+                    .map(|b| terminal::line_bytes(&b[..b.len().min(60)]))
                     .unwrap_or_default();
                 format!(
                     "{} to {}: {preview}",
-                    r.act.door.name(),
-                    r.act.routing.destination
+                    terminal::line(r.act.door.name()),
+                    terminal::line(&r.act.routing.destination)
                 )
             }
         };
-        println!("  {}  {:<10} {what}", r.act.id, r.state.name());
+        outln!(
+            "  {}  {:<10} {what}",
+            terminal::line(&r.act.id),
+            terminal::line(r.state.name())
+        );
     }
     Ok(exit::OK)
 }
@@ -1403,9 +1433,9 @@ fn decide_cmd(
             None => orchestrator::acts::approve(&mut store, id, key),
         };
         match result {
-            Ok(line) => println!("{line}"),
+            Ok(said) => outln!("{}", terminal::line(&said)),
             Err(e) => {
-                eprintln!("nightshift: {e}");
+                errln!("nightshift: {e}");
                 code = if e.contains("credential") {
                     exit::DENIED
                 } else {
