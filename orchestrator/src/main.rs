@@ -691,7 +691,11 @@ async fn reconcile_cmd(
 }
 
 fn print_summary(r: &RunRecord) {
-    outln!("run {}: {}", terminal::line(&r.id), terminal::line(&r.status));
+    outln!(
+        "run {}: {}",
+        terminal::line(&r.id),
+        terminal::line(&r.status)
+    );
     if let Some(reason) = &r.reason {
         outln!("  reason: {}", terminal::line(reason));
     }
@@ -719,7 +723,11 @@ fn runs_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
     }
     outln!(
         "{:<26}  {:<24}  {:>4}  {:>8}  {:>14}  REPO",
-        "ID", "STATUS", "EXIT", "DURATION", "CHANGES"
+        "ID",
+        "STATUS",
+        "EXIT",
+        "DURATION",
+        "CHANGES"
     );
     for r in runs {
         let changes = match (r.files_changed, r.insertions, r.deletions) {
@@ -831,12 +839,17 @@ fn verify_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
             if json {
                 outln!(
                     "{}",
-                    terminal::json(&serde_json::json!({"intact": true, "entries": v.entries, "checkpoints": v.checkpoints, "head": v.head}), false)
+                    terminal::json(
+                        &serde_json::json!({"intact": true, "entries": v.entries, "checkpoints": v.checkpoints, "head": v.head}),
+                        false
+                    )
                 );
             } else {
                 outln!(
                     "audit chain intact: {} entries, {} checkpoints, head {}",
-                    v.entries, v.checkpoints, v.head
+                    v.entries,
+                    v.checkpoints,
+                    v.head
                 );
             }
             Ok(exit::OK)
@@ -845,7 +858,10 @@ fn verify_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
             if json {
                 outln!(
                     "{}",
-                    terminal::json(&serde_json::json!({"intact": false, "first_bad_entry": e.seq(), "error": e.to_string()}), false)
+                    terminal::json(
+                        &serde_json::json!({"intact": false, "first_bad_entry": e.seq(), "error": e.to_string()}),
+                        false
+                    )
                 );
             } else {
                 outln!("audit chain broken: {}", terminal::line(&e.to_string()));
@@ -1092,18 +1108,21 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             match outcome.decision {
                 Some(d) => outln!(
                     "{}",
-                    terminal::json(&serde_json::json!({
-                        "verdict": orchestrator::policy::verdict_name(d.verdict),
-                        "rule": d.rule.to_string(),
-                        "reason": d.reason,
-                        "escalated": d.escalated,
-                        "stood_aside": d.stood_aside.iter().map(|s| serde_json::json!({
-                            "rule": s.rule.to_string(), "effect": s.effect.to_string(),
-                            "missing": format!("{:?}", s.missing),
-                        })).collect::<Vec<_>>(),
-                        "generation": d.generation.to_string(),
-                        "digest": d.digest.to_string(),
-                    }), true)
+                    terminal::json(
+                        &serde_json::json!({
+                            "verdict": orchestrator::policy::verdict_name(d.verdict),
+                            "rule": d.rule.to_string(),
+                            "reason": d.reason,
+                            "escalated": d.escalated,
+                            "stood_aside": d.stood_aside.iter().map(|s| serde_json::json!({
+                                "rule": s.rule.to_string(), "effect": s.effect.to_string(),
+                                "missing": format!("{:?}", s.missing),
+                            })).collect::<Vec<_>>(),
+                            "generation": d.generation.to_string(),
+                            "digest": d.digest.to_string(),
+                        }),
+                        true
+                    )
                 ),
                 None => outln!("{}", terminal::block(outcome.stderr.as_bytes())),
             }
@@ -1215,9 +1234,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             }
             .map_err(policy_err)?;
             for id in ids {
-                outln!(
-                    "proposed {id}: inert until the owner runs `nightshift policy ratify {id}`"
-                );
+                outln!("proposed {id}: inert until the owner runs `nightshift policy ratify {id}`");
             }
             Ok(exit::OK)
         }

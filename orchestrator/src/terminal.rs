@@ -64,8 +64,8 @@ fn sanitize(bytes: &[u8], keep: fn(char) -> bool) -> String {
             if c == '\\' {
                 // Only a backslash that would read as an escape's start is escaped.
                 let mut rest = chars.clone();
-                let starts_escape = matches!(rest.next(), Some('u' | 'x'))
-                    && matches!(rest.next(), Some('{'));
+                let starts_escape =
+                    matches!(rest.next(), Some('u' | 'x')) && matches!(rest.next(), Some('{'));
                 if starts_escape {
                     escape_char(&mut out, c);
                 } else {
@@ -119,7 +119,10 @@ pub fn json<T: serde::Serialize + ?Sized>(value: &T, pretty: bool) -> String {
     match written {
         // The formatter writes ASCII only.
         Ok(()) => String::from_utf8(buf).unwrap_or_default(),
-        Err(e) => format!("{{\"error\":{}}}", json(&format!("serialising: {e}"), false)),
+        Err(e) => format!(
+            "{{\"error\":{}}}",
+            json(&format!("serialising: {e}"), false)
+        ),
     }
 }
 
@@ -274,11 +277,43 @@ mod tests {
     }
 
     const NAMED: &[char] = &[
-        '\u{1b}', '\u{7}', '\u{0}', '\r', '\u{7f}', '\u{85}', '\u{9b}', '\u{61c}', '\u{200e}',
-        '\u{200f}', '\u{202a}', '\u{202b}', '\u{202c}', '\u{202d}', '\u{202e}', '\u{2066}',
-        '\u{2067}', '\u{2068}', '\u{2069}', '\u{200b}', '\u{200c}', '\u{200d}', '\u{2060}',
-        '\u{2061}', '\u{2062}', '\u{2063}', '\u{2064}', '\u{feff}', '\u{180e}', '\u{ad}',
-        '\u{2028}', '\u{2029}', '\u{e0041}', '\u{fe0f}', '\u{115f}', '\u{3164}', '\u{e000}',
+        '\u{1b}',
+        '\u{7}',
+        '\u{0}',
+        '\r',
+        '\u{7f}',
+        '\u{85}',
+        '\u{9b}',
+        '\u{61c}',
+        '\u{200e}',
+        '\u{200f}',
+        '\u{202a}',
+        '\u{202b}',
+        '\u{202c}',
+        '\u{202d}',
+        '\u{202e}',
+        '\u{2066}',
+        '\u{2067}',
+        '\u{2068}',
+        '\u{2069}',
+        '\u{200b}',
+        '\u{200c}',
+        '\u{200d}',
+        '\u{2060}',
+        '\u{2061}',
+        '\u{2062}',
+        '\u{2063}',
+        '\u{2064}',
+        '\u{feff}',
+        '\u{180e}',
+        '\u{ad}',
+        '\u{2028}',
+        '\u{2029}',
+        '\u{e0041}',
+        '\u{fe0f}',
+        '\u{115f}',
+        '\u{3164}',
+        '\u{e000}',
     ];
 
     /// Characters an attacker would pick, mixed with ordinary ones and the
@@ -286,8 +321,10 @@ mod tests {
     fn hostile_text() -> impl Strategy<Value = Vec<u8>> {
         let piece = prop_oneof![
             prop::sample::select(NAMED).prop_map(|c| c.to_string()),
-            prop::sample::select(vec!["\\", "u", "x", "{", "}", "\\u{1b}", "\n", "\t", "é", "a"])
-                .prop_map(str::to_string),
+            prop::sample::select(vec![
+                "\\", "u", "x", "{", "}", "\\u{1b}", "\n", "\t", "é", "a"
+            ])
+            .prop_map(str::to_string),
             any::<char>().prop_map(|c| c.to_string()),
         ];
         let bytes = prop_oneof![
@@ -334,8 +371,15 @@ mod tests {
         let value = serde_json::json!({"path": "a\u{202e}b\u{1b}c\u{7f}\u{1f600}\u{200b}", "n": 1});
         for pretty in [false, true] {
             let text = json(&value, pretty);
-            assert!(text.bytes().all(|b| (0x20..0x7f).contains(&b) || b == b'\n'), "{text}");
-            assert!(text.contains("\\u202e") && text.contains("\\ud83d\\ude00"), "{text}");
+            assert!(
+                text.bytes()
+                    .all(|b| (0x20..0x7f).contains(&b) || b == b'\n'),
+                "{text}"
+            );
+            assert!(
+                text.contains("\\u202e") && text.contains("\\ud83d\\ude00"),
+                "{text}"
+            );
             let back: serde_json::Value = serde_json::from_str(&text).unwrap();
             assert_eq!(back, value);
         }
