@@ -3,8 +3,8 @@
 //! `OUT_DIR`, where `door.rs` embeds them: the `nightshift` binary is whole
 //! on its own, wherever it is installed.
 //!
-//! The clients are built by a nested cargo, as `sandbox-image/door/build-static.sh`
-//! did: release, `x86_64-unknown-linux-gnu`, `-C target-feature=+crt-static`,
+//! The clients are built by a nested cargo the way
+//! `sandbox-image/door/build-static.sh` builds them on their own: release, `x86_64-unknown-linux-gnu`, `-C target-feature=+crt-static`,
 //! in a target directory of their own (the outer cargo holds the lock on its
 //! own), with none of the outer build's flags or target settings inherited.
 

@@ -293,7 +293,8 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_env("NIGHTSHIFT_LOG")
                 .unwrap_or_else(|_| "warn".into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| orchestrator::terminal::NetStderr)
+        .with_ansi(false)
         .init();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -1334,6 +1335,7 @@ fn queue_cmd(
                         "-c",
                         "core.pager=cat",
                         "diff",
+                        "--no-color",
                         "--no-ext-diff",
                         "--no-textconv",
                         "--stat",

@@ -56,8 +56,7 @@ fn escape_char(out: &mut String, c: char) {
 /// The one sanitiser: `keep` says which controls stay as they are.
 fn sanitize(bytes: &[u8], keep: fn(char) -> bool) -> String {
     let mut out = String::with_capacity(bytes.len());
-    let mut chunks = bytes.utf8_chunks().peekable();
-    while let Some(chunk) = chunks.next() {
+    for chunk in bytes.utf8_chunks() {
         let valid = chunk.valid();
         let mut chars = valid.chars().peekable();
         while let Some(c) = chars.next() {
@@ -233,6 +232,22 @@ pub fn err(args: std::fmt::Arguments<'_>) {
 /// (the output is incomplete: the command must not report success).
 pub fn stdout_failed() -> bool {
     STDOUT.load(Ordering::Relaxed) == FAILED
+}
+
+/// stderr through the net, for the log subscriber (`tracing_subscriber`'s
+/// writer): a logged field cannot reach the terminal raw either.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NetStderr;
+
+impl std::io::Write for NetStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        err(format_args!("{}", String::from_utf8_lossy(buf)));
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Shows a run's output as it arrives (the supervisor's echo): [`block`],
