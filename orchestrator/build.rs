@@ -27,6 +27,7 @@ fn main() {
         door.join("src"),
         door.join("Cargo.toml"),
         workspace.join("Cargo.lock"),
+        workspace.join("Cargo.toml"),
     ] {
         println!("cargo:rerun-if-changed={}", watched.display());
     }
