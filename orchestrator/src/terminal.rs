@@ -18,10 +18,11 @@
 //! - [`json`] writes every non-ASCII character (and DEL) as `\uXXXX`: still
 //!   valid JSON, the same value once parsed, and pure printable ASCII, so a
 //!   terminal shown it (`--json | head`) reads it as what it is.
-//! - Whatever a command prints goes through [`out`] / [`err`], which escape
-//!   the same characters again as a net (our own words never hold them), so
-//!   a value a command forgot to pass through [`line`] still cannot reach
-//!   the terminal raw. A closed stdout (`| head`) ends the output quietly:
+//! - Whatever a command prints (clap's own usage text aside), and the log,
+//!   goes through [`out`] / [`err`], which escape the same characters again
+//!   as a net (our own words never hold them), so a value a command forgot
+//!   to pass through [`line`] still cannot reach the terminal raw. A closed
+//!   stdout (`| head`) ends the output quietly:
 //!   no panic, no signal, the command's own exit code.
 
 use std::fmt::Write as _;
