@@ -30,9 +30,7 @@ use tokio::sync::watch;
 use crate::audit_log::{digest, Event};
 use crate::engine::{Engine, EngineError, Output, Sample};
 use crate::monitor::{self, Breach, Observed};
-use crate::sandbox::{
-    sanitize_for_terminal, Caps, SandboxSpec, MAX_TASK_BYTES, SANDBOX_GID, SANDBOX_UID,
-};
+use crate::sandbox::{Caps, SandboxSpec, MAX_TASK_BYTES, SANDBOX_GID, SANDBOX_UID};
 use crate::store::{now_rfc3339, RunRecord, Store, StoreError};
 
 /// Why a run was asked to stop from outside.
@@ -698,12 +696,7 @@ async fn drain_output(
             let _ = log.write_all(&bytes[..take]).await;
             kept += take as u64;
             if echo {
-                let shown = sanitize_for_terminal(&bytes[..take]);
-                if is_err {
-                    eprint!("{shown}")
-                } else {
-                    print!("{shown}")
-                }
+                crate::terminal::echo(&bytes[..take], is_err);
             }
         }
         if seen > ceiling && !*over.borrow() {

@@ -189,22 +189,6 @@ impl SandboxSpec {
     }
 }
 
-/// Makes untrusted output safe to show on a terminal: control characters
-/// (escape sequences could rewrite what the person sees) become visible
-/// escapes; newlines and tabs stay.
-pub fn sanitize_for_terminal(bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\n' | '\t' => out.push(c),
-            c if c.is_control() => out.push_str(&c.escape_unicode().to_string()),
-            c => out.push(c),
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,13 +229,5 @@ mod tests {
         for opts in spec().tmpfs.values() {
             assert!(opts.contains("size="), "{opts}");
         }
-    }
-
-    #[test]
-    fn escape_sequences_are_made_visible() {
-        let shown = sanitize_for_terminal(b"ok\x1b]0;pwned\x07\n");
-        assert!(!shown.contains('\x1b'));
-        assert!(shown.contains("\\u{1b}"));
-        assert!(shown.ends_with('\n'));
     }
 }
