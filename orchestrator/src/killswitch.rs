@@ -185,7 +185,7 @@ pub async fn settle_orphan(sup: &Supervisor, run: &str, by: &str) -> Result<bool
             record.reason = Some(e);
         }
         let wt = worktree.clone();
-        let _ = tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&wt)).await;
+        let _ = tokio::task::spawn_blocking(move || crate::hostview::remove_worktree(&wt)).await;
     }
     record.status = status.clone();
     record.reason = Some(match record.reason.take() {

@@ -433,6 +433,7 @@ async fn supervisor(
         state_tag,
         identity,
         fleet: Some(fleet),
+        sandbox_user: config.sandbox_user(),
     })
 }
 
