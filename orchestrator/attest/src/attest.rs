@@ -917,7 +917,9 @@ fn proc_masked(hc: &HostConfig) -> Property {
         .copied()
         .collect();
     let unconfined = security_opts(hc).any(|(k, v)| k == "systempaths" && v == Some("unconfined"));
-    let ok = missing.is_empty() && !unconfined;
+    // A privileged container is masked nothing, whatever its list says.
+    let privileged = hc.privileged == Some(true);
+    let ok = missing.is_empty() && !unconfined && !privileged;
     property(
         "proc-masked",
         ok,
@@ -925,10 +927,15 @@ fn proc_masked(hc: &HostConfig) -> Property {
             format!("masked={} read-only={} paths", masked.len(), readonly.len())
         } else {
             format!(
-                "not masked: [{}]{}",
+                "not masked: [{}]{}{}",
                 missing.join(","),
                 if unconfined {
                     " systempaths=unconfined"
+                } else {
+                    ""
+                },
+                if privileged {
+                    " privileged (the engine masks nothing)"
                 } else {
                     ""
                 }
@@ -959,8 +966,14 @@ fn user_no_host_account(observed: &Inspected, host: &HostObserved) -> Property {
     let ids = user
         .split_once(':')
         .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
+    // Root and names are `non-root-user`'s to refuse; this one judges the
+    // non-zero numeric ids against the host.
     let (ok, shown) = match ids {
-        None => (false, format!("user={user:?} is not numeric uid:gid")),
+        None => (
+            true,
+            format!("user={user:?}: no numeric uid:gid to look up"),
+        ),
+        Some((0, _) | (_, 0)) => (true, format!("user={user:?}: root is not looked up")),
         Some((uid, gid)) => {
             let clashes = host.accounts.clashes(uid, gid);
             if clashes.is_empty() {
@@ -1011,7 +1024,10 @@ fn seccomp_profile(hc: &HostConfig, expect: &Expectations) -> Property {
         .filter(|(k, v)| *k == "seccomp" && *v != Some("unconfined"))
         .map(|(_, v)| v.and_then(seccomp_profile_digest))
         .collect();
-    let ok = !profiles.is_empty()
+    // The engine applies no profile at all to a privileged container.
+    let privileged = hc.privileged == Some(true);
+    let ok = !privileged
+        && !profiles.is_empty()
         && profiles
             .iter()
             .all(|d| d.as_deref() == Some(expect.seccomp_profile_digest.as_str()));
@@ -1025,10 +1041,10 @@ fn seccomp_profile(hc: &HostConfig, expect: &Expectations) -> Property {
     property(
         "seccomp-profile",
         ok,
-        if profiles.is_empty() {
-            "the engine's default profile".to_owned()
-        } else {
-            format!("profiles=[{}]", shown.join(","))
+        match (privileged, profiles.is_empty()) {
+            (true, _) => "privileged: the engine applies no profile".to_owned(),
+            (false, true) => "the engine's default profile".to_owned(),
+            (false, false) => format!("profiles=[{}]", shown.join(",")),
         },
         format!(
             "nightshift's profile, sha256:{}",
