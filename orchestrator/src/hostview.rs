@@ -12,6 +12,12 @@
 //! sandbox's `/workspace` is that. Setuid bits and device files in the
 //! worktree then mean nothing on the host either.
 //!
+//! The engine resolves the bind's source in its own mount namespace: it
+//! must be the supervisor's (as with a local `dockerd`) or receive its mounts
+//! (a slave of it), which is why the mount keeps its parent's propagation
+//! rather than being made private. The probes in `tests/sandbox_probes.rs`
+//! check the effect from inside a real sandbox.
+//!
 //! Invariants:
 //! - [`protect_worktree`] runs before the container is created; the
 //!   attestation observes the result ([`observe`]) before the agent starts.
