@@ -347,9 +347,9 @@ async fn steps(
         &req.task,
         &req.caps,
     )
+    .with_user(sup.sandbox_user)
     .with_supervisor(&sup.identity)
     .with_door(door_dir)
-    .with_user(sup.sandbox_user)
     .with_cgroup_parent(sup.fleet.as_ref().map(FleetHandle::cgroup_parent));
     // Remember the name before the call: if creation half-succeeds, the
     // ending still finds and removes it by its label.

@@ -99,6 +99,13 @@ impl Default for SandboxUser {
     }
 }
 
+fn home_tmpfs(size: i64, user: SandboxUser) -> String {
+    format!(
+        "rw,nosuid,nodev,size={size},uid={},gid={},mode=0700",
+        user.uid, user.gid
+    )
+}
+
 /// One resource limit as the engine takes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ulimit {
@@ -161,16 +168,16 @@ impl SandboxSpec {
         self
     }
 
+    pub fn with_cgroup_parent(mut self, parent: Option<String>) -> Self {
+        self.cgroup_parent = parent;
+        self
+    }
+
     /// Runs the sandbox as `user` (and gives it its tmpfs home).
     pub fn with_user(mut self, user: SandboxUser) -> Self {
         self.user = user;
         self.tmpfs
             .insert(HOME.to_string(), home_tmpfs(self.caps.tmpfs_bytes, user));
-        self
-    }
-
-    pub fn with_cgroup_parent(mut self, parent: Option<String>) -> Self {
-        self.cgroup_parent = parent;
         self
     }
 
@@ -303,13 +310,6 @@ impl SandboxSpec {
     }
 }
 
-fn home_tmpfs(size: i64, user: SandboxUser) -> String {
-    format!(
-        "rw,nosuid,nodev,size={size},uid={},gid={},mode=0700",
-        user.uid, user.gid
-    )
-}
-
 /// Makes untrusted output safe to show on a terminal: control characters
 /// (escape sequences could rewrite what the person sees) become visible
 /// escapes; newlines and tabs stay.
@@ -340,32 +340,6 @@ mod tests {
             "do it",
             &Caps::default(),
         )
-    }
-
-    #[test]
-    fn environment_is_the_allowlist_only() {
-        // A variable in the supervisor's environment must not reach the spec.
-        std::env::set_var("NIGHTSHIFT_SENTINEL_SECRET", "hunter2");
-        let s = spec();
-        let keys: Vec<_> = s.env.keys().cloned().collect();
-        assert_eq!(
-            keys,
-            [
-                "HOME",
-                "LANG",
-                "NIGHTSHIFT_RUN_ID",
-                "NIGHTSHIFT_TASK",
-                "PATH"
-            ]
-        );
-        assert!(!s.env_list().iter().any(|e| e.contains("hunter2")));
-    }
-
-    #[test]
-    fn tmpfs_mounts_are_size_limited() {
-        for opts in spec().tmpfs.values() {
-            assert!(opts.contains("size="), "{opts}");
-        }
     }
 
     #[test]
@@ -444,6 +418,32 @@ mod tests {
             "/sys/kernel/vmcoreinfo",
         ] {
             assert!(masked.iter().any(|m| m == p), "{p}");
+        }
+    }
+
+    #[test]
+    fn environment_is_the_allowlist_only() {
+        // A variable in the supervisor's environment must not reach the spec.
+        std::env::set_var("NIGHTSHIFT_SENTINEL_SECRET", "hunter2");
+        let s = spec();
+        let keys: Vec<_> = s.env.keys().cloned().collect();
+        assert_eq!(
+            keys,
+            [
+                "HOME",
+                "LANG",
+                "NIGHTSHIFT_RUN_ID",
+                "NIGHTSHIFT_TASK",
+                "PATH"
+            ]
+        );
+        assert!(!s.env_list().iter().any(|e| e.contains("hunter2")));
+    }
+
+    #[test]
+    fn tmpfs_mounts_are_size_limited() {
+        for opts in spec().tmpfs.values() {
+            assert!(opts.contains("size="), "{opts}");
         }
     }
 
