@@ -477,6 +477,7 @@ async fn supervisor(
         state_tag,
         identity,
         fleet: Some(fleet),
+        sandbox_user: config.sandbox_user(),
     })
 }
 
@@ -747,6 +748,8 @@ async fn kill_cmd(
         state_tag,
         identity,
         fleet: None,
+        // Only stops and settles: it creates no sandbox.
+        sandbox_user: Default::default(),
     };
     match orchestrator::killswitch::record_kill(&sup, &stopped).await {
         Ok(k) => {
@@ -802,6 +805,8 @@ async fn stopping_supervisor(root: &std::path::Path) -> Result<Supervisor, i32> 
         state_tag: orchestrator::state_tag(root),
         identity,
         fleet: None,
+        // Only stops and settles: it creates no sandbox.
+        sandbox_user: Default::default(),
     })
 }
 

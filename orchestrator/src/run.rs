@@ -30,7 +30,7 @@ use tokio::sync::watch;
 use crate::audit_log::{digest, Event};
 use crate::engine::{Engine, EngineError, Output, Sample};
 use crate::monitor::{self, Breach, Observed};
-use crate::sandbox::{Caps, SandboxSpec, MAX_TASK_BYTES, SANDBOX_GID, SANDBOX_UID};
+use crate::sandbox::{Caps, SandboxSpec, SandboxUser, MAX_TASK_BYTES};
 use crate::store::{now_rfc3339, RunRecord, Store, StoreError};
 
 /// Why a run was asked to stop from outside.
@@ -92,6 +92,8 @@ pub struct Supervisor {
     pub identity: String,
     /// The fleet's parent cgroup, when managed.
     pub fleet: Option<FleetHandle>,
+    /// Who sandboxes run as (config `[sandbox]`).
+    pub sandbox_user: SandboxUser,
 }
 
 /// The fleet cgroup every sandbox of this state is created under.
@@ -208,6 +210,20 @@ pub async fn execute(
             return Err(RunError::Frozen(freeze.reason.clone()));
         }
     }
+    // The sandbox's ids must be nobody's on this host: an escape, or a file
+    // the agent leaves, would otherwise be that person's.
+    let user = sup.sandbox_user;
+    let accounts = crate::hostview::read_accounts().map_err(RunError::BadInput)?;
+    let clashes = accounts.clashes(user.uid, user.gid);
+    if !clashes.is_empty() {
+        let named: Vec<String> = clashes.iter().map(ToString::to_string).collect();
+        return Err(RunError::BadInput(format!(
+            "refusing to run sandboxes as {}:{}: {}; set [sandbox] uid and gid in the config to ids no host account uses",
+            user.uid,
+            user.gid,
+            named.join("; ")
+        )));
+    }
     let repo = req.repo.clone();
     let base_ref = req.base_ref.clone();
     let base =
@@ -287,7 +303,7 @@ async fn steps(
         base_commit: held.base_commit.clone().unwrap_or_default(),
         run_id: id.clone(),
         dest: dest.clone(),
-        owner: Some((SANDBOX_UID, SANDBOX_GID)),
+        owner: Some((sup.sandbox_user.uid, sup.sandbox_user.gid)),
     };
     held.worktree = Some(dest.clone());
     let wt = tokio::task::spawn_blocking(move || orchestrator_git::create_worktree(&spec))
@@ -304,6 +320,11 @@ async fn steps(
         },
         false,
     )?;
+    let protect = dest.clone();
+    tokio::task::spawn_blocking(move || crate::hostview::protect_worktree(&protect))
+        .await
+        .map_err(|e| RunError::Git(e.to_string()))?
+        .map_err(RunError::Git)?;
     if let Some(s) = stopped(&stop) {
         return Ok(Ended::Stopped(s));
     }
@@ -338,6 +359,7 @@ async fn steps(
         &req.task,
         &req.caps,
     )
+    .with_user(sup.sandbox_user)
     .with_supervisor(&sup.identity)
     .with_door(door_dir)
     .with_cgroup_parent(sup.fleet.as_ref().map(FleetHandle::cgroup_parent));
@@ -347,9 +369,10 @@ async fn steps(
     held.container = Some(container.clone());
     record.container_id = Some(container.clone());
     let inspected = sup.engine.inspect_json(&container).await?;
+    let host = crate::hostview::observe(&dest).map_err(RunError::BadInput)?;
     let attestation = match orchestrator_attest::parse_inspect(&inspected) {
         Ok(observed) => {
-            orchestrator_attest::attest(&observed, &spec.expectations(image_env.to_vec()))
+            orchestrator_attest::attest(&observed, &host, &spec.expectations(image_env.to_vec()))
         }
         Err(e) => {
             return Err(RunError::Refused {
@@ -1023,7 +1046,7 @@ pub async fn retry_import(store: &Mutex<Store>, run: &str) -> Result<RunRecord, 
         });
     }
     let wt = worktree.clone();
-    let removed = tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&wt)).await;
+    let removed = tokio::task::spawn_blocking(move || crate::hostview::remove_worktree(&wt)).await;
     let mut reason = "imported by nightshift import".to_string();
     match removed {
         Ok(Ok(())) => {
@@ -1106,8 +1129,7 @@ async fn finish(
     if let Some(wt) = held.worktree.take() {
         if wt.exists() {
             let path = wt.clone();
-            match tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&path))
-                .await
+            match tokio::task::spawn_blocking(move || crate::hostview::remove_worktree(&path)).await
             {
                 Ok(Ok(())) => sup.audit(
                     &id,
@@ -1116,7 +1138,7 @@ async fn finish(
                     },
                     false,
                 )?,
-                Ok(Err(e)) => cleanup_errors.push(e.to_string()),
+                Ok(Err(e)) => cleanup_errors.push(e),
                 Err(e) => cleanup_errors.push(e.to_string()),
             }
         }
