@@ -1211,3 +1211,98 @@ fn check_destination(dest: &Destinations, act: &Act) -> deferred_queue::Found {
         },
     }
 }
+
+/// A door request the gate refused (or could not decide), as the audit
+/// recorded it: content-free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub run: String,
+    pub time: String,
+    pub door: String,
+    pub destination: Option<String>,
+    /// `refused` or `error`.
+    pub verdict: String,
+    /// The deciding rule (`nightshift:routing`, `nightshift:labels`, a rule id).
+    pub rule: Option<String>,
+}
+
+/// The refused door requests of one run, or of every run, oldest first.
+pub fn refusals(store: &Store, run: Option<&str>) -> Result<Vec<Refusal>, StoreError> {
+    Ok(store
+        .door_refusals(run)?
+        .into_iter()
+        .map(|e| {
+            let text = |k: &str| e.body.get(k).and_then(|v| v.as_str()).map(str::to_string);
+            Refusal {
+                run: e.run.clone().unwrap_or_default(),
+                time: e.time.clone(),
+                door: text("door").unwrap_or_default(),
+                destination: text("destination"),
+                verdict: text("verdict").unwrap_or_default(),
+                rule: text("rule"),
+            }
+        })
+        .collect())
+}
+
+/// A message body as the owner reads it in `queue show`: whole, line by
+/// line, with runs of three or more blank lines collapsed into one visible
+/// `[N blank lines]` marker (so nothing can hide below a harmless preview),
+/// and its size and line count. Pure; the lines are returned unescaped (the
+/// caller escapes them for the terminal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyView {
+    pub bytes: usize,
+    pub lines: usize,
+    pub shown: Vec<String>,
+}
+
+pub fn body_view(body: &[u8]) -> BodyView {
+    let text = String::from_utf8_lossy(body);
+    let all: Vec<&str> = text.split('\n').collect();
+    // A trailing newline ends the last line; it does not start another.
+    let all = match all.split_last() {
+        Some((last, rest)) if last.is_empty() => rest.to_vec(),
+        _ => all,
+    };
+    let mut shown = Vec::new();
+    let mut blank = 0usize;
+    let flush = |blank: &mut usize, shown: &mut Vec<String>| {
+        match *blank {
+            0 => {}
+            n if n < 3 => shown.extend(std::iter::repeat_n(String::new(), n)),
+            n => shown.push(format!("[{n} blank lines]")),
+        }
+        *blank = 0;
+    };
+    for line in &all {
+        if line.trim().is_empty() {
+            blank += 1;
+        } else {
+            flush(&mut blank, &mut shown);
+            shown.push((*line).to_string());
+        }
+    }
+    flush(&mut blank, &mut shown);
+    BodyView {
+        bytes: body.len(),
+        lines: all.len(),
+        shown,
+    }
+}
+
+/// The lines of a body worth looking for in the repository: long enough to
+/// be more than a common word or brace, each once.
+pub fn distinctive_lines(body: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(body);
+    let mut out: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.chars().count() >= 16)
+        .map(str::to_string)
+        .collect();
+    out.sort();
+    out.dedup();
+    out.truncate(2000);
+    out
+}
