@@ -1262,7 +1262,7 @@ pub fn body_view(body: &[u8]) -> BodyView {
     let all: Vec<&str> = text.split('\n').collect();
     // A trailing newline ends the last line; it does not start another.
     let all = match all.split_last() {
-        Some((last, rest)) if last.is_empty() => rest.to_vec(),
+        Some((&"", rest)) => rest.to_vec(),
         _ => all,
     };
     let mut shown = Vec::new();
