@@ -25,9 +25,9 @@ fn a_disguised_message_is_shown_whole_and_flagged() {
             ),
     )
     .unwrap();
-    m.run_agent(&format!(
-        "{{ echo 'the build is green'; for i in $(seq 40); do echo; done; grep DATABASE settings.env; }} > msg.txt; nightshift-act notify team --file msg.txt"
-    ));
+    m.run_agent(
+        "{ echo 'the build is green'; for i in $(seq 40); do echo; done; grep DATABASE settings.env; } > msg.txt; nightshift-act notify team --file msg.txt",
+    );
     let q = m.queue();
     let act = q[0]["act"]["id"].as_str().unwrap().to_string();
     let out = m.state.run(&["queue", "show", &act]);
