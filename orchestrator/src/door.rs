@@ -223,6 +223,8 @@ async fn audit_protocol_error(paths: &StatePaths, run: &str, response: &Response
                     act: None,
                     digest: crate::audit_log::digest(line.as_bytes()),
                     bytes: 0,
+                    label: None,
+                    gate: None,
                 },
                 false,
             );

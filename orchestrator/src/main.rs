@@ -534,6 +534,7 @@ async fn run_cmd(
         tmpfs_bytes: defaults.tmpfs_bytes,
     };
     let req = RunRequest {
+        repo_confidentiality: config.repository_confidentiality(&args.repo),
         repo: args.repo,
         base_ref: args.base_ref,
         image: args.image.unwrap_or_else(image::default_reference),
@@ -1060,6 +1061,7 @@ async fn demo_cmd(
         command: vec!["bash".into(), "-c".into(), demo::AGENT_SCRIPT.into()],
         caps: config.caps(),
         echo: true,
+        repo_confidentiality: config.repository_confidentiality(&repo),
     };
     let record = perform(root, &config, config_path, req).await?;
     print_summary(&record);

@@ -59,6 +59,9 @@ pub struct RunRequest {
     pub caps: Caps,
     /// Echo the agent's output (sanitised) to this process's stdout/stderr.
     pub echo: bool,
+    /// The repository's confidentiality, from the owner's configuration
+    /// (private unless the owner said otherwise).
+    pub repo_confidentiality: policies::Confidentiality,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -342,7 +345,7 @@ async fn steps(
             repo: req.repo.clone(),
             base_commit: held.base_commit.clone().unwrap_or_default(),
             worktree: dest.clone(),
-            public_content: false,
+            content: crate::acts::run_content_label(req.repo_confidentiality),
         },
     )
     .map_err(|e| RunError::Git(format!("opening the run's door: {e}")))?;
