@@ -25,6 +25,7 @@ mod error;
 mod fsx;
 mod import;
 mod run_id;
+mod tree_names;
 mod worktree;
 
 pub use base::{resolve_base, Base};
