@@ -24,6 +24,7 @@ mod checkout;
 mod error;
 mod fsx;
 mod import;
+mod reachable;
 mod run_id;
 mod tree_names;
 mod worktree;
