@@ -28,6 +28,7 @@
 //! `git worktree add` on 20,000 files (see docs/benchmarks.md); this one splits
 //! the file writes over the machine's cores.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -38,6 +39,7 @@ use std::path::Path;
 use git2::{IndexEntry, IndexTime, ObjectType, Odb, Oid, Repository};
 use rustix::fs::{AtFlags, Mode, OFlags};
 
+use crate::reachable::{open_host_objects, PackWriter};
 use crate::tree_names::{self, EntryKind, TreeProblem};
 use crate::GitError;
 
@@ -125,12 +127,19 @@ fn open_dir(parent: BorrowedFd<'_>, name: &[u8]) -> rustix::io::Result<OwnedFd> 
     )
 }
 
-/// Checks out `tree` into `root` (which holds only `.git`) and writes the index.
+/// Checks out `tree` into `root` (which holds only `.git`) and writes the
+/// index. Blobs are read from the host's object store `host_objects` and, as
+/// they are read, packed into `pack_dir` (see [`crate::reachable`]); the
+/// trees are read from `trees` (the host's object database); `repo` is the
+/// new worktree's repository, whose index is written.
 pub(crate) fn checkout(
     repo: &Repository,
+    trees: &Odb<'_>,
     root: &Path,
     tree: Oid,
     owner: Option<(u32, u32)>,
+    host_objects: &Path,
+    pack_dir: &Path,
 ) -> Result<(), GitError> {
     let root_fd = rustix::fs::open(
         root,
@@ -138,11 +147,8 @@ pub(crate) fn checkout(
         Mode::empty(),
     )
     .map_err(|e| GitError::io("opening worktree", root, e.into()))?;
-    let odb = repo
-        .odb()
-        .map_err(|e| GitError::git("opening the new worktree's objects", e))?;
     let mut walk = Walk {
-        odb: &odb,
+        odb: trees,
         root,
         owner: owner_ids(owner),
         dirs: vec![Dir {
@@ -153,16 +159,15 @@ pub(crate) fn checkout(
     };
     walk.tree(root_fd.as_fd(), 0, &[], tree, 0)?;
     let Walk { dirs, items, .. } = walk;
-    drop(odb);
 
-    let objects = root.join(".git/objects");
     let workers = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1)
         .clamp(1, MAX_WORKERS);
     let chunk = items.len().div_ceil(workers).max(1);
     let ctx = Ctx {
-        objects: &objects,
+        host_objects,
+        pack_dir,
         root,
         root_fd: root_fd.as_fd(),
         dirs: &dirs,
@@ -171,7 +176,11 @@ pub(crate) fn checkout(
     let written: Vec<Result<Vec<IndexEntry>, GitError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = items
             .chunks(chunk)
-            .map(|part| scope.spawn(|| ctx.write_items(part)))
+            .enumerate()
+            .map(|(n, part)| {
+                let ctx = &ctx;
+                scope.spawn(move || ctx.write_items(part, n))
+            })
             .collect();
         handles
             .into_iter()
@@ -301,7 +310,8 @@ impl Walk<'_> {
 
 /// What every checkout worker shares.
 struct Ctx<'a> {
-    objects: &'a Path,
+    host_objects: &'a Path,
+    pack_dir: &'a Path,
     root: &'a Path,
     root_fd: BorrowedFd<'a>,
     dirs: &'a [Dir],
@@ -339,18 +349,23 @@ impl Ctx<'_> {
         }
     }
 
-    fn write_items(&self, items: &[Item]) -> Result<Vec<IndexEntry>, GitError> {
-        // One object database per worker: libgit2 serialises pack access within one.
-        let odb = Odb::new().map_err(|e| GitError::git("opening worktree objects", e))?;
-        let objects_str = self
-            .objects
-            .to_str()
-            .ok_or_else(|| GitError::BadDestination {
-                path: self.objects.to_owned(),
-                why: "the path is not UTF-8, which libgit2 needs",
-            })?;
-        odb.add_disk_alternate(objects_str)
-            .map_err(|e| GitError::git("opening worktree objects", e))?;
+    fn write_items(&self, items: &[Item], n: usize) -> Result<Vec<IndexEntry>, GitError> {
+        let odb = open_host_objects(self.host_objects)?;
+        let blobs: HashSet<Oid> = items
+            .iter()
+            .filter(|i| i.kind != EntryKind::Gitlink)
+            .map(|i| i.id)
+            .collect();
+        let mut pack = if blobs.is_empty() {
+            None
+        } else {
+            Some(PackWriter::create(
+                self.pack_dir,
+                &format!("checkout-{n}"),
+                blobs.len(),
+            )?)
+        };
+        let mut packed: HashSet<Oid> = HashSet::with_capacity(blobs.len());
 
         let mut out = Vec::with_capacity(items.len());
         let mut current: Option<(usize, OwnedFd)> = None;
@@ -361,13 +376,34 @@ impl Ctx<'_> {
             let Some((_, dir_fd)) = current.as_ref() else {
                 continue;
             };
-            let stat = self.write_item(&odb, dir_fd.as_fd(), item)?;
+            let blob = match item.kind {
+                EntryKind::Gitlink | EntryKind::Tree => None,
+                EntryKind::File { .. } | EntryKind::Symlink => {
+                    let data = read_blob(&odb, item.id)?;
+                    if let Some(pack) = pack.as_mut() {
+                        if packed.insert(item.id) {
+                            pack.add(item.id, ObjectType::Blob, &data)?;
+                        }
+                    }
+                    Some(data)
+                }
+            };
+            let stat = self.write_item(dir_fd.as_fd(), item, blob.as_deref())?;
             out.push(index_entry(item, &stat));
+        }
+        if let Some(pack) = pack {
+            pack.finish()?;
         }
         Ok(out)
     }
 
-    fn write_item(&self, odb: &Odb<'_>, dir: BorrowedFd<'_>, item: &Item) -> Result<Stat, GitError> {
+    /// Writes one item; `blob` is the content of a file or symlink.
+    fn write_item(
+        &self,
+        dir: BorrowedFd<'_>,
+        item: &Item,
+        blob: Option<&[u8]>,
+    ) -> Result<Stat, GitError> {
         let path = &item.path;
         let stat_at = || {
             rustix::fs::statat(dir, item.name.as_slice(), AtFlags::SYMLINK_NOFOLLOW)
@@ -377,8 +413,8 @@ impl Ctx<'_> {
         match item.kind {
             EntryKind::Gitlink => stat_at(),
             EntryKind::Symlink => {
-                let target = read_blob(odb, item.id)?;
-                rustix::fs::symlinkat(target.as_slice(), dir, item.name.as_slice())
+                let target = blob.unwrap_or_default();
+                rustix::fs::symlinkat(target, dir, item.name.as_slice())
                     .map_err(|e| io_err("creating symlink", self.root, path, e))?;
                 if let Some((uid, gid)) = self.owner {
                     rustix::fs::chownat(
@@ -393,7 +429,7 @@ impl Ctx<'_> {
                 stat_at()
             }
             EntryKind::File { executable } => {
-                let data = read_blob(odb, item.id)?;
+                let data = blob.unwrap_or_default();
                 let perm = if executable { 0o777 } else { 0o666 };
                 let fd = rustix::fs::openat(
                     dir,
@@ -407,7 +443,7 @@ impl Ctx<'_> {
                 )
                 .map_err(|e| io_err("creating worktree file", self.root, path, e))?;
                 let mut file = File::from(fd);
-                file.write_all(&data).map_err(|e| {
+                file.write_all(data).map_err(|e| {
                     GitError::io(
                         "writing worktree file",
                         self.root.join(std::ffi::OsStr::from_bytes(path)),

@@ -10,14 +10,14 @@
 //! - every object is read through the host's object database (which follows
 //!   the host's own alternates) and written whole, undeltified, at zlib's
 //!   fastest level: no delta search, so the cost is one read and one deflate
-//!   per object;
+//!   per object; the base tree's blobs are packed by the checkout's writers as
+//!   they read them ([`crate::checkout`]), everything else by
+//!   [`write_pack_of`] before the checkout;
 //! - each pack and its version-2 index are written by us under a temporary
 //!   name and renamed to `pack-<checksum>` once complete, so a reader never
 //!   sees half a pack;
 //! - packs are new files in the new worktree: nothing is shared with the
 //!   host's object store.
-//!
-//! Up to four writers share the objects, one pack each.
 
 use std::collections::HashSet;
 use std::fs::{self, File};
@@ -30,8 +30,6 @@ use sha1::{Digest, Sha1};
 
 use crate::GitError;
 
-const MAX_WRITERS: usize = 4;
-
 /// One object written to a pack.
 struct Packed {
     id: Oid,
@@ -39,15 +37,34 @@ struct Packed {
     crc: u32,
 }
 
-/// Lists the objects reachable from `base` in `host`, commits first.
-/// `shallow` holds the host's shallow commits, whose parents it lacks.
+/// The objects reachable from a base commit, in two parts.
+#[derive(Debug, Default)]
+pub(crate) struct Reachable {
+    /// The blobs of the base commit's tree: the checkout packs them as it
+    /// reads them (see [`crate::checkout`]), so each is read once.
+    pub(crate) base_blobs: HashSet<Oid>,
+    /// Everything else: commits, trees, and the blobs only older commits hold.
+    pub(crate) rest: Vec<Oid>,
+}
+
+/// Lists the objects reachable from `base` in `host`. `shallow` holds the
+/// host's shallow commits, whose parents it lacks.
 pub(crate) fn reachable_objects(
     host: &Repository,
     base: Oid,
     shallow: &HashSet<Oid>,
-) -> Result<Vec<Oid>, GitError> {
+) -> Result<Reachable, GitError> {
     let mut seen: HashSet<Oid> = HashSet::new();
-    let mut out = Vec::new();
+    let mut out = Reachable::default();
+    let base_tree = host
+        .find_commit(base)
+        .map_err(|e| GitError::git(format!("reading base commit {base}"), e))?
+        .tree_id();
+    // The base tree first, so that its blobs are told apart.
+    let mut base_blobs = Vec::new();
+    walk_trees(host, vec![base_tree], &mut seen, &mut out.rest, &mut base_blobs)?;
+    out.base_blobs = base_blobs.into_iter().collect();
+
     let mut commits = vec![base];
     let mut trees = Vec::new();
     seen.insert(base);
@@ -55,9 +72,9 @@ pub(crate) fn reachable_objects(
         let commit = host
             .find_commit(id)
             .map_err(|e| GitError::git(format!("reading commit {id} of the base's history"), e))?;
-        out.push(id);
+        out.rest.push(id);
         let tree = commit.tree_id();
-        if seen.insert(tree) {
+        if !seen.contains(&tree) {
             trees.push(tree);
         }
         if shallow.contains(&id) {
@@ -69,63 +86,74 @@ pub(crate) fn reachable_objects(
             }
         }
     }
-    while let Some(id) = trees.pop() {
+    let mut older_blobs = Vec::new();
+    walk_trees(host, trees, &mut seen, &mut out.rest, &mut older_blobs)?;
+    out.rest.extend(older_blobs);
+    Ok(out)
+}
+
+/// Lists the trees (into `trees_out`) and blobs (into `blobs_out`) under
+/// `start` that are not in `seen`, marking them seen.
+fn walk_trees(
+    host: &Repository,
+    start: Vec<Oid>,
+    seen: &mut HashSet<Oid>,
+    trees_out: &mut Vec<Oid>,
+    blobs_out: &mut Vec<Oid>,
+) -> Result<(), GitError> {
+    let mut stack: Vec<Oid> = start.into_iter().filter(|t| seen.insert(*t)).collect();
+    while let Some(id) = stack.pop() {
         let tree = host
             .find_tree(id)
             .map_err(|e| GitError::git(format!("reading tree {id} of the base's history"), e))?;
-        out.push(id);
+        trees_out.push(id);
         for entry in tree.iter() {
             let child = entry.id();
             match entry.kind() {
-                Some(ObjectType::Tree) => {
-                    if seen.insert(child) {
-                        trees.push(child);
-                    }
-                }
-                Some(ObjectType::Blob) => {
-                    if seen.insert(child) {
-                        out.push(child);
-                    }
-                }
-                // Gitlinks name commits of other repositories.
+                Some(ObjectType::Tree) if seen.insert(child) => stack.push(child),
+                Some(ObjectType::Blob) if seen.insert(child) => blobs_out.push(child),
+                // Gitlinks name commits of other repositories; seen objects are listed.
                 _ => {}
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
-/// Writes `ids`, read from the object store `host_objects`, as packs in
-/// `pack_dir`. Returns the pack files written.
-pub(crate) fn write_packs(
-    host_objects: &Path,
+/// Opens the (trusted) host's object store `objects` on its own: libgit2
+/// serialises pack access within one object database, so each thread opens
+/// its own. The host's alternates are followed, as git does.
+pub(crate) fn open_host_objects(objects: &Path) -> Result<Odb<'static>, GitError> {
+    let odb = Odb::new().map_err(|e| GitError::git("opening the host objects", e))?;
+    let objects_str = objects.to_str().ok_or_else(|| GitError::BadDestination {
+        path: objects.to_owned(),
+        why: "the host's object path is not UTF-8, which libgit2 needs",
+    })?;
+    odb.add_disk_alternate(objects_str)
+        .map_err(|e| GitError::git("opening the host objects", e))?;
+    Ok(odb)
+}
+
+/// Writes `ids`, read from the host's object database `host` (whose cache
+/// still holds the trees and commits [`reachable_objects`] just read), as one
+/// pack in `pack_dir`.
+pub(crate) fn write_pack_of(
+    host: &Odb<'_>,
     ids: &[Oid],
     pack_dir: &Path,
-) -> Result<Vec<PathBuf>, GitError> {
-    let writers = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .clamp(1, MAX_WRITERS);
-    let chunk = ids.len().div_ceil(writers).max(1);
-    let results: Vec<Result<PathBuf, GitError>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = ids
-            .chunks(chunk)
-            .enumerate()
-            .map(|(n, part)| scope.spawn(move || write_pack(host_objects, part, pack_dir, n)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join().unwrap_or_else(|_| {
-                    Err(GitError::BadDestination {
-                        path: pack_dir.to_owned(),
-                        why: "a pack writer failed",
-                    })
-                })
-            })
-            .collect()
-    });
-    results.into_iter().collect()
+    tag: &str,
+) -> Result<(), GitError> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let mut pack = PackWriter::create(pack_dir, tag, ids.len())?;
+    for &id in ids {
+        let object = host
+            .read(id)
+            .map_err(|e| GitError::git(format!("reading object {id} of the host"), e))?;
+        pack.add(id, object.kind(), object.data())?;
+    }
+    pack.finish()
 }
 
 /// A writer that hashes and counts what goes through it.
@@ -141,6 +169,112 @@ impl<W: Write> Hashing<W> {
         self.hash.update(data);
         self.written += data.len() as u64;
         Ok(())
+    }
+}
+
+/// One pack being written: a known number of whole objects, then the index.
+pub(crate) struct PackWriter {
+    dir: PathBuf,
+    tmp: PathBuf,
+    out: Hashing<BufWriter<File>>,
+    z: Compress,
+    header: Vec<u8>,
+    deflated: Vec<u8>,
+    packed: Vec<Packed>,
+    count: usize,
+}
+
+impl PackWriter {
+    /// Starts `tmp-<tag>.pack` in `dir`, to hold exactly `count` objects.
+    pub(crate) fn create(dir: &Path, tag: &str, count: usize) -> Result<Self, GitError> {
+        let tmp = dir.join(format!("tmp-{tag}.pack"));
+        let file = File::create_new(&tmp).map_err(|e| GitError::io("creating pack file", &tmp, e))?;
+        let mut out = Hashing {
+            inner: BufWriter::with_capacity(1 << 20, file),
+            hash: Sha1::new(),
+            written: 0,
+        };
+        let n = u32::try_from(count).map_err(|_| GitError::BadDestination {
+            path: tmp.clone(),
+            why: "more objects than one pack holds",
+        })?;
+        let mut head = b"PACK\0\0\0\x02".to_vec();
+        head.extend_from_slice(&n.to_be_bytes());
+        out.put(&head)
+            .map_err(|e| GitError::io("writing pack file", &tmp, e))?;
+        Ok(PackWriter {
+            dir: dir.to_owned(),
+            tmp,
+            out,
+            z: Compress::new(Compression::fast(), true),
+            header: Vec::with_capacity(16),
+            deflated: Vec::new(),
+            packed: Vec::with_capacity(count),
+            count,
+        })
+    }
+
+    /// Appends one object, whole. `id` must be the object's id.
+    pub(crate) fn add(&mut self, id: Oid, kind: ObjectType, data: &[u8]) -> Result<(), GitError> {
+        if self.packed.len() >= self.count {
+            return Err(GitError::BadDestination {
+                path: self.tmp.clone(),
+                why: "more objects than the pack was started for",
+            });
+        }
+        entry_header(kind_code(kind), data.len() as u64, &mut self.header);
+        deflate(&mut self.z, data, &mut self.deflated).map_err(|e| {
+            GitError::io(
+                "compressing an object for",
+                &self.tmp,
+                std::io::Error::other(e),
+            )
+        })?;
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&self.header);
+        crc.update(&self.deflated);
+        self.packed.push(Packed {
+            id,
+            offset: self.out.written,
+            crc: crc.finalize(),
+        });
+        let tmp = &self.tmp;
+        self.out
+            .put(&self.header)
+            .and_then(|()| self.out.put(&self.deflated))
+            .map_err(|e| GitError::io("writing pack file", tmp, e))
+    }
+
+    /// Ends the pack, writes its index and gives both their final names.
+    pub(crate) fn finish(self) -> Result<(), GitError> {
+        let PackWriter {
+            dir,
+            tmp,
+            mut out,
+            mut packed,
+            count,
+            ..
+        } = self;
+        if packed.len() != count {
+            return Err(GitError::BadDestination {
+                path: tmp,
+                why: "fewer objects than the pack was started for",
+            });
+        }
+        let checksum: [u8; 20] = out.hash.finalize_reset().into();
+        out.inner
+            .write_all(&checksum)
+            .and_then(|()| out.inner.flush())
+            .map_err(|e| GitError::io("writing pack file", &tmp, e))?;
+        drop(out);
+        let name = format!("pack-{}", hex(&checksum));
+        let tmp_idx = tmp.with_extension("idx");
+        fs::write(&tmp_idx, index_v2(&mut packed, &checksum))
+            .map_err(|e| GitError::io("writing pack index", &tmp_idx, e))?;
+        let pack = dir.join(format!("{name}.pack"));
+        let index = dir.join(format!("{name}.idx"));
+        fs::rename(&tmp, &pack).map_err(|e| GitError::io("naming pack file", &pack, e))?;
+        fs::rename(&tmp_idx, &index).map_err(|e| GitError::io("naming pack index", &index, e))
     }
 }
 
@@ -166,10 +300,20 @@ fn entry_header(kind: u8, size: u64, out: &mut Vec<u8>) {
     out.push(byte);
 }
 
-/// Deflates `data` whole into `out` (cleared first).
+/// Objects smaller than this are stored in their zlib stream uncompressed:
+/// a deflate stream's fixed cost (resetting the compressor) is many times
+/// that of copying a small object, and small objects shrink little.
+const STORE_BELOW: usize = 4096;
+
+/// The zlib stream of `data` into `out` (cleared first): stored blocks for a
+/// small object, zlib's fastest level otherwise.
 fn deflate(z: &mut Compress, data: &[u8], out: &mut Vec<u8>) -> Result<(), flate2::CompressError> {
-    z.reset();
     out.clear();
+    if data.len() < STORE_BELOW {
+        zlib_stored(data, out);
+        return Ok(());
+    }
+    z.reset();
     out.reserve(data.len() + data.len() / 64 + 64);
     loop {
         let consumed = z.total_in() as usize;
@@ -180,87 +324,37 @@ fn deflate(z: &mut Compress, data: &[u8], out: &mut Vec<u8>) -> Result<(), flate
     }
 }
 
-fn write_pack(
-    host_objects: &Path,
-    ids: &[Oid],
-    pack_dir: &Path,
-    n: usize,
-) -> Result<PathBuf, GitError> {
-    // One object database per writer: libgit2 serialises pack access within one.
-    let odb = Odb::new().map_err(|e| GitError::git("opening the host objects", e))?;
-    let objects_str = host_objects
-        .to_str()
-        .ok_or_else(|| GitError::BadDestination {
-            path: host_objects.to_owned(),
-            why: "the host's object path is not UTF-8, which libgit2 needs",
-        })?;
-    odb.add_disk_alternate(objects_str)
-        .map_err(|e| GitError::git("opening the host objects", e))?;
-
-    let tmp_pack = pack_dir.join(format!("tmp-{n}.pack"));
-    let io = |action: &'static str, path: &Path| {
-        let path = path.to_owned();
-        move |e: std::io::Error| GitError::io(action, path, e)
-    };
-    let file = File::create_new(&tmp_pack).map_err(io("creating pack file", &tmp_pack))?;
-    let mut out = Hashing {
-        inner: BufWriter::with_capacity(1 << 20, file),
-        hash: Sha1::new(),
-        written: 0,
-    };
-    let count = u32::try_from(ids.len()).map_err(|_| GitError::BadDestination {
-        path: tmp_pack.clone(),
-        why: "more objects than one pack holds",
-    })?;
-    let mut head = b"PACK\0\0\0\x02".to_vec();
-    head.extend_from_slice(&count.to_be_bytes());
-    out.put(&head).map_err(io("writing pack file", &tmp_pack))?;
-
-    let mut z = Compress::new(Compression::fast(), true);
-    let mut header = Vec::with_capacity(16);
-    let mut deflated = Vec::new();
-    let mut packed = Vec::with_capacity(ids.len());
-    for &id in ids {
-        let object = odb
-            .read(id)
-            .map_err(|e| GitError::git(format!("reading object {id} of the host"), e))?;
-        entry_header(kind_code(object.kind()), object.len() as u64, &mut header);
-        deflate(&mut z, object.data(), &mut deflated).map_err(|e| {
-            GitError::io(
-                "compressing an object for",
-                &tmp_pack,
-                std::io::Error::other(e),
-            )
-        })?;
-        drop(object);
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&header);
-        crc.update(&deflated);
-        packed.push(Packed {
-            id,
-            offset: out.written,
-            crc: crc.finalize(),
-        });
-        out.put(&header).map_err(io("writing pack file", &tmp_pack))?;
-        out.put(&deflated).map_err(io("writing pack file", &tmp_pack))?;
+/// A zlib stream (RFC 1950) of stored deflate blocks (RFC 1951, 3.2.4).
+fn zlib_stored(data: &[u8], out: &mut Vec<u8>) {
+    out.reserve(data.len() + 5 * (data.len() / 0xffff + 1) + 6);
+    out.extend_from_slice(&[0x78, 0x01]);
+    let mut blocks = data.chunks(0xffff).peekable();
+    if blocks.peek().is_none() {
+        out.extend_from_slice(&[1, 0, 0, 0xff, 0xff]);
     }
-    let checksum: [u8; 20] = out.hash.finalize_reset().into();
-    out.inner
-        .write_all(&checksum)
-        .and_then(|()| out.inner.flush())
-        .map_err(io("writing pack file", &tmp_pack))?;
-    drop(out);
+    while let Some(block) = blocks.next() {
+        out.push(u8::from(blocks.peek().is_none()));
+        let len = block.len() as u16;
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&(!len).to_le_bytes());
+        out.extend_from_slice(block);
+    }
+    out.extend_from_slice(&adler32(data).to_be_bytes());
+}
 
-    let tmp_idx = pack_dir.join(format!("tmp-{n}.idx"));
-    let idx = index_v2(&mut packed, &checksum);
-    fs::write(&tmp_idx, idx).map_err(io("writing pack index", &tmp_idx))?;
-
-    let name = format!("pack-{}", hex(&checksum));
-    let pack = pack_dir.join(format!("{name}.pack"));
-    let index = pack_dir.join(format!("{name}.idx"));
-    fs::rename(&tmp_pack, &pack).map_err(io("naming pack file", &pack))?;
-    fs::rename(&tmp_idx, &index).map_err(io("naming pack index", &index))?;
-    Ok(pack)
+/// Adler-32 (RFC 1950, 8.2), summing up to 5552 bytes between reductions.
+fn adler32(data: &[u8]) -> u32 {
+    const MOD: u32 = 65521;
+    let (mut a, mut b) = (1u32, 0u32);
+    for chunk in data.chunks(5552) {
+        for &byte in chunk {
+            a += u32::from(byte);
+            b += a;
+        }
+        a %= MOD;
+        b %= MOD;
+    }
+    (b << 16) | a
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -322,17 +416,30 @@ mod tests {
         assert_eq!(out, [0xac, 0x12]);
     }
 
+    /// zlib's own decoder (which checks the Adler-32) reads back every
+    /// stream, stored or deflated, across block boundaries.
     #[test]
-    fn deflate_round_trips() {
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    fn zlib_streams_round_trip() {
         let mut z = Compress::new(Compression::fast(), true);
         let mut out = Vec::new();
-        for _ in 0..2 {
-            deflate(&mut z, &data, &mut out).unwrap();
-            let mut back = Vec::new();
-            std::io::Read::read_to_end(&mut flate2::read::ZlibDecoder::new(&out[..]), &mut back)
+        for len in [0usize, 1, 300, STORE_BELOW - 1, STORE_BELOW, 0xffff, 0x10000, 200_000] {
+            let data: Vec<u8> = (0..len as u32).map(|i| (i * 7 % 251) as u8).collect();
+            for _ in 0..2 {
+                deflate(&mut z, &data, &mut out).unwrap();
+                let mut back = Vec::new();
+                std::io::Read::read_to_end(
+                    &mut flate2::read::ZlibDecoder::new(&out[..]),
+                    &mut back,
+                )
                 .unwrap();
-            assert_eq!(back, data);
+                assert_eq!(back, data, "length {len}");
+            }
+            let mut stored = Vec::new();
+            zlib_stored(&data, &mut stored);
+            let mut back = Vec::new();
+            std::io::Read::read_to_end(&mut flate2::read::ZlibDecoder::new(&stored[..]), &mut back)
+                .unwrap();
+            assert_eq!(back, data, "stored, length {len}");
         }
     }
 }

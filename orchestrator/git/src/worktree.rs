@@ -133,13 +133,23 @@ fn populate(
 
     let host_common = host.commondir().to_owned();
     let shallow = read_shallow(&host_common.join("shallow"))?;
-    let ids = crate::reachable::reachable_objects(host, base, &shallow)?;
-    crate::reachable::write_packs(&host_common.join("objects"), &ids, &objects.join("pack"))?;
+    let reachable = crate::reachable::reachable_objects(host, base, &shallow)?;
+    let host_objects = host_common.join("objects");
+    let pack_dir = objects.join("pack");
+    // Commits, trees and older blobs now; the base tree's blobs as the checkout reads them.
+    let host_odb = host
+        .odb()
+        .map_err(|e| GitError::git("opening the host object database", e))?;
+    crate::reachable::write_pack_of(&host_odb, &reachable.rest, &pack_dir, "history")?;
     // Only the shallow commits this history holds: the file names commits.
-    let reached: HashSet<git2::Oid> = ids.iter().copied().collect();
+    let held: HashSet<&git2::Oid> = if shallow.is_empty() {
+        HashSet::new()
+    } else {
+        reachable.rest.iter().collect()
+    };
     let kept: String = shallow
         .iter()
-        .filter(|id| reached.contains(id))
+        .filter(|id| held.contains(id))
         .map(|id| format!("{id}\n"))
         .collect();
     if !kept.is_empty() {
@@ -154,7 +164,15 @@ fn populate(
         .find_commit(base)
         .map_err(|e| GitError::git(format!("reading base commit {base} in the new worktree"), e))?
         .tree_id();
-    crate::checkout::checkout(&repo, dest, base_tree, spec.owner)?;
+    crate::checkout::checkout(
+        &repo,
+        &host_odb,
+        dest,
+        base_tree,
+        spec.owner,
+        &host_objects,
+        &pack_dir,
+    )?;
 
     if let Some((uid, gid)) = spec.owner {
         // The checkout gave its files away as it wrote them; what is left is
