@@ -93,7 +93,9 @@ pub(crate) fn reachable_objects(
 }
 
 /// Lists the trees (into `trees_out`) and blobs (into `blobs_out`) under
-/// `start` that are not in `seen`, marking them seen.
+/// `start` that are not in `seen`, marking them seen. Trees are read raw and
+/// only their modes and ids are looked at: a tree git would refuse to check
+/// out is still copied here, and refused by the checkout with its reason.
 fn walk_trees(
     host: &Repository,
     start: Vec<Oid>,
@@ -101,18 +103,50 @@ fn walk_trees(
     trees_out: &mut Vec<Oid>,
     blobs_out: &mut Vec<Oid>,
 ) -> Result<(), GitError> {
+    let odb = host
+        .odb()
+        .map_err(|e| GitError::git("opening the host object database", e))?;
     let mut stack: Vec<Oid> = start.into_iter().filter(|t| seen.insert(*t)).collect();
     while let Some(id) = stack.pop() {
-        let tree = host
-            .find_tree(id)
+        let object = odb
+            .read(id)
             .map_err(|e| GitError::git(format!("reading tree {id} of the base's history"), e))?;
+        if object.kind() != ObjectType::Tree {
+            return Err(GitError::MalformedObject {
+                id: id.to_string(),
+                kind: "tree",
+                why: "it is referenced as a tree but is another kind",
+            });
+        }
         trees_out.push(id);
-        for entry in tree.iter() {
-            let child = entry.id();
-            match entry.kind() {
-                Some(ObjectType::Tree) if seen.insert(child) => stack.push(child),
-                Some(ObjectType::Blob) if seen.insert(child) => blobs_out.push(child),
-                // Gitlinks name commits of other repositories; seen objects are listed.
+        let mut data = object.data();
+        while !data.is_empty() {
+            let bad = |why| GitError::MalformedObject {
+                id: id.to_string(),
+                kind: "tree",
+                why,
+            };
+            let nul = data
+                .iter()
+                .position(|&b| b == 0)
+                .ok_or_else(|| bad("entry name not terminated"))?;
+            let head = &data[..nul];
+            let rest = &data[nul + 1..];
+            if rest.len() < 20 {
+                return Err(bad("entry id truncated"));
+            }
+            let child = Oid::from_bytes(&rest[..20]).map_err(|_| bad("entry id unreadable"))?;
+            data = &rest[20..];
+            let mode_text = head.split(|&b| b == b' ').next().unwrap_or_default();
+            let mode = std::str::from_utf8(mode_text)
+                .ok()
+                .and_then(|m| u32::from_str_radix(m, 8).ok())
+                .ok_or_else(|| bad("the mode is not octal"))?;
+            match mode & 0o170000 {
+                0o040000 if seen.insert(child) => stack.push(child),
+                // Gitlinks name commits of other repositories.
+                0o040000 | 0o160000 => {}
+                _ if seen.insert(child) => blobs_out.push(child),
                 _ => {}
             }
         }

@@ -399,6 +399,38 @@ mod tests {
         );
     }
 
+    /// A commit reaching a tree with a `..` entry is refused with the tree's
+    /// id and the entry's name, and neither the tree nor the commit is written.
+    #[test]
+    fn copy_refuses_a_commit_reaching_a_hostile_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let host_repo = git2::Repository::init_bare(dir.path().join("host")).unwrap();
+        let wt_repo = git2::Repository::init_bare(dir.path().join("wt")).unwrap();
+        let (host, wt) = (host_repo.odb().unwrap(), wt_repo.odb().unwrap());
+        let blob = wt.write(ObjectType::Blob, b"out\n").unwrap();
+        let mut inner = b"100644 escaped\0".to_vec();
+        inner.extend_from_slice(blob.as_bytes());
+        let inner = wt.write(ObjectType::Tree, &inner).unwrap();
+        let mut top = b"40000 ..\0".to_vec();
+        top.extend_from_slice(inner.as_bytes());
+        let top = wt.write(ObjectType::Tree, &top).unwrap();
+        let commit = format!(
+            "tree {top}\nauthor a <a> 1 +0000\ncommitter a <a> 1 +0000\n\nhostile\n"
+        );
+        let commit = wt.write(ObjectType::Commit, commit.as_bytes()).unwrap();
+
+        let err = copy_reachable(&host, &wt, commit, &ImportLimits::default()).unwrap_err();
+        match &err {
+            GitError::InvalidTreeEntry { tree, name, why } => {
+                assert_eq!(*tree, top.to_string());
+                assert_eq!(name, "..");
+                assert_eq!(*why, "the name `..`");
+            }
+            other => panic!("not an invalid tree entry: {other}"),
+        }
+        assert!(!host.exists(top) && !host.exists(commit));
+    }
+
     #[test]
     fn parses_commits_and_refuses_garbage() {
         let c = format!(
