@@ -257,7 +257,10 @@ fn assert_nothing_escaped(
                     .is_some_and(|n| n.to_string_lossy().starts_with("escaped-by-"))
             })
             .collect();
-        assert!(escaped.is_empty(), "{step}: written outside a worktree: {escaped:?}");
+        assert!(
+            escaped.is_empty(),
+            "{step}: written outside a worktree: {escaped:?}"
+        );
     }
     assert!(state.containers().is_empty(), "{step}: containers left");
 }
@@ -302,9 +305,19 @@ echo planted
     let run = only_run(&state);
     let id = run["id"].as_str().unwrap().to_string();
     let log = state.output_log(&id);
-    assert!(log.contains("planted"), "the agent did not plant: {log}\n{}", stderr(&out));
+    assert!(
+        log.contains("planted"),
+        "the agent did not plant: {log}\n{}",
+        stderr(&out)
+    );
     let agent_a = hostile_id(&log, "A");
-    assert_nothing_escaped(&state, repo.path(), &decoy, &hooks_before, "the hostile run");
+    assert_nothing_escaped(
+        &state,
+        repo.path(),
+        &decoy,
+        &hooks_before,
+        "the hostile run",
+    );
     // The import refused the commit: it is nowhere in the host repository.
     let found = std::process::Command::new("git")
         .arg("-C")
@@ -339,7 +352,13 @@ echo planted
             "--",
             "true",
         ]);
-        assert_nothing_escaped(&state, repo.path(), &decoy, &hooks_before, "the continued run");
+        assert_nothing_escaped(
+            &state,
+            repo.path(),
+            &decoy,
+            &hooks_before,
+            "the continued run",
+        );
     }
 
     // 3. The same trees as if an older nightshift had imported them: planted
@@ -377,7 +396,10 @@ echo planted
             "--",
             "true",
         ]);
-        assert!(!out.status.success(), "a run on hostile commit {which} started");
+        assert!(
+            !out.status.success(),
+            "a run on hostile commit {which} started"
+        );
         assert!(
             stderr(&out).contains("refused entry"),
             "run on hostile commit {which} not refused for its tree: {}",
@@ -405,7 +427,9 @@ fn the_sandbox_holds_only_objects_its_base_reaches() {
     git(r, &["add", "stashed.txt"]);
     git(r, &["stash", "-q"]);
     let stash = git(r, &["rev-parse", "refs/stash"]).trim().to_string();
-    let stash_blob = git(r, &["rev-parse", "refs/stash:stashed.txt"]).trim().to_string();
+    let stash_blob = git(r, &["rev-parse", "refs/stash:stashed.txt"])
+        .trim()
+        .to_string();
     git(r, &["checkout", "-q", "-b", "other"]);
     std::fs::write(r.join("other.txt"), "BRANCH-SECRET-7c2\n").unwrap();
     git(r, &["add", "other.txt"]);
@@ -443,7 +467,13 @@ echo done
     let run = only_run(&state);
     let log = state.output_log(run["id"].as_str().unwrap());
     assert!(log.contains("done"), "the probe did not finish: {log}");
-    assert!(!log.contains("READABLE"), "host objects readable in the sandbox: {log}");
-    assert!(log.contains("SECRETS=0"), "host secrets readable in the sandbox: {log}");
+    assert!(
+        !log.contains("READABLE"),
+        "host objects readable in the sandbox: {log}"
+    );
+    assert!(
+        log.contains("SECRETS=0"),
+        "host secrets readable in the sandbox: {log}"
+    );
     assert!(state.containers().is_empty());
 }

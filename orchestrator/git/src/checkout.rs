@@ -75,6 +75,8 @@ struct Stat {
 }
 
 impl From<&rustix::fs::Stat> for Stat {
+    // The fields' widths differ between platforms; some casts are no-ops here.
+    #[allow(clippy::unnecessary_cast)]
     fn from(s: &rustix::fs::Stat) -> Self {
         Stat {
             ctime: (s.st_ctime as i64, s.st_ctime_nsec as i64),
@@ -267,9 +269,7 @@ impl Walk<'_> {
             match entry.kind {
                 EntryKind::Tree | EntryKind::Gitlink => {
                     rustix::fs::mkdirat(dir_fd, entry.name, Mode::from_raw_mode(0o777))
-                        .map_err(|e| {
-                            io_err("creating worktree directory", self.root, &path, e)
-                        })?;
+                        .map_err(|e| io_err("creating worktree directory", self.root, &path, e))?;
                     let sub = open_dir(dir_fd, entry.name)
                         .map_err(|e| io_err("opening worktree directory", self.root, &path, e))?;
                     if let Some((uid, gid)) = self.owner {

@@ -62,7 +62,13 @@ pub(crate) fn reachable_objects(
         .tree_id();
     // The base tree first, so that its blobs are told apart.
     let mut base_blobs = Vec::new();
-    walk_trees(host, vec![base_tree], &mut seen, &mut out.rest, &mut base_blobs)?;
+    walk_trees(
+        host,
+        vec![base_tree],
+        &mut seen,
+        &mut out.rest,
+        &mut base_blobs,
+    )?;
     out.base_blobs = base_blobs.into_iter().collect();
 
     let mut commits = vec![base];
@@ -222,7 +228,8 @@ impl PackWriter {
     /// Starts `tmp-<tag>.pack` in `dir`, to hold exactly `count` objects.
     pub(crate) fn create(dir: &Path, tag: &str, count: usize) -> Result<Self, GitError> {
         let tmp = dir.join(format!("tmp-{tag}.pack"));
-        let file = File::create_new(&tmp).map_err(|e| GitError::io("creating pack file", &tmp, e))?;
+        let file =
+            File::create_new(&tmp).map_err(|e| GitError::io("creating pack file", &tmp, e))?;
         let mut out = Hashing {
             inner: BufWriter::with_capacity(1 << 20, file),
             hash: Sha1::new(),
@@ -456,7 +463,16 @@ mod tests {
     fn zlib_streams_round_trip() {
         let mut z = Compress::new(Compression::fast(), true);
         let mut out = Vec::new();
-        for len in [0usize, 1, 300, STORE_BELOW - 1, STORE_BELOW, 0xffff, 0x10000, 200_000] {
+        for len in [
+            0usize,
+            1,
+            300,
+            STORE_BELOW - 1,
+            STORE_BELOW,
+            0xffff,
+            0x10000,
+            200_000,
+        ] {
             let data: Vec<u8> = (0..len as u32).map(|i| (i * 7 % 251) as u8).collect();
             for _ in 0..2 {
                 deflate(&mut z, &data, &mut out).unwrap();

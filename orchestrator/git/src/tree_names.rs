@@ -25,7 +25,9 @@ use git2::Oid;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum EntryKind {
     Tree,
-    File { executable: bool },
+    File {
+        executable: bool,
+    },
     Symlink,
     /// A submodule: a commit of another repository, never followed.
     Gitlink,

@@ -200,7 +200,10 @@ fn read_shallow(path: &Path) -> Result<HashSet<git2::Oid>, GitError> {
         .filter(|l| !l.is_empty())
         .map(|l| {
             git2::Oid::from_str(l).map_err(|e| {
-                GitError::git(format!("reading the host's shallow file {}", path.display()), e)
+                GitError::git(
+                    format!("reading the host's shallow file {}", path.display()),
+                    e,
+                )
             })
         })
         .collect()

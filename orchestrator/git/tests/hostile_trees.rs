@@ -51,12 +51,15 @@ fn raw_tree(entries: &[(&str, &[u8], &str)]) -> Vec<u8> {
     out
 }
 
+/// A raw tree entry: mode, name, id.
+type RawEntry = (String, Vec<u8>, String);
+
 /// One hostile commit: its tree's top entries, and the entry refused.
 struct Case {
     what: &'static str,
     /// The name the refusal must report (escaped as in the error).
     refused: &'static str,
-    build: fn(&Path, &Targets) -> Vec<(String, Vec<u8>, String)>,
+    build: fn(&Path, &Targets) -> Vec<RawEntry>,
 }
 
 /// Where the hostile trees aim.
@@ -85,7 +88,7 @@ fn git_dir_tree(objects: &Path, t: &Targets) -> String {
 }
 
 fn cases() -> Vec<Case> {
-    fn e(mode: &str, name: &[u8], id: String) -> (String, Vec<u8>, String) {
+    fn e(mode: &str, name: &[u8], id: String) -> RawEntry {
         (mode.to_owned(), name.to_vec(), id)
     }
     vec![
@@ -128,7 +131,10 @@ fn cases() -> Vec<Case> {
             build: |o, t| {
                 let link = write_loose(o, "blob", t.hooks.as_os_str().as_encoded_bytes());
                 let hook = hook_blob(o, &t.decoy);
-                vec![e("120000", b"h", link), e("100755", b"h/post-checkout", hook)]
+                vec![
+                    e("120000", b"h", link),
+                    e("100755", b"h/post-checkout", hook),
+                ]
             },
         },
         Case {
@@ -228,9 +234,16 @@ fn assert_refusal(err: &GitError, tree: &str, case: &Case) {
     match err {
         GitError::InvalidTreeEntry { tree: t, name, why } => {
             assert_eq!(t, tree, "{}: wrong tree named ({why})", case.what);
-            assert_eq!(name, case.refused, "{}: wrong entry named ({why})", case.what);
+            assert_eq!(
+                name, case.refused,
+                "{}: wrong entry named ({why})",
+                case.what
+            );
         }
-        other => panic!("{}: not refused as an invalid tree entry: {other}", case.what),
+        other => panic!(
+            "{}: not refused as an invalid tree entry: {other}",
+            case.what
+        ),
     }
     let message = err.to_string();
     assert!(message.contains(tree), "{message}");
@@ -271,7 +284,10 @@ fn hostile_trees_planted_in_the_host_are_never_checked_out() {
         let fx = Fixture::new();
         let t = targets(&fx);
         let (commit, tree) = plant(&fx.host.join(".git/objects"), &case, &t, &fx.base);
-        git(&fx.host, &["update-ref", "refs/nightshift/runs/evil", &commit]);
+        git(
+            &fx.host,
+            &["update-ref", "refs/nightshift/runs/evil", &commit],
+        );
         let hooks_before = listing(&t.hooks);
         let top_before = listing(fx.dir.path());
 
@@ -293,7 +309,11 @@ fn hostile_trees_planted_in_the_host_are_never_checked_out() {
             listing(&t.decoy)
         );
         assert_eq!(listing(&t.hooks), hooks_before, "{}", case.what);
-        assert!(!dest.exists(), "{}: the failed worktree was left", case.what);
+        assert!(
+            !dest.exists(),
+            "{}: the failed worktree was left",
+            case.what
+        );
         assert_eq!(listing(fx.dir.path()), top_before, "{}", case.what);
     }
 }
@@ -319,7 +339,10 @@ fn observed_state_never_keeps_a_hostile_tip_tree() {
     let tip_tree = write_loose(
         &fx.host.join(".git/objects"),
         "tree",
-        &raw_tree(&[("100644", b"README.md", &readme), ("40000", b"sub", &hostile)]),
+        &raw_tree(&[
+            ("100644", b"README.md", &readme),
+            ("40000", b"sub", &hostile),
+        ]),
     );
     let tip = write_loose(
         &fx.host.join(".git/objects"),
@@ -341,7 +364,13 @@ fn observed_state_never_keeps_a_hostile_tip_tree() {
     let imported = import_run(&fx.spec(&wt.path, "fifo")).expect("import");
     let tree = git(
         &fx.host,
-        &["ls-tree", "-r", "-t", "--full-tree", &imported.result_commit],
+        &[
+            "ls-tree",
+            "-r",
+            "-t",
+            "--full-tree",
+            &imported.result_commit,
+        ],
     );
     assert!(
         !tree.contains(&hostile),

@@ -348,7 +348,11 @@ fn worktree_holds_only_objects_reachable_from_the_base() {
     }
     let listed = git(
         p,
-        &["cat-file", "--batch-all-objects", "--batch-check=%(objectname)"],
+        &[
+            "cat-file",
+            "--batch-all-objects",
+            "--batch-check=%(objectname)",
+        ],
     );
     let mut held: Vec<&str> = listed.lines().collect();
     held.sort();
@@ -360,7 +364,11 @@ fn worktree_holds_only_objects_reachable_from_the_base() {
     wanted.sort();
     assert_eq!(held, wanted);
     let dump = common::git_raw(p, &["cat-file", "--batch-all-objects", "--batch"]);
-    for secret in ["STASHED-SECRET-1", "OTHER-BRANCH-SECRET-2", "RESET-AWAY-SECRET-3"] {
+    for secret in [
+        "STASHED-SECRET-1",
+        "OTHER-BRANCH-SECRET-2",
+        "RESET-AWAY-SECRET-3",
+    ] {
         assert!(!contains(&dump.stdout, secret.as_bytes()), "{secret}");
     }
     git(p, &["fsck", "--full", "--strict", "--no-dangling"]);

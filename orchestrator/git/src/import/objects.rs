@@ -414,9 +414,8 @@ mod tests {
         let mut top = b"40000 ..\0".to_vec();
         top.extend_from_slice(inner.as_bytes());
         let top = wt.write(ObjectType::Tree, &top).unwrap();
-        let commit = format!(
-            "tree {top}\nauthor a <a> 1 +0000\ncommitter a <a> 1 +0000\n\nhostile\n"
-        );
+        let commit =
+            format!("tree {top}\nauthor a <a> 1 +0000\ncommitter a <a> 1 +0000\n\nhostile\n");
         let commit = wt.write(ObjectType::Commit, commit.as_bytes()).unwrap();
 
         let err = copy_reachable(&host, &wt, commit, &ImportLimits::default()).unwrap_err();
