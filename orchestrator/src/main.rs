@@ -806,9 +806,8 @@ fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
 
 fn verify_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
     let store = open_store(root)?;
-    let entries = store.entries().map_err(store_err)?;
-    let checkpoints = store.checkpoints().map_err(store_err)?;
-    match orchestrator_audit::verify(store.log(), &entries, &checkpoints) {
+    let (head, checkpoints, entries) = store.audit_snapshot().map_err(store_err)?;
+    match orchestrator_audit::verify_with_head(store.log(), &entries, &checkpoints, head.as_ref()) {
         Ok(v) => {
             if json {
                 println!(
@@ -1120,11 +1119,13 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             }
             for r in &active {
                 let v = serde_json::to_value(r).unwrap_or_default();
+                let named = |k: &str| v.get(k).map(|d| format!("{k}={d} ")).unwrap_or_default();
                 println!(
-                    "{:<7} {:<32} doors={} subject={}  {}",
+                    "{:<7} {:<32} {}{}subject={}  {}",
                     v["effect"].as_str().unwrap_or("?"),
                     v["id"].as_str().unwrap_or("?"),
-                    v["doors"],
+                    named("doors"),
+                    named("tools"),
                     v["subject"].as_str().unwrap_or("?"),
                     v["reason"].as_str().unwrap_or("")
                 );
