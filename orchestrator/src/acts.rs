@@ -13,8 +13,15 @@
 //!   message's body is kept in the state store and bound by its digest.
 //! - Every queue transition is written with its audit entry in one
 //!   transaction, conditioned on the state it moves from; an approved act is
-//!   re-checked immediately before it is carried out, and a changed
-//!   destination or policy makes it stale instead of executing.
+//!   re-checked under the executor lock immediately before it is carried
+//!   out: a changed destination (the push's lease), or a rule in force that
+//!   now refuses the act, makes it stale instead of executing. A rule change
+//!   that does not refuse it (another run's tier-1 rule, a freeze and thaw)
+//!   stales nothing; while frozen, nothing is approved or carried out.
+//! - A stale act is left only by a person: rejected, or re-bound (a new
+//!   pending act with the same content bound to the destination as it is
+//!   now), which needs one more approval; nothing is carried out against a
+//!   state nobody approved.
 
 use std::path::{Path, PathBuf};
 
@@ -42,11 +49,22 @@ pub fn destinations(store: &Store) -> Result<Destinations, String> {
 
 /// The most acts one run may request; past it every request is refused.
 pub const MAX_ACTS_PER_RUN: u64 = 200;
-/// (pending, approval) lifetimes from the state's configuration.
-fn ttls(store: &Store) -> (i64, i64) {
-    crate::config::Config::load(&store.paths().root.join("config.toml"))
-        .map(|c| c.queue_ttls())
-        .unwrap_or((7 * 24 * 3600, 24 * 3600))
+/// The queue's (pending, approval) lifetimes of this process: set once from
+/// the one configuration the process loaded and checked ([`use_queue_ttls`]),
+/// never read again from whatever file is at `STATE/config.toml`.
+static QUEUE_TTLS: std::sync::OnceLock<(i64, i64)> = std::sync::OnceLock::new();
+
+/// Sets the queue's lifetimes from the process's configuration
+/// ([`crate::config::Config::queue_ttls`]); the first call wins.
+pub fn use_queue_ttls(ttls: (i64, i64)) {
+    let _ = QUEUE_TTLS.set(ttls);
+}
+
+/// (pending, approval) lifetimes: the process's configuration's, or the
+/// documented defaults of an absent configuration when none was set (a
+/// library user that loaded none).
+fn ttls(_store: &Store) -> (i64, i64) {
+    *QUEUE_TTLS.get_or_init(|| crate::config::Config::default().queue_ttls())
 }
 
 fn now() -> i64 {
@@ -89,12 +107,20 @@ pub fn route_and_label(
     req: &Request,
     public_content: bool,
 ) -> Result<(), Response> {
-    let readers = match req {
-        Request::Push { remote, .. } => dest.remotes.get(remote).map(|r| r.readers),
-        Request::PullRequest { remote, .. } => dest.forges.get(remote).map(|f| f.readers),
-        Request::Notify { destination, .. } => dest.notify.get(destination).map(|n| n.readers),
-        Request::Ask { .. } => Some(Readers::Private),
-    };
+    let readers =
+        match req {
+            Request::Push { remote, .. } => dest.remotes.get(remote).map(|r| r.readers),
+            // A pull request's commit lands on the forge and on the git remote
+            // that holds its branches: both must be fit for the content.
+            Request::PullRequest { remote, .. } => dest.forges.get(remote).map(|f| {
+                match dest.remotes.get(&f.remote).map(|r| r.readers) {
+                    Some(Readers::Private) | None => f.readers,
+                    Some(Readers::Public) => Readers::Public,
+                }
+            }),
+            Request::Notify { destination, .. } => dest.notify.get(destination).map(|n| n.readers),
+            Request::Ask { .. } => Some(Readers::Private),
+        };
     let Some(readers) = readers else {
         return Err(refused(
             "nightshift:routing",
@@ -535,8 +561,61 @@ pub fn reject(store: &mut Store, id: &str, why: &str, key: Option<&Path>) -> Res
     Ok(())
 }
 
-/// The act's digest as it would be if created now: the remote's current
-/// ref for a push, the policy's current generation.
+/// The policy request an act made when it was queued, rebuilt from what the
+/// act binds: its door, its actor and its routing (never its content).
+pub fn act_policy_request(act: &Act) -> policies::Request {
+    let args = match (&act.routing.target, &act.content) {
+        (Target::Push { target_ref, .. }, Content::Commit { commit }) => {
+            // The fields of `policy_args` (the door schema), so that the
+            // rules decide the act now as they did when it was queued.
+            json!({
+                "remote": act.routing.destination,
+                "ref": target_ref,
+                "commit": commit,
+                "force": false,
+                "delete": false,
+            })
+        }
+        (Target::PullRequest { base_ref, head_ref }, Content::PullRequest { head_commit, .. }) => {
+            json!({
+                "remote": act.routing.destination,
+                "base": base_ref,
+                "head": head_ref,
+                "commit": head_commit,
+            })
+        }
+        _ if act.door == Door::Ask => json!({}),
+        _ => json!({"destination": act.routing.destination}),
+    };
+    policies::Request {
+        actor: Some(act.actor.clone()),
+        door: act.door.name().to_string(),
+        args,
+        scope: None,
+    }
+}
+
+/// Why the rules in force now refuse an act, if they do. A freeze is not a
+/// refusal of the act (it suspends everything; see [`frozen`]); neither is a
+/// rule declared, retired or ratified since the act was queued, unless it now
+/// refuses this very act.
+fn refused_now(rules: &policies::RuleSet, act: &Act) -> Option<String> {
+    let decision = policies::evaluate(rules, &act_policy_request(act), crate::policy::now());
+    (decision.verdict == policies::Verdict::Refuse)
+        .then(|| format!("rule {} now refuses it: {}", decision.rule, decision.reason))
+}
+
+/// The freeze in force, if any, as a sentence for the owner.
+pub fn frozen(store: &Store) -> Result<Option<String>, String> {
+    let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
+    Ok(rules.freeze().map(|f| f.reason.clone()))
+}
+
+/// The act's digest as it would be if created now: the remote's current ref
+/// for a push. The policy generation is the act's own: a rule change moves
+/// the generation but stales nothing unless the rules in force now refuse
+/// this act, which makes the recomputed digest differ (so the act goes stale
+/// with the rule named).
 fn recompute(store: &Store, dest: &Destinations, act: &Act) -> Result<String, String> {
     let mut now_act = act.clone();
     if let (Door::Push, Target::Push { target_ref, .. }) = (&act.door, &act.routing.target) {
@@ -553,19 +632,112 @@ fn recompute(store: &Store, dest: &Destinations, act: &Act) -> Result<String, St
             expected_old: current,
         };
     }
-    let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
-    if rules.freeze().is_some() {
-        return Err("nightshift is frozen".into());
+    if let (Target::PullRequest { head_ref, .. }, Content::PullRequest { head_commit, .. }) =
+        (&act.routing.target, &act.content)
+    {
+        head_is_bindable(store, dest, act, head_ref, head_commit)?;
     }
-    now_act.policy_generation = rules.generation().to_string();
+    let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
+    if let Some(why) = refused_now(&rules, act) {
+        return Err(why);
+    }
     Ok(deferred_queue::act_digest(&now_act))
 }
 
-/// Approves an act (owner's credential) and carries it out at once.
-pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<String, String> {
+/// A pull request opens on its head branch as the forge's git remote holds
+/// it. That branch must hold the approved commit already, or be absent, or
+/// hold a commit the approved one extends (then the act pushes it there,
+/// fast-forward only, before the request). Anything else moved the branch
+/// under the act: it goes stale, and no pull request opens on another
+/// commit.
+fn head_is_bindable(
+    store: &Store,
+    dest: &Destinations,
+    act: &Act,
+    head_ref: &str,
+    head_commit: &str,
+) -> Result<Option<String>, String> {
+    let (_, remote) = forge_remote(dest, act)?;
+    let now = orchestrator_executors::remote_ref(remote, head_ref).map_err(|e| e.audit_reason())?;
+    let Some(now) = now else {
+        return Ok(None);
+    };
+    let run = store.run(&act.run).map_err(|e| e.to_string())?;
+    let extends = orchestrator_executors::extends(Path::new(&run.repo), head_commit, &now)
+        .map_err(|e| e.audit_reason())?;
+    if extends {
+        Ok(Some(now))
+    } else {
+        Err(format!(
+            "the head branch {head_ref} now holds {now}, which the approved {head_commit} does not extend"
+        ))
+    }
+}
+
+/// The forge of a pull-request act and the git remote that holds its branches.
+fn forge_remote<'d>(
+    dest: &'d Destinations,
+    act: &Act,
+) -> Result<
+    (
+        &'d orchestrator_executors::ForgeConfig,
+        &'d orchestrator_executors::RemoteConfig,
+    ),
+    String,
+> {
+    let forge = dest.forges.get(&act.routing.destination).ok_or_else(|| {
+        format!(
+            "forge {:?} is no longer configured",
+            act.routing.destination
+        )
+    })?;
+    let remote = dest.remotes.get(&forge.remote).ok_or_else(|| {
+        format!(
+            "remote {:?} of forge {:?} is no longer configured",
+            forge.remote, act.routing.destination
+        )
+    })?;
+    Ok((forge, remote))
+}
+
+/// What `approve` did with one act: a line for the owner, and whether the
+/// act was carried out (anything else makes `approve` exit non-zero).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decided {
+    pub line: String,
+    pub carried_out: bool,
+}
+
+impl Decided {
+    fn not_carried(line: String) -> Self {
+        Decided {
+            line,
+            carried_out: false,
+        }
+    }
+}
+
+/// Approves an act (owner's credential) and carries it out at once. While
+/// nightshift is frozen nothing is approved or carried out (an error, so
+/// the owner sees it); the act stays as it was.
+pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<Decided, String> {
     let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let lock = executor_lock(store)?;
+    if let Some(why) = frozen(store)? {
+        return Err(format!(
+            "nightshift is frozen ({why}): act {id} was neither approved nor carried out; thaw first"
+        ));
+    }
+    let was_unsettled = rows(store, Some(id))
+        .map_err(|e| e.to_string())?
+        .pop()
+        .is_some_and(|r| {
+            matches!(
+                r.state,
+                State::Executing { .. } | State::OutcomeUnknown { .. }
+            )
+        });
     recover(store, &lock)?;
     let row = rows(store, Some(id))
         .map_err(|e| e.to_string())?
@@ -574,6 +746,19 @@ pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<String
     // Approved before a crash, never carried out: carry it out now.
     if matches!(row.state, State::Approved { .. }) {
         return execute(store, &row);
+    }
+    if let (true, State::Done { outcome, .. }) = (was_unsettled, &row.state) {
+        // Its approver died while carrying it out; the recovery just now
+        // found it carried out at the destination.
+        return Ok(Decided {
+            line: format!("act {id}: done ({outcome})"),
+            carried_out: true,
+        });
+    }
+    if let State::Stale { why } = &row.state {
+        return Ok(Decided::not_carried(format!(
+            "act {id}: stale ({why}); see `nightshift queue show {id}`, then `nightshift rebind {id}` to bind it to the destination as it is now"
+        )));
     }
     let (state, _) = step(
         store,
@@ -589,8 +774,16 @@ pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<String
     execute(store, &row)
 }
 
-/// Re-checks and carries out an approved act; the outcome is stored.
-pub fn execute(store: &mut Store, row: &Row) -> Result<String, String> {
+/// Re-checks and carries out an approved act; the outcome is stored. While
+/// frozen, an approved act waits (it is neither carried out nor staled).
+pub fn execute(store: &mut Store, row: &Row) -> Result<Decided, String> {
+    if let Some(why) = frozen(store)? {
+        return Ok(Decided::not_carried(format!(
+            "act {}: {}, not carried out: nightshift is frozen ({why})",
+            row.act.id,
+            row.state.name()
+        )));
+    }
     let dest = destinations(store)?;
     let recomputed = match recompute(store, &dest, &row.act) {
         Ok(d) => d,
@@ -608,7 +801,15 @@ pub fn execute(store: &mut Store, row: &Row) -> Result<String, String> {
         deferred_queue::Effect::Execute { attempt, .. } => Some(*attempt),
         _ => None,
     }) else {
-        return Ok(format!("act {}: {}", row.act.id, state.name()));
+        let why = match &state {
+            State::Stale { why } | State::Expired { why } => format!(" ({why})"),
+            _ => String::new(),
+        };
+        return Ok(Decided::not_carried(format!(
+            "act {}: {}{why}",
+            row.act.id,
+            state.name()
+        )));
     };
     let row = Row {
         state,
@@ -640,7 +841,167 @@ pub fn execute(store: &mut Store, row: &Row) -> Result<String, String> {
         State::Failed { reason, .. } => format!(" ({reason})"),
         _ => String::new(),
     };
-    Ok(format!("act {}: {}{why}", row.act.id, state.name()))
+    Ok(Decided {
+        line: format!("act {}: {}{why}", row.act.id, state.name()),
+        carried_out: matches!(state, State::Done { .. }),
+    })
+}
+
+/// What changed under a stale act, for the owner: the lease it was bound to
+/// and what the destination holds now (pushes), and whether the rules in
+/// force still let it through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StaleView {
+    pub why: String,
+    /// A push's lease: what it was bound to and what the remote holds now.
+    pub lease: Option<LeaseView>,
+    pub refused_now: Option<String>,
+}
+
+/// A push's remote ref: the value the act was bound to, and the value now
+/// (or why it could not be read).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseView {
+    pub bound: Option<String>,
+    pub now: Result<Option<String>, String>,
+}
+
+pub fn stale_view(store: &Store, row: &Row) -> Option<StaleView> {
+    let State::Stale { why } = &row.state else {
+        return None;
+    };
+    let lease = match &row.act.routing.target {
+        Target::Push {
+            target_ref,
+            expected_old,
+        } => {
+            let current = destinations(store).and_then(|dest| {
+                let remote = dest
+                    .remotes
+                    .get(&row.act.routing.destination)
+                    .ok_or_else(|| "the remote is no longer configured".to_string())?;
+                orchestrator_executors::remote_ref(remote, target_ref).map_err(|e| e.audit_reason())
+            });
+            Some(LeaseView {
+                bound: expected_old.clone(),
+                now: current,
+            })
+        }
+        _ => None,
+    };
+    let refused_now = crate::policy::load(store, None)
+        .map_err(|e| e.to_string())
+        .map(|rules| refused_now(&rules, &row.act))
+        .unwrap_or_else(|e| Some(format!("the policy could not be read: {e}")));
+    Some(StaleView {
+        why: why.clone(),
+        lease,
+        refused_now,
+    })
+}
+
+/// Re-binds a stale act to the destination as it is now (owner's
+/// credential): a new pending act with the same content and routing, bound
+/// to the remote ref's current value and the rules in force, which needs one
+/// more approval; the stale act is closed (rejected, naming the new one).
+/// Never carries anything out. Returns the new act's id and a line.
+pub fn rebind(store: &mut Store, id: &str, key: Option<&Path>) -> Result<(String, String), String> {
+    let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
+        .map_err(|e| e.to_string())?;
+    let _lock = executor_lock(store)?;
+    let row = rows(store, Some(id))
+        .map_err(|e| e.to_string())?
+        .pop()
+        .ok_or_else(|| format!("no act with id {id}"))?;
+    if !matches!(row.state, State::Stale { .. }) {
+        return Err(format!(
+            "act {id} is {}, not stale: only a stale act is re-bound",
+            row.state.name()
+        ));
+    }
+    let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
+    if let Some(freeze) = rules.freeze() {
+        return Err(format!(
+            "nightshift is frozen ({}): thaw first",
+            freeze.reason
+        ));
+    }
+    let decision = policies::evaluate(&rules, &act_policy_request(&row.act), crate::policy::now());
+    if decision.verdict == policies::Verdict::Refuse {
+        return Err(format!(
+            "act {id} cannot be re-bound: rule {} now refuses it: {}",
+            decision.rule, decision.reason
+        ));
+    }
+    let dest = destinations(store)?;
+    let mut act = row.act.clone();
+    let mut change = String::new();
+    if let Target::Push {
+        target_ref,
+        expected_old,
+    } = &row.act.routing.target
+    {
+        let remote = dest.remotes.get(&act.routing.destination).ok_or_else(|| {
+            format!(
+                "remote {:?} is no longer configured",
+                act.routing.destination
+            )
+        })?;
+        let current =
+            orchestrator_executors::remote_ref(remote, target_ref).map_err(|e| e.audit_reason())?;
+        change = format!(
+            "; lease {} -> {}",
+            expected_old.as_deref().unwrap_or("(absent)"),
+            current.as_deref().unwrap_or("(absent)")
+        );
+        act.routing.target = Target::Push {
+            target_ref: target_ref.clone(),
+            expected_old: current,
+        };
+    }
+    let new_id = format!("a{}", ulid::Ulid::new().to_string().to_lowercase());
+    let created = now();
+    act.id = new_id.clone();
+    act.policy_generation = decision.generation.to_string();
+    act.deciding_rules = match &decision.rule {
+        policies::Decider::Rule(r) => vec![r.to_string()],
+        other => vec![other.to_string()],
+    };
+    act.created_at = created;
+    act.expires_at = created + ttls(store).0;
+    // The new act first: a crash between the two writes leaves the stale act
+    // open beside the new one, never the content without an act.
+    store
+        .put_act(
+            &new_id,
+            &act.run,
+            &serde_json::to_value(&act).unwrap_or_default(),
+            &serde_json::to_value(State::Pending).unwrap_or_default(),
+            row.content.as_deref(),
+            &Event::Act {
+                act: new_id.clone(),
+                transition: "queued".into(),
+                fields: json!({
+                    "door": act.door.name(),
+                    "digest": deferred_queue::act_digest(&act),
+                    "generation": act.policy_generation,
+                    "rebinds": id,
+                }),
+            },
+        )
+        .map_err(|e| format!("queueing the re-bound act: {e}"))?;
+    step(
+        store,
+        &row,
+        &deferred_queue::Event::Reject {
+            why: format!("re-bound as act {new_id}"),
+            by,
+        },
+    )?;
+    Ok((
+        new_id.clone(),
+        format!("act {id}: re-bound as act {new_id}{change}; approve {new_id} to carry it out"),
+    ))
 }
 
 fn carry_out(
@@ -701,10 +1062,23 @@ fn carry_out(
             Target::PullRequest { base_ref, head_ref },
             Content::PullRequest { head_commit, .. },
         ) => {
-            let forge = dest
-                .forges
-                .get(&row.act.routing.destination)
-                .ok_or_else(|| invalid("the forge is no longer configured"))?;
+            let (forge, remote) = forge_remote(dest, &row.act).map_err(|why| invalid(&why))?;
+            // The head branch holds the approved commit before the request
+            // (pushed fast-forward only, under the lease read just now).
+            let run = store
+                .run(&row.act.run)
+                .map_err(|e| invalid(&e.to_string()))?;
+            let now = head_is_bindable(store, dest, &row.act, head_ref, head_commit)
+                .map_err(|why| invalid(&why))?;
+            if now.as_deref() != Some(head_commit.as_str()) {
+                orchestrator_executors::push(
+                    remote,
+                    Path::new(&run.repo),
+                    head_commit,
+                    head_ref,
+                    now.as_deref(),
+                )?;
+            }
             let text: serde_json::Value =
                 serde_json::from_slice(row.content.as_deref().unwrap_or_default())
                     .map_err(|_| invalid("the stored title and body are unreadable"))?;
@@ -716,7 +1090,11 @@ fn carry_out(
                 text["title"].as_str().unwrap_or_default(),
                 text["body"].as_str().unwrap_or_default(),
             )?;
-            Ok(format!("pull request #{}", out.number))
+            Ok(if out.adopted {
+                format!("pull request #{} (found open, adopted)", out.number)
+            } else {
+                format!("pull request #{}", out.number)
+            })
         }
         (Door::Ask, _, _) => Ok("answered in the morning".to_string()),
         _ => Err(invalid("this kind of act has no executor yet")),
@@ -785,11 +1163,11 @@ pub fn recover(store: &mut Store, _lock: &ExecutorLock) -> Result<Vec<String>, S
             ));
             let row = Row { state, ..row };
             if matches!(row.state, State::AwaitingRetry { .. }) {
-                lines.push(execute(store, &row)?);
+                lines.push(execute(store, &row)?.line);
             }
         } else if let State::AwaitingRetry { not_before, .. } = row.state {
             if not_before <= now() {
-                lines.push(execute(store, &row)?);
+                lines.push(execute(store, &row)?.line);
             }
         }
     }
@@ -844,6 +1222,23 @@ fn check_destination(dest: &Destinations, act: &Act) -> deferred_queue::Found {
                 Ok(_) => Found::CannotTell {
                     why: "the remote ref moved to something else".into(),
                 },
+                Err(e) => Found::CannotTell {
+                    why: e.audit_reason(),
+                },
+            }
+        }
+        (Target::PullRequest { base_ref, head_ref }, Content::PullRequest { head_commit, .. }) => {
+            let Some(forge) = dest.forges.get(&act.routing.destination) else {
+                return Found::CannotTell {
+                    why: "the forge is no longer configured".into(),
+                };
+            };
+            match orchestrator_executors::find_pull_request(forge, head_ref, base_ref, head_commit)
+            {
+                Ok(Some(pr)) => Found::Applied {
+                    outcome: format!("pull request #{} (found open, adopted)", pr.number),
+                },
+                Ok(None) => Found::NotApplied,
                 Err(e) => Found::CannotTell {
                     why: e.audit_reason(),
                 },

@@ -61,6 +61,21 @@ pub enum Event {
         reference: String,
         commit: String,
     },
+    /// The agent's commits were left out of the import (its working files
+    /// came back, observed on top of the base commit): why (a kind such as
+    /// `object_too_large`), the object and the figures concerned.
+    HistoryDropped {
+        reason: String,
+        object: Option<String>,
+        size: Option<u64>,
+        limit: Option<u64>,
+    },
+    /// The import could not complete (the host's side, a kind such as
+    /// `host_locked`); the worktree is kept at `worktree` for `nightshift import`.
+    ImportFailed {
+        reason: String,
+        worktree: String,
+    },
     ContainerRemoved {
         container: String,
     },

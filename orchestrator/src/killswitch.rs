@@ -4,14 +4,24 @@
 //! Invariants:
 //! - Sandboxes are found through the engine by their labels, never through a
 //!   live supervisor, so `kill --all` works when no supervisor runs.
+//! - The kill switch depends on nothing that may be broken: it stops the
+//!   sandboxes first ([`stop_sandboxes`]: SIGKILL for a running one, forced
+//!   removal for one created and not yet started, so that it can never be
+//!   started) with only the engine and the state directory's tag, before
+//!   any configuration, database or cgroup is touched; it records
+//!   afterwards ([`record_kill`]), and when the state store cannot be opened
+//!   it writes what it did to `STATE/killswitch.pending`, which the next
+//!   reconciliation records ([`replay_pending`]).
 //! - A sandbox carries the identity (`pid:starttime`) of the supervisor that
 //!   created it. A watchdog process, apart from the supervisor's process
 //!   group and outside every sandbox, stops the sandboxes of a supervisor
 //!   that has vanished; a later supervisor does the same at start. Nothing
 //!   inside a sandbox can reach either.
 //! - An orphaned run is settled once (a claim row in the store): its
-//!   containers removed, what it wrote imported, its worktree removed, its
-//!   record and the audit saying what happened.
+//!   containers removed, what it wrote imported, its worktree removed (only
+//!   once the import succeeded; a failed import keeps it and ends the run as
+//!   `import failed: ...`, for `nightshift import`), its record and the audit
+//!   saying what happened.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -46,19 +56,88 @@ pub async fn state_containers(sup: &Supervisor) -> Result<Vec<Managed>, RunError
         .collect())
 }
 
-/// Stops one run (`Some(id)`) or every run of this state (`None`) at once,
-/// with SIGKILL through the engine, and records who did it.
-pub async fn kill(sup: &Supervisor, run: Option<&str>, by: &str) -> Result<Killed, RunError> {
-    let containers: Vec<Managed> = state_containers(sup)
+/// What the kill switch stopped before recording anything.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+pub struct Stopped {
+    /// The run named, or none for every run of the state.
+    pub run: Option<String>,
+    /// (container id, its run) of each sandbox stopped.
+    pub containers: Vec<(String, Option<String>)>,
+    pub by: String,
+    /// `kill --all --freeze`: the freeze still to be written.
+    pub freeze: bool,
+    pub at: String,
+}
+
+/// The kill switch's first step, with nothing but the engine: every
+/// sandbox of the state (of one run, when named) is stopped at once, a
+/// running one with SIGKILL, one not yet started by forced removal (a
+/// created container would otherwise still start).
+pub async fn stop_sandboxes(
+    engine: &crate::engine::Engine,
+    state_tag: &str,
+    run: Option<&str>,
+    by: &str,
+    freeze: bool,
+) -> Result<Stopped, RunError> {
+    let containers: Vec<Managed> = engine
+        .managed(None)
         .await?
         .into_iter()
+        .filter(|c| c.labels.get(LABEL_STATE).map(String::as_str) == Some(state_tag))
         .filter(|c| run.is_none() || c.run.as_deref() == run)
         .collect();
-    let mut runs: BTreeSet<String> = containers.iter().filter_map(|c| c.run.clone()).collect();
-    if let Some(id) = run {
+    let results = join_all(containers.iter().map(|c| async move {
+        if c.running {
+            engine.kill(&c.id).await
+        } else {
+            engine.remove(&c.id).await
+        }
+    }))
+    .await;
+    // A container that stopped by itself meanwhile may refuse the kill:
+    // try removing those too before reporting anything.
+    let mut failures = Vec::new();
+    for (c, r) in containers.iter().zip(results) {
+        if r.is_err() {
+            if let Err(e) = engine.remove(&c.id).await {
+                failures.push(e);
+            }
+        }
+    }
+    if let Some(e) = failures.into_iter().next() {
+        return Err(e.into());
+    }
+    Ok(Stopped {
+        run: run.map(str::to_string),
+        containers: containers.into_iter().map(|c| (c.id, c.run)).collect(),
+        by: by.to_string(),
+        freeze,
+        at: now_rfc3339(),
+    })
+}
+
+/// The kill switch's second step: the freeze (when asked), the kill
+/// requests (so that a supervisor still starting a run ends it before
+/// start), the audit entries, and the settling of runs nobody else will
+/// settle.
+pub async fn record_kill(sup: &Supervisor, stopped: &Stopped) -> Result<Killed, RunError> {
+    if stopped.freeze {
+        let mut store = lock(sup);
+        if let Err(e) = crate::policy::freeze(&mut store, None, "kill --all --freeze") {
+            // Already frozen is fine for a kill switch.
+            tracing::info!(error = %e, "freeze");
+        }
+    }
+    let mut runs: BTreeSet<String> = stopped
+        .containers
+        .iter()
+        .filter_map(|(_, r)| r.clone())
+        .collect();
+    if let Some(id) = &stopped.run {
         // Unknown run ids are an error; a known run with no container is fine.
         lock(sup).run(id)?;
-        runs.insert(id.to_string());
+        runs.insert(id.clone());
     } else {
         for r in lock(sup).runs()? {
             if r.status == "running" || r.status == "created" {
@@ -66,25 +145,19 @@ pub async fn kill(sup: &Supervisor, run: Option<&str>, by: &str) -> Result<Kille
             }
         }
     }
-    // Record the request first, so a supervisor that sees its sandbox die
-    // knows why.
     for r in &runs {
-        let store = lock(sup);
-        store.request_kill(r, by)?;
-    }
-    let results = join_all(containers.iter().map(|c| sup.engine.kill(&c.id))).await;
-    for r in results {
-        r?;
+        lock(sup).request_kill(r, &stopped.by)?;
     }
     for r in &runs {
-        let container = containers
+        let container = stopped
+            .containers
             .iter()
-            .find(|c| c.run.as_deref() == Some(r))
-            .map(|c| c.id.clone());
+            .find(|(_, run)| run.as_deref() == Some(r))
+            .map(|(c, _)| c.clone());
         lock(sup).append(
             Some(r),
             &Event::KillRequested {
-                by: by.to_string(),
+                by: stopped.by.clone(),
                 container,
             },
             false,
@@ -93,20 +166,79 @@ pub async fn kill(sup: &Supervisor, run: Option<&str>, by: &str) -> Result<Kille
     // Runs whose supervisor is gone have nobody to settle them: do it here.
     for r in &runs {
         let record = lock(sup).run(r)?;
-        let owner = containers
+        let alive = record
+            .supervisor
+            .as_deref()
+            .map(identity_alive)
+            .unwrap_or(false);
+        let ended = ["exited", "killed", "import failed"]
             .iter()
-            .find(|c| c.run.as_deref() == Some(r))
-            .and_then(|c| c.labels.get(LABEL_SUPERVISOR).cloned())
-            .or(record.supervisor.clone());
-        let alive = owner.as_deref().map(identity_alive).unwrap_or(false);
-        if !alive && !record.status.starts_with("exited") && !record.status.starts_with("killed") {
+            .any(|s| record.status.starts_with(s));
+        if !alive && !ended {
             settle_orphan(sup, r, "kill switch").await?;
         }
     }
     Ok(Killed {
         runs: runs.into_iter().collect(),
-        containers: containers.len(),
+        containers: stopped.containers.len(),
     })
+}
+
+/// Stops one run (`Some(id)`) or every run of this state (`None`) at once,
+/// with SIGKILL through the engine, and records who did it.
+pub async fn kill(sup: &Supervisor, run: Option<&str>, by: &str) -> Result<Killed, RunError> {
+    let stopped = stop_sandboxes(&sup.engine, &sup.state_tag, run, by, false).await?;
+    record_kill(sup, &stopped).await
+}
+
+/// Where the kill switch writes what it could not record in the store.
+pub fn pending_path(root: &std::path::Path) -> std::path::PathBuf {
+    root.join("killswitch.pending")
+}
+
+/// Appends what the kill switch did to `STATE/killswitch.pending` (one JSON
+/// line, fsynced), for when the store cannot be opened.
+pub fn write_pending(root: &std::path::Path, stopped: &Stopped) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(pending_path(root))?;
+    let mut line = serde_json::to_vec(stopped).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    file.write_all(&line)?;
+    file.sync_all()
+}
+
+/// Records kills that could not be recorded when they happened. The file is
+/// renamed first, so that a kill switch writing meanwhile starts a new one.
+pub async fn replay_pending(sup: &Supervisor) -> Result<usize, RunError> {
+    let root = lock(sup).paths().root.clone();
+    let path = pending_path(&root);
+    if !path.exists() {
+        return Ok(0);
+    }
+    let taken = root.join(format!("killswitch.pending.{}", std::process::id()));
+    if std::fs::rename(&path, &taken).is_err() {
+        return Ok(0);
+    }
+    let text = std::fs::read_to_string(&taken).unwrap_or_default();
+    let mut n = 0;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        match serde_json::from_str::<Stopped>(line) {
+            Ok(stopped) => match record_kill(sup, &stopped).await {
+                Ok(_) | Err(RunError::Store(crate::store::StoreError::NoSuchRun(_))) => n += 1,
+                Err(e) => {
+                    // Put it back for the next attempt rather than lose it.
+                    let _ = write_pending(&root, &stopped);
+                    return Err(e);
+                }
+            },
+            Err(e) => tracing::warn!(error = %e, "an unreadable line of killswitch.pending"),
+        }
+    }
+    let _ = std::fs::remove_file(&taken);
+    Ok(n)
 }
 
 /// Finds the sandboxes and runs of this state whose supervisor has vanished
@@ -116,6 +248,7 @@ pub async fn reconcile(
     only: Option<&str>,
     by: &str,
 ) -> Result<Vec<String>, RunError> {
+    replay_pending(sup).await?;
     let mut orphans: BTreeSet<String> = BTreeSet::new();
     for c in state_containers(sup).await? {
         let owner = c.labels.get(LABEL_SUPERVISOR).cloned().unwrap_or_default();
@@ -178,17 +311,24 @@ pub async fn settle_orphan(sup: &Supervisor, run: &str, by: &str) -> Result<bool
         },
         false,
     )?;
-    // Keep what the run wrote, as for any run.
+    // Keep what the run wrote, as for any run; the worktree goes only once
+    // its import succeeded.
     let worktree = lock(sup).paths().worktrees().join(run);
+    let mut failure = None;
     if worktree.exists() {
-        if let Err(e) = crate::run::import_into(sup, &mut record, &worktree).await {
-            record.reason = Some(e);
+        match crate::run::import_into(&sup.store, &mut record, &worktree).await {
+            Ok(()) => {
+                let wt = worktree.clone();
+                let _ = tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&wt))
+                    .await;
+            }
+            Err(e) => failure = Some(e),
         }
-        let wt = worktree.clone();
-        let _ = tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&wt)).await;
     }
+    let (status, import_reason) =
+        crate::run::status_after_import(&mut record, status, failure.as_ref(), &worktree);
     record.status = status.clone();
-    record.reason = Some(match record.reason.take() {
+    record.reason = Some(match import_reason {
         Some(why) => format!("settled by {by}; {why}"),
         None => format!("settled by {by}"),
     });

@@ -43,6 +43,12 @@ pub mod exit {
     /// Refused: the owner's credential is missing or wrong, the policy
     /// refused the change, or nightshift is frozen.
     pub const DENIED: i32 = 9;
+    /// The run's work was not imported whole: the agent's commits were left
+    /// out (refused at import), its working files arrived.
+    pub const NOT_WHOLE: i32 = 10;
+    /// The import failed: nothing arrived, the worktree is kept, and
+    /// `nightshift import RUN` retries it.
+    pub const IMPORT_FAILED: i32 = 11;
     /// Interrupted by SIGINT / SIGTERM (128 + signal number).
     pub const SIGINT: i32 = 130;
     pub const SIGTERM: i32 = 143;

@@ -94,6 +94,14 @@ enum Command {
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
         owner_key_file: Option<PathBuf>,
     },
+    /// Re-bind stale acts to their destination as it is now (owner): each
+    /// becomes a new pending act with the same content, to approve again.
+    Rebind {
+        #[arg(required = true)]
+        acts: Vec<String>,
+        #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
+        owner_key_file: Option<PathBuf>,
+    },
     /// Reject acts (needs the owner's credential).
     Reject {
         #[arg(required = true)]
@@ -111,6 +119,8 @@ enum Command {
     },
     /// Find sandboxes and runs whose supervisor vanished, and settle them.
     Reconcile,
+    /// Retry the import of a run whose import failed (its worktree was kept).
+    Import { run: String },
     /// End a freeze (needs the owner's credential).
     Thaw {
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
@@ -337,23 +347,30 @@ async fn dispatch(cli: Cli) -> i32 {
         Command::Policy(args) => policy_cmd(&root, args),
         Command::Freeze { why } => freeze_cmd(&root, &why),
         Command::Thaw { owner_key_file } => thaw_cmd(&root, owner_key_file.as_deref()),
-        Command::Kill { run, all, freeze } => {
-            kill_cmd(&root, config.as_deref(), run, all, freeze).await
-        }
+        Command::Kill { run, all, freeze } => kill_cmd(&root, run, all, freeze).await,
         Command::Watchdog { supervisor } => {
             watchdog_cmd(&root, config.as_deref(), &supervisor).await
         }
         Command::Reconcile => reconcile_cmd(&root, config.as_deref()).await,
-        Command::Queue { command, json } => queue_cmd(&root, command, json),
+        Command::Import { run } => import_cmd(&root, &run).await,
+        Command::Queue { command, json } => with_queue_config(&root, config.as_deref())
+            .and_then(|()| queue_cmd(&root, command, json)),
         Command::Approve {
             acts,
             owner_key_file,
-        } => decide_cmd(&root, &acts, owner_key_file.as_deref(), None),
+        } => with_queue_config(&root, config.as_deref())
+            .and_then(|()| decide_cmd(&root, &acts, owner_key_file.as_deref(), None)),
         Command::Reject {
             acts,
             why,
             owner_key_file,
-        } => decide_cmd(&root, &acts, owner_key_file.as_deref(), Some(&why)),
+        } => with_queue_config(&root, config.as_deref())
+            .and_then(|()| decide_cmd(&root, &acts, owner_key_file.as_deref(), Some(&why))),
+        Command::Rebind {
+            acts,
+            owner_key_file,
+        } => with_queue_config(&root, config.as_deref())
+            .and_then(|()| rebind_cmd(&root, &acts, owner_key_file.as_deref())),
     };
     match result {
         Ok(code) | Err(code) => code,
@@ -411,6 +428,14 @@ fn load_config(
     })
 }
 
+/// Loads and checks the process's one configuration and gives the queue its
+/// lifetimes from it: a broken file is an error, never silently defaults.
+fn with_queue_config(root: &std::path::Path, path: Option<&std::path::Path>) -> Result<(), i32> {
+    let config = load_config(root, path)?;
+    orchestrator::acts::use_queue_ttls(config.queue_ttls());
+    Ok(())
+}
+
 /// Opens the state, the engine and the fleet cgroup: what every command
 /// that starts or stops sandboxes needs.
 async fn supervisor(
@@ -442,6 +467,8 @@ async fn run_cmd(
     args: RunArgs,
 ) -> Result<i32, i32> {
     let config = load_config(root, config_path)?;
+    // The door queues acts with this run's configuration's lifetimes.
+    orchestrator::acts::use_queue_ttls(config.queue_ttls());
     let task = match (&args.task, &args.task_file) {
         (Some(t), _) => t.clone(),
         (None, Some(f)) => {
@@ -495,7 +522,7 @@ async fn run_cmd(
         caps,
         echo: !args.json,
     };
-    let record = perform(root, &config, req).await?;
+    let record = perform(root, &config, config_path, req).await?;
     if args.json {
         println!(
             "{}",
@@ -504,19 +531,55 @@ async fn run_cmd(
     } else {
         print_summary(&record);
     }
-    Ok(
-        if record.exit_code == Some(0) && record.status.starts_with("exited") {
+    Ok(run_exit_code(&record))
+}
+
+/// A run's exit code: an import that failed or dropped the history says so
+/// before the agent's own ending does (never success when work is missing).
+fn run_exit_code(record: &RunRecord) -> i32 {
+    match run::import_state(record) {
+        run::ImportState::Failed => exit::IMPORT_FAILED,
+        run::ImportState::HistoryDropped => exit::NOT_WHOLE,
+        run::ImportState::Whole
+            if record.exit_code == Some(0) && record.status.starts_with("exited") =>
+        {
             exit::OK
-        } else {
-            exit::FAILED
-        },
-    )
+        }
+        run::ImportState::Whole => exit::FAILED,
+    }
+}
+
+/// `nightshift import RUN`: retries a failed import (see `run::retry_import`).
+async fn import_cmd(root: &std::path::Path, id: &str) -> Result<i32, i32> {
+    let store = Mutex::new(open_store(root)?);
+    match run::retry_import(&store, id).await {
+        Ok(record) => {
+            print_summary(&record);
+            Ok(match run::import_state(&record) {
+                run::ImportState::HistoryDropped => exit::NOT_WHOLE,
+                _ => exit::OK,
+            })
+        }
+        Err(e) => {
+            eprintln!("nightshift: {e}");
+            Err(match e {
+                run::RetryError::NothingToRetry { .. } => exit::BAD_INPUT,
+                run::RetryError::Store(StoreError::NoSuchRun(_)) => exit::BAD_INPUT,
+                run::RetryError::Store(_) => exit::STATE,
+                run::RetryError::Failed { .. } => exit::IMPORT_FAILED,
+                run::RetryError::WorktreeGone { .. } | run::RetryError::Lock { .. } => {
+                    exit::INTERNAL
+                }
+            })
+        }
+    }
 }
 
 /// Runs one request with signal handling; maps errors to exit codes.
 async fn perform(
     root: &std::path::Path,
     config: &orchestrator::config::Config,
+    config_path: Option<&std::path::Path>,
     req: RunRequest,
 ) -> Result<RunRecord, i32> {
     // A freeze refuses a new run before the engine is asked anything, so it
@@ -532,7 +595,7 @@ async fn perform(
     if let Err(e) = orchestrator::killswitch::reconcile(&sup, None, "supervisor start").await {
         eprintln!("nightshift: reconciling: {e}");
     }
-    spawn_watchdog(root, &sup.identity);
+    spawn_watchdog(root, config_path, &sup.identity);
     let (tx, rx) = tokio::sync::watch::channel(None);
     let signals = tokio::spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
@@ -572,15 +635,19 @@ async fn perform(
 
 /// Starts the dead man's switch for this process: a separate process, in
 /// its own process group, that stops this supervisor's sandboxes if it dies.
-fn spawn_watchdog(root: &std::path::Path, identity: &str) {
+fn spawn_watchdog(root: &std::path::Path, config: Option<&std::path::Path>, identity: &str) {
     use std::os::unix::process::CommandExt;
     let Ok(exe) = std::env::current_exe() else {
         eprintln!("nightshift: warning: cannot find my own executable to start the watchdog");
         return;
     };
-    let spawned = std::process::Command::new(exe)
-        .arg("--state-dir")
-        .arg(root)
+    let mut command = std::process::Command::new(exe);
+    command.arg("--state-dir").arg(root);
+    // One config per process, passed on: the watchdog reads the run's.
+    if let Some(config) = config {
+        command.arg("--config").arg(config);
+    }
+    let spawned = command
         .args(["watchdog", "--supervisor", identity])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
@@ -592,9 +659,13 @@ fn spawn_watchdog(root: &std::path::Path, identity: &str) {
     }
 }
 
+/// The kill switch. It depends on nothing that may be broken: the sandboxes
+/// are stopped first, with only the engine and the state's tag (no config,
+/// no database, no cgroup); then it is recorded, and when the store cannot
+/// be opened in time, what was done is written to `STATE/killswitch.pending`
+/// for the next reconciliation to record.
 async fn kill_cmd(
     root: &std::path::Path,
-    config_path: Option<&std::path::Path>,
     run: Option<String>,
     all: bool,
     freeze: bool,
@@ -603,26 +674,67 @@ async fn kill_cmd(
         eprintln!("nightshift: name a run, or --all");
         return Err(exit::BAD_INPUT);
     }
-    let config = load_config(root, config_path)?;
-    let sup = supervisor(root, &config).await?;
-    if freeze {
-        let mut store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
-        if let Err(e) = orchestrator::policy::freeze(&mut store, None, "kill --all --freeze") {
-            // Already frozen is fine for a kill switch.
-            eprintln!("nightshift: {e}");
-        }
-    }
     let who = format!(
         "{} (nightshift kill)",
         std::env::var("USER").unwrap_or_else(|_| "operator".into())
     );
-    match orchestrator::killswitch::kill(&sup, run.as_deref(), &who).await {
+    let engine = connect().await?;
+    let state_tag = orchestrator::state_tag(root);
+    let stopped =
+        orchestrator::killswitch::stop_sandboxes(&engine, &state_tag, run.as_deref(), &who, freeze)
+            .await
+            .map_err(|e| {
+                eprintln!("nightshift: {e}");
+                exit::ENGINE
+            })?;
+    println!("killed {} sandbox(es)", stopped.containers.len());
+
+    // Now record it, if the store answers in time.
+    let paths = StatePaths::new(root.to_path_buf());
+    let opened = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        tokio::task::spawn_blocking(move || Store::open(paths)),
+    )
+    .await;
+    let store = match opened {
+        Ok(Ok(Ok(store))) => Ok(store),
+        Ok(Ok(Err(e))) => Err(e.to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the state store did not answer within 5 s".to_string()),
+    };
+    let store = match store {
+        Ok(store) => store,
+        Err(why) => {
+            return match orchestrator::killswitch::write_pending(root, &stopped) {
+                Ok(()) => {
+                    eprintln!(
+                        "nightshift: the kill is not recorded yet ({why}); it was written to {} and the next `nightshift reconcile` (or run) records it",
+                        orchestrator::killswitch::pending_path(root).display()
+                    );
+                    Ok(exit::OK)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "nightshift: the sandboxes were stopped, but the kill could not be recorded: {why}; writing {}: {e}",
+                        orchestrator::killswitch::pending_path(root).display()
+                    );
+                    Err(exit::STATE)
+                }
+            };
+        }
+    };
+    let identity = orchestrator::run::process_identity(std::process::id())
+        .unwrap_or_else(|| format!("{}:0", std::process::id()));
+    let sup = Supervisor {
+        engine,
+        store: Arc::new(Mutex::new(store)),
+        state_tag,
+        identity,
+        fleet: None,
+    };
+    match orchestrator::killswitch::record_kill(&sup, &stopped).await {
         Ok(k) => {
-            println!(
-                "killed {} sandbox(es) of {} run(s)",
-                k.containers,
-                k.runs.len()
-            );
+            println!("recorded the kill of {} run(s)", k.runs.len());
             for r in k.runs {
                 println!("  {r}");
             }
@@ -632,6 +744,10 @@ async fn kill_cmd(
             eprintln!("nightshift: {e}");
             Err(match e {
                 RunError::Store(StoreError::NoSuchRun(_)) => exit::BAD_INPUT,
+                RunError::Store(_) => {
+                    let _ = orchestrator::killswitch::write_pending(root, &stopped);
+                    exit::STATE
+                }
                 _ => exit::INTERNAL,
             })
         }
@@ -643,8 +759,10 @@ async fn watchdog_cmd(
     config_path: Option<&std::path::Path>,
     watched: &str,
 ) -> Result<i32, i32> {
-    let config = load_config(root, config_path)?;
-    let sup = supervisor(root, &config).await?;
+    // The supervisor's own config, checked; the watchdog creates nothing, so
+    // it never touches the fleet's limits.
+    let _config = load_config(root, config_path)?;
+    let sup = stopping_supervisor(root).await?;
     orchestrator::killswitch::watchdog(&sup, watched, std::time::Duration::from_millis(500))
         .await
         .map(|()| exit::OK)
@@ -654,12 +772,29 @@ async fn watchdog_cmd(
         })
 }
 
+/// What commands that only stop and settle sandboxes need: the state and
+/// the engine, never the fleet cgroup (whose limits only the process that
+/// creates sandboxes writes, from its own config).
+async fn stopping_supervisor(root: &std::path::Path) -> Result<Supervisor, i32> {
+    let store = open_store(root)?;
+    let engine = connect().await?;
+    let identity = orchestrator::run::process_identity(std::process::id())
+        .unwrap_or_else(|| format!("{}:0", std::process::id()));
+    Ok(Supervisor {
+        engine,
+        store: Arc::new(Mutex::new(store)),
+        state_tag: orchestrator::state_tag(root),
+        identity,
+        fleet: None,
+    })
+}
+
 async fn reconcile_cmd(
     root: &std::path::Path,
     config_path: Option<&std::path::Path>,
 ) -> Result<i32, i32> {
-    let config = load_config(root, config_path)?;
-    let sup = supervisor(root, &config).await?;
+    let _config = load_config(root, config_path)?;
+    let sup = stopping_supervisor(root).await?;
     match orchestrator::killswitch::reconcile(&sup, None, "nightshift reconcile").await {
         Ok(settled) => {
             println!("settled {} run(s)", settled.len());
@@ -841,6 +976,7 @@ async fn demo_cmd(
     config_path: Option<&std::path::Path>,
 ) -> Result<i32, i32> {
     let config = load_config(root, config_path)?;
+    orchestrator::acts::use_queue_ttls(config.queue_ttls());
     std::fs::create_dir_all(root).map_err(|e| {
         eprintln!("nightshift: creating {}: {e}", root.display());
         exit::STATE
@@ -877,7 +1013,7 @@ async fn demo_cmd(
         caps: config.caps(),
         echo: true,
     };
-    let record = perform(root, &config, req).await?;
+    let record = perform(root, &config, config_path, req).await?;
     print_summary(&record);
     let state = root.display();
     println!();
@@ -921,11 +1057,7 @@ async fn demo_cmd(
     println!();
     println!("  nightshift --state-dir {state} show {}", record.id);
     println!("  nightshift --state-dir {state} audit verify");
-    Ok(if record.exit_code == Some(0) {
-        exit::OK
-    } else {
-        exit::FAILED
-    })
+    Ok(run_exit_code(&record))
 }
 
 fn owner_init(root: &std::path::Path) -> Result<i32, i32> {
@@ -1267,6 +1399,38 @@ fn queue_cmd(
             row.state.name()
         );
         println!("destination: {}", row.act.routing.destination);
+        if let Some(stale) = orchestrator::acts::stale_view(&store, row) {
+            println!(
+                "stale: {}",
+                orchestrator::sandbox::sanitize_for_terminal(stale.why.as_bytes())
+            );
+            if let Some(orchestrator::acts::LeaseView { bound, now }) = &stale.lease {
+                println!(
+                    "  bound to the remote ref at: {}",
+                    bound.as_deref().unwrap_or("(absent)")
+                );
+                match now {
+                    Ok(now) => println!(
+                        "  the remote ref is now at:   {}",
+                        now.as_deref().unwrap_or("(absent)")
+                    ),
+                    Err(e) => println!(
+                        "  the remote ref cannot be read now: {}",
+                        orchestrator::sandbox::sanitize_for_terminal(e.as_bytes())
+                    ),
+                }
+            }
+            match &stale.refused_now {
+                Some(why) => println!(
+                    "  it cannot be re-bound: {}",
+                    orchestrator::sandbox::sanitize_for_terminal(why.as_bytes())
+                ),
+                None => println!(
+                    "  re-bind it to the destination as it is now (then approve again): nightshift rebind {}",
+                    row.act.id
+                ),
+            }
+        }
         match (&row.act.routing.target, &row.act.content) {
             (
                 deferred_queue::Target::Push {
@@ -1280,28 +1444,70 @@ fn queue_cmd(
                     expected_old.as_deref().unwrap_or("nothing")
                 );
                 let run = store.run(&row.act.run).map_err(store_err)?;
-                let base = run.base_commit.unwrap_or_default();
-                let out = std::process::Command::new("git")
-                    .arg("-C")
-                    .arg(&run.repo)
-                    .args([
-                        "-c",
-                        "core.pager=cat",
-                        "diff",
-                        "--no-ext-diff",
-                        "--no-textconv",
-                        "--stat",
-                        "-p",
-                        &base,
-                        commit,
-                    ])
-                    .output();
-                if let Ok(out) = out {
-                    print!(
-                        "{}",
-                        orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
-                    );
+                if let Some(orchestrator::acts::StaleView {
+                    lease:
+                        Some(orchestrator::acts::LeaseView {
+                            now: Ok(Some(now)), ..
+                        }),
+                    ..
+                }) = orchestrator::acts::stale_view(&store, row)
+                {
+                    // What the destination gained since the act was bound,
+                    // when those objects are in the repository.
+                    let out = std::process::Command::new("git")
+                        .arg("-C")
+                        .arg(&run.repo)
+                        .args([
+                            "-c",
+                            "core.pager=cat",
+                            "diff",
+                            "--no-ext-diff",
+                            "--no-textconv",
+                            "--stat",
+                            &now,
+                            commit,
+                        ])
+                        .output();
+                    match out {
+                        Ok(out) if out.status.success() => {
+                            println!("from the remote's new {now} to this act's commit:");
+                            print!(
+                                "{}",
+                                orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
+                            );
+                        }
+                        _ => println!(
+                            "  (the remote's new commit is not in the repository: fetch it to see what changed)"
+                        ),
+                    }
                 }
+                let base = run.base_commit.unwrap_or_default();
+                print_diff(&run.repo, &base, commit);
+            }
+            (
+                deferred_queue::Target::PullRequest { base_ref, head_ref },
+                deferred_queue::Content::PullRequest { head_commit, .. },
+            ) => {
+                println!(
+                    "pull request from {head_ref} at {head_commit} into {base_ref} (the head branch is pushed there first, fast-forward only, if it does not hold that commit)"
+                );
+                let text: serde_json::Value =
+                    serde_json::from_slice(row.content.as_deref().unwrap_or_default())
+                        .unwrap_or_default();
+                let title = text["title"].as_str().unwrap_or_default();
+                let body = text["body"].as_str().unwrap_or_default();
+                println!(
+                    "title: {}",
+                    orchestrator::sandbox::sanitize_for_terminal(title.as_bytes())
+                );
+                println!("body ({} bytes, shown as plain text):", body.len());
+                println!(
+                    "{}",
+                    orchestrator::sandbox::sanitize_for_terminal(body.as_bytes())
+                );
+                let run = store.run(&row.act.run).map_err(store_err)?;
+                let base = run.base_commit.unwrap_or_default();
+                print_diff(&run.repo, &base, head_commit);
             }
             _ => {
                 let body = row.content.as_deref().unwrap_or_default();
@@ -1389,6 +1595,73 @@ fn queue_cmd(
     Ok(exit::OK)
 }
 
+/// The commits and diff from `from` to `to` in the host repository, as
+/// escaped text (the host's git, no pager, no external diff, no textconv).
+fn print_diff(repo: &str, from: &str, to: &str) {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args([
+            "-c",
+            "core.pager=cat",
+            "log",
+            "--no-decorate",
+            "--format=commit %H%n    %s",
+            &format!("{from}..{to}"),
+        ])
+        .output();
+    if let Ok(out) = out {
+        print!(
+            "{}",
+            orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
+        );
+    }
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args([
+            "-c",
+            "core.pager=cat",
+            "diff",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--stat",
+            "-p",
+            from,
+            to,
+        ])
+        .output();
+    if let Ok(out) = out {
+        print!(
+            "{}",
+            orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
+        );
+    }
+}
+
+fn rebind_cmd(
+    root: &std::path::Path,
+    acts: &[String],
+    key: Option<&std::path::Path>,
+) -> Result<i32, i32> {
+    let mut store = open_store(root)?;
+    let mut code = exit::OK;
+    for id in acts {
+        match orchestrator::acts::rebind(&mut store, id, key) {
+            Ok((_, line)) => println!("{line}"),
+            Err(e) => {
+                eprintln!("nightshift: {e}");
+                code = if e.contains("credential") || e.contains("frozen") {
+                    exit::DENIED
+                } else {
+                    exit::FAILED
+                };
+            }
+        }
+    }
+    Ok(code)
+}
+
 fn decide_cmd(
     root: &std::path::Path,
     acts: &[String],
@@ -1399,15 +1672,25 @@ fn decide_cmd(
     let mut code = exit::OK;
     for id in acts {
         let result = match reject_why {
-            Some(why) => orchestrator::acts::reject(&mut store, id, why, key)
-                .map(|()| format!("act {id}: rejected")),
+            Some(why) => orchestrator::acts::reject(&mut store, id, why, key).map(|()| {
+                orchestrator::acts::Decided {
+                    line: format!("act {id}: rejected"),
+                    carried_out: true,
+                }
+            }),
             None => orchestrator::acts::approve(&mut store, id, key),
         };
         match result {
-            Ok(line) => println!("{line}"),
+            Ok(decided) => {
+                println!("{}", decided.line);
+                // An approval that was not carried out is not a success.
+                if !decided.carried_out && code == exit::OK {
+                    code = exit::FAILED;
+                }
+            }
             Err(e) => {
                 eprintln!("nightshift: {e}");
-                code = if e.contains("credential") {
+                code = if e.contains("credential") || e.contains("frozen") {
                     exit::DENIED
                 } else {
                     exit::FAILED

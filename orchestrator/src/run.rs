@@ -6,7 +6,16 @@
 //!   attestation, and the attestation is an audit entry either way.
 //! - Whatever the ending (exit, error, refusal, SIGINT/SIGTERM), the container
 //!   is removed, the worktree is imported if it existed (nothing the run wrote
-//!   is lost) and then removed, and a `run_ended` entry says how it ended.
+//!   is lost) and then removed once the import succeeded, and a `run_ended`
+//!   entry says how it ended.
+//! - An import that
+//!   cannot complete (the host's side: its repository locked or gone, a write
+//!   refused) keeps the worktree, ends the run as `import failed: ...`
+//!   (audited `import_failed`), and `nightshift import RUN` retries it
+//!   ([`retry_import`]). An import whose history was dropped (the worktree's
+//!   objects or refs refused) brings the working files and says so in the
+//!   status, the record and the audit (`history_dropped`): see
+//!   [`import_state`].
 //! - The worktree is read only after the container has stopped, so nothing
 //!   changes under the import.
 
@@ -300,6 +309,9 @@ async fn steps(
     if let Some(s) = stopped(&stop) {
         return Ok(Ended::Stopped(s));
     }
+    if let Some(by) = kill_or_freeze(sup, &id)? {
+        return Ok(Ended::KilledBy(by));
+    }
 
     // The door: the only way anything leaves the sandbox.
     crate::door::configure_worktree(&dest)
@@ -383,8 +395,18 @@ async fn steps(
         .fleet
         .as_ref()
         .and_then(|f| monitor::fleet_memory_hits(&f.layout, &f.name));
+    // Last look before the agent runs.
+    if let Some(by) = kill_or_freeze(sup, &id)? {
+        return Ok(Ended::KilledBy(by));
+    }
     held.started = true;
-    sup.engine.start(&container).await?;
+    if let Err(e) = sup.engine.start(&container).await {
+        // The kill switch removes a created container: that is its kill.
+        if let Some(by) = kill_or_freeze(sup, &id)? {
+            return Ok(Ended::KilledBy(by));
+        }
+        return Err(e.into());
+    }
     let started = Instant::now();
     record.status = "running".into();
     record.started_at = Some(now_rfc3339());
@@ -517,10 +539,28 @@ async fn steps(
     record.peak_memory_bytes = peak.peak_memory_bytes.map(|v| v as i64);
     record.cpu_ns = peak.cpu_ns.map(|v| v as i64);
     // How it ended, as observed: a kill switch request, or the kernel's OOM kill.
-    let killed_by = {
+    let read_kill = || -> Result<Option<String>, RunError> {
         let store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
-        store.kill_request(&record.id)?
+        Ok(store.kill_request(&record.id)?)
     };
+    let mut killed_by = read_kill()?;
+    if killed_by.is_none()
+        && matches!(ended, Ended::Exited)
+        && state.exit_code == Some(137)
+        && !state.oom_killed
+        && last.oom_kills.unwrap_or(0) == 0
+    {
+        // A SIGKILL from outside: the kill switch stops sandboxes first and
+        // records the request right after, so give the record a moment to
+        // land before calling this an ordinary exit.
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            killed_by = read_kill()?;
+            if killed_by.is_some() {
+                break;
+            }
+        }
+    }
     let ended = match ended {
         Ended::Exited if killed_by.is_some() => Ended::KilledBy(killed_by.unwrap_or_default()),
         Ended::Exited
@@ -674,21 +714,118 @@ async fn drain_output(
     (seen, kept)
 }
 
+/// The kill switch and the freeze, read again just before a step that would
+/// let the agent run: a kill or a freeze that came during worktree creation,
+/// or between creating the container and starting it, ends the run there
+/// (the kill switch cannot stop a sandbox that does not exist yet; it leaves
+/// a kill request, which is read here).
+fn kill_or_freeze(sup: &Supervisor, run: &str) -> Result<Option<String>, RunError> {
+    let store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(by) = store.kill_request(run)? {
+        return Ok(Some(by));
+    }
+    let rules = crate::policy::load(&store, None).map_err(|e| RunError::Policy(e.to_string()))?;
+    Ok(rules.freeze().map(|f| format!("the freeze ({})", f.reason)))
+}
+
+/// Why an import could not complete. The worktree is kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImportFailure {
+    /// A stable word: `host_locked`, `host_repository`, `disk_full`, `io`,
+    /// `git` (see [`orchestrator_git::import_failure_kind`]), or `state`.
+    pub kind: &'static str,
+    /// What was being done and why it failed, with its causes.
+    pub message: String,
+}
+
+/// How a run's work came back, read from its record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImportState {
+    /// Whole (or there was nothing to import).
+    Whole,
+    /// The working files came back, the agent's commits did not.
+    HistoryDropped,
+    /// Nothing came back yet: the worktree is kept for `nightshift import`.
+    Failed,
+}
+
+/// How a run's work came back (see [`ImportState`]).
+pub fn import_state(record: &RunRecord) -> ImportState {
+    let observed = |key: &str| {
+        record
+            .observed
+            .as_ref()
+            .and_then(|o| o.get(key))
+            .is_some_and(|v| !v.is_null())
+    };
+    if record.status.starts_with(IMPORT_FAILED) || observed("import_failed") {
+        ImportState::Failed
+    } else if observed("history_dropped") {
+        ImportState::HistoryDropped
+    } else {
+        ImportState::Whole
+    }
+}
+
+const IMPORT_FAILED: &str = "import failed";
+
+/// A git error and its causes, on one line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// Imports what a run wrote (its commits and its observed state) into the
 /// host repository as `refs/nightshift/runs/<id>`, fills the record and
 /// audits it. The one path by which any run's work comes back, whatever
-/// ended the run (its own supervisor, the kill switch, reconciliation).
+/// ended the run (its own supervisor, the kill switch, reconciliation,
+/// `nightshift import`). On failure the `import_failed` entry is written and
+/// nothing is removed.
 pub(crate) async fn import_into(
-    sup: &Supervisor,
+    store: &Mutex<Store>,
     record: &mut RunRecord,
     worktree: &std::path::Path,
-) -> Result<(), String> {
+) -> Result<(), ImportFailure> {
     let Some(base) = record.base_commit.clone() else {
         return Ok(());
     };
     if !worktree.exists() {
         return Ok(());
     }
+    let id = record.id.clone();
+    let audit = |event: Event| {
+        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+        store
+            .append(Some(&id), &event, false)
+            .map(|_| ())
+            .map_err(|e| ImportFailure {
+                kind: "state",
+                message: format!("auditing the import: {e}"),
+            })
+    };
+    let result = import_audited(record, worktree, base, &audit).await;
+    if let Err(failure) = &result {
+        // Best effort: the failure is also in the run's status.
+        let _ = audit(Event::ImportFailed {
+            reason: failure.kind.to_string(),
+            worktree: worktree.display().to_string(),
+        });
+    }
+    result
+}
+
+async fn import_audited(
+    record: &mut RunRecord,
+    worktree: &std::path::Path,
+    base: String,
+    audit: &dyn Fn(Event) -> Result<(), ImportFailure>,
+) -> Result<(), ImportFailure> {
     let id = record.id.clone();
     let (repo, run_id, wt) = (
         std::path::PathBuf::from(&record.repo),
@@ -707,8 +844,14 @@ pub(crate) async fn import_into(
     };
     let imported = tokio::task::spawn_blocking(import)
         .await
-        .map_err(|e| format!("importing the worktree: {e}"))?
-        .map_err(|e| format!("importing the worktree: {e}"))?;
+        .map_err(|e| ImportFailure {
+            kind: "internal",
+            message: format!("importing the worktree: {e}"),
+        })?
+        .map_err(|e| ImportFailure {
+            kind: orchestrator_git::import_failure_kind(&e),
+            message: format!("importing the worktree: {}", chain(&e)),
+        })?;
     let reference = format!("refs/nightshift/runs/{id}");
     record.result_ref = Some(reference.clone());
     record.result_commit = Some(imported.result_commit.clone());
@@ -720,13 +863,32 @@ pub(crate) async fn import_into(
         .iter()
         .map(|s| serde_json::json!({"path": s.path, "why": format!("{:?}", s.why)}))
         .collect();
+    let dropped = imported.history_dropped.as_ref().map(|h| {
+        let (size, limit) = h.figures();
+        serde_json::json!({
+            "kind": h.kind(),
+            "object": h.object(),
+            "size": size,
+            "limit": limit,
+            "why": h.to_string(),
+        })
+    });
     record.observed = Some(serde_json::json!({
         "agent_tip": imported.agent_tip,
         "observed_commit": imported.observed_commit,
         "tree": imported.result_tree,
         "skipped": skipped,
+        "history_dropped": dropped,
     }));
-    let audit = |event| sup.audit(&id, event, false).map_err(|e| e.to_string());
+    if let Some(h) = &imported.history_dropped {
+        let (size, limit) = h.figures();
+        audit(Event::HistoryDropped {
+            reason: h.kind().to_string(),
+            object: h.object().map(str::to_string),
+            size,
+            limit,
+        })?;
+    }
     audit(Event::ObservedState {
         agent_tip: imported.agent_tip.clone(),
         observed_commit: imported.observed_commit.clone(),
@@ -741,6 +903,160 @@ pub(crate) async fn import_into(
         commit: imported.result_commit,
     })?;
     Ok(())
+}
+
+/// The status a run ends with once its import was tried: `ended` as it is;
+/// `ended (history dropped: why)` when only the working files came back; or
+/// `import failed: why` (the ending kept in the record for a retry), with the
+/// reason saying where the work is kept.
+pub(crate) fn status_after_import(
+    record: &mut RunRecord,
+    ended: String,
+    failure: Option<&ImportFailure>,
+    worktree: &std::path::Path,
+) -> (String, Option<String>) {
+    if let Some(f) = failure {
+        record.observed = Some(serde_json::json!({
+            "import_failed": {
+                "kind": f.kind,
+                "error": f.message,
+                "ended": ended,
+                "worktree": worktree.display().to_string(),
+            }
+        }));
+        let reason = format!(
+            "the run ended ({ended}); its work is kept in {}; `nightshift import {}` retries the import",
+            worktree.display(),
+            record.id
+        );
+        return (format!("{IMPORT_FAILED}: {}", f.message), Some(reason));
+    }
+    let why = record
+        .observed
+        .as_ref()
+        .and_then(|o| o.get("history_dropped"))
+        .and_then(|h| h.get("why"))
+        .and_then(|w| w.as_str())
+        .map(str::to_string);
+    match why {
+        Some(why) => (format!("{ended} (history dropped: {why})"), None),
+        None => (ended, None),
+    }
+}
+
+/// Why `nightshift import RUN` did not import.
+#[derive(Debug, thiserror::Error)]
+pub enum RetryError {
+    #[error("importing run {run}: nothing to retry, its import did not fail (status {status:?})")]
+    NothingToRetry { run: String, status: String },
+    #[error("importing run {run}: its worktree {path} is gone")]
+    WorktreeGone { run: String, path: PathBuf },
+    #[error("importing run {run}: {}", failure.message)]
+    Failed { run: String, failure: ImportFailure },
+    #[error("importing run {run}: locking {path}: {message}")]
+    Lock {
+        run: String,
+        path: PathBuf,
+        message: String,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// `nightshift import RUN`: retries the import of a run whose import failed.
+/// On success the result is recorded and audited, the worktree removed, and
+/// the run's status becomes its ending (with "history dropped" when so); on
+/// failure the worktree stays and the status names the new failure. Runs one
+/// at a time per state (`STATE/import.lock`).
+pub async fn retry_import(store: &Mutex<Store>, run: &str) -> Result<RunRecord, RetryError> {
+    let paths = {
+        let store = store.lock().unwrap_or_else(|p| p.into_inner());
+        store.paths().clone()
+    };
+    let lock_path = paths.root.join("import.lock");
+    let lock_err = |message: String| RetryError::Lock {
+        run: run.to_string(),
+        path: lock_path.clone(),
+        message,
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| lock_err(e.to_string()))?;
+    let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| lock_err(e.to_string()))?;
+
+    let mut record = {
+        let store = store.lock().unwrap_or_else(|p| p.into_inner());
+        store.run(run)?
+    };
+    if import_state(&record) != ImportState::Failed {
+        return Err(RetryError::NothingToRetry {
+            run: run.to_string(),
+            status: record.status,
+        });
+    }
+    let worktree = paths.worktrees().join(run);
+    if !worktree.is_dir() {
+        return Err(RetryError::WorktreeGone {
+            run: run.to_string(),
+            path: worktree,
+        });
+    }
+    let ended = record
+        .observed
+        .as_ref()
+        .and_then(|o| o["import_failed"]["ended"].as_str())
+        .unwrap_or("ended")
+        .to_string();
+    let put = |record: &RunRecord, event: Event| -> Result<(), StoreError> {
+        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+        store.put_run(record)?;
+        store.append(Some(run), &event, true)?;
+        Ok(())
+    };
+    record.observed = None;
+    if let Err(failure) = import_into(store, &mut record, &worktree).await {
+        let (status, reason) = status_after_import(&mut record, ended, Some(&failure), &worktree);
+        record.status = status;
+        record.reason = reason;
+        let store = store.lock().unwrap_or_else(|p| p.into_inner());
+        store.put_run(&record)?;
+        return Err(RetryError::Failed {
+            run: run.to_string(),
+            failure,
+        });
+    }
+    let wt = worktree.clone();
+    let removed = tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&wt)).await;
+    let mut reason = "imported by nightshift import".to_string();
+    match removed {
+        Ok(Ok(())) => {
+            let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+            store.append(
+                Some(run),
+                &Event::WorktreeRemoved {
+                    path: worktree.display().to_string(),
+                },
+                false,
+            )?;
+        }
+        Ok(Err(e)) => reason.push_str(&format!("; cleanup: {e}")),
+        Err(e) => reason.push_str(&format!("; cleanup: {e}")),
+    }
+    let (status, _) = status_after_import(&mut record, ended, None, &worktree);
+    record.status = status.clone();
+    record.reason = Some(reason.clone());
+    put(
+        &record,
+        Event::RunEnded {
+            status,
+            reason: Some(reason),
+        },
+    )?;
+    Ok(record)
 }
 
 fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
@@ -786,10 +1102,12 @@ async fn finish(
         }
     }
 
-    // Import whatever the run wrote, once the agent had started.
+    // Import whatever the run wrote, once the agent had started. A failed
+    // import keeps the worktree: it is the only copy of the run's work.
+    let mut import_failure = None;
     if let (Some(wt), true) = (held.worktree.clone(), held.started) {
-        if let Err(e) = import_into(sup, record, &wt).await {
-            cleanup_errors.push(e);
+        if let Err(e) = import_into(&sup.store, record, &wt).await {
+            import_failure = Some((e, held.worktree.take().unwrap_or(wt)));
         }
     }
     if let Some(wt) = held.worktree.take() {
@@ -833,6 +1151,14 @@ async fn finish(
         ),
         Err(e) => ("error".to_string(), Some(e.to_string()), Err(e)),
     };
+    let (status, import_reason) = match &import_failure {
+        Some((failure, wt)) => status_after_import(record, status, Some(failure), wt),
+        None => status_after_import(record, status, None, std::path::Path::new("")),
+    };
+    let reason = match (reason, import_reason) {
+        (Some(r), Some(i)) => Some(format!("{r}; {i}")),
+        (r, i) => r.or(i),
+    };
     let reason = match (reason, cleanup_errors.is_empty()) {
         (r, true) => r,
         (r, false) => Some(format!(
@@ -847,4 +1173,68 @@ async fn finish(
     sup.save(record)?;
     sup.audit(&id, Event::RunEnded { status, reason }, true)?;
     result.map(|()| record.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn record() -> RunRecord {
+        RunRecord {
+            id: "r1".into(),
+            status: "running".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_whole_import_keeps_the_ending() {
+        let mut r = record();
+        r.observed = Some(serde_json::json!({"tree": "t", "history_dropped": null}));
+        let (status, reason) = status_after_import(&mut r, "exited 0".into(), None, Path::new(""));
+        assert_eq!((status.as_str(), reason), ("exited 0", None));
+        r.status = status;
+        assert_eq!(import_state(&r), ImportState::Whole);
+    }
+
+    #[test]
+    fn a_dropped_history_is_in_the_status_and_the_state() {
+        let mut r = record();
+        r.observed = Some(serde_json::json!({
+            "history_dropped": {"kind": "bad_tip", "why": "the agent's branch names no commit"}
+        }));
+        let (status, _) =
+            status_after_import(&mut r, "killed: timeout 2s".into(), None, Path::new(""));
+        assert_eq!(
+            status,
+            "killed: timeout 2s (history dropped: the agent's branch names no commit)"
+        );
+        r.status = status;
+        assert_eq!(import_state(&r), ImportState::HistoryDropped);
+    }
+
+    #[test]
+    fn a_failed_import_names_the_failure_and_keeps_the_ending_for_a_retry() {
+        let mut r = record();
+        let failure = ImportFailure {
+            kind: "host_locked",
+            message: "importing the worktree: updating refs/nightshift/runs/r1".into(),
+        };
+        let wt = Path::new("/state/worktrees/r1");
+        let (status, reason) = status_after_import(&mut r, "exited 3".into(), Some(&failure), wt);
+        assert_eq!(
+            status,
+            "import failed: importing the worktree: updating refs/nightshift/runs/r1"
+        );
+        let reason = reason.unwrap();
+        assert!(reason.contains("/state/worktrees/r1"), "{reason}");
+        assert!(reason.contains("`nightshift import r1`"), "{reason}");
+        let kept = &r.observed.as_ref().unwrap()["import_failed"];
+        assert_eq!(kept["ended"], "exited 3");
+        assert_eq!(kept["kind"], "host_locked");
+        r.status = status;
+        assert_eq!(import_state(&r), ImportState::Failed);
+    }
 }

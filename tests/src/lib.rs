@@ -196,4 +196,64 @@ pub fn audit_kinds(state: &State, run: &str) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+/// A shell prefix that makes an agent wait at a gate until the test opens
+/// it ([`open_gate`]), so that a test sees the run running without racing
+/// it: the run cannot end before the test has looked.
+pub const WAIT_AT_GATE: &str =
+    "while [ ! -e .nightshift-test-gate ]; do sleep 0.05; done; rm -f .nightshift-test-gate; ";
+
+/// Waits until `n` runs of the state are running (their agents waiting at
+/// the gate); panics with `child`'s stderr if it ended first. Returns the
+/// running runs' ids.
+pub fn wait_running(state: &State, child: &mut std::process::Child, n: usize) -> Vec<String> {
+    let started = std::time::Instant::now();
+    loop {
+        let running: Vec<String> = state
+            .runs()
+            .iter()
+            .filter(|r| r["status"] == "running")
+            .filter_map(|r| r["id"].as_str().map(str::to_string))
+            .collect();
+        if running.len() >= n {
+            return running;
+        }
+        if let Some(status) = child.try_wait().expect("waiting for nightshift run") {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!("nightshift run ended ({status}) before its run was seen running: {err}");
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "the run never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Opens the gate an agent started with [`WAIT_AT_GATE`] waits at.
+pub fn open_gate(state: &State, run: &str) {
+    let gate = state
+        .path()
+        .join("worktrees")
+        .join(run)
+        .join(".nightshift-test-gate");
+    std::fs::write(&gate, b"").expect("opening the gate");
+}
+
+/// Waits until `path` exists (a file the agent writes), with a generous bound.
+pub fn wait_for_file(path: &Path) {
+    let started = std::time::Instant::now();
+    while !path.exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 pub mod loopback;
+pub mod morning;

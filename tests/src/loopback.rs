@@ -15,6 +15,7 @@ use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use base64::Engine as _;
 use http_body_util::{BodyExt, Full};
@@ -348,38 +349,132 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 /// A GitHub-shaped forge: `POST /repos/{owner}/{repo}/pulls` with the right
 /// bearer token answers 201 with a new number; a wrong or missing token
 /// answers 401; anything else 404.
+///
+/// Backed by a bare repository ([`ForgeServer::with_repo`]) it behaves as
+/// GitHub does where it matters here: the head branch must exist in the
+/// repository (else 422), the pull request records the commit the branch
+/// holds at that moment (`head.sha`), a second open pull request for the
+/// same head and base is refused with 422 "A pull request already exists",
+/// and `GET .../pulls?head=OWNER:BRANCH&base=BASE&state=open` lists the open
+/// ones. It can hold its answer to a creation for a while after recording
+/// the pull request ([`ForgeServer::hold_answers`]), to stand for an answer
+/// lost in a crash.
 #[derive(Debug)]
 pub struct ForgeServer {
     running: Running,
     log: Arc<Mutex<Vec<Recorded>>>,
+    prs: Arc<Mutex<Vec<OpenPr>>>,
+    hold: Arc<Mutex<Duration>>,
+}
+
+/// A pull request the forge holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenPr {
+    pub number: u64,
+    pub head: String,
+    pub base: String,
+    /// The commit the head branch held when it was opened (None without a repository).
+    pub sha: Option<String>,
 }
 
 impl ForgeServer {
-    /// Starts a forge that accepts `token`.
+    /// Starts a forge that accepts `token`, with no repository behind it.
     pub fn start(token: &str) -> ForgeServer {
+        Self::serve(token, None)
+    }
+
+    /// Starts a forge that accepts `token`, whose repository is `bare`.
+    pub fn with_repo(token: &str, bare: &Path) -> ForgeServer {
+        Self::serve(token, Some(bare.to_path_buf()))
+    }
+
+    fn serve(token: &str, bare: Option<PathBuf>) -> ForgeServer {
         let expected = format!("Bearer {token}");
         let log = log();
         let seen = log.clone();
-        let next = Arc::new(Mutex::new(0u64));
+        let prs: Arc<Mutex<Vec<OpenPr>>> = Arc::new(Mutex::new(Vec::new()));
+        let held = prs.clone();
+        let hold = Arc::new(Mutex::new(Duration::ZERO));
+        let holding = hold.clone();
         let handler: Handler = Arc::new(move |req: Incoming| {
             let authorized = req.header(AUTHORIZATION).as_deref() == Some(expected.as_str());
             push_log(&seen, req.record(authorized));
             let segments: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+            let host = req.header("host").unwrap_or_default();
+            let mut wait = Duration::ZERO;
             let response = match (req.method.as_str(), segments.as_slice()) {
                 ("POST", ["repos", owner, repo, "pulls"]) if authorized => {
-                    let number = {
-                        let mut n = next.lock().unwrap_or_else(|p| p.into_inner());
-                        *n += 1;
-                        *n
-                    };
-                    let host = req.header("host").unwrap_or_default();
-                    let body = serde_json::json!({
-                        "number": number,
-                        "html_url": format!("http://{host}/{owner}/{repo}/pull/{number}"),
-                    });
-                    respond(StatusCode::CREATED, "application/json", body.to_string())
+                    let asked: serde_json::Value =
+                        serde_json::from_slice(&req.body).unwrap_or_default();
+                    let head = asked["head"].as_str().unwrap_or_default().to_string();
+                    let base = asked["base"].as_str().unwrap_or_default().to_string();
+                    let sha = bare.as_ref().map(|b| branch_value(b, &head));
+                    let mut open = held.lock().unwrap_or_else(|p| p.into_inner());
+                    if matches!(sha, Some(None)) {
+                        respond(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            "application/json",
+                            r#"{"message": "Validation Failed", "errors": [{"resource": "PullRequest", "field": "head", "code": "invalid"}]}"#,
+                        )
+                    } else if open.iter().any(|p| p.head == head && p.base == base) {
+                        respond(
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            "application/json",
+                            format!(
+                                r#"{{"message": "Validation Failed", "errors": [{{"message": "A pull request already exists for {owner}:{head}."}}]}}"#
+                            ),
+                        )
+                    } else {
+                        let number = open.len() as u64 + 1;
+                        let sha = sha.flatten();
+                        open.push(OpenPr {
+                            number,
+                            head: head.clone(),
+                            base,
+                            sha: sha.clone(),
+                        });
+                        wait = *holding.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut body = serde_json::json!({
+                            "number": number,
+                            "html_url": format!("http://{host}/{owner}/{repo}/pull/{number}"),
+                        });
+                        if let Some(sha) = sha {
+                            body["head"] = serde_json::json!({"ref": head, "sha": sha});
+                        }
+                        respond(StatusCode::CREATED, "application/json", body.to_string())
+                    }
                 }
-                ("POST", ["repos", _, _, "pulls"]) => respond(
+                ("GET", ["repos", owner, repo, "pulls"]) if authorized => {
+                    let query = req.query.clone().unwrap_or_default();
+                    let param = |k: &str| {
+                        query
+                            .split('&')
+                            .find_map(|kv| kv.strip_prefix(&format!("{k}=")).map(percent_decode))
+                    };
+                    let head = param("head")
+                        .map(|h| h.split_once(':').map(|(_, b)| b.to_string()).unwrap_or(h));
+                    let base = param("base");
+                    let open = held.lock().unwrap_or_else(|p| p.into_inner());
+                    let listed: Vec<serde_json::Value> = open
+                        .iter()
+                        .filter(|p| head.as_ref().is_none_or(|h| *h == p.head))
+                        .filter(|p| base.as_ref().is_none_or(|b| *b == p.base))
+                        .map(|p| {
+                            serde_json::json!({
+                                "number": p.number,
+                                "html_url": format!("http://{host}/{owner}/{repo}/pull/{}", p.number),
+                                "head": {"ref": p.head, "sha": p.sha.clone().unwrap_or_default()},
+                                "base": {"ref": p.base},
+                            })
+                        })
+                        .collect();
+                    respond(
+                        StatusCode::OK,
+                        "application/json",
+                        serde_json::Value::from(listed).to_string(),
+                    )
+                }
+                ("POST" | "GET", ["repos", _, _, "pulls"]) => respond(
                     StatusCode::UNAUTHORIZED,
                     "application/json",
                     r#"{"message": "Bad credentials"}"#,
@@ -390,12 +485,29 @@ impl ForgeServer {
                     r#"{"message": "Not Found"}"#,
                 ),
             };
-            Box::pin(async move { response })
+            Box::pin(async move {
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+                response
+            })
         });
         ForgeServer {
             running: Running::start(handler),
             log,
+            prs,
+            hold,
         }
+    }
+
+    /// From now on, answer each creation only `wait` after recording it.
+    pub fn hold_answers(&self, wait: Duration) {
+        *self.hold.lock().unwrap_or_else(|p| p.into_inner()) = wait;
+    }
+
+    /// The pull requests the forge holds, in order.
+    pub fn pull_requests(&self) -> Vec<OpenPr> {
+        self.prs.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The port it listens on.
@@ -412,6 +524,37 @@ impl ForgeServer {
     pub fn requests(&self) -> Vec<Recorded> {
         read_log(&self.log)
     }
+}
+
+/// What branch `name` holds in the bare repository, if it exists.
+fn branch_value(bare: &Path, name: &str) -> Option<String> {
+    let out = std::process::Command::new("git")
+        .arg("--git-dir")
+        .arg(bare)
+        .args(["rev-parse", "--verify", "-q", &format!("refs/heads/{name}")])
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn percent_decode(v: &str) -> String {
+    let bytes = v.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&v[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// A webhook endpoint: records every POST and answers 204 (405 to other

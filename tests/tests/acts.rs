@@ -51,7 +51,7 @@ fn setup() -> Morning {
             "[remotes.origin]\nurl = \"{}\"\nreaders = \"private\"\nusername = \"nightshift\"\npassword_file = \"{}\"\n\n\
              [notify.team]\nurl = \"{}\"\nreaders = \"private\"\n\n\
              [notify.public-log]\nurl = \"{}\"\nreaders = \"public\"\n\n\
-             [forges.forge]\napi = \"{}\"\nrepo = \"owner/name\"\ntoken_file = \"{}\"\nreaders = \"private\"\n",
+             [forges.forge]\napi = \"{}\"\nrepo = \"owner/name\"\nremote = \"origin\"\ntoken_file = \"{}\"\nreaders = \"private\"\n",
             git_server.url(),
             pw.display(),
             notify.url(),

@@ -21,7 +21,8 @@ fn interrupted_by(signal: Signal, expected_code: i32) {
             "--",
             "bash",
             "-c",
-            "echo partial > partial.txt; sleep 600",
+            // Written whole, then renamed: once the name exists its content does.
+            "echo partial > partial.tmp; mv partial.tmp partial.txt; sleep 600",
         ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
@@ -44,7 +45,9 @@ fn interrupted_by(signal: Signal, expected_code: i32) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    std::thread::sleep(Duration::from_millis(500));
+    // Signal once the agent has written (polled, never slept on).
+    let id = state.runs()[0]["id"].as_str().unwrap().to_string();
+    tests::wait_for_file(&state.path().join("worktrees").join(&id).join("partial.txt"));
     kill(Pid::from_raw(child.id() as i32), signal).unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(
@@ -71,6 +74,13 @@ fn interrupted_by(signal: Signal, expected_code: i32) {
     );
     // What the run had written is kept.
     assert!(run["result_commit"].is_string());
+    assert_eq!(
+        tests::git(
+            repo.path(),
+            &["show", &format!("refs/nightshift/runs/{id}:partial.txt")]
+        ),
+        "partial\n"
+    );
     assert!(state.verify().status.success());
 }
 

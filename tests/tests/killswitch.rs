@@ -103,8 +103,20 @@ fn kill_one_run_leaves_the_others() {
     let target = state.runs()[0]["id"].as_str().unwrap().to_string();
     let out = state.run(&["kill", &target]);
     assert!(out.status.success(), "{}", stderr(&out));
-    std::thread::sleep(Duration::from_secs(2));
-    let runs = state.runs();
+    // Poll until the killed run is settled by its supervisor (never sleep on it).
+    let started = Instant::now();
+    let runs = loop {
+        let runs = state.runs();
+        let target_run = runs.iter().find(|r| r["id"] == target.as_str()).unwrap();
+        if target_run["status"] != "running" {
+            break runs;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the killed run never settled"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
     let killed: Vec<_> = runs
         .iter()
         .filter(|r| r["status"].as_str().unwrap().starts_with("killed"))
@@ -152,8 +164,17 @@ fn kill_all_works_with_no_supervisor_running() {
 fn supervisor_killed_with_sigkill_its_sandbox_stops_by_itself() {
     let state = State::new();
     let repo = make_repo();
-    let c = start_run(&state, repo.path(), &[], "echo kept > kept.txt; sleep 600");
+    // Written whole, then renamed: once the name exists its content does.
+    let c = start_run(
+        &state,
+        repo.path(),
+        &[],
+        "echo kept > kept.tmp; mv kept.tmp kept.txt; sleep 600",
+    );
     wait_running(&state, 1);
+    // Kill once the agent has written (polled, never slept on).
+    let id = state.runs()[0]["id"].as_str().unwrap().to_string();
+    tests::wait_for_file(&state.path().join("worktrees").join(&id).join("kept.txt"));
     kill(Pid::from_raw(c.id() as i32), Signal::SIGKILL).unwrap();
     c.wait_with_output().unwrap();
     let took = wait_gone(&state, Duration::from_secs(30));

@@ -11,6 +11,7 @@
 //! [forges.github]
 //! api = "http://127.0.0.1:8081"
 //! repo = "owner/name"
+//! remote = "origin"                                    # where its branches are pushed
 //! token_file = "/etc/nightshift/github.token"
 //! readers = "public"
 //!
@@ -127,6 +128,10 @@ pub struct ForgeConfig {
     pub api: String,
     /// `owner/name` of the repository pull requests are opened on.
     pub repo: String,
+    /// The alias of the configured git remote that is this repository: a
+    /// pull request's head branch is made to hold the approved commit there
+    /// (fast-forward only, under a lease) before the request is sent.
+    pub remote: String,
     /// File holding the API token (sent as `Authorization: Bearer`).
     pub token_file: PathBuf,
     /// Who may read the forge's repository.
@@ -244,6 +249,16 @@ impl Destinations {
             check_url(&forge.api).map_err(|why| invalid("forges", alias, format!("api: {why}")))?;
             check_timeout(forge.timeout_secs)
                 .map_err(|why| invalid("forges", alias, why.into()))?;
+            if !self.remotes.contains_key(&forge.remote) {
+                return Err(invalid(
+                    "forges",
+                    alias,
+                    format!(
+                        "remote {:?} is not a configured [remotes] alias: a forge names the git remote that holds its branches",
+                        forge.remote
+                    ),
+                ));
+            }
             let parts: Vec<&str> = forge.repo.split('/').collect();
             let word = |p: &str| !p.is_empty() && p.bytes().all(alias_byte);
             if parts.len() != 2 || !parts.iter().all(|p| word(p)) {
@@ -369,7 +384,8 @@ mod tests {
             ("[remotes.o]\nurl = \"http://h/r\"\nreaders = \"public\"\npassword_file = \"/p\"\n", "needs a username"),
             ("[remotes.o]\nurl = \"http://h/r\"\nreaders = \"public\"\nusername = \"u\"\npassword_file = \"/p\"\ntoken_file = \"/t\"\n", "exclusive"),
             ("[remotes.\"a b\"]\nurl = \"http://h/r\"\nreaders = \"public\"\n", "alias"),
-            ("[forges.f]\napi = \"http://h\"\nrepo = \"justname\"\ntoken_file = \"/t\"\nreaders = \"public\"\n", "owner/name"),
+            ("[remotes.o]\nurl = \"http://h/r\"\nreaders = \"public\"\n[forges.f]\napi = \"http://h\"\nrepo = \"justname\"\nremote = \"o\"\ntoken_file = \"/t\"\nreaders = \"public\"\n", "owner/name"),
+            ("[forges.f]\napi = \"http://h\"\nrepo = \"o/n\"\nremote = \"nowhere\"\ntoken_file = \"/t\"\nreaders = \"public\"\n", "not a configured [remotes] alias"),
             ("[notify.n]\nurl = \"http://h/x\"\nreaders = \"public\"\ntimeout_secs = 0\n", "timeout_secs"),
         ];
         for (text, expect) in cases {

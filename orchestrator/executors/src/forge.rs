@@ -9,8 +9,14 @@
 //!   the approved commit (the push executor's lease does that). When the
 //!   forge's answer names the head commit and it is another one, the call
 //!   fails (not retryable) naming the pull request, so a person can close it.
-//! - A 201 is the only success; nothing is retried after the request may
-//!   have left (see [`crate::ExecError::retryable`]).
+//! - A 201 is the only success of a creation; nothing is retried after the
+//!   request may have left (see [`crate::ExecError::retryable`]). A 422 that
+//!   says a pull request already exists for the head is answered by looking
+//!   it up: one open for the same head, base and approved commit is adopted
+//!   (success), any other is an error saying so.
+//! - [`find_pull_request`] finds an open pull request for a head, base and
+//!   commit (one `GET .../pulls?head=OWNER:BRANCH&base=BASE&state=open`), so
+//!   that after a crash an existing one is adopted instead of duplicated.
 
 use std::time::Duration;
 
@@ -22,13 +28,16 @@ use crate::http::{HttpPost, HttpRequest, TransportError, UreqPost};
 use crate::push::check_oid;
 use crate::secret::Secret;
 
-/// A pull request that was opened.
+/// A pull request that was opened (or found open, when `adopted`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrOutcome {
     /// Its number on the forge.
     pub number: u64,
     /// Its page.
     pub url: String,
+    /// It existed already (after a crash, or opened by someone else) at the
+    /// approved head commit, and was taken as this act's outcome.
+    pub adopted: bool,
 }
 
 /// Opens a pull request from `head_ref` into `base_ref` (branch names, with
@@ -105,6 +114,19 @@ pub fn open_pull_request_with(
     match response.status {
         201 => {}
         401 | 403 => return Err(ExecError::Auth { action }),
+        422 if String::from_utf8_lossy(&response.body).contains("already exists") => {
+            // Opened before (by an attempt whose answer was lost, or by a
+            // person): adopt it only if it is exactly what was approved.
+            return match find_with(http, forge, &token, head, base, head_commit)? {
+                Some(found) => Ok(found),
+                None => Err(ExecError::Status {
+                    action,
+                    status: 422,
+                    excerpt: "a pull request for this head already exists, but not open at the approved commit into the approved base".into(),
+                    retryable: false,
+                }),
+            };
+        }
         status => {
             return Err(ExecError::Status {
                 action,
@@ -133,7 +155,133 @@ pub fn open_pull_request_with(
     Ok(PrOutcome {
         number: created.number,
         url: created.html_url,
+        adopted: false,
     })
+}
+
+/// The open pull request from `head_ref` into `base_ref` at `head_commit`,
+/// if the forge has one, with the real HTTP client.
+pub fn find_pull_request(
+    forge: &ForgeConfig,
+    head_ref: &str,
+    base_ref: &str,
+    head_commit: &str,
+) -> Result<Option<PrOutcome>, ExecError> {
+    find_pull_request_with(&UreqPost, forge, head_ref, base_ref, head_commit)
+}
+
+/// As [`find_pull_request`], through the given HTTP client.
+pub fn find_pull_request_with(
+    http: &dyn HttpPost,
+    forge: &ForgeConfig,
+    head_ref: &str,
+    base_ref: &str,
+    head_commit: &str,
+) -> Result<Option<PrOutcome>, ExecError> {
+    let action = format!("looking up pull requests on {}", forge.repo);
+    let invalid = |why: String| ExecError::InvalidRequest {
+        action: action.clone(),
+        why,
+    };
+    let head = branch_name(head_ref).map_err(|why| invalid(format!("head {head_ref:?}: {why}")))?;
+    let base = branch_name(base_ref).map_err(|why| invalid(format!("base {base_ref:?}: {why}")))?;
+    check_oid(head_commit).map_err(|why| invalid(format!("head commit: {why}")))?;
+    let token = Secret::read_file(&forge.token_file).map_err(|source| ExecError::Credential {
+        destination: format!("forge {}", forge.repo),
+        path: forge.token_file.clone(),
+        source,
+    })?;
+    find_with(http, forge, &token, head, base, head_commit)
+}
+
+fn find_with(
+    http: &dyn HttpPost,
+    forge: &ForgeConfig,
+    token: &Secret,
+    head: &str,
+    base: &str,
+    head_commit: &str,
+) -> Result<Option<PrOutcome>, ExecError> {
+    let action = format!("looking up pull requests on {}", forge.repo);
+    let owner = forge.repo.split('/').next().unwrap_or_default();
+    // Branch names passed `branch_name` (valid ref names): only `/` and a
+    // few punctuation marks need escaping in a query value.
+    let url = format!(
+        "{}/repos/{}/pulls?head={}&base={}&state=open",
+        forge.api.trim_end_matches('/'),
+        forge.repo,
+        query_escape(&format!("{owner}:{head}")),
+        query_escape(base),
+    );
+    let secs = forge.timeout_secs.unwrap_or(DEFAULT_HTTP_TIMEOUT_SECS);
+    let request = HttpRequest {
+        url: &url,
+        content_type: "application/json",
+        accept: Some("application/vnd.github+json"),
+        bearer: Some(token),
+        body: b"",
+        timeout: Duration::from_secs(secs),
+    };
+    let response = http
+        .get(&request)
+        .map_err(|e| transport_error(action.clone(), secs, e))?;
+    match response.status {
+        200 => {}
+        401 | 403 => return Err(ExecError::Auth { action }),
+        status => {
+            return Err(ExecError::Status {
+                action,
+                status,
+                excerpt: excerpt(&response.body, Some(token.expose())),
+                retryable: status_retryable(status),
+            })
+        }
+    }
+    let listed: Vec<Listed> =
+        serde_json::from_slice(&response.body).map_err(|e| ExecError::Protocol {
+            action: action.clone(),
+            why: format!("the answer is not a list of pull requests: {e}"),
+        })?;
+    Ok(listed
+        .into_iter()
+        .find(|pr| {
+            pr.head.sha.eq_ignore_ascii_case(head_commit)
+                && pr.head.r#ref == head
+                && pr.base.as_ref().is_none_or(|b| b.r#ref == base)
+        })
+        .map(|pr| PrOutcome {
+            number: pr.number,
+            url: pr.html_url,
+            adopted: true,
+        }))
+}
+
+fn query_escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[derive(Deserialize)]
+struct Listed {
+    number: u64,
+    html_url: String,
+    head: ListedRef,
+    #[serde(default)]
+    base: Option<ListedRef>,
+}
+
+#[derive(Deserialize)]
+struct ListedRef {
+    r#ref: String,
+    #[serde(default)]
+    sha: String,
 }
 
 #[derive(Deserialize)]
@@ -197,35 +345,57 @@ mod tests {
     /// One request the fake saw: url, bearer token, body.
     type Seen = (String, Option<String>, Vec<u8>);
 
-    /// Records what it was asked and answers what it was told.
+    /// Records what it was asked and answers what it was told, in order.
     struct Fake {
-        answer: RefCell<Option<Result<HttpResponse, TransportError>>>,
+        answers: RefCell<Vec<Result<HttpResponse, TransportError>>>,
         seen: RefCell<Vec<Seen>>,
     }
 
     impl Fake {
         fn answering(status: u16, body: &str) -> Fake {
+            Fake::answers(&[(status, body)])
+        }
+
+        fn answers(list: &[(u16, &str)]) -> Fake {
             Fake {
-                answer: RefCell::new(Some(Ok(HttpResponse {
-                    status,
-                    body: body.as_bytes().to_vec(),
-                }))),
+                answers: RefCell::new(
+                    list.iter()
+                        .rev()
+                        .map(|(status, body)| {
+                            Ok(HttpResponse {
+                                status: *status,
+                                body: body.as_bytes().to_vec(),
+                            })
+                        })
+                        .collect(),
+                ),
                 seen: RefCell::new(Vec::new()),
             }
+        }
+
+        fn answer(
+            &self,
+            method: &str,
+            r: &HttpRequest<'_>,
+        ) -> Result<HttpResponse, TransportError> {
+            self.seen.borrow_mut().push((
+                format!("{method} {}", r.url),
+                r.bearer.map(|s| s.expose().to_string()),
+                r.body.to_vec(),
+            ));
+            self.answers
+                .borrow_mut()
+                .pop()
+                .unwrap_or(Err(TransportError::TimedOut))
         }
     }
 
     impl HttpPost for Fake {
         fn post(&self, r: &HttpRequest<'_>) -> Result<HttpResponse, TransportError> {
-            self.seen.borrow_mut().push((
-                r.url.to_string(),
-                r.bearer.map(|s| s.expose().to_string()),
-                r.body.to_vec(),
-            ));
-            self.answer
-                .borrow_mut()
-                .take()
-                .unwrap_or(Err(TransportError::TimedOut))
+            self.answer("POST", r)
+        }
+        fn get(&self, r: &HttpRequest<'_>) -> Result<HttpResponse, TransportError> {
+            self.answer("GET", r)
         }
     }
 
@@ -235,6 +405,7 @@ mod tests {
         ForgeConfig {
             api: "http://forge.test/".into(),
             repo: "own/repo".into(),
+            remote: "origin".into(),
             token_file,
             readers: Readers::Public,
             timeout_secs: None,
@@ -257,7 +428,7 @@ mod tests {
         assert_eq!(out.number, 7);
         assert_eq!(out.url, "http://forge.test/pr/7");
         let seen = fake.seen.borrow();
-        assert_eq!(seen[0].0, "http://forge.test/repos/own/repo/pulls");
+        assert_eq!(seen[0].0, "POST http://forge.test/repos/own/repo/pulls");
         assert_eq!(seen[0].1.as_deref(), Some("tok-SECRET"));
         let sent: serde_json::Value = serde_json::from_slice(&seen[0].2).unwrap();
         assert_eq!(
@@ -307,7 +478,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = forge(&dir);
         let with = |e: TransportError| Fake {
-            answer: RefCell::new(Some(Err(e))),
+            answers: RefCell::new(vec![Err(e)]),
             seen: RefCell::new(Vec::new()),
         };
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
@@ -344,5 +515,49 @@ mod tests {
             "credential_unreadable"
         );
         assert!(fake.seen.borrow().is_empty());
+    }
+
+    #[test]
+    fn already_exists_adopts_the_open_pull_request_at_the_approved_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = forge(&dir);
+        let exists = r#"{"message": "Validation Failed", "errors": [{"message": "A pull request already exists for own:agent/x."}]}"#;
+        let listed = format!(
+            r#"[{{"number": 4, "html_url": "u4", "head": {{"ref": "agent/x", "sha": "{COMMIT}"}}, "base": {{"ref": "main", "sha": "x"}}}}]"#
+        );
+        let fake = Fake::answers(&[(422, exists), (200, &listed)]);
+        let out = open(&fake, &f).unwrap();
+        assert_eq!((out.number, out.adopted), (4, true));
+        let seen = fake.seen.borrow();
+        assert_eq!(
+            seen[1].0,
+            "GET http://forge.test/repos/own/repo/pulls?head=own%3Aagent%2Fx&base=main&state=open"
+        );
+        assert_eq!(seen[1].1.as_deref(), Some("tok-SECRET"));
+
+        // One open at another commit is not adopted: the owner is told.
+        let other = r#"[{"number": 5, "html_url": "u5", "head": {"ref": "agent/x", "sha": "ffffffffffffffffffffffffffffffffffffffff"}}]"#;
+        let err = open(&Fake::answers(&[(422, exists), (200, other)]), &f).unwrap_err();
+        assert!(err.to_string().contains("already exists"), "{err}");
+        assert!(!err.retryable());
+    }
+
+    #[test]
+    fn find_returns_only_a_pull_request_at_the_approved_head() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = forge(&dir);
+        let find = |body: &str| {
+            find_pull_request_with(&Fake::answering(200, body), &f, "agent/x", "main", COMMIT)
+        };
+        assert_eq!(find("[]").unwrap(), None);
+        let at = format!(
+            r#"[{{"number": 2, "html_url": "u2", "head": {{"ref": "agent/x", "sha": "{COMMIT}"}}}}]"#
+        );
+        assert_eq!(find(&at).unwrap().map(|p| p.number), Some(2));
+        let other_base = format!(
+            r#"[{{"number": 2, "html_url": "u2", "head": {{"ref": "agent/x", "sha": "{COMMIT}"}}, "base": {{"ref": "dev"}}}}]"#
+        );
+        assert_eq!(find(&other_base).unwrap(), None);
+        assert_eq!(find("not json").unwrap_err().class(), "protocol");
     }
 }

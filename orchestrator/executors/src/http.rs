@@ -1,6 +1,7 @@
 //! The HTTP boundary of the forge and notify executors: one narrow trait,
-//! [`HttpPost`], with the real client ([`UreqPost`]) here and hand-written
-//! fakes in the tests.
+//! [`HttpPost`] (a POST, and the GET a forge needs to look a pull request
+//! up), with the real client ([`UreqPost`]) here and hand-written fakes in
+//! the tests.
 //!
 //! Invariants:
 //! - Every call has a time limit (the request's `timeout`), follows no
@@ -19,7 +20,7 @@ use crate::secret::Secret;
 /// Largest response body read.
 pub const MAX_RESPONSE_BYTES: u64 = 1024 * 1024;
 
-/// One POST to make.
+/// One request to make (a GET sends no body and no `Content-Type`).
 #[derive(Debug, Clone, Copy)]
 pub struct HttpRequest<'a> {
     /// Where to.
@@ -59,26 +60,47 @@ pub enum TransportError {
     Failed(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
-/// Makes one HTTP POST.
+/// Makes one HTTP request.
 pub trait HttpPost {
-    /// Sends `request` and returns the response whatever its status.
+    /// POSTs `request` and returns the response whatever its status.
     fn post(&self, request: &HttpRequest<'_>) -> Result<HttpResponse, TransportError>;
+    /// GETs `request.url` (its body and content type are not sent) and
+    /// returns the response whatever its status.
+    fn get(&self, request: &HttpRequest<'_>) -> Result<HttpResponse, TransportError>;
 }
 
 /// The real client: `ureq`, plain HTTP (no TLS is compiled in).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UreqPost;
 
-impl HttpPost for UreqPost {
-    fn post(&self, request: &HttpRequest<'_>) -> Result<HttpResponse, TransportError> {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
+impl UreqPost {
+    fn agent(request: &HttpRequest<'_>) -> ureq::Agent {
+        ureq::Agent::config_builder()
             .timeout_global(Some(request.timeout))
             .http_status_as_error(false)
             .max_redirects(0)
             .proxy(None)
             .build()
-            .into();
-        let mut builder = agent
+            .into()
+    }
+}
+
+fn read_response(
+    mut response: ureq::http::Response<ureq::Body>,
+) -> Result<HttpResponse, TransportError> {
+    let status = response.status().as_u16();
+    let body = response
+        .body_mut()
+        .with_config()
+        .limit(MAX_RESPONSE_BYTES)
+        .read_to_vec()
+        .map_err(classify)?;
+    Ok(HttpResponse { status, body })
+}
+
+impl HttpPost for UreqPost {
+    fn post(&self, request: &HttpRequest<'_>) -> Result<HttpResponse, TransportError> {
+        let mut builder = Self::agent(request)
             .post(request.url)
             .header("Content-Type", request.content_type)
             .header("User-Agent", "nightshift");
@@ -88,15 +110,20 @@ impl HttpPost for UreqPost {
         if let Some(token) = request.bearer {
             builder = builder.header("Authorization", format!("Bearer {}", token.expose()));
         }
-        let mut response = builder.send(request.body).map_err(classify)?;
-        let status = response.status().as_u16();
-        let body = response
-            .body_mut()
-            .with_config()
-            .limit(MAX_RESPONSE_BYTES)
-            .read_to_vec()
-            .map_err(classify)?;
-        Ok(HttpResponse { status, body })
+        read_response(builder.send(request.body).map_err(classify)?)
+    }
+
+    fn get(&self, request: &HttpRequest<'_>) -> Result<HttpResponse, TransportError> {
+        let mut builder = Self::agent(request)
+            .get(request.url)
+            .header("User-Agent", "nightshift");
+        if let Some(accept) = request.accept {
+            builder = builder.header("Accept", accept);
+        }
+        if let Some(token) = request.bearer {
+            builder = builder.header("Authorization", format!("Bearer {}", token.expose()));
+        }
+        read_response(builder.call().map_err(classify)?)
     }
 }
 

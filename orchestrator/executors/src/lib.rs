@@ -38,8 +38,10 @@ pub use config::{
     DEFAULT_HTTP_TIMEOUT_SECS, DEFAULT_PUSH_TIMEOUT_SECS, TOKEN_USERNAME,
 };
 pub use error::{ExecError, EXCERPT_CHARS};
-pub use forge::{open_pull_request, open_pull_request_with, PrOutcome};
+pub use forge::{
+    find_pull_request, find_pull_request_with, open_pull_request, open_pull_request_with, PrOutcome,
+};
 pub use http::{HttpPost, HttpRequest, HttpResponse, TransportError, UreqPost, MAX_RESPONSE_BYTES};
 pub use notify::{notify, notify_with, NotifyOutcome};
-pub use push::{push, remote_ref, PushOutcome};
+pub use push::{extends, push, remote_ref, PushOutcome};
 pub use secret::{Secret, SecretError};

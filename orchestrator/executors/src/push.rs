@@ -116,6 +116,41 @@ pub fn remote_ref(remote: &RemoteConfig, dst_ref: &str) -> Result<Option<String>
     })
 }
 
+/// Whether `commit` extends `old` in the host repository `source_repo`:
+/// `old` is `commit` or one of its ancestors. False when `old` is not there
+/// (then it is nothing `commit` was built on).
+pub fn extends(source_repo: &Path, commit: &str, old: &str) -> Result<bool, ExecError> {
+    let action = format!("checking whether {commit} extends {old}");
+    let invalid = |why: String| ExecError::InvalidRequest {
+        action: action.clone(),
+        why,
+    };
+    let commit = check_oid(commit).map_err(|why| invalid(format!("commit: {why}")))?;
+    let old = check_oid(old).map_err(|why| invalid(format!("old value: {why}")))?;
+    if commit == old {
+        return Ok(true);
+    }
+    let git = |source| ExecError::Git {
+        action: action.clone(),
+        retryable: false,
+        source,
+    };
+    let host = Repository::open_ext(
+        source_repo,
+        RepositoryOpenFlags::NO_SEARCH,
+        std::iter::empty::<&std::ffi::OsStr>(),
+    )
+    .map_err(git)?;
+    let (commit, old) = (
+        Oid::from_str(&commit).map_err(git)?,
+        Oid::from_str(&old).map_err(git)?,
+    );
+    if host.find_commit(old).is_err() {
+        return Ok(false);
+    }
+    host.graph_descendant_of(commit, old).map_err(git)
+}
+
 /// Checks a full commit id and returns it in lowercase.
 pub(crate) fn check_oid(id: &str) -> Result<String, String> {
     if id.len() != 40 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {

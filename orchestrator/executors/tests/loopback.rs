@@ -238,6 +238,7 @@ fn forge_config(repos: &Repos, api: &str) -> ForgeConfig {
     ForgeConfig {
         api: api.to_string(),
         repo: "own/repo".into(),
+        remote: "origin".into(),
         token_file: secret_file(repos.dir.path(), "forge-token", FORGE_TOKEN),
         readers: Readers::Public,
         timeout_secs: Some(30),
@@ -348,7 +349,7 @@ fn configs_print_paths_never_secrets() {
     let text = format!(
         "[remotes.origin]\nurl = \"http://127.0.0.1:1/r.git\"\nreaders = \"private\"\n\
          username = \"u\"\npassword_file = \"{d}/password\"\n\
-         [forges.f]\napi = \"http://127.0.0.1:1\"\nrepo = \"o/r\"\ntoken_file = \"{d}/forge-token\"\nreaders = \"public\"\n\
+         [forges.f]\napi = \"http://127.0.0.1:1\"\nrepo = \"o/r\"\nremote = \"origin\"\ntoken_file = \"{d}/forge-token\"\nreaders = \"public\"\n\
          [notify.n]\nurl = \"http://127.0.0.1:1/h\"\nreaders = \"private\"\ntoken_file = \"{d}/hook-token\"\n",
         d = dir.display()
     );

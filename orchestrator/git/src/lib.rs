@@ -30,8 +30,9 @@ mod worktree;
 pub use base::{resolve_base, Base};
 pub use error::GitError;
 pub use import::{
-    capture_commit, diffstat_between, import_run, worktree_branch, Captured, ImportLimits,
-    ImportSpec, Imported, SkipReason, Skipped, TipSource, MAX_SKIPPED_LISTED,
+    capture_commit, diffstat_between, import_failure_kind, import_run, worktree_branch, Captured,
+    HistoryDropped, ImportLimits, ImportSpec, Imported, SkipReason, Skipped, TipSource,
+    MAX_SKIPPED_LISTED,
 };
 pub use run_id::{result_ref, run_branch, validate_run_id};
 pub use worktree::{create_worktree, remove_worktree, Worktree, WorktreeSpec};

@@ -6,7 +6,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 
 use common::{git, write, Fixture};
-use orchestrator_git::{import_run, GitError, SkipReason, TipSource};
+use orchestrator_git::{import_failure_kind, import_run, HistoryDropped, SkipReason, TipSource};
 
 const REF: &str = "refs/nightshift/runs/";
 
@@ -248,7 +248,7 @@ fn gitignore_leaves_out_untracked_paths_only() {
 }
 
 #[test]
-fn too_many_new_objects_is_a_clear_error() {
+fn too_many_new_objects_drops_the_history_not_the_files() {
     let fx = Fixture::new();
     let wt = fx.worktree("many");
     for i in 0..5 {
@@ -258,45 +258,94 @@ fn too_many_new_objects_is_a_clear_error() {
     git(&wt.path, &["commit", "-q", "-m", "five files"]);
     let mut spec = fx.spec(&wt.path, "many");
     spec.limits.max_objects = 4;
-    let e = import_run(&spec).unwrap_err();
-    assert!(matches!(e, GitError::TooManyObjects { limit: 4 }), "{e}");
-    assert!(e.to_string().contains("max_objects"), "{e}");
-    assert!(
-        git_ok(&fx.host, &format!("{REF}many")).is_none(),
-        "no ref on failure"
+    let got = import_run(&spec).unwrap();
+    assert_eq!(
+        got.history_dropped,
+        Some(HistoryDropped::TooManyObjects { limit: 4 })
+    );
+    // The files still arrive, observed on top of the base commit.
+    assert_eq!(git(&fx.host, &["show", &format!("{REF}many:f3")]), "3");
+    assert_eq!(
+        git(&fx.host, &["rev-parse", &format!("{REF}many^")]).trim(),
+        fx.base
     );
     spec.limits.max_objects = 7; // commit + tree + 5 blobs
-    import_run(&spec).unwrap();
+    assert_eq!(import_run(&spec).unwrap().history_dropped, None);
 }
 
 #[test]
-fn a_committed_object_over_the_size_limit_is_a_clear_error() {
+fn a_committed_object_over_the_size_limit_drops_the_history_not_the_files() {
     let fx = Fixture::new();
     let wt = fx.worktree("bigobj");
     write(&wt.path.join("big.txt"), &"x".repeat(10_000));
+    write(&wt.path.join("small.txt"), "small\n");
     git(&wt.path, &["add", "-A"]);
     git(&wt.path, &["commit", "-q", "-m", "big"]);
     let mut spec = fx.spec(&wt.path, "bigobj");
     spec.limits.max_file_bytes = 4096;
-    let e = import_run(&spec).unwrap_err();
+    let got = import_run(&spec).unwrap();
+    let dropped = got.history_dropped.expect("history dropped");
     assert!(
         matches!(
-            e,
-            GitError::ObjectTooLarge {
+            dropped,
+            HistoryDropped::ObjectTooLarge {
                 size: 10_000,
                 limit: 4096,
                 ..
             }
         ),
-        "{e}"
+        "{dropped:?}"
     );
+    assert_eq!(dropped.kind(), "object_too_large");
+    // The small file arrives; the big one is skipped and listed, never read.
+    assert_eq!(
+        git(&fx.host, &["show", &format!("{REF}bigobj:small.txt")]),
+        "small"
+    );
+    assert!(git_ok(&fx.host, &format!("{REF}bigobj:big.txt")).is_none());
+    assert!(got
+        .skipped
+        .iter()
+        .any(|s| s.path == "big.txt" && matches!(s.why, SkipReason::TooLarge { .. })));
     spec.limits.max_file_bytes = 1 << 20;
     spec.limits.max_total_bytes = 5000;
-    let e = import_run(&spec).unwrap_err();
-    assert!(
-        matches!(e, GitError::TotalBytesExceeded { limit: 5000 }),
-        "{e}"
+    let got = import_run(&spec).unwrap();
+    assert_eq!(
+        got.history_dropped,
+        Some(HistoryDropped::TotalBytesExceeded { limit: 5000 })
     );
+}
+
+#[test]
+fn a_locked_host_ref_fails_the_import_and_a_retry_succeeds() {
+    let fx = Fixture::new();
+    let wt = fx.worktree("locked");
+    write(&wt.path.join("work.txt"), "work\n");
+    let lock = fx.host.join(".git/refs/nightshift/runs/locked.lock");
+    std::fs::create_dir_all(lock.parent().unwrap()).unwrap();
+    write(&lock, "");
+    let spec = fx.spec(&wt.path, "locked");
+    let e = import_run(&spec).unwrap_err();
+    assert_eq!(import_failure_kind(&e), "host_locked", "{e}");
+    assert!(git_ok(&fx.host, &format!("{REF}locked")).is_none());
+    std::fs::remove_file(&lock).unwrap();
+    import_run(&spec).unwrap();
+    assert_eq!(
+        git(&fx.host, &["show", &format!("{REF}locked:work.txt")]),
+        "work"
+    );
+}
+
+#[test]
+fn a_missing_host_repository_fails_the_import() {
+    let fx = Fixture::new();
+    let wt = fx.worktree("gone");
+    let elsewhere = fx.path("not-a-repo");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let mut spec = fx.spec(&wt.path, "gone");
+    spec.host_repo = &elsewhere;
+    let e = import_run(&spec).unwrap_err();
+    assert_eq!(import_failure_kind(&e), "host_repository", "{e}");
 }
 
 #[test]

@@ -18,6 +18,15 @@
 //! the run branch; else, when that vanished too, the base commit. A detached
 //! HEAD is not followed: its commits are not imported unless a branch named
 //! above holds them, but its working files are still observed.
+//!
+//! What the worktree holds never sinks the import. When its objects or refs
+//! cannot be taken (an object over the limits, a missing or malformed object,
+//! a tree git would refuse, `.git` a file or a symlink, a tip naming no
+//! commit), the history is dropped and the working files are observed on top
+//! of the base commit instead: the result names why ([`HistoryDropped`]).
+//! Only a failure on the host's side (its repository missing or locked, a
+//! write refused) fails the import, and then nothing was promised: the caller
+//! keeps the worktree and may retry.
 
 mod objects;
 mod observe;
@@ -115,13 +124,163 @@ pub struct Skipped {
     pub why: SkipReason,
 }
 
+/// Why the agent's committed history was left out of an import; its working
+/// files still came back, observed on top of the base commit. Content-free:
+/// a kind, object ids and sizes only (never names the agent chose).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HistoryDropped {
+    /// A committed object over `max_file_bytes`.
+    ObjectTooLarge {
+        object: String,
+        size: u64,
+        limit: u64,
+    },
+    /// More than `max_objects` new objects.
+    TooManyObjects { limit: u64 },
+    /// More than `max_total_bytes` of new objects.
+    TotalBytesExceeded { limit: u64 },
+    /// An object the tip reaches is not in the worktree's object store (or
+    /// cannot be read from it).
+    MissingObject { object: String },
+    /// An object that does not parse, or whose content does not hash to its id.
+    MalformedObject { object: String },
+    /// `.git` or its object store is not a real directory (a file, a symlink)
+    /// or cannot be read as one.
+    HostileGitDir,
+    /// The branch the tip was read from is unreadable or names no commit.
+    BadTip,
+    /// The worktree's object store could not be read.
+    Unreadable,
+    /// Anything else about the worktree's objects that the import refused
+    /// (for example a tree holding a name git refuses).
+    Refused,
+}
+
+impl HistoryDropped {
+    /// The reason as a stable word, for the audit and `--json`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            HistoryDropped::ObjectTooLarge { .. } => "object_too_large",
+            HistoryDropped::TooManyObjects { .. } => "too_many_objects",
+            HistoryDropped::TotalBytesExceeded { .. } => "total_bytes_exceeded",
+            HistoryDropped::MissingObject { .. } => "missing_object",
+            HistoryDropped::MalformedObject { .. } => "malformed_object",
+            HistoryDropped::HostileGitDir => "hostile_git_dir",
+            HistoryDropped::BadTip => "bad_tip",
+            HistoryDropped::Unreadable => "unreadable",
+            HistoryDropped::Refused => "refused",
+        }
+    }
+
+    /// The object concerned, when there is one (40 hex).
+    pub fn object(&self) -> Option<&str> {
+        match self {
+            HistoryDropped::ObjectTooLarge { object, .. }
+            | HistoryDropped::MissingObject { object }
+            | HistoryDropped::MalformedObject { object } => Some(object),
+            _ => None,
+        }
+    }
+
+    /// `(size, limit)` in bytes or objects, when the reason is a limit.
+    pub fn figures(&self) -> (Option<u64>, Option<u64>) {
+        match self {
+            HistoryDropped::ObjectTooLarge { size, limit, .. } => (Some(*size), Some(*limit)),
+            HistoryDropped::TooManyObjects { limit }
+            | HistoryDropped::TotalBytesExceeded { limit } => (None, Some(*limit)),
+            _ => (None, None),
+        }
+    }
+
+    /// The reason the history was dropped, when `error` (from reading the
+    /// worktree's objects and refs) is the worktree's doing; `None` when it is
+    /// the host's (a write into the host repository refused), which must fail
+    /// the import instead.
+    fn from_worktree_error(error: &GitError) -> Option<Self> {
+        Some(match error {
+            GitError::ObjectTooLarge { id, size, limit } => HistoryDropped::ObjectTooLarge {
+                object: id.clone(),
+                size: *size,
+                limit: *limit,
+            },
+            GitError::TooManyObjects { limit } => HistoryDropped::TooManyObjects { limit: *limit },
+            GitError::TotalBytesExceeded { limit } => {
+                HistoryDropped::TotalBytesExceeded { limit: *limit }
+            }
+            GitError::MissingObject { id, .. } => {
+                HistoryDropped::MissingObject { object: id.clone() }
+            }
+            GitError::MalformedObject { id, .. } => {
+                HistoryDropped::MalformedObject { object: id.clone() }
+            }
+            GitError::ObjectIdMismatch { expected, .. } => HistoryDropped::MalformedObject {
+                object: expected.clone(),
+            },
+            GitError::HostileWorktree { .. } => HistoryDropped::HostileGitDir,
+            GitError::BadRef { .. } => HistoryDropped::BadTip,
+            GitError::Io { .. } => HistoryDropped::Unreadable,
+            // libgit2 failing is taken as the host's trouble (a write into
+            // the host's object database): the import fails, the worktree is kept.
+            GitError::Git { .. } => return None,
+            _ => HistoryDropped::Refused,
+        })
+    }
+}
+
+impl std::fmt::Display for HistoryDropped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HistoryDropped::ObjectTooLarge {
+                object,
+                size,
+                limit,
+            } => write!(
+                f,
+                "object {object} is {size} bytes, over the {limit}-byte limit"
+            ),
+            HistoryDropped::TooManyObjects { limit } => {
+                write!(f, "more than {limit} new objects")
+            }
+            HistoryDropped::TotalBytesExceeded { limit } => {
+                write!(f, "more than {limit} bytes of new objects")
+            }
+            HistoryDropped::MissingObject { object } => {
+                write!(f, "object {object} is missing from the worktree")
+            }
+            HistoryDropped::MalformedObject { object } => write!(f, "object {object} is malformed"),
+            HistoryDropped::HostileGitDir => {
+                write!(f, "the worktree's .git is not a real directory")
+            }
+            HistoryDropped::BadTip => write!(f, "the agent's branch names no commit"),
+            HistoryDropped::Unreadable => write!(f, "the worktree's objects could not be read"),
+            HistoryDropped::Refused => write!(f, "the worktree's objects were refused"),
+        }
+    }
+}
+
+/// What kind of host-side failure made an import fail, as a stable word for
+/// the audit: `host_locked` (a lock file of the host repository is held),
+/// `host_repository` (the host repository or its base commit is gone),
+/// `disk_full`, `io` or `git`.
+pub fn import_failure_kind(error: &GitError) -> &'static str {
+    match error {
+        GitError::NotARepository { .. } | GitError::MissingBase { .. } => "host_repository",
+        GitError::Git { source, .. } if source.code() == git2::ErrorCode::Locked => "host_locked",
+        GitError::Git { source, .. } if source.message().contains("No space left") => "disk_full",
+        GitError::Io { source, .. } if source.raw_os_error() == Some(28) => "disk_full",
+        GitError::Io { .. } => "io",
+        _ => "git",
+    }
+}
+
 /// At most this many [`Skipped`] entries are listed; `skipped_total` counts all.
 pub const MAX_SKIPPED_LISTED: usize = 1000;
 
 /// The outcome of [`import_run`]. Ids are 40-hex.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Imported {
-    /// The agent's tip commit (see the module note), or the base.
+    /// The agent's tip commit (see the module note), or the base (also when
+    /// the history was dropped).
     pub agent_tip: String,
     pub tip_source: TipSource,
     /// Committed objects copied into the host repository.
@@ -140,6 +299,9 @@ pub struct Imported {
     /// The first [`MAX_SKIPPED_LISTED`] paths left out, with the reason.
     pub skipped: Vec<Skipped>,
     pub skipped_total: u64,
+    /// Set when the agent's commits were left out and the working files were
+    /// observed on top of the base commit instead.
+    pub history_dropped: Option<HistoryDropped>,
 }
 
 /// A bounded list of skipped paths.
@@ -178,12 +340,14 @@ pub fn import_run(spec: &ImportSpec<'_>) -> Result<Imported, GitError> {
         .map_err(|e| GitError::git("opening the host object database", e))?;
 
     let mut skipped = SkipList::default();
-    let wt_odb = objects::open_worktree_odb(spec.worktree, &spec.limits, &mut skipped)?;
-
-    let (tip, tip_source) =
-        refs::resolve_tip(spec.worktree, spec.run_id, &wt_odb, &host_odb, base)?;
-    let objects_copied = objects::copy_reachable(&host_odb, &wt_odb, tip, &spec.limits)?;
-    drop(wt_odb);
+    let history = copy_history(spec, &host_odb, base, &mut skipped);
+    let (tip, tip_source, objects_copied, history_dropped) = match history {
+        Ok((tip, source, copied)) => (tip, source, copied, None),
+        Err(e) => match HistoryDropped::from_worktree_error(&e) {
+            Some(why) => (base, TipSource::Base, 0, Some(why)),
+            None => return Err(e),
+        },
+    };
 
     let tip_commit = host
         .find_commit(tip)
@@ -227,7 +391,22 @@ pub fn import_run(spec: &ImportSpec<'_>) -> Result<Imported, GitError> {
         ignored: observed.ignored,
         skipped: skipped.listed,
         skipped_total: skipped.total,
+        history_dropped,
     })
+}
+
+/// Reads the agent's tip from the worktree and copies the objects it reaches
+/// into the host: `(tip, where it was read, objects copied)`.
+fn copy_history(
+    spec: &ImportSpec<'_>,
+    host_odb: &git2::Odb<'_>,
+    base: Oid,
+    skipped: &mut SkipList,
+) -> Result<(Oid, TipSource, u64), GitError> {
+    let wt_odb = objects::open_worktree_odb(spec.worktree, &spec.limits, skipped)?;
+    let (tip, tip_source) = refs::resolve_tip(spec.worktree, spec.run_id, &wt_odb, host_odb, base)?;
+    let objects_copied = objects::copy_reachable(host_odb, &wt_odb, tip, &spec.limits)?;
+    Ok((tip, tip_source, objects_copied))
 }
 
 /// What a branch of the worktree points at, read as data (never following a
