@@ -61,7 +61,7 @@ fn night() -> Night {
         format!(
             "[remotes.origin]\nurl = \"{}\"\nreaders = \"private\"\nusername = \"nightshift\"\npassword_file = \"{}\"\n\n\
              [notify.team]\nurl = \"{}\"\nreaders = \"private\"\n\n\
-             [forges.forge]\napi = \"{}\"\nrepo = \"owner/name\"\ntoken_file = \"{}\"\nreaders = \"private\"\n",
+             [forges.forge]\napi = \"{}\"\nrepo = \"owner/name\"\nremote = \"origin\"\ntoken_file = \"{}\"\nreaders = \"private\"\n",
             git_server.url(),
             pw.display(),
             notify.url(),
