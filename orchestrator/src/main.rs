@@ -941,8 +941,13 @@ fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
 
 fn verify_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
     let store = open_store(root)?;
-    let (head, checkpoints, entries) = store.audit_snapshot().map_err(store_err)?;
-    match orchestrator_audit::verify_with_head(store.log(), &entries, &checkpoints, head.as_ref()) {
+    let snap = store.audit_snapshot().map_err(store_err)?;
+    match orchestrator_audit::verify_with_head(
+        store.log(),
+        &snap.entries,
+        &snap.checkpoints,
+        snap.head.as_ref(),
+    ) {
         Ok(v) => {
             if json {
                 println!(

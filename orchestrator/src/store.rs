@@ -634,13 +634,15 @@ impl Store {
     /// The head, the checkpoints and the entries, read in that order: the
     /// files name only committed entries, and the entries are read after
     /// them in one statement (one read snapshot), so they hold all of those.
-    pub fn audit_snapshot(
-        &self,
-    ) -> Result<(Option<Checkpoint>, Vec<Checkpoint>, Vec<Entry>), StoreError> {
+    pub fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError> {
         let head = self.read_head()?;
         let checkpoints = self.checkpoints()?;
         let entries = self.entries()?;
-        Ok((head, checkpoints, entries))
+        Ok(AuditSnapshot {
+            head,
+            checkpoints,
+            entries,
+        })
     }
 
     fn write_checkpoint(&self, cp: &Checkpoint) -> Result<(), StoreError> {
@@ -731,6 +733,14 @@ impl Store {
         out.sort_by_key(|c| c.seq);
         Ok(out)
     }
+}
+
+/// What `audit verify` checks, read consistently ([`Store::audit_snapshot`]).
+#[derive(Debug, Clone)]
+pub struct AuditSnapshot {
+    pub head: Option<Checkpoint>,
+    pub checkpoints: Vec<Checkpoint>,
+    pub entries: Vec<Entry>,
 }
 
 fn is_busy(e: &rusqlite::Error) -> bool {

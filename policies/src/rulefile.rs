@@ -79,7 +79,7 @@ pub enum LoadError {
         rule: String,
         /// What was wrong.
         #[source]
-        source: crate::doors::SchemaError,
+        source: Box<crate::doors::SchemaError>,
     },
     /// A valid row the set refused (duplicate id, retiring no rule, ...).
     #[error("reading policy {}: line {line}: rule {rule}: {source}", file.display())]
@@ -284,7 +284,7 @@ pub fn parse_rule_file(file: &Path, text: &str) -> Result<Vec<FileRow>, LoadErro
                 .and_then(|i| clause_lines.get(i).copied())
                 .unwrap_or(doors_line),
             rule: id.clone(),
-            source,
+            source: Box::new(source),
         })?;
         rows.push(FileRow {
             row: Row::Declare {
