@@ -10,7 +10,6 @@ cd "$(dirname "$0")/.."
 ensure_docker
 N=${N:-300}
 cargo build --release -q -p orchestrator
-sandbox-image/door/build-static.sh target/door-clients >/dev/null
 bin=$PWD/target/release/nightshift
 state=$(mktemp -d /tmp/nightshift-bench.XXXXXX)
 export NIGHTSHIFT_STATE_DIR=$state

@@ -8,7 +8,6 @@ cd "$(dirname "$0")/.."
 ensure_packages
 ensure_docker
 cargo build --release -q -p orchestrator
-sandbox-image/door/build-static.sh target/door-clients >/dev/null
 export NIGHTSHIFT_STATE_DIR=${NIGHTSHIFT_STATE_DIR:-$PWD/.state/demo}
 ./target/release/nightshift image build
 ./target/release/nightshift demo

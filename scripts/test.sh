@@ -10,6 +10,5 @@ ensure_docker
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build -q -p orchestrator
-sandbox-image/door/build-static.sh target/door-clients >/dev/null
 NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image ./target/debug/nightshift image build
 cargo test --workspace -q --no-fail-fast

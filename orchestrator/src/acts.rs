@@ -78,8 +78,22 @@ pub struct RunDoor {
     pub repo: PathBuf,
     pub base_commit: String,
     pub worktree: PathBuf,
-    /// Whether the repository's content is public (otherwise private).
-    pub public_content: bool,
+    /// The label of everything this run's agent produces (see
+    /// [`run_content_label`]).
+    pub content: policies::Label,
+}
+
+/// The label of what a run's agent produces: the join of its inputs'
+/// labels. The repository's content has the confidentiality the owner gave
+/// it and is trusted; the task text is the owner's (trusted, public); the
+/// agent's own output is untrusted. Nothing improves a label: whatever the
+/// agent derives from these carries at least this join.
+pub fn run_content_label(repo: policies::Confidentiality) -> policies::Label {
+    use policies::{Confidentiality, Integrity, Label};
+    let repository = Label::new(Integrity::Trusted, repo);
+    let task = Label::new(Integrity::Trusted, Confidentiality::Public);
+    let agent = Label::new(Integrity::Untrusted, Confidentiality::Public);
+    repository.join(task).join(agent)
 }
 
 fn refused(rule: &str, reason: impl Into<String>) -> Response {
@@ -101,46 +115,78 @@ fn destination_of(req: &Request) -> Option<&str> {
     }
 }
 
-/// The pure part of the gate: routing and labels.
+/// The readers of the destination a request names, when the owner
+/// configured it. A pull request's commit lands on the forge and on the git
+/// remote that holds its branches: the wider readership of the two counts.
+/// A question stays with the owner (private readers).
+fn destination_readers(dest: &Destinations, req: &Request) -> Option<Readers> {
+    match req {
+        Request::Push { remote, .. } => dest.remotes.get(remote).map(|r| r.readers),
+        Request::PullRequest { remote, .. } => {
+            dest.forges
+                .get(remote)
+                .map(|f| match dest.remotes.get(&f.remote).map(|r| r.readers) {
+                    Some(Readers::Private) | None => f.readers,
+                    Some(Readers::Public) => Readers::Public,
+                })
+        }
+        Request::Notify { destination, .. } => dest.notify.get(destination).map(|n| n.readers),
+        Request::Ask { .. } => Some(Readers::Private),
+    }
+}
+
+/// Routing and labels, through the policy engine's pure gate: the
+/// destination is an owner-configured alias (its value is the owner's; the
+/// agent only chooses among them, so the routing is trusted), and the run's
+/// content label may flow to its readers. Returns the gate's verdict: ask
+/// for untrusted content (every agent's), refuse naming the labels.
 pub fn route_and_label(
     dest: &Destinations,
     req: &Request,
-    public_content: bool,
-) -> Result<(), Response> {
-    let readers =
-        match req {
-            Request::Push { remote, .. } => dest.remotes.get(remote).map(|r| r.readers),
-            // A pull request's commit lands on the forge and on the git remote
-            // that holds its branches: both must be fit for the content.
-            Request::PullRequest { remote, .. } => dest.forges.get(remote).map(|f| {
-                match dest.remotes.get(&f.remote).map(|r| r.readers) {
-                    Some(Readers::Private) | None => f.readers,
-                    Some(Readers::Public) => Readers::Public,
-                }
-            }),
-            Request::Notify { destination, .. } => dest.notify.get(destination).map(|n| n.readers),
-            Request::Ask { .. } => Some(Readers::Private),
-        };
-    let Some(readers) = readers else {
-        return Err(refused(
+    content: policies::Label,
+) -> Result<policies::GateVerdict, Response> {
+    let alias = destination_of(req).unwrap_or("morning").to_string();
+    let mut known = policies::Destinations::new();
+    if let Some(readers) = destination_readers(dest, req) {
+        known.insert(alias.clone(), policies::Destination { readers });
+    }
+    let routing = policies::Labelled::new(alias.clone(), policies::Label::BOTTOM);
+    let verdict = policies::gate(&known, &routing, content);
+    match &verdict.reason {
+        policies::GateReason::UnknownAlias { .. }
+        | policies::GateReason::RawUrl { .. }
+        | policies::GateReason::RawPath { .. } => Err(refused(
             "nightshift:routing",
             format!(
-                "{:?} is not a destination the owner configured for {}; destinations are aliases, never URLs or paths",
-                destination_of(req).unwrap_or(""),
+                "{alias:?} is not a destination the owner configured for {}; destinations are aliases, never URLs or paths",
                 req.door()
             ),
-        ));
-    };
-    if !public_content && readers == Readers::Public {
-        return Err(refused(
+        )),
+        policies::GateReason::PrivateToPublic { .. } => Err(refused(
             "nightshift:labels",
             format!(
-                "private content may not go to {:?}, whose readers are public",
-                destination_of(req).unwrap_or("")
+                "content labelled {} may not go to {alias:?}, whose readers are public",
+                label_text(content)
             ),
-        ));
+        )),
+        _ if verdict.verdict == policies::Verdict::Refuse => {
+            Err(refused("nightshift:labels", verdict.reason.to_string()))
+        }
+        _ => Ok(verdict),
     }
-    Ok(())
+}
+
+/// A label as the owner reads it: `untrusted, private`.
+pub fn label_text(label: policies::Label) -> String {
+    let integrity = match label.integrity {
+        policies::Integrity::Trusted => "trusted",
+        policies::Integrity::Untrusted => "untrusted",
+    };
+    let confidentiality = match label.confidentiality {
+        policies::Confidentiality::Public => "public",
+        policies::Confidentiality::Private => "private",
+    };
+    format!("{integrity}, {confidentiality}")
 }
 
 /// Decides one door request and, when a person must decide, queues it.
@@ -149,11 +195,12 @@ pub fn handle(store: &mut Store, door: &RunDoor, req: Request) -> Response {
     let bytes = serde_json::to_vec(&req)
         .map(|v| v.len() as u64)
         .unwrap_or(0);
-    let answer = decide(store, door, &req);
+    let mut seen = Seen::default();
+    let answer = decide(store, door, &req, &mut seen);
     let (verdict, rule, act) = match &answer {
         Response::Refused { rule, .. } => ("refused", Some(rule.clone()), None),
-        Response::Queued { act } => ("queued", None, Some(act.clone())),
-        Response::Done { .. } => ("done", None, None),
+        Response::Queued { act } => ("queued", seen.deciding_rule.clone(), Some(act.clone())),
+        Response::Done { .. } => ("done", seen.deciding_rule.clone(), None),
         Response::Error { .. } => ("error", None, None),
     };
     let audited = store.append(
@@ -166,6 +213,8 @@ pub fn handle(store: &mut Store, door: &RunDoor, req: Request) -> Response {
             act,
             digest: req_digest,
             bytes,
+            label: Some(label_text(door.content)),
+            gate: seen.gate.clone(),
         },
         false,
     );
@@ -204,7 +253,16 @@ pub fn policy_args(req: &Request, pr_commit: Option<&str>) -> serde_json::Value 
     }
 }
 
-fn decide(store: &mut Store, door: &RunDoor, req: &Request) -> Response {
+/// What the gate saw of a request, for its audit entry.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The label gate's reason (`clear`, `untrusted_content`, ...).
+    gate: Option<String>,
+    /// The policy's deciding rule of a request that was not refused.
+    deciding_rule: Option<String>,
+}
+
+fn decide(store: &mut Store, door: &RunDoor, req: &Request, seen: &mut Seen) -> Response {
     if let Err(e) = req.validate() {
         return Response::Error {
             reason: e.to_string(),
@@ -243,8 +301,20 @@ fn decide(store: &mut Store, door: &RunDoor, req: &Request) -> Response {
         Ok(d) => d,
         Err(e) => return refused("nightshift:routing", e),
     };
-    if let Err(answer) = route_and_label(&dest, req, door.public_content) {
-        return answer;
+    match route_and_label(&dest, req, door.content) {
+        Ok(gate) => {
+            seen.gate = serde_json::to_value(&gate.reason)
+                .ok()
+                .and_then(|v| match v {
+                    serde_json::Value::String(s) => Some(s),
+                    serde_json::Value::Object(o) => o.keys().next().cloned(),
+                    _ => None,
+                });
+        }
+        Err(answer) => {
+            seen.gate = Some("refused".into());
+            return answer;
+        }
     }
     // The policy, on the request's routing (content is never matched on).
     let pr_commit = match req {
@@ -277,7 +347,9 @@ fn decide(store: &mut Store, door: &RunDoor, req: &Request) -> Response {
     if decision.verdict == policies::Verdict::Refuse {
         return refused(&decision.rule.to_string(), decision.reason);
     }
-    // Allow or ask: agent-made content is untrusted, so a person decides.
+    seen.deciding_rule = Some(decision.rule.to_string());
+    // Allow or ask: agent-made content is untrusted (the label gate asks),
+    // so a person decides.
     let id = format!("a{}", ulid::Ulid::new().to_string().to_lowercase());
     let (door_kind, routing, content, body) = match bind(&dest, door, req, &id) {
         Ok(b) => b,
@@ -1250,8 +1322,171 @@ fn check_destination(dest: &Destinations, act: &Act) -> deferred_queue::Found {
     }
 }
 
+/// A door request the gate refused (or could not decide), as the audit
+/// recorded it: content-free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub run: String,
+    pub time: String,
+    pub door: String,
+    pub destination: Option<String>,
+    /// `refused` or `error`.
+    pub verdict: String,
+    /// The deciding rule (`nightshift:routing`, `nightshift:labels`, a rule id).
+    pub rule: Option<String>,
+}
+
+/// The refused door requests of one run, or of every run, oldest first.
+pub fn refusals(store: &Store, run: Option<&str>) -> Result<Vec<Refusal>, StoreError> {
+    Ok(store
+        .door_refusals(run)?
+        .into_iter()
+        .map(|e| {
+            let text = |k: &str| e.body.get(k).and_then(|v| v.as_str()).map(str::to_string);
+            Refusal {
+                run: e.run.clone().unwrap_or_default(),
+                time: e.time.clone(),
+                door: text("door").unwrap_or_default(),
+                destination: text("destination"),
+                verdict: text("verdict").unwrap_or_default(),
+                rule: text("rule"),
+            }
+        })
+        .collect())
+}
+
+/// A message body as the owner reads it in `queue show`: whole, line by
+/// line, with runs of three or more blank lines collapsed into one visible
+/// `[N blank lines]` marker (so nothing can hide below a harmless preview),
+/// and its size and line count. Pure; the lines are returned unescaped (the
+/// caller escapes them for the terminal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyView {
+    pub bytes: usize,
+    pub lines: usize,
+    pub shown: Vec<String>,
+}
+
+pub fn body_view(body: &[u8]) -> BodyView {
+    let text = String::from_utf8_lossy(body);
+    let all: Vec<&str> = text.split('\n').collect();
+    // A trailing newline ends the last line; it does not start another.
+    let all = match all.split_last() {
+        Some((&"", rest)) => rest.to_vec(),
+        _ => all,
+    };
+    let mut shown = Vec::new();
+    let mut blank = 0usize;
+    let flush = |blank: &mut usize, shown: &mut Vec<String>| {
+        match *blank {
+            0 => {}
+            n if n < 3 => shown.extend(std::iter::repeat_n(String::new(), n)),
+            n => shown.push(format!("[{n} blank lines]")),
+        }
+        *blank = 0;
+    };
+    for line in &all {
+        if line.trim().is_empty() {
+            blank += 1;
+        } else {
+            flush(&mut blank, &mut shown);
+            shown.push((*line).to_string());
+        }
+    }
+    flush(&mut blank, &mut shown);
+    BodyView {
+        bytes: body.len(),
+        lines: all.len(),
+        shown,
+    }
+}
+
+/// The lines of a body worth looking for in the repository: long enough to
+/// be more than a common word or brace, each once.
+pub fn distinctive_lines(body: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(body);
+    let mut out: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.chars().count() >= 16)
+        .map(str::to_string)
+        .collect();
+    out.sort();
+    out.dedup();
+    out.truncate(2000);
+    out
+}
+
 #[cfg(test)]
-mod tests {
+mod label_tests {
+    use super::*;
+    use policies::{Confidentiality, Integrity, Label};
+    use proptest::prelude::*;
+
+    fn label() -> impl Strategy<Value = Label> {
+        prop::sample::select(Label::ALL.to_vec())
+    }
+
+    fn confidentiality() -> impl Strategy<Value = Confidentiality> {
+        prop::sample::select(vec![Confidentiality::Public, Confidentiality::Private])
+    }
+
+    proptest! {
+        /// Along a run's flow (its content label, then any values derived
+        /// from it and from other inputs), a label never improves: every
+        /// derived value's label is at least the run's, and never trusted.
+        #[test]
+        fn labels_along_a_run_never_improve(
+            repo in confidentiality(),
+            inputs in prop::collection::vec(label(), 0..8),
+        ) {
+            let start = run_content_label(repo);
+            prop_assert_eq!(start.integrity, Integrity::Untrusted);
+            prop_assert_eq!(start.confidentiality, repo);
+            let mut current = start;
+            for input in inputs {
+                let next = current.join(input);
+                prop_assert!(current.flows_to(next));
+                prop_assert!(start.flows_to(next));
+                prop_assert!(!next.is_trusted());
+                current = next;
+            }
+        }
+    }
+
+    #[test]
+    fn a_private_repository_never_reaches_public_readers() {
+        let mut dest = Destinations::default();
+        dest.remotes.insert(
+            "origin".into(),
+            orchestrator_executors::RemoteConfig {
+                url: "http://127.0.0.1:1/r.git".into(),
+                readers: Readers::Public,
+                username: None,
+                password_file: None,
+                token_file: None,
+                timeout_secs: None,
+            },
+        );
+        let push = Request::Push {
+            remote: "origin".into(),
+            dst_ref: "refs/heads/x".into(),
+            claimed_commit: "a".repeat(40),
+        };
+        let private = run_content_label(Confidentiality::Private);
+        let Err(Response::Refused { rule, reason }) = route_and_label(&dest, &push, private) else {
+            panic!("private content to public readers was not refused");
+        };
+        assert_eq!(rule, "nightshift:labels");
+        assert!(reason.contains("untrusted, private"), "{reason}");
+        let public = run_content_label(Confidentiality::Public);
+        let verdict = route_and_label(&dest, &push, public).unwrap();
+        assert_eq!(verdict.verdict, policies::Verdict::Ask);
+    }
+}
+
+#[cfg(test)]
+mod policy_args_tests {
     use super::*;
 
     /// One request of each door.

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::sandbox::Caps;
+use crate::sandbox::{Caps, SandboxUser};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -141,11 +141,36 @@ pub struct QueueConfig {
     pub approval_ttl: Option<Span>,
 }
 
+/// Who a sandbox runs as. Both default to
+/// [`crate::sandbox::DEFAULT_SANDBOX_ID`]; each run refuses to start when
+/// either is a host account (see `hostview`).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxConfig {
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+/// `[[repository]]`: what the owner says of one repository's content. A
+/// repository not listed is private.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepositoryConfig {
+    /// The host repository's path, as given to `nightshift run --repo`.
+    pub path: PathBuf,
+    /// `public` (anyone may read it) or `private`.
+    pub confidentiality: policies::Confidentiality,
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
     pub caps: RunCaps,
+    #[serde(default)]
+    pub repository: Vec<RepositoryConfig>,
+    #[serde(default)]
+    pub sandbox: SandboxConfig,
     #[serde(default)]
     pub fleet: FleetCaps,
     #[serde(default)]
@@ -161,6 +186,18 @@ pub struct Fleet {
 }
 
 impl Config {
+    /// The confidentiality the owner gave `repo` (compared by canonical
+    /// path); private when the owner said nothing.
+    pub fn repository_confidentiality(&self, repo: &Path) -> policies::Confidentiality {
+        let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+        let repo = canonical(repo);
+        self.repository
+            .iter()
+            .find(|r| canonical(&r.path) == repo)
+            .map(|r| r.confidentiality)
+            .unwrap_or(policies::Confidentiality::Private)
+    }
+
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
@@ -184,6 +221,17 @@ impl Config {
                 .unwrap_or(1),
             message: e.message().to_string(),
         })?;
+        for (key, id) in [
+            ("sandbox.uid", config.sandbox.uid),
+            ("sandbox.gid", config.sandbox.gid),
+        ] {
+            if id == Some(0) {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: format!("{key} = 0 is root; a sandbox never runs as root"),
+                });
+            }
+        }
         let fleet = config.fleet();
         if let Some(cpus) = config.caps.cpus {
             if !(cpus > 0.0 && cpus <= fleet.cpus) {
@@ -212,6 +260,15 @@ impl Config {
             max_output_bytes: c.max_output.map(|s| s.0).unwrap_or(d.max_output_bytes),
             max_worktree_bytes: c.max_worktree.map(|s| s.0).unwrap_or(d.max_worktree_bytes),
             tmpfs_bytes: d.tmpfs_bytes,
+        }
+    }
+
+    /// The user sandboxes run as, after defaults.
+    pub fn sandbox_user(&self) -> SandboxUser {
+        let d = SandboxUser::default();
+        SandboxUser {
+            uid: self.sandbox.uid.unwrap_or(d.uid),
+            gid: self.sandbox.gid.unwrap_or(d.gid),
         }
     }
 
@@ -270,6 +327,26 @@ mod tests {
         let c = Config::parse(path, &text).unwrap();
         assert_eq!(c.caps().memory_bytes, 2 << 30);
         assert_eq!(c.fleet().pids, 4096);
+        assert_eq!(c.sandbox_user(), SandboxUser::default());
+    }
+
+    #[test]
+    fn the_sandbox_user_is_configurable_but_never_root() {
+        let p = Path::new("x.toml");
+        let c = Config::parse(p, "[sandbox]\nuid = 3000000000\ngid = 3000000001\n").unwrap();
+        assert_eq!(
+            c.sandbox_user(),
+            SandboxUser {
+                uid: 3_000_000_000,
+                gid: 3_000_000_001
+            }
+        );
+        let e = Config::parse(p, "[sandbox]\nuid = 0\n").unwrap_err();
+        assert!(e.to_string().contains("sandbox.uid = 0 is root"), "{e}");
+        let e = Config::parse(p, "[sandbox]\nuid = -1\n").unwrap_err();
+        assert!(e.to_string().starts_with("x.toml: line 2:"), "{e}");
+        let e = Config::parse(p, "[sandbox]\nuser = 5\n").unwrap_err();
+        assert!(e.to_string().starts_with("x.toml: line 2:"), "{e}");
     }
 
     #[test]

@@ -2,6 +2,10 @@
 //! sandbox at `/run/nightshift`, beside the static door clients.
 //!
 //! Invariants:
+//! - The door clients are part of this binary (built static by `build.rs`,
+//!   embedded) and written into every door (`bin/`, mode 0555) when it
+//!   opens; a door whose clients cannot be written does not open, so no run
+//!   starts without them.
 //! - One door per run: a request can only ever name its own run's acts,
 //!   because the run is the door's, never the request's.
 //! - Every connection is bounded: one request of at most the protocol's
@@ -31,17 +35,47 @@ const CONCURRENT: usize = 4;
 /// so a flooding agent cannot grow the audit (or the disk) without bound.
 pub const MAX_REQUESTS_PER_RUN: u64 = 1000;
 
-/// The static door clients, when built (`sandbox-image/door/build-static.sh`).
-pub fn clients_dir() -> Option<PathBuf> {
-    if let Ok(dir) = std::env::var("NIGHTSHIFT_DOOR_CLIENTS") {
-        return Some(PathBuf::from(dir));
+/// The static door clients (name, executable), built by `build.rs` from
+/// `sandbox-image/door` and carried in this binary.
+pub const CLIENTS: [(&str, &[u8]); 2] = [
+    (
+        "nightshift-act",
+        include_bytes!(concat!(env!("OUT_DIR"), "/nightshift-act")),
+    ),
+    (
+        "git-remote-nightshift",
+        include_bytes!(concat!(env!("OUT_DIR"), "/git-remote-nightshift")),
+    ),
+];
+
+/// Writes the door clients into `bin` (made if missing), each mode 0555,
+/// replacing whatever was there; the error names the file it could not write.
+pub fn write_clients(bin: &Path) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let named = |path: &Path, e: std::io::Error| {
+        std::io::Error::new(
+            e.kind(),
+            format!("writing the door client {}: {e}", path.display()),
+        )
+    };
+    std::fs::create_dir_all(bin).map_err(|e| named(bin, e))?;
+    for (name, bytes) in CLIENTS {
+        let path = bin.join(name);
+        match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(named(&path, e)),
+            _ => {}
+        }
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o555)
+            .open(&path)
+            .and_then(|mut f| f.write_all(bytes))
+            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o555)))
+            .map_err(|e| named(&path, e))?;
     }
-    let exe = std::env::current_exe().ok()?;
-    let candidate = exe.parent()?.parent()?.join("door-clients");
-    candidate
-        .join("nightshift-act")
-        .exists()
-        .then_some(candidate)
+    Ok(())
 }
 
 #[derive(Debug)]
@@ -62,17 +96,7 @@ pub fn open(paths: &StatePaths, door: RunDoor) -> std::io::Result<DoorHandle> {
     let dir = paths.root.join("doors").join(&door.run);
     std::fs::create_dir_all(&dir)?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
-    if let Some(clients) = clients_dir() {
-        let bin = dir.join("bin");
-        std::fs::create_dir_all(&bin)?;
-        for name in ["nightshift-act", "git-remote-nightshift"] {
-            let src = clients.join(name);
-            if src.exists() {
-                std::fs::copy(&src, bin.join(name))?;
-                std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o555))?;
-            }
-        }
-    }
+    write_clients(&dir.join("bin"))?;
     let socket = dir.join(SOCKET);
     let _ = std::fs::remove_file(&socket);
     let listener = UnixListener::bind(&socket)?;
@@ -199,6 +223,8 @@ async fn audit_protocol_error(paths: &StatePaths, run: &str, response: &Response
                     act: None,
                     digest: crate::audit_log::digest(line.as_bytes()),
                     bytes: 0,
+                    label: None,
+                    gate: None,
                 },
                 false,
             );

@@ -5,6 +5,9 @@
 //!   way to create one here, so no call site can forget a hardening flag.
 //! - Inspection hands the attestation the engine's own document (the Engine
 //!   API's inspect JSON), not our request.
+//! - The worktree's bind mount takes no option from here: it inherits
+//!   `nosuid,nodev` from the worktree's own host mount (`hostview`), because
+//!   the engine has no such option for binds.
 //! - The engine keeps no copy of the output (log driver `none`): the
 //!   supervisor reads it through attach and keeps its own capped log.
 
@@ -25,7 +28,9 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use futures_util::{Stream, StreamExt};
 
-use crate::sandbox::{SandboxSpec, DOOR_MOUNT, LABEL_MANAGED, LABEL_RUN, WORKSPACE};
+use crate::sandbox::{
+    SandboxSpec, DOOR_MOUNT, LABEL_MANAGED, LABEL_RUN, SECCOMP_PROFILE, WORKSPACE,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -148,7 +153,14 @@ impl Engine {
             cap_drop: Some(vec!["ALL".into()]),
             cap_add: Some(vec![]),
             privileged: Some(false),
-            security_opt: Some(vec!["no-new-privileges:true".into()]),
+            security_opt: Some(vec![
+                "no-new-privileges:true".into(),
+                // By content: the engine keeps (and reports) this text, so
+                // the attestation can check its digest.
+                format!("seccomp={SECCOMP_PROFILE}"),
+            ]),
+            masked_paths: Some(spec.masked_paths()),
+            shm_size: Some(spec.caps.shm_bytes()),
             readonly_rootfs: Some(true),
             tmpfs: Some(spec.tmpfs.clone().into_iter().collect()),
             mounts: Some(
@@ -172,11 +184,16 @@ impl Engine {
             memory_swap: Some(spec.caps.memory_bytes),
             nano_cpus: Some(spec.caps.nano_cpus),
             pids_limit: Some(spec.caps.pids),
-            ulimits: Some(vec![ResourcesUlimits {
-                name: Some("nofile".into()),
-                soft: Some(spec.caps.open_files),
-                hard: Some(spec.caps.open_files),
-            }]),
+            ulimits: Some(
+                spec.ulimits()
+                    .into_iter()
+                    .map(|u| ResourcesUlimits {
+                        name: Some(u.name.into()),
+                        soft: Some(u.soft),
+                        hard: Some(u.hard),
+                    })
+                    .collect(),
+            ),
             cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
             ipc_mode: Some("private".into()),
             init: Some(true),

@@ -319,7 +319,7 @@ pub async fn settle_orphan(sup: &Supervisor, run: &str, by: &str) -> Result<bool
         match crate::run::import_into(&sup.store, &mut record, &worktree).await {
             Ok(()) => {
                 let wt = worktree.clone();
-                let _ = tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&wt))
+                let _ = tokio::task::spawn_blocking(move || crate::hostview::remove_worktree(&wt))
                     .await;
             }
             Err(e) => failure = Some(e),

@@ -10,6 +10,7 @@ pub mod config;
 pub mod demo;
 pub mod door;
 pub mod engine;
+pub mod hostview;
 pub mod image;
 pub mod killswitch;
 pub mod monitor;
@@ -18,6 +19,7 @@ pub mod policy;
 pub mod run;
 pub mod sandbox;
 pub mod store;
+pub mod terminal;
 
 /// Exit codes of the `nightshift` binary (documented in README.md).
 pub mod exit {

@@ -12,7 +12,21 @@ use orchestrator::exit;
 use orchestrator::run::{self, RunError, RunRequest, Stop, Supervisor};
 use orchestrator::sandbox::Caps;
 use orchestrator::store::{RunRecord, StatePaths, Store, StoreError};
+use orchestrator::terminal;
 use orchestrator::{demo, image};
+
+// Everything a command prints goes through `orchestrator::terminal` (its
+// note says why): agent-made values through `line` / `block` first.
+macro_rules! outln {
+    () => { orchestrator::terminal::out(format_args!("\n")) };
+    ($($t:tt)*) => { orchestrator::terminal::out(format_args!("{}\n", format_args!($($t)*))) };
+}
+macro_rules! out {
+    ($($t:tt)*) => { orchestrator::terminal::out(format_args!($($t)*)) };
+}
+macro_rules! errln {
+    ($($t:tt)*) => { orchestrator::terminal::err(format_args!("{}\n", format_args!($($t)*))) };
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -289,7 +303,8 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_env("NIGHTSHIFT_LOG")
                 .unwrap_or_else(|_| "warn".into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(|| orchestrator::terminal::NetStderr)
+        .with_ansi(false)
         .init();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -299,11 +314,15 @@ fn main() -> ExitCode {
     {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("nightshift: starting the async runtime: {e}");
+            errln!("nightshift: starting the async runtime: {e}");
             return ExitCode::from(exit::INTERNAL as u8);
         }
     };
     let code = runtime.block_on(dispatch(cli));
+    // Output cut short by anything but a closed pipe is not a success.
+    if code == exit::OK && orchestrator::terminal::stdout_failed() {
+        return ExitCode::from(exit::INTERNAL as u8);
+    }
     ExitCode::from(code as u8)
 }
 
@@ -317,14 +336,14 @@ fn state_root(cli: &Cli) -> PathBuf {
 
 fn open_store(root: &std::path::Path) -> Result<Store, i32> {
     Store::open(StatePaths::new(root.to_path_buf())).map_err(|e| {
-        eprintln!("nightshift: {e}");
+        errln!("nightshift: {e}");
         exit::STATE
     })
 }
 
 async fn connect() -> Result<Engine, i32> {
     Engine::connect().await.map_err(|e| {
-        eprintln!("nightshift: {e}");
+        errln!("nightshift: {e}");
         exit::ENGINE
     })
 }
@@ -380,13 +399,13 @@ async fn dispatch(cli: Cli) -> i32 {
 async fn image_cmd(root: &std::path::Path, command: ImageCommand) -> Result<i32, i32> {
     match command {
         ImageCommand::Ref => {
-            println!("{}", image::default_reference());
+            outln!("{}", image::default_reference());
             Ok(exit::OK)
         }
         ImageCommand::Build { mirror } => {
             let engine = connect().await?;
             let reference = build_image(&engine, root, &mirror).await?;
-            println!("{reference}");
+            outln!("{reference}");
             Ok(exit::OK)
         }
     }
@@ -395,11 +414,11 @@ async fn image_cmd(root: &std::path::Path, command: ImageCommand) -> Result<i32,
 async fn build_image(engine: &Engine, root: &std::path::Path, mirror: &str) -> Result<String, i32> {
     let paths = StatePaths::new(root.to_path_buf());
     image::build(engine, &paths.image_build(), mirror, |line| {
-        eprintln!("image: {line}")
+        errln!("image: {line}")
     })
     .await
     .map_err(|e| {
-        eprintln!("nightshift: building the image: {e}");
+        errln!("nightshift: building the image: {e}");
         match e {
             image::ImageError::Engine(EngineError::Unreachable { .. }) => exit::ENGINE,
             _ => exit::INTERNAL,
@@ -423,7 +442,7 @@ fn load_config(
         .map(std::path::Path::to_path_buf)
         .unwrap_or_else(|| root.join("config.toml"));
     orchestrator::config::Config::load(&path).map_err(|e| {
-        eprintln!("nightshift: {e}");
+        errln!("nightshift: {e}");
         exit::BAD_INPUT
     })
 }
@@ -447,7 +466,7 @@ async fn supervisor(
     let state_tag = orchestrator::state_tag(root);
     let fleet =
         orchestrator::run::FleetHandle::ensure(&state_tag, &config.fleet()).map_err(|e| {
-            eprintln!("nightshift: {e}");
+            errln!("nightshift: {e}");
             exit::INTERNAL
         })?;
     let identity = orchestrator::run::process_identity(std::process::id())
@@ -458,6 +477,7 @@ async fn supervisor(
         state_tag,
         identity,
         fleet: Some(fleet),
+        sandbox_user: config.sandbox_user(),
     })
 }
 
@@ -476,7 +496,7 @@ async fn run_cmd(
             std::fs::File::open(f)
                 .and_then(|mut h| h.read_to_string(&mut text))
                 .map_err(|e| {
-                    eprintln!("nightshift: reading the task file {}: {e}", f.display());
+                    errln!("nightshift: reading the task file {}: {e}", f.display());
                     exit::BAD_INPUT
                 })?;
             text
@@ -487,7 +507,7 @@ async fn run_cmd(
     let fleet = config.fleet();
     if let Some(cpus) = args.cpus {
         if !(cpus > 0.0 && cpus <= fleet.cpus) {
-            eprintln!(
+            errln!(
                 "nightshift: --cpus {cpus} must be above 0 and at most the fleet's {} cpus",
                 fleet.cpus
             );
@@ -514,6 +534,7 @@ async fn run_cmd(
         tmpfs_bytes: defaults.tmpfs_bytes,
     };
     let req = RunRequest {
+        repo_confidentiality: config.repository_confidentiality(&args.repo),
         repo: args.repo,
         base_ref: args.base_ref,
         image: args.image.unwrap_or_else(image::default_reference),
@@ -524,10 +545,7 @@ async fn run_cmd(
     };
     let record = perform(root, &config, config_path, req).await?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&record).unwrap_or_default()
-        );
+        outln!("{}", terminal::json(&record, true));
     } else {
         print_summary(&record);
     }
@@ -561,7 +579,7 @@ async fn import_cmd(root: &std::path::Path, id: &str) -> Result<i32, i32> {
             })
         }
         Err(e) => {
-            eprintln!("nightshift: {e}");
+            errln!("nightshift: {e}");
             Err(match e {
                 run::RetryError::NothingToRetry { .. } => exit::BAD_INPUT,
                 run::RetryError::Store(StoreError::NoSuchRun(_)) => exit::BAD_INPUT,
@@ -586,14 +604,14 @@ async fn perform(
     // holds with the engine down too; `run::execute` checks it again.
     if let Ok(set) = orchestrator::policy::load(&open_store(root)?, None) {
         if let Some(freeze) = set.freeze() {
-            eprintln!("nightshift: {}", RunError::Frozen(freeze.reason.clone()));
+            errln!("nightshift: {}", RunError::Frozen(freeze.reason.clone()));
             return Err(exit::DENIED);
         }
     }
     let sup = supervisor(root, config).await?;
     // Sandboxes left by a supervisor that vanished are settled first.
     if let Err(e) = orchestrator::killswitch::reconcile(&sup, None, "supervisor start").await {
-        eprintln!("nightshift: reconciling: {e}");
+        errln!("nightshift: reconciling: {e}");
     }
     spawn_watchdog(root, config_path, &sup.identity);
     let (tx, rx) = tokio::sync::watch::channel(None);
@@ -614,7 +632,7 @@ async fn perform(
     let result = run::execute(&sup, req, rx).await;
     signals.abort();
     result.map_err(|e| {
-        eprintln!("nightshift: {e}");
+        errln!("nightshift: {e}");
         match e {
             RunError::BadInput(_) => exit::BAD_INPUT,
             RunError::Engine(EngineError::ImageMissing(_)) => exit::IMAGE_MISSING,
@@ -638,7 +656,7 @@ async fn perform(
 fn spawn_watchdog(root: &std::path::Path, config: Option<&std::path::Path>, identity: &str) {
     use std::os::unix::process::CommandExt;
     let Ok(exe) = std::env::current_exe() else {
-        eprintln!("nightshift: warning: cannot find my own executable to start the watchdog");
+        errln!("nightshift: warning: cannot find my own executable to start the watchdog");
         return;
     };
     let mut command = std::process::Command::new(exe);
@@ -655,7 +673,7 @@ fn spawn_watchdog(root: &std::path::Path, config: Option<&std::path::Path>, iden
         .process_group(0)
         .spawn();
     if let Err(e) = spawned {
-        eprintln!("nightshift: warning: starting the watchdog: {e}");
+        errln!("nightshift: warning: starting the watchdog: {e}");
     }
 }
 
@@ -671,7 +689,7 @@ async fn kill_cmd(
     freeze: bool,
 ) -> Result<i32, i32> {
     if run.is_none() && !all {
-        eprintln!("nightshift: name a run, or --all");
+        errln!("nightshift: name a run, or --all");
         return Err(exit::BAD_INPUT);
     }
     let who = format!(
@@ -684,10 +702,10 @@ async fn kill_cmd(
         orchestrator::killswitch::stop_sandboxes(&engine, &state_tag, run.as_deref(), &who, freeze)
             .await
             .map_err(|e| {
-                eprintln!("nightshift: {e}");
+                errln!("nightshift: {e}");
                 exit::ENGINE
             })?;
-    println!("killed {} sandbox(es)", stopped.containers.len());
+    outln!("killed {} sandbox(es)", stopped.containers.len());
 
     // Now record it, if the store answers in time.
     let paths = StatePaths::new(root.to_path_buf());
@@ -707,14 +725,14 @@ async fn kill_cmd(
         Err(why) => {
             return match orchestrator::killswitch::write_pending(root, &stopped) {
                 Ok(()) => {
-                    eprintln!(
+                    errln!(
                         "nightshift: the kill is not recorded yet ({why}); it was written to {} and the next `nightshift reconcile` (or run) records it",
                         orchestrator::killswitch::pending_path(root).display()
                     );
                     Ok(exit::OK)
                 }
                 Err(e) => {
-                    eprintln!(
+                    errln!(
                         "nightshift: the sandboxes were stopped, but the kill could not be recorded: {why}; writing {}: {e}",
                         orchestrator::killswitch::pending_path(root).display()
                     );
@@ -731,17 +749,19 @@ async fn kill_cmd(
         state_tag,
         identity,
         fleet: None,
+        // Only stops and settles: it creates no sandbox.
+        sandbox_user: Default::default(),
     };
     match orchestrator::killswitch::record_kill(&sup, &stopped).await {
         Ok(k) => {
-            println!("recorded the kill of {} run(s)", k.runs.len());
+            outln!("recorded the kill of {} run(s)", k.runs.len());
             for r in k.runs {
-                println!("  {r}");
+                outln!("  {r}");
             }
             Ok(exit::OK)
         }
         Err(e) => {
-            eprintln!("nightshift: {e}");
+            errln!("nightshift: {e}");
             Err(match e {
                 RunError::Store(StoreError::NoSuchRun(_)) => exit::BAD_INPUT,
                 RunError::Store(_) => {
@@ -767,7 +787,7 @@ async fn watchdog_cmd(
         .await
         .map(|()| exit::OK)
         .map_err(|e| {
-            eprintln!("nightshift: watchdog: {e}");
+            errln!("nightshift: watchdog: {e}");
             exit::INTERNAL
         })
 }
@@ -786,6 +806,8 @@ async fn stopping_supervisor(root: &std::path::Path) -> Result<Supervisor, i32> 
         state_tag: orchestrator::state_tag(root),
         identity,
         fleet: None,
+        // Only stops and settles: it creates no sandbox.
+        sandbox_user: Default::default(),
     })
 }
 
@@ -797,34 +819,40 @@ async fn reconcile_cmd(
     let sup = stopping_supervisor(root).await?;
     match orchestrator::killswitch::reconcile(&sup, None, "nightshift reconcile").await {
         Ok(settled) => {
-            println!("settled {} run(s)", settled.len());
+            outln!("settled {} run(s)", settled.len());
             for r in settled {
-                println!("  {r}");
+                outln!("  {r}");
             }
             Ok(exit::OK)
         }
         Err(e) => {
-            eprintln!("nightshift: {e}");
+            errln!("nightshift: {e}");
             Err(exit::INTERNAL)
         }
     }
 }
 
 fn print_summary(r: &RunRecord) {
-    println!("run {}: {}", r.id, r.status);
+    outln!(
+        "run {}: {}",
+        terminal::line(&r.id),
+        terminal::line(&r.status)
+    );
     if let Some(reason) = &r.reason {
-        println!("  reason: {reason}");
+        outln!("  reason: {}", terminal::line(reason));
     }
     if let (Some(reference), Some(commit)) = (&r.result_ref, &r.result_commit) {
-        println!(
-            "  result: {reference} = {commit} ({} files changed, +{} -{})",
+        outln!(
+            "  result: {} = {} ({} files changed, +{} -{})",
+            terminal::line(reference),
+            terminal::line(commit),
             r.files_changed.unwrap_or(0),
             r.insertions.unwrap_or(0),
             r.deletions.unwrap_or(0)
         );
     }
     if let Some(ms) = r.duration_ms {
-        println!("  duration: {:.1}s", ms as f64 / 1000.0);
+        outln!("  duration: {:.1}s", ms as f64 / 1000.0);
     }
 }
 
@@ -832,25 +860,26 @@ fn runs_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
     let store = open_store(root)?;
     let runs = store.runs().map_err(store_err)?;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&runs).unwrap_or_default()
-        );
+        outln!("{}", terminal::json(&runs, true));
         return Ok(exit::OK);
     }
-    println!(
+    outln!(
         "{:<26}  {:<24}  {:>4}  {:>8}  {:>14}  REPO",
-        "ID", "STATUS", "EXIT", "DURATION", "CHANGES"
+        "ID",
+        "STATUS",
+        "EXIT",
+        "DURATION",
+        "CHANGES"
     );
     for r in runs {
         let changes = match (r.files_changed, r.insertions, r.deletions) {
             (Some(f), Some(i), Some(d)) => format!("{f}f +{i} -{d}"),
             _ => "-".into(),
         };
-        println!(
+        outln!(
             "{:<26}  {:<24}  {:>4}  {:>8}  {:>14}  {}",
-            r.id,
-            truncate(&r.status, 24),
+            terminal::line(&r.id),
+            truncate(&terminal::line(&r.status), 24),
             r.exit_code
                 .map(|c| c.to_string())
                 .unwrap_or_else(|| "-".into()),
@@ -858,7 +887,7 @@ fn runs_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
                 .map(|ms| format!("{:.1}s", ms as f64 / 1000.0))
                 .unwrap_or_else(|| "-".into()),
             changes,
-            r.repo
+            terminal::line(&r.repo)
         );
     }
     Ok(exit::OK)
@@ -873,7 +902,7 @@ fn truncate(s: &str, n: usize) -> String {
 }
 
 fn store_err(e: StoreError) -> i32 {
-    eprintln!("nightshift: {e}");
+    errln!("nightshift: {e}");
     match e {
         StoreError::NoSuchRun(_) => exit::BAD_INPUT,
         _ => exit::STATE,
@@ -892,49 +921,60 @@ fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
                 "seq": e.seq, "time": e.time, "kind": e.kind, "body": e.body, "hash": e.hash,
             })).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        outln!("{}", terminal::json(&doc, true));
         return Ok(exit::OK);
     }
     print_summary(&run);
-    println!(
+    outln!(
         "  repo: {} at {} ({})",
-        run.repo,
-        run.base_ref,
-        run.base_commit.as_deref().unwrap_or("-")
+        terminal::line(&run.repo),
+        terminal::line(&run.base_ref),
+        terminal::line(run.base_commit.as_deref().unwrap_or("-"))
     );
-    println!("  image: {}", run.image);
+    outln!("  image: {}", terminal::line(&run.image));
     if let Some(mem) = run.peak_memory_bytes {
-        println!("  peak memory: {:.1} MiB", mem as f64 / (1 << 20) as f64);
+        outln!("  peak memory: {:.1} MiB", mem as f64 / (1 << 20) as f64);
     }
     if let Some(cpu) = run.cpu_ns {
-        println!("  cpu time: {:.2}s", cpu as f64 / 1e9);
+        outln!("  cpu time: {:.2}s", cpu as f64 / 1e9);
     }
     if let Some(props) = run.attestation.as_ref().and_then(|a| a.as_array()) {
-        println!("  attestation:");
+        outln!("  attestation:");
         for p in props {
-            println!(
+            outln!(
                 "    {} {:<22} {}",
                 if p["ok"].as_bool().unwrap_or(false) {
                     "ok  "
                 } else {
                     "FAIL"
                 },
-                p["name"].as_str().unwrap_or("?"),
-                p["observed"].as_str().unwrap_or("")
+                terminal::line(p["name"].as_str().unwrap_or("?")),
+                terminal::line(p["observed"].as_str().unwrap_or(""))
             );
         }
     }
     if let Some(skipped) = run.observed.as_ref().and_then(|o| o["skipped"].as_array()) {
         for s in skipped {
-            println!(
+            outln!(
                 "  skipped: {} ({})",
-                s["path"].as_str().unwrap_or("?"),
-                s["why"].as_str().unwrap_or("?")
+                terminal::line(s["path"].as_str().unwrap_or("?")),
+                terminal::line(s["why"].as_str().unwrap_or("?"))
             );
         }
     }
+    let refused = orchestrator::acts::refusals(&store, Some(id)).map_err(store_err)?;
+    if !refused.is_empty() {
+        outln!("  refused door requests ({}):", refused.len());
+        for r in &refused {
+            outln!("    {}", refusal_line(r));
+        }
+    }
     if let Some((seq, hash)) = head {
-        println!("  audit: {} entries, last #{seq} {hash}", entries.len());
+        outln!(
+            "  audit: {} entries, last #{seq} {}",
+            entries.len(),
+            terminal::line(&hash)
+        );
     }
     Ok(exit::OK)
 }
@@ -950,26 +990,34 @@ fn verify_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
     ) {
         Ok(v) => {
             if json {
-                println!(
+                outln!(
                     "{}",
-                    serde_json::json!({"intact": true, "entries": v.entries, "checkpoints": v.checkpoints, "head": v.head})
+                    terminal::json(
+                        &serde_json::json!({"intact": true, "entries": v.entries, "checkpoints": v.checkpoints, "head": v.head}),
+                        false
+                    )
                 );
             } else {
-                println!(
+                outln!(
                     "audit chain intact: {} entries, {} checkpoints, head {}",
-                    v.entries, v.checkpoints, v.head
+                    v.entries,
+                    v.checkpoints,
+                    v.head
                 );
             }
             Ok(exit::OK)
         }
         Err(e) => {
             if json {
-                println!(
+                outln!(
                     "{}",
-                    serde_json::json!({"intact": false, "first_bad_entry": e.seq(), "error": e.to_string()})
+                    terminal::json(
+                        &serde_json::json!({"intact": false, "first_bad_entry": e.seq(), "error": e.to_string()}),
+                        false
+                    )
                 );
             } else {
-                println!("audit chain broken: {e}");
+                outln!("audit chain broken: {}", terminal::line(&e.to_string()));
             }
             Ok(exit::FAILED)
         }
@@ -983,32 +1031,32 @@ async fn demo_cmd(
     let config = load_config(root, config_path)?;
     orchestrator::acts::use_queue_ttls(config.queue_ttls());
     std::fs::create_dir_all(root).map_err(|e| {
-        eprintln!("nightshift: creating {}: {e}", root.display());
+        errln!("nightshift: creating {}: {e}", root.display());
         exit::STATE
     })?;
     let repo = demo::ensure_repo(root).map_err(|e| {
-        eprintln!("nightshift: making the demo repository: {e}");
+        errln!("nightshift: making the demo repository: {e}");
         exit::INTERNAL
     })?;
     let bare = demo::ensure_destination(root).map_err(|e| {
-        eprintln!("nightshift: making the demo destination: {e}");
+        errln!("nightshift: making the demo destination: {e}");
         exit::INTERNAL
     })?;
     {
         let store = open_store(root)?;
         orchestrator::owner::init(&store).map_err(|e| {
-            eprintln!("nightshift: {e}");
+            errln!("nightshift: {e}");
             exit::STATE
         })?;
     }
     let engine = connect().await?;
     let reference = build_image(&engine, root, image::DEFAULT_MIRROR).await?;
-    println!("demo: repository {}", repo.display());
-    println!(
+    outln!("demo: repository {}", repo.display());
+    outln!(
         "demo: destination origin = {} (a local bare repository)",
         bare.display()
     );
-    println!("demo: running a scripted agent in a Tier 0 sandbox ({reference})");
+    outln!("demo: running a scripted agent in a Tier 0 sandbox ({reference})");
     let req = RunRequest {
         repo: repo.clone(),
         base_ref: "HEAD".into(),
@@ -1017,13 +1065,14 @@ async fn demo_cmd(
         command: vec!["bash".into(), "-c".into(), demo::AGENT_SCRIPT.into()],
         caps: config.caps(),
         echo: true,
+        repo_confidentiality: config.repository_confidentiality(&repo),
     };
     let record = perform(root, &config, config_path, req).await?;
     print_summary(&record);
     let state = root.display();
-    println!();
-    println!("What the agent left, as the supervisor observed and imported it:");
-    println!(
+    outln!();
+    outln!("What the agent left, as the supervisor observed and imported it:");
+    outln!(
         "  git -C {} log --stat {}",
         repo.display(),
         record.result_ref.as_deref().unwrap_or("-")
@@ -1034,10 +1083,10 @@ async fn demo_cmd(
         .into_iter()
         .filter(|r| r.act.run == record.id)
         .collect();
-    println!();
-    println!("Waiting for you in the morning queue (`nightshift --state-dir {state} queue`):");
+    outln!();
+    outln!("Waiting for you in the morning queue (`nightshift --state-dir {state} queue`):");
     for r in &pending {
-        println!(
+        outln!(
             "  act {} ({}): {}",
             r.act.id,
             r.act.door.name(),
@@ -1048,20 +1097,20 @@ async fn demo_cmd(
         let exe = std::env::current_exe()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| "nightshift".into());
-        println!();
-        println!("Approve it (with the owner's key) and the commit lands in the destination:");
-        println!(
+        outln!();
+        outln!("Approve it (with the owner's key) and the commit lands in the destination:");
+        outln!(
             "  {exe} --state-dir {state} approve {} --owner-key-file {state}/owner.key",
             r.act.id
         );
-        println!(
+        outln!(
             "  git --git-dir {} log --oneline agent/greet",
             bare.display()
         );
     }
-    println!();
-    println!("  nightshift --state-dir {state} show {}", record.id);
-    println!("  nightshift --state-dir {state} audit verify");
+    outln!();
+    outln!("  nightshift --state-dir {state} show {}", record.id);
+    outln!("  nightshift --state-dir {state} audit verify");
     Ok(run_exit_code(&record))
 }
 
@@ -1069,18 +1118,18 @@ fn owner_init(root: &std::path::Path) -> Result<i32, i32> {
     let store = open_store(root)?;
     match orchestrator::owner::init(&store) {
         Ok((path, true)) => {
-            println!(
+            outln!(
                 "owner key written to {} (mode 0600); keep it to yourself",
                 path.display()
             );
             Ok(exit::OK)
         }
         Ok((path, false)) => {
-            println!("the owner key already exists: {}", path.display());
+            outln!("the owner key already exists: {}", path.display());
             Ok(exit::OK)
         }
         Err(e) => {
-            eprintln!("nightshift: {e}");
+            errln!("nightshift: {e}");
             Err(exit::STATE)
         }
     }
@@ -1091,13 +1140,13 @@ fn owner(
     key_file: Option<&std::path::Path>,
 ) -> Result<orchestrator::owner::Owner, i32> {
     orchestrator::owner::verify(store, key_file).map_err(|e| {
-        eprintln!("nightshift: {e}");
+        errln!("nightshift: {e}");
         exit::DENIED
     })
 }
 
 fn policy_err(e: orchestrator::policy::PolicyError) -> i32 {
-    eprintln!("nightshift: {e}");
+    errln!("nightshift: {e}");
     match e {
         orchestrator::policy::PolicyError::Refused(_) => exit::DENIED,
         orchestrator::policy::PolicyError::Store(_) => exit::STATE,
@@ -1168,21 +1217,21 @@ fn policy_check(root: &std::path::Path, rules: Option<&std::path::Path>, args: &
                 }
             }
             if outcome.exit_code != 0 {
-                eprintln!("{}", outcome.stderr);
+                errln!("{}", outcome.stderr);
             }
             Ok(outcome.exit_code)
         }));
     match result {
         Ok(Ok(code)) => code,
         Ok(Err(reason)) => {
-            eprintln!(
+            errln!(
                 "refused by rule nightshift:hook-internal: {}",
                 reason.replace('\n', " ")
             );
             policies::hook::EXIT_BLOCK
         }
         Err(_) => {
-            eprintln!("refused by rule nightshift:hook-internal: the policy check panicked");
+            errln!("refused by rule nightshift:hook-internal: the policy check panicked");
             policies::hook::EXIT_BLOCK
         }
     }
@@ -1194,7 +1243,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
         PolicyCommand::Check(check) => Ok(policy_check(root, rules, &check)),
         PolicyCommand::Explain(check) => {
             let stdin = read_stdin_bytes().map_err(|e| {
-                eprintln!("nightshift: reading stdin: {e}");
+                errln!("nightshift: reading stdin: {e}");
                 exit::BAD_INPUT
             })?;
             let store = open_store(root)?;
@@ -1208,23 +1257,25 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
                 false,
             );
             match outcome.decision {
-                Some(d) => println!(
+                Some(d) => outln!(
                     "{}",
-                    serde_json::to_string_pretty(&serde_json::json!({
-                        "verdict": orchestrator::policy::verdict_name(d.verdict),
-                        "rule": d.rule.to_string(),
-                        "reason": d.reason,
-                        "escalated": d.escalated,
-                        "stood_aside": d.stood_aside.iter().map(|s| serde_json::json!({
-                            "rule": s.rule.to_string(), "effect": s.effect.to_string(),
-                            "missing": format!("{:?}", s.missing),
-                        })).collect::<Vec<_>>(),
-                        "generation": d.generation.to_string(),
-                        "digest": d.digest.to_string(),
-                    }))
-                    .unwrap_or_default()
+                    terminal::json(
+                        &serde_json::json!({
+                            "verdict": orchestrator::policy::verdict_name(d.verdict),
+                            "rule": d.rule.to_string(),
+                            "reason": d.reason,
+                            "escalated": d.escalated,
+                            "stood_aside": d.stood_aside.iter().map(|s| serde_json::json!({
+                                "rule": s.rule.to_string(), "effect": s.effect.to_string(),
+                                "missing": format!("{:?}", s.missing),
+                            })).collect::<Vec<_>>(),
+                            "generation": d.generation.to_string(),
+                            "digest": d.digest.to_string(),
+                        }),
+                        true
+                    )
                 ),
-                None => println!("{}", outcome.stderr),
+                None => outln!("{}", terminal::block(outcome.stderr.as_bytes())),
             }
             Ok(exit::OK)
         }
@@ -1247,28 +1298,36 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
                     }).collect::<Vec<_>>(),
                     "pending": set.pending().keys().collect::<Vec<_>>(),
                 });
-                println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+                outln!("{}", terminal::json(&doc, true));
                 return Ok(exit::OK);
             }
-            println!("generation {}", set.generation());
+            outln!("generation {}", set.generation());
             if let Some(f) = set.freeze() {
-                println!("FROZEN: {} ({})", f.reason, f.authority);
+                outln!(
+                    "FROZEN: {} ({})",
+                    terminal::line(&f.reason),
+                    terminal::line(&f.authority.to_string())
+                );
             }
             for r in &active {
                 let v = serde_json::to_value(r).unwrap_or_default();
                 let named = |k: &str| v.get(k).map(|d| format!("{k}={d} ")).unwrap_or_default();
-                println!(
+                outln!(
                     "{:<7} {:<32} {}{}subject={}  {}",
-                    v["effect"].as_str().unwrap_or("?"),
-                    v["id"].as_str().unwrap_or("?"),
-                    named("doors"),
-                    named("tools"),
-                    v["subject"].as_str().unwrap_or("?"),
-                    v["reason"].as_str().unwrap_or("")
+                    terminal::line(v["effect"].as_str().unwrap_or("?")),
+                    terminal::line(v["id"].as_str().unwrap_or("?")),
+                    terminal::line(&named("doors")),
+                    terminal::line(&named("tools")),
+                    terminal::line(v["subject"].as_str().unwrap_or("?")),
+                    terminal::line(v["reason"].as_str().unwrap_or(""))
                 );
             }
             for (id, p) in set.pending() {
-                println!("pending proposal {id} by {:?}", p.author);
+                outln!(
+                    "pending proposal {} by {}",
+                    terminal::line(id),
+                    terminal::line(&format!("{:?}", p.author))
+                );
             }
             Ok(exit::OK)
         }
@@ -1287,7 +1346,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             let ids = orchestrator::policy::declare(&mut store, rules, &file, &writer)
                 .map_err(policy_err)?;
             for id in ids {
-                println!("declared {id}");
+                outln!("declared {id}");
             }
             Ok(exit::OK)
         }
@@ -1298,7 +1357,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             let mut store = open_store(root)?;
             let who = owner(&store, owner_key_file.as_deref())?;
             orchestrator::policy::unlock(&mut store, rules, &rule, &who).map_err(policy_err)?;
-            println!("unlocked {rule}");
+            outln!("unlocked {rule}");
             Ok(exit::OK)
         }
         PolicyCommand::Propose {
@@ -1322,15 +1381,13 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
                 )
                 .map(|id| vec![id]),
                 _ => {
-                    eprintln!("nightshift: name a rule file or --retire RULE");
+                    errln!("nightshift: name a rule file or --retire RULE");
                     return Err(exit::BAD_INPUT);
                 }
             }
             .map_err(policy_err)?;
             for id in ids {
-                println!(
-                    "proposed {id}: inert until the owner runs `nightshift policy ratify {id}`"
-                );
+                outln!("proposed {id}: inert until the owner runs `nightshift policy ratify {id}`");
             }
             Ok(exit::OK)
         }
@@ -1341,7 +1398,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             let mut store = open_store(root)?;
             let who = owner(&store, owner_key_file.as_deref())?;
             orchestrator::policy::ratify(&mut store, rules, &proposal, &who).map_err(policy_err)?;
-            println!("ratified {proposal} (locked)");
+            outln!("ratified {proposal} (locked)");
             Ok(exit::OK)
         }
         PolicyCommand::Retire {
@@ -1359,7 +1416,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             };
             orchestrator::policy::retire(&mut store, rules, &rule, &why, &writer)
                 .map_err(policy_err)?;
-            println!("retired {rule}");
+            outln!("retired {rule}");
             Ok(exit::OK)
         }
     }
@@ -1368,7 +1425,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
 fn freeze_cmd(root: &std::path::Path, why: &str) -> Result<i32, i32> {
     let mut store = open_store(root)?;
     orchestrator::policy::freeze(&mut store, None, why).map_err(policy_err)?;
-    println!("frozen: no run starts and every door refuses until `nightshift thaw`");
+    outln!("frozen: no run starts and every door refuses until `nightshift thaw`");
     Ok(exit::OK)
 }
 
@@ -1376,7 +1433,7 @@ fn thaw_cmd(root: &std::path::Path, key: Option<&std::path::Path>) -> Result<i32
     let mut store = open_store(root)?;
     let who = owner(&store, key)?;
     orchestrator::policy::thaw(&mut store, None, &who).map_err(policy_err)?;
-    println!("thawed");
+    outln!("thawed");
     Ok(exit::OK)
 }
 
@@ -1388,49 +1445,49 @@ fn queue_cmd(
     let mut store = open_store(root)?;
     // What has run out of time is shown as expired, never as waiting.
     if let Err(e) = orchestrator::acts::expire(&mut store) {
-        eprintln!("nightshift: expiring acts: {e}");
+        errln!("nightshift: expiring acts: {e}");
     }
     let rows = orchestrator::acts::rows(&store, None).map_err(store_err)?;
     if let Some(QueueCommand::Show { act }) = command {
         let row = rows.iter().find(|r| r.act.id == act).ok_or_else(|| {
-            eprintln!("nightshift: no act with id {act}");
+            errln!("nightshift: no act with id {act}");
             exit::BAD_INPUT
         })?;
-        println!(
+        outln!(
             "act {} ({}), run {}: {}",
-            row.act.id,
-            row.act.door.name(),
-            row.act.run,
-            row.state.name()
+            terminal::line(&row.act.id),
+            terminal::line(row.act.door.name()),
+            terminal::line(&row.act.run),
+            terminal::line(row.state.name())
         );
-        println!("destination: {}", row.act.routing.destination);
+        outln!(
+            "destination: {}",
+            terminal::line(&row.act.routing.destination)
+        );
         if let Some(stale) = orchestrator::acts::stale_view(&store, row) {
-            println!(
-                "stale: {}",
-                orchestrator::sandbox::sanitize_for_terminal(stale.why.as_bytes())
-            );
+            outln!("stale: {}", terminal::block(stale.why.as_bytes()));
             if let Some(orchestrator::acts::LeaseView { bound, now }) = &stale.lease {
-                println!(
+                outln!(
                     "  bound to the remote ref at: {}",
                     bound.as_deref().unwrap_or("(absent)")
                 );
                 match now {
-                    Ok(now) => println!(
+                    Ok(now) => outln!(
                         "  the remote ref is now at:   {}",
                         now.as_deref().unwrap_or("(absent)")
                     ),
-                    Err(e) => println!(
+                    Err(e) => outln!(
                         "  the remote ref cannot be read now: {}",
-                        orchestrator::sandbox::sanitize_for_terminal(e.as_bytes())
+                        terminal::block(e.as_bytes())
                     ),
                 }
             }
             match &stale.refused_now {
-                Some(why) => println!(
+                Some(why) => outln!(
                     "  it cannot be re-bound: {}",
-                    orchestrator::sandbox::sanitize_for_terminal(why.as_bytes())
+                    terminal::block(why.as_bytes())
                 ),
-                None => println!(
+                None => outln!(
                     "  re-bind it to the destination as it is now (then approve again): nightshift rebind {}",
                     row.act.id
                 ),
@@ -1444,9 +1501,11 @@ fn queue_cmd(
                 },
                 deferred_queue::Content::Commit { commit },
             ) => {
-                println!(
-                    "push {commit} to {target_ref} (remote now at {})",
-                    expected_old.as_deref().unwrap_or("nothing")
+                outln!(
+                    "push {} to {} (remote now at {})",
+                    terminal::line(commit),
+                    terminal::line(target_ref),
+                    terminal::line(expected_old.as_deref().unwrap_or("nothing"))
                 );
                 let run = store.run(&row.act.run).map_err(store_err)?;
                 if let Some(orchestrator::acts::StaleView {
@@ -1466,6 +1525,7 @@ fn queue_cmd(
                             "-c",
                             "core.pager=cat",
                             "diff",
+                            "--no-color",
                             "--no-ext-diff",
                             "--no-textconv",
                             "--stat",
@@ -1475,13 +1535,13 @@ fn queue_cmd(
                         .output();
                     match out {
                         Ok(out) if out.status.success() => {
-                            println!("from the remote's new {now} to this act's commit:");
-                            print!(
+                            outln!("from the remote's new {now} to this act's commit:");
+                            out!(
                                 "{}",
-                                orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
+                                terminal::block(&out.stdout)
                             );
                         }
-                        _ => println!(
+                        _ => outln!(
                             "  (the remote's new commit is not in the repository: fetch it to see what changed)"
                         ),
                     }
@@ -1493,7 +1553,7 @@ fn queue_cmd(
                 deferred_queue::Target::PullRequest { base_ref, head_ref },
                 deferred_queue::Content::PullRequest { head_commit, .. },
             ) => {
-                println!(
+                outln!(
                     "pull request from {head_ref} at {head_commit} into {base_ref} (the head branch is pushed there first, fast-forward only, if it does not hold that commit)"
                 );
                 let text: serde_json::Value =
@@ -1501,23 +1561,40 @@ fn queue_cmd(
                         .unwrap_or_default();
                 let title = text["title"].as_str().unwrap_or_default();
                 let body = text["body"].as_str().unwrap_or_default();
-                println!(
-                    "title: {}",
-                    orchestrator::sandbox::sanitize_for_terminal(title.as_bytes())
-                );
-                println!("body ({} bytes, shown as plain text):", body.len());
-                println!(
-                    "{}",
-                    orchestrator::sandbox::sanitize_for_terminal(body.as_bytes())
-                );
+                outln!("title: {}", terminal::block(title.as_bytes()));
+                outln!("body ({} bytes, shown as plain text):", body.len());
+                outln!("{}", terminal::block(body.as_bytes()));
                 let run = store.run(&row.act.run).map_err(store_err)?;
                 let base = run.base_commit.unwrap_or_default();
                 print_diff(&run.repo, &base, head_commit);
             }
             _ => {
                 let body = row.content.as_deref().unwrap_or_default();
-                println!("content ({} bytes, shown as plain text):", body.len());
-                println!("{}", orchestrator::sandbox::sanitize_for_terminal(body));
+                let view = orchestrator::acts::body_view(body);
+                outln!(
+                    "content ({} bytes, {} lines, shown whole as plain text; long blank runs collapsed):",
+                    view.bytes,
+                    view.lines
+                );
+                if let Ok(run) = store.run(&row.act.run) {
+                    let base = run.base_commit.unwrap_or_default();
+                    let repeated = repeated_repo_lines(&run.repo, &base, body);
+                    if !repeated.is_empty() {
+                        outln!(
+                            "WARNING: this message repeats lines of the repository's files: {}",
+                            repeated
+                                .iter()
+                                .map(|p| terminal::line(p))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                    }
+                }
+                outln!("-----");
+                for line in &view.shown {
+                    outln!("{}", terminal::line(line));
+                }
+                outln!("-----");
             }
         }
         return Ok(exit::OK);
@@ -1535,8 +1612,23 @@ fn queue_cmd(
             .iter()
             .map(|r| serde_json::json!({"act": r.act, "state": r.state, "status": r.state.name()}))
             .collect();
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        outln!("{}", terminal::json(&doc, true));
         return Ok(exit::OK);
+    }
+    // What the gate refused comes first: an attempt to reach an unconfigured
+    // destination at 3 am is the first thing the owner should see.
+    let refused = orchestrator::acts::refusals(&store, None).map_err(store_err)?;
+    if !refused.is_empty() {
+        outln!("refused door requests ({}), by run:", refused.len());
+        let mut last = String::new();
+        for r in &refused {
+            if r.run != last {
+                last = r.run.clone();
+                outln!("run {}", terminal::line(&last));
+            }
+            outln!("  {}", refusal_line(r));
+        }
+        outln!();
     }
     let contents: std::collections::HashMap<&str, &Option<Vec<u8>>> = rows
         .iter()
@@ -1546,7 +1638,7 @@ fn queue_cmd(
     for r in ordered {
         if r.act.run != run {
             run = r.act.run.clone();
-            println!("run {run}");
+            outln!("run {}", terminal::line(&run));
         }
         let what = match (&r.act.routing.target, &r.act.content) {
             (
@@ -1568,36 +1660,102 @@ fn queue_cmd(
                     .unwrap_or_default();
                 format!(
                     "push {} to {} {}{stat}",
-                    &commit[..commit.len().min(12)],
-                    r.act.routing.destination,
-                    target_ref
+                    terminal::line(commit.get(..12).unwrap_or(commit)),
+                    terminal::line(&r.act.routing.destination),
+                    terminal::line(target_ref)
                 )
             }
             (deferred_queue::Target::PullRequest { base_ref, head_ref }, _) => {
                 format!(
-                    "pull request on {}: {head_ref} into {base_ref}",
-                    r.act.routing.destination
+                    "pull request on {}: {} into {}",
+                    terminal::line(&r.act.routing.destination),
+                    terminal::line(head_ref),
+                    terminal::line(base_ref)
                 )
             }
             _ => {
                 let preview = contents
                     .get(r.act.id.as_str())
                     .and_then(|c| c.as_deref())
-                    .map(|b| {
-                        orchestrator::sandbox::sanitize_for_terminal(&b[..b.len().min(60)])
-                            .replace('\n', " ")
-                    })
+                    .map(|b| terminal::line_bytes(&b[..b.len().min(60)]))
                     .unwrap_or_default();
                 format!(
                     "{} to {}: {preview}",
-                    r.act.door.name(),
-                    r.act.routing.destination
+                    terminal::line(r.act.door.name()),
+                    terminal::line(&r.act.routing.destination)
                 )
             }
         };
-        println!("  {}  {:<10} {what}", r.act.id, r.state.name());
+        outln!(
+            "  {}  {:<10} {what}",
+            terminal::line(&r.act.id),
+            terminal::line(r.state.name())
+        );
     }
     Ok(exit::OK)
+}
+
+/// The files of the repository at `base` that hold a distinctive line of
+/// `body` (16 characters or more) (the host's git, fixed strings read from a
+/// file: the body is data, never a pattern or an argument).
+fn repeated_repo_lines(repo: &str, base: &str, body: &[u8]) -> Vec<String> {
+    let lines = orchestrator::acts::distinctive_lines(body);
+    if lines.is_empty() || base.is_empty() {
+        return Vec::new();
+    }
+    let child = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args([
+            "-c",
+            "core.pager=cat",
+            "grep",
+            "--no-color",
+            "-I",
+            "-l",
+            "-F",
+            "-f",
+            "-",
+            base,
+            "--",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        return Vec::new();
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        use std::io::Write;
+        let _ = stdin.write_all(format!("{}\n", lines.join("\n")).as_bytes());
+    }
+    let out = child.wait_with_output();
+    let Ok(out) = out else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.strip_prefix(&format!("{base}:")).unwrap_or(l).to_string())
+        .take(10)
+        .collect()
+}
+
+/// One refused door request on one line: when, which door, where to, and
+/// the rule (or label check) that refused it.
+fn refusal_line(r: &orchestrator::acts::Refusal) -> String {
+    format!(
+        "{}  {} to {}: {} by {}",
+        terminal::line(&r.time),
+        terminal::line(&r.door),
+        terminal::line(r.destination.as_deref().unwrap_or("(no destination)")),
+        terminal::line(&r.verdict),
+        terminal::line(
+            r.rule
+                .as_deref()
+                .unwrap_or("the door (a malformed request)")
+        )
+    )
 }
 
 /// The commits and diff from `from` to `to` in the host repository, as
@@ -1611,15 +1769,13 @@ fn print_diff(repo: &str, from: &str, to: &str) {
             "core.pager=cat",
             "log",
             "--no-decorate",
+            "--no-color",
             "--format=commit %H%n    %s",
             &format!("{from}..{to}"),
         ])
         .output();
     if let Ok(out) = out {
-        print!(
-            "{}",
-            orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
-        );
+        out!("{}", terminal::block(&out.stdout));
     }
     let out = std::process::Command::new("git")
         .arg("-C")
@@ -1628,6 +1784,7 @@ fn print_diff(repo: &str, from: &str, to: &str) {
             "-c",
             "core.pager=cat",
             "diff",
+            "--no-color",
             "--no-ext-diff",
             "--no-textconv",
             "--stat",
@@ -1637,10 +1794,7 @@ fn print_diff(repo: &str, from: &str, to: &str) {
         ])
         .output();
     if let Ok(out) = out {
-        print!(
-            "{}",
-            orchestrator::sandbox::sanitize_for_terminal(&out.stdout)
-        );
+        out!("{}", terminal::block(&out.stdout));
     }
 }
 
@@ -1653,9 +1807,9 @@ fn rebind_cmd(
     let mut code = exit::OK;
     for id in acts {
         match orchestrator::acts::rebind(&mut store, id, key) {
-            Ok((_, line)) => println!("{line}"),
+            Ok((_, line)) => outln!("{line}"),
             Err(e) => {
-                eprintln!("nightshift: {e}");
+                errln!("nightshift: {e}");
                 code = if e.contains("credential") || e.contains("frozen") {
                     exit::DENIED
                 } else {
@@ -1687,14 +1841,14 @@ fn decide_cmd(
         };
         match result {
             Ok(decided) => {
-                println!("{}", decided.line);
+                outln!("{}", decided.line);
                 // An approval that was not carried out is not a success.
                 if !decided.carried_out && code == exit::OK {
                     code = exit::FAILED;
                 }
             }
             Err(e) => {
-                eprintln!("nightshift: {e}");
+                errln!("nightshift: {e}");
                 code = if e.contains("credential") || e.contains("frozen") {
                     exit::DENIED
                 } else {

@@ -30,9 +30,7 @@ use tokio::sync::watch;
 use crate::audit_log::{digest, Event};
 use crate::engine::{Engine, EngineError, Output, Sample};
 use crate::monitor::{self, Breach, Observed};
-use crate::sandbox::{
-    sanitize_for_terminal, Caps, SandboxSpec, MAX_TASK_BYTES, SANDBOX_GID, SANDBOX_UID,
-};
+use crate::sandbox::{Caps, SandboxSpec, SandboxUser, MAX_TASK_BYTES};
 use crate::store::{now_rfc3339, RunRecord, Store, StoreError};
 
 /// Why a run was asked to stop from outside.
@@ -61,6 +59,9 @@ pub struct RunRequest {
     pub caps: Caps,
     /// Echo the agent's output (sanitised) to this process's stdout/stderr.
     pub echo: bool,
+    /// The repository's confidentiality, from the owner's configuration
+    /// (private unless the owner said otherwise).
+    pub repo_confidentiality: policies::Confidentiality,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +95,8 @@ pub struct Supervisor {
     pub identity: String,
     /// The fleet's parent cgroup, when managed.
     pub fleet: Option<FleetHandle>,
+    /// Who sandboxes run as (config `[sandbox]`).
+    pub sandbox_user: SandboxUser,
 }
 
 /// The fleet cgroup every sandbox of this state is created under.
@@ -210,6 +213,20 @@ pub async fn execute(
             return Err(RunError::Frozen(freeze.reason.clone()));
         }
     }
+    // The sandbox's ids must be nobody's on this host: an escape, or a file
+    // the agent leaves, would otherwise be that person's.
+    let user = sup.sandbox_user;
+    let accounts = crate::hostview::read_accounts().map_err(RunError::BadInput)?;
+    let clashes = accounts.clashes(user.uid, user.gid);
+    if !clashes.is_empty() {
+        let named: Vec<String> = clashes.iter().map(ToString::to_string).collect();
+        return Err(RunError::BadInput(format!(
+            "refusing to run sandboxes as {}:{}: {}; set [sandbox] uid and gid in the config to ids no host account uses",
+            user.uid,
+            user.gid,
+            named.join("; ")
+        )));
+    }
     let repo = req.repo.clone();
     let base_ref = req.base_ref.clone();
     let base =
@@ -289,7 +306,7 @@ async fn steps(
         base_commit: held.base_commit.clone().unwrap_or_default(),
         run_id: id.clone(),
         dest: dest.clone(),
-        owner: Some((SANDBOX_UID, SANDBOX_GID)),
+        owner: Some((sup.sandbox_user.uid, sup.sandbox_user.gid)),
     };
     held.worktree = Some(dest.clone());
     let wt = tokio::task::spawn_blocking(move || orchestrator_git::create_worktree(&spec))
@@ -306,6 +323,11 @@ async fn steps(
         },
         false,
     )?;
+    let protect = dest.clone();
+    tokio::task::spawn_blocking(move || crate::hostview::protect_worktree(&protect))
+        .await
+        .map_err(|e| RunError::Git(e.to_string()))?
+        .map_err(RunError::Git)?;
     if let Some(s) = stopped(&stop) {
         return Ok(Ended::Stopped(s));
     }
@@ -323,7 +345,7 @@ async fn steps(
             repo: req.repo.clone(),
             base_commit: held.base_commit.clone().unwrap_or_default(),
             worktree: dest.clone(),
-            public_content: false,
+            content: crate::acts::run_content_label(req.repo_confidentiality),
         },
     )
     .map_err(|e| RunError::Git(format!("opening the run's door: {e}")))?;
@@ -340,6 +362,7 @@ async fn steps(
         &req.task,
         &req.caps,
     )
+    .with_user(sup.sandbox_user)
     .with_supervisor(&sup.identity)
     .with_door(door_dir)
     .with_cgroup_parent(sup.fleet.as_ref().map(FleetHandle::cgroup_parent));
@@ -349,9 +372,10 @@ async fn steps(
     held.container = Some(container.clone());
     record.container_id = Some(container.clone());
     let inspected = sup.engine.inspect_json(&container).await?;
+    let host = crate::hostview::observe(&dest).map_err(RunError::BadInput)?;
     let attestation = match orchestrator_attest::parse_inspect(&inspected) {
         Ok(observed) => {
-            orchestrator_attest::attest(&observed, &spec.expectations(image_env.to_vec()))
+            orchestrator_attest::attest(&observed, &host, &spec.expectations(image_env.to_vec()))
         }
         Err(e) => {
             return Err(RunError::Refused {
@@ -698,12 +722,7 @@ async fn drain_output(
             let _ = log.write_all(&bytes[..take]).await;
             kept += take as u64;
             if echo {
-                let shown = sanitize_for_terminal(&bytes[..take]);
-                if is_err {
-                    eprint!("{shown}")
-                } else {
-                    print!("{shown}")
-                }
+                crate::terminal::echo(&bytes[..take], is_err);
             }
         }
         if seen > ceiling && !*over.borrow() {
@@ -1030,7 +1049,7 @@ pub async fn retry_import(store: &Mutex<Store>, run: &str) -> Result<RunRecord, 
         });
     }
     let wt = worktree.clone();
-    let removed = tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&wt)).await;
+    let removed = tokio::task::spawn_blocking(move || crate::hostview::remove_worktree(&wt)).await;
     let mut reason = "imported by nightshift import".to_string();
     match removed {
         Ok(Ok(())) => {
@@ -1113,8 +1132,7 @@ async fn finish(
     if let Some(wt) = held.worktree.take() {
         if wt.exists() {
             let path = wt.clone();
-            match tokio::task::spawn_blocking(move || orchestrator_git::remove_worktree(&path))
-                .await
+            match tokio::task::spawn_blocking(move || crate::hostview::remove_worktree(&path)).await
             {
                 Ok(Ok(())) => sup.audit(
                     &id,
@@ -1123,7 +1141,7 @@ async fn finish(
                     },
                     false,
                 )?,
-                Ok(Err(e)) => cleanup_errors.push(e.to_string()),
+                Ok(Err(e)) => cleanup_errors.push(e),
                 Err(e) => cleanup_errors.push(e.to_string()),
             }
         }

@@ -4,7 +4,10 @@
 //! - The environment is built only from the allowlist below; nothing from the
 //!   supervisor's own environment is ever copied in.
 //! - The worktree is the only host path mounted writable; everything else the
-//!   sandbox can write is a size-limited tmpfs.
+//!   sandbox can write is a size-limited tmpfs (`/dev/shm` included).
+//! - The sandbox runs as the configured [`SandboxUser`], never as the image's
+//!   own user, and under nightshift's seccomp profile ([`SECCOMP_PROFILE`]),
+//!   sent by content.
 //! - The same spec yields the engine request (in `engine`) and the
 //!   attestation's expectations (here), so what we ask for and what we check
 //!   cannot drift apart; the check itself runs on what the engine reports.
@@ -21,8 +24,28 @@ pub const WORKSPACE: &str = "/workspace";
 pub const HOME: &str = "/home/agent";
 /// Where the run's door is mounted (read-only) inside every sandbox.
 pub const DOOR_MOUNT: &str = "/run/nightshift";
+/// The image's own default user (its `agent` account). Never what a sandbox
+/// runs as: the spec always names the configured [`SandboxUser`].
 pub const SANDBOX_UID: u32 = 1000;
 pub const SANDBOX_GID: u32 = 1000;
+/// The default uid and gid a sandbox runs as: an id no host account uses.
+/// Debian gives people 1000-60000 and system accounts 100-999; systemd
+/// reserves up to 65535 (homed, dynamic users, nobody); useradd delegates
+/// subordinate ranges from 100000 to 600100000; systemd-nspawn picks
+/// container ranges up to 0x6FFFFFFF and keeps 0x7FFE0000.. as its
+/// "foreign" range. 2,000,000,000 lies above all of these and below 2^31,
+/// which tools that hold ids as signed 32-bit numbers still read right.
+/// Checked at every run start against the host's accounts anyway.
+pub const DEFAULT_SANDBOX_ID: u32 = 2_000_000_000;
+/// nightshift's seccomp profile: moby's default allowlist (the reference for
+/// what the engine allows by default) less io_uring, ptrace and
+/// process_vm_*, the 32-bit `socketcall`, and every rule that needs a
+/// capability (bpf, perf_event_open, keyring calls, mount, namespaces, ...:
+/// nightshift grants none); `socket` only for AF_UNIX, AF_INET, AF_INET6 and
+/// AF_NETLINK with NETLINK_ROUTE (no AF_VSOCK, no other netlink family);
+/// `personality` only as Docker allows it. Sent to the engine by content and
+/// attested by its digest.
+pub const SECCOMP_PROFILE: &str = include_str!("seccomp.json");
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Label keys that mark a container as one of ours.
 pub const LABEL_RUN: &str = "nightshift.run";
@@ -50,6 +73,45 @@ impl Caps {
     pub fn output_ceiling(&self) -> u64 {
         self.max_output_bytes.saturating_mul(4)
     }
+
+    /// The size of `/dev/shm`: an eighth of the tmpfs cap or of the memory
+    /// cap, whichever is smaller (32 MiB by default, half of Docker's 64 MiB),
+    /// and at least 1 MiB. Like every tmpfs its pages are charged to the run's
+    /// memory cgroup; sizing it from the caps keeps it a bounded part of them.
+    pub fn shm_bytes(&self) -> i64 {
+        (self.tmpfs_bytes.min(self.memory_bytes) / 8).max(1 << 20)
+    }
+}
+
+/// The uid and gid a sandbox runs as, and owns its worktree as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxUser {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Default for SandboxUser {
+    fn default() -> Self {
+        Self {
+            uid: DEFAULT_SANDBOX_ID,
+            gid: DEFAULT_SANDBOX_ID,
+        }
+    }
+}
+
+fn home_tmpfs(size: i64, user: SandboxUser) -> String {
+    format!(
+        "rw,nosuid,nodev,size={size},uid={},gid={},mode=0700",
+        user.uid, user.gid
+    )
+}
+
+/// One resource limit as the engine takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ulimit {
+    pub name: &'static str,
+    pub soft: i64,
+    pub hard: i64,
 }
 
 impl Default for Caps {
@@ -83,6 +145,7 @@ pub struct SandboxSpec {
     pub cgroup_parent: Option<String>,
     /// The run's door directory, mounted read-only at `/run/nightshift`.
     pub door: Option<PathBuf>,
+    pub user: SandboxUser,
 }
 
 impl SandboxSpec {
@@ -107,6 +170,14 @@ impl SandboxSpec {
 
     pub fn with_cgroup_parent(mut self, parent: Option<String>) -> Self {
         self.cgroup_parent = parent;
+        self
+    }
+
+    /// Runs the sandbox as `user` (and gives it its tmpfs home).
+    pub fn with_user(mut self, user: SandboxUser) -> Self {
+        self.user = user;
+        self.tmpfs
+            .insert(HOME.to_string(), home_tmpfs(self.caps.tmpfs_bytes, user));
         self
     }
 
@@ -137,12 +208,7 @@ impl SandboxSpec {
                 "/tmp".to_string(),
                 format!("rw,nosuid,nodev,size={size},mode=1777"),
             ),
-            (
-                HOME.to_string(),
-                format!(
-                    "rw,nosuid,nodev,size={size},uid={SANDBOX_UID},gid={SANDBOX_GID},mode=0700"
-                ),
-            ),
+            (HOME.to_string(), home_tmpfs(size, SandboxUser::default())),
         ]);
         Self {
             run_id: run_id.to_string(),
@@ -156,11 +222,62 @@ impl SandboxSpec {
             caps: caps.clone(),
             cgroup_parent: None,
             door: None,
+            user: SandboxUser::default(),
         }
     }
 
     pub fn user(&self) -> String {
-        format!("{SANDBOX_UID}:{SANDBOX_GID}")
+        format!("{}:{}", self.user.uid, self.user.gid)
+    }
+
+    /// Resource limits per process: open files; no core dumps (a dump of
+    /// the agent is written where the host may read it, and can be large);
+    /// no file larger than the worktree cap; processes bounded by the pids
+    /// cap (the kernel counts `nproc` per uid across the host, so sandboxes
+    /// running at once share it; the pids cgroup stays the per-run bound);
+    /// a bounded stack (8 MiB soft, as Linux's default; never unlimited,
+    /// which would also switch off the randomised mmap layout).
+    pub fn ulimits(&self) -> Vec<Ulimit> {
+        let c = &self.caps;
+        let fsize = i64::try_from(c.max_worktree_bytes).unwrap_or(i64::MAX);
+        vec![
+            Ulimit {
+                name: "nofile",
+                soft: c.open_files,
+                hard: c.open_files,
+            },
+            Ulimit {
+                name: "core",
+                soft: 0,
+                hard: 0,
+            },
+            Ulimit {
+                name: "fsize",
+                soft: fsize,
+                hard: fsize,
+            },
+            Ulimit {
+                name: "nproc",
+                soft: c.pids,
+                hard: c.pids,
+            },
+            Ulimit {
+                name: "stack",
+                soft: (8 << 20).min(c.memory_bytes),
+                hard: c.memory_bytes,
+            },
+        ]
+    }
+
+    /// The /proc and /sys paths masked: the engine's own list (setting
+    /// the list replaces it), later engines' additions, and nightshift's.
+    pub fn masked_paths(&self) -> Vec<String> {
+        orchestrator_attest::DEFAULT_MASKED_PATHS
+            .iter()
+            .chain(orchestrator_attest::LATER_ENGINE_MASKED_PATHS.iter())
+            .chain(orchestrator_attest::NIGHTSHIFT_MASKED_PATHS.iter())
+            .map(|p| p.to_string())
+            .collect()
     }
 
     pub fn env_list(&self) -> Vec<String> {
@@ -185,24 +302,12 @@ impl SandboxSpec {
             max_memory_bytes: self.caps.memory_bytes,
             max_pids: self.caps.pids,
             allowed_tmpfs: self.tmpfs.keys().cloned().collect::<BTreeSet<_>>(),
+            seccomp_profile_digest: orchestrator_attest::seccomp_profile_digest(SECCOMP_PROFILE)
+                .unwrap_or_default(),
+            max_shm_bytes: self.caps.shm_bytes(),
+            max_file_bytes: i64::try_from(self.caps.max_worktree_bytes).unwrap_or(i64::MAX),
         }
     }
-}
-
-/// Makes untrusted output safe to show on a terminal: control characters
-/// (escape sequences could rewrite what the person sees) become visible
-/// escapes; newlines and tabs stay.
-pub fn sanitize_for_terminal(bytes: &[u8]) -> String {
-    let text = String::from_utf8_lossy(bytes);
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '\n' | '\t' => out.push(c),
-            c if c.is_control() => out.push_str(&c.escape_unicode().to_string()),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
@@ -219,6 +324,85 @@ mod tests {
             "do it",
             &Caps::default(),
         )
+    }
+
+    #[test]
+    fn the_profile_is_json_with_a_digest_and_leaves_out_what_it_must() {
+        let digest = orchestrator_attest::seccomp_profile_digest(SECCOMP_PROFILE);
+        assert_eq!(digest.map(|d| d.len()), Some(64));
+        let profile: serde_json::Value = serde_json::from_str(SECCOMP_PROFILE).unwrap();
+        let rules = profile["syscalls"].as_array().unwrap();
+        for rule in rules {
+            assert!(rule["includes"]["caps"].is_null(), "{rule}");
+        }
+        let allowed = |name: &str| {
+            rules.iter().any(|r| {
+                r["action"] == "SCMP_ACT_ALLOW"
+                    && r["names"].as_array().unwrap().iter().any(|n| n == name)
+            })
+        };
+        for name in [
+            "io_uring_setup",
+            "io_uring_enter",
+            "io_uring_register",
+            "ptrace",
+            "process_vm_readv",
+            "process_vm_writev",
+            "bpf",
+            "userfaultfd",
+            "perf_event_open",
+            "keyctl",
+            "add_key",
+            "request_key",
+            "socketcall",
+            "unshare",
+            "setns",
+            "mount",
+        ] {
+            assert!(!allowed(name), "{name} is allowed");
+        }
+        for name in ["read", "write", "execve", "clone", "socket", "personality"] {
+            assert!(allowed(name), "{name} is not allowed");
+        }
+        // Every socket rule names its family.
+        for rule in rules.iter().filter(|r| r["names"][0] == "socket") {
+            assert_eq!(rule["args"][0]["index"], 0, "{rule}");
+            assert_eq!(rule["args"][0]["op"], "SCMP_CMP_EQ", "{rule}");
+        }
+    }
+
+    #[test]
+    fn the_user_is_the_configured_one_home_included() {
+        let user = SandboxUser { uid: 7, gid: 8 };
+        let s = spec().with_user(user);
+        assert_eq!(s.user(), "7:8");
+        assert!(s.tmpfs[HOME].contains("uid=7,gid=8"), "{}", s.tmpfs[HOME]);
+        assert_eq!(spec().user(), "2000000000:2000000000");
+    }
+
+    #[test]
+    fn shm_and_limits_follow_the_caps() {
+        let caps = Caps::default();
+        assert_eq!(caps.shm_bytes(), 32 << 20);
+        let small = Caps {
+            memory_bytes: 64 << 20,
+            ..Caps::default()
+        };
+        assert_eq!(small.shm_bytes(), 8 << 20);
+        let limits = spec().ulimits();
+        let get = |n: &str| limits.iter().find(|u| u.name == n).unwrap();
+        assert_eq!((get("core").soft, get("core").hard), (0, 0));
+        assert_eq!(get("fsize").hard, caps.max_worktree_bytes as i64);
+        assert_eq!(get("nproc").hard, caps.pids);
+        let masked = spec().masked_paths();
+        for p in [
+            "/proc/kcore",
+            "/proc/cmdline",
+            "/proc/config.gz",
+            "/sys/kernel/vmcoreinfo",
+        ] {
+            assert!(masked.iter().any(|m| m == p), "{p}");
+        }
     }
 
     #[test]
@@ -245,13 +429,5 @@ mod tests {
         for opts in spec().tmpfs.values() {
             assert!(opts.contains("size="), "{opts}");
         }
-    }
-
-    #[test]
-    fn escape_sequences_are_made_visible() {
-        let shown = sanitize_for_terminal(b"ok\x1b]0;pwned\x07\n");
-        assert!(!shown.contains('\x1b'));
-        assert!(shown.contains("\\u{1b}"));
-        assert!(shown.ends_with('\n'));
     }
 }

@@ -687,6 +687,29 @@ impl Store {
         Ok(out)
     }
 
+    /// The audit's refused (or undecided) door requests, of one run or of
+    /// all, oldest first.
+    pub fn door_refusals(&self, run: Option<&str>) -> Result<Vec<Entry>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT seq, time, kind, run, body, prev, hash FROM audit \
+                 WHERE kind = 'door_request' AND (?1 IS NULL OR run = ?1) \
+                 AND json_extract(body, '$.verdict') IN ('refused', 'error') ORDER BY seq",
+            )
+            .map_err(sql("reading refused door requests"))?;
+        let rows = stmt
+            .query_map(params![run], row_to_raw)
+            .map_err(sql("reading refused door requests"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(raw_to_entry(
+                row.map_err(sql("reading refused door requests"))?,
+            )?);
+        }
+        Ok(out)
+    }
+
     pub fn entries_for_run(&self, run: &str) -> Result<Vec<Entry>, StoreError> {
         let mut stmt = self
             .conn

@@ -76,3 +76,51 @@ fn a_container_that_breaks_tier0_never_starts() {
     );
     assert!(state.verify().status.success());
 }
+
+/// A real sandbox's attestation names and passes each property nightshift
+/// holds beyond the engine's defaults, with what the supervisor observed.
+#[test]
+fn the_attestation_of_a_real_sandbox_covers_the_hardening() {
+    let state = State::new();
+    let repo = make_repo();
+    let out = state.run(&[
+        "run",
+        "--repo",
+        repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--",
+        "true",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = only_run(&state);
+    let show = state.show(run["id"].as_str().unwrap());
+    let att = show["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "attestation")
+        .unwrap();
+    let props = att["body"]["properties"].as_array().unwrap();
+    let observed = |name: &str| {
+        let p = props
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("{name} not attested: {props:?}"));
+        assert_eq!(p["ok"], true, "{p}");
+        p["observed"].as_str().unwrap().to_string()
+    };
+    assert!(
+        observed("user-no-host-account").starts_with("2000000000:2000000000 is no host account")
+    );
+    let mount = observed("workspace-nosuid-nodev");
+    assert!(
+        mount.contains("nosuid") && mount.contains("nodev"),
+        "{mount}"
+    );
+    assert!(observed("seccomp-profile").starts_with("profiles=[sha256:"));
+    assert_eq!(observed("shm-bounded"), format!("shm-size={}", 32 << 20));
+    assert!(observed("ulimits-bounded").starts_with("core=0/0 fsize="));
+    observed("proc-masked");
+    assert!(state.verify().status.success());
+}

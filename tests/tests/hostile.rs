@@ -52,7 +52,7 @@ ln -s {hs} secret-link
 ln -s / root-link
 cp /bin/true suid-true && chmod 4755 suid-true
 mkfifo a-pipe
-truncate -s 20G huge-sparse
+truncate -s 1G huge-sparse  # within the file-size limit (the worktree cap), over the import's
 echo uncommitted > uncommitted.txt
 echo done
 "#

@@ -19,10 +19,11 @@ use std::fmt;
 
 use serde::Serialize;
 
+use crate::host::HostObserved;
 use crate::inspect::{HostConfig, Inspected};
 
 /// Every property id, in the order [`attest`] lists them.
-pub const PROPERTY_NAMES: [&str; 24] = [
+pub const PROPERTY_NAMES: [&str; 29] = [
     "network-none",
     "capabilities-dropped",
     "not-privileged",
@@ -47,6 +48,11 @@ pub const PROPERTY_NAMES: [&str; 24] = [
     "runtime-default",
     "proc-masked",
     "no-restart",
+    "user-no-host-account",
+    "workspace-nosuid-nodev",
+    "seccomp-profile",
+    "shm-bounded",
+    "ulimits-bounded",
 ];
 
 /// The label whose value must be the run id.
@@ -55,7 +61,7 @@ pub const RUN_LABEL: &str = "nightshift.run";
 /// /proc and /sys paths Docker masks by default (20.10; later engines add
 /// more, never fewer). A container missing any of them was started with
 /// `--privileged` or `systempaths=unconfined`.
-const DEFAULT_MASKED_PATHS: [&str; 10] = [
+pub const DEFAULT_MASKED_PATHS: [&str; 10] = [
     "/proc/asound",
     "/proc/acpi",
     "/proc/kcore",
@@ -68,7 +74,18 @@ const DEFAULT_MASKED_PATHS: [&str; 10] = [
     "/sys/firmware",
 ];
 
-const DEFAULT_READONLY_PATHS: [&str; 5] = [
+/// What nightshift masks beyond the engine's default: the host kernel's
+/// configuration, its boot command line (which can hold secrets and names
+/// the host) and the crash-dump layout (kernel addresses). Setting
+/// `MaskedPaths` replaces the engine's list, so the engine adapter sends
+/// [`DEFAULT_MASKED_PATHS`], the later engines' powercap and these.
+pub const NIGHTSHIFT_MASKED_PATHS: [&str; 3] =
+    ["/proc/config.gz", "/proc/cmdline", "/sys/kernel/vmcoreinfo"];
+
+/// Masked by Docker since 23.0 (power readings are a side channel); sent too.
+pub const LATER_ENGINE_MASKED_PATHS: [&str; 1] = ["/sys/devices/virtual/powercap"];
+
+pub const DEFAULT_READONLY_PATHS: [&str; 5] = [
     "/proc/bus",
     "/proc/fs",
     "/proc/irq",
@@ -101,6 +118,55 @@ pub struct Expectations {
     pub max_pids: i64,
     /// Container paths that may carry a tmpfs (e.g. `/tmp`, `/home/agent`).
     pub allowed_tmpfs: BTreeSet<String>,
+    /// The digest of nightshift's seccomp profile ([`seccomp_profile_digest`]).
+    pub seccomp_profile_digest: String,
+    /// The largest `/dev/shm` allowed.
+    pub max_shm_bytes: i64,
+    /// The largest file a process may write (`RLIMIT_FSIZE`): the worktree cap.
+    pub max_file_bytes: i64,
+}
+
+/// The digest a seccomp profile is known by: sha256 of its canonical JSON
+/// (object keys sorted, no whitespace), so that how the text was spaced or
+/// which client compacted it does not matter, and any change of content
+/// does. `None` when the text is not JSON.
+pub fn seccomp_profile_digest(text: &str) -> Option<String> {
+    use sha2::{Digest, Sha256};
+    let value: serde_json::Value = serde_json::from_str(text).ok()?;
+    let mut canonical = String::with_capacity(text.len());
+    write_canonical(&value, &mut canonical);
+    Some(hex::encode(Sha256::digest(canonical.as_bytes())))
+}
+
+fn write_canonical(value: &serde_json::Value, out: &mut String) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                write_canonical(&map[k], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(v, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
 }
 
 /// A host path that must be bind-mounted read-only at `target`.
@@ -180,8 +246,9 @@ impl fmt::Display for Refused {
     }
 }
 
-/// Judges the observed configuration against the expectations.
-pub fn attest(observed: &Inspected, expect: &Expectations) -> Attestation {
+/// Judges the observed configuration (the engine's inspect document and
+/// what the supervisor saw on the host) against the expectations.
+pub fn attest(observed: &Inspected, host: &HostObserved, expect: &Expectations) -> Attestation {
     let hc = &observed.host_config;
     let properties = vec![
         network_none(observed),
@@ -208,6 +275,11 @@ pub fn attest(observed: &Inspected, expect: &Expectations) -> Attestation {
         runtime_default(hc),
         proc_masked(hc),
         no_restart(hc),
+        user_no_host_account(observed, host),
+        workspace_nosuid_nodev(host),
+        seccomp_profile(hc, expect),
+        shm_bounded(hc, expect),
+        ulimits_bounded(hc, expect),
     ];
     Attestation { properties }
 }
@@ -835,6 +907,7 @@ fn proc_masked(hc: &HostConfig) -> Property {
     let readonly = list(&hc.readonly_paths);
     let missing: Vec<&str> = DEFAULT_MASKED_PATHS
         .iter()
+        .chain(NIGHTSHIFT_MASKED_PATHS.iter())
         .filter(|p| !masked.iter().any(|m| m == *p))
         .chain(
             DEFAULT_READONLY_PATHS
@@ -844,7 +917,9 @@ fn proc_masked(hc: &HostConfig) -> Property {
         .copied()
         .collect();
     let unconfined = security_opts(hc).any(|(k, v)| k == "systempaths" && v == Some("unconfined"));
-    let ok = missing.is_empty() && !unconfined;
+    // A privileged container is masked nothing, whatever its list says.
+    let privileged = hc.privileged == Some(true);
+    let ok = missing.is_empty() && !unconfined && !privileged;
     property(
         "proc-masked",
         ok,
@@ -852,16 +927,21 @@ fn proc_masked(hc: &HostConfig) -> Property {
             format!("masked={} read-only={} paths", masked.len(), readonly.len())
         } else {
             format!(
-                "not masked: [{}]{}",
+                "not masked: [{}]{}{}",
                 missing.join(","),
                 if unconfined {
                     " systempaths=unconfined"
                 } else {
                     ""
+                },
+                if privileged {
+                    " privileged (the engine masks nothing)"
+                } else {
+                    ""
                 }
             )
         },
-        "the engine's default masked and read-only /proc and /sys paths",
+        "the engine's default masked and read-only /proc and /sys paths, and /proc/config.gz, /proc/cmdline, /sys/kernel/vmcoreinfo masked",
     )
 }
 
@@ -878,6 +958,139 @@ fn no_restart(hc: &HostConfig) -> Property {
         name.is_empty() || name == "no",
         format!("restart={name:?}"),
         "restart=no",
+    )
+}
+
+fn user_no_host_account(observed: &Inspected, host: &HostObserved) -> Property {
+    let user = observed.config.user.as_deref().unwrap_or("");
+    let ids = user
+        .split_once(':')
+        .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
+    // Root and names are `non-root-user`'s to refuse; this one judges the
+    // non-zero numeric ids against the host.
+    let (ok, shown) = match ids {
+        None => (
+            true,
+            format!("user={user:?}: no numeric uid:gid to look up"),
+        ),
+        Some((0, _) | (_, 0)) => (true, format!("user={user:?}: root is not looked up")),
+        Some((uid, gid)) => {
+            let clashes = host.accounts.clashes(uid, gid);
+            if clashes.is_empty() {
+                (
+                    true,
+                    format!(
+                        "{uid}:{gid} is no host account ({} users, {} groups, {} delegated ranges read)",
+                        host.accounts.users.len(),
+                        host.accounts.groups.len(),
+                        host.accounts.sub_uids.len() + host.accounts.sub_gids.len()
+                    ),
+                )
+            } else {
+                let shown: Vec<String> = clashes.iter().map(ToString::to_string).collect();
+                (false, shown.join("; "))
+            }
+        }
+    };
+    property(
+        "user-no-host-account",
+        ok,
+        shown,
+        "a uid and gid that no host user, group or delegated id range has",
+    )
+}
+
+fn workspace_nosuid_nodev(host: &HostObserved) -> Property {
+    // runc bind-mounts the worktree with no options of its own, so the
+    // sandbox's mount carries the flags of the host mount it is a copy of.
+    let (ok, shown) = match &host.worktree_mount {
+        None => (false, "no host mount found for the worktree".to_owned()),
+        Some(m) => (
+            m.has("nosuid") && m.has("nodev"),
+            format!("{} {}", m.mount_point, m.options.join(",")),
+        ),
+    };
+    property(
+        "workspace-nosuid-nodev",
+        ok,
+        shown,
+        "the host mount the worktree lies on is nosuid,nodev",
+    )
+}
+
+fn seccomp_profile(hc: &HostConfig, expect: &Expectations) -> Property {
+    // `seccomp-confined` judges `unconfined`; this one judges content.
+    let profiles: Vec<Option<String>> = security_opts(hc)
+        .filter(|(k, v)| *k == "seccomp" && *v != Some("unconfined"))
+        .map(|(_, v)| v.and_then(seccomp_profile_digest))
+        .collect();
+    // The engine applies no profile at all to a privileged container.
+    let privileged = hc.privileged == Some(true);
+    let ok = !privileged
+        && !profiles.is_empty()
+        && profiles
+            .iter()
+            .all(|d| d.as_deref() == Some(expect.seccomp_profile_digest.as_str()));
+    let shown: Vec<String> = profiles
+        .iter()
+        .map(|d| match d {
+            Some(d) => format!("sha256:{}", &d[..16.min(d.len())]),
+            None => "unreadable".to_owned(),
+        })
+        .collect();
+    property(
+        "seccomp-profile",
+        ok,
+        match (privileged, profiles.is_empty()) {
+            (true, _) => "privileged: the engine applies no profile".to_owned(),
+            (false, true) => "the engine's default profile".to_owned(),
+            (false, false) => format!("profiles=[{}]", shown.join(",")),
+        },
+        format!(
+            "nightshift's profile, sha256:{}",
+            &expect.seccomp_profile_digest[..16.min(expect.seccomp_profile_digest.len())]
+        ),
+    )
+}
+
+fn shm_bounded(hc: &HostConfig, expect: &Expectations) -> Property {
+    let ok = hc
+        .shm_size
+        .is_some_and(|s| s > 0 && s <= expect.max_shm_bytes);
+    property(
+        "shm-bounded",
+        ok,
+        format!("shm-size={}", opt(&hc.shm_size)),
+        format!("0 < shm-size <= {}", expect.max_shm_bytes),
+    )
+}
+
+fn ulimits_bounded(hc: &HostConfig, expect: &Expectations) -> Property {
+    let limit = |name: &str| {
+        hc.ulimits
+            .iter()
+            .flatten()
+            .filter(|u| u.name.as_deref() == Some(name))
+            .map(|u| (u.soft, u.hard))
+            .next_back()
+    };
+    // The engine applies the last entry of a name; soft may not exceed hard.
+    let within = |name: &str, max: i64, min: i64| matches!(limit(name), Some((Some(soft), Some(hard))) if hard >= min && hard <= max && soft <= hard && soft >= 0);
+    let ok = within("core", 0, 0)
+        && within("fsize", expect.max_file_bytes, 1)
+        && within("nproc", expect.max_pids, 1);
+    let show = |name: &str| match limit(name) {
+        None => format!("{name}=unset"),
+        Some((soft, hard)) => format!("{name}={}/{}", opt(&soft), opt(&hard)),
+    };
+    property(
+        "ulimits-bounded",
+        ok,
+        format!("{} {} {}", show("core"), show("fsize"), show("nproc")),
+        format!(
+            "core=0/0, 0 < fsize <= {}, 0 < nproc <= {}",
+            expect.max_file_bytes, expect.max_pids
+        ),
     )
 }
 

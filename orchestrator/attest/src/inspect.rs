@@ -76,6 +76,17 @@ pub(crate) struct HostConfig {
     pub masked_paths: Option<Vec<String>>,
     pub readonly_paths: Option<Vec<String>>,
     pub restart_policy: Option<RestartPolicy>,
+    pub shm_size: Option<i64>,
+    pub ulimits: Option<Vec<Ulimit>>,
+}
+
+/// One entry of `HostConfig.Ulimits`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub(crate) struct Ulimit {
+    pub name: Option<String>,
+    pub soft: Option<i64>,
+    pub hard: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -4,7 +4,8 @@
 //!
 //! Invariants:
 //! - No I/O: the engine adapter inspects the container and hands the
-//!   document here; this crate only reads data.
+//!   document here, and the supervisor hands what it read on the host (its
+//!   accounts, its mount table) as text; this crate only reads data.
 //! - Every property is always listed, pass or fail, in a fixed order
 //!   ([`PROPERTY_NAMES`]), so two attestations compare line by line and the
 //!   audit entry has the same shape every time.
@@ -16,11 +17,14 @@
 #![forbid(unsafe_code)]
 
 mod attest;
+mod host;
 mod inspect;
 
 pub use attest::{
-    attest, Attestation, Expectations, MountExpectation, Property, Refused, PROPERTY_NAMES,
+    attest, seccomp_profile_digest, Attestation, Expectations, MountExpectation, Property, Refused,
+    DEFAULT_MASKED_PATHS, LATER_ENGINE_MASKED_PATHS, NIGHTSHIFT_MASKED_PATHS, PROPERTY_NAMES,
 };
+pub use host::{mount_of, Account, HostAccounts, HostObserved, IdClash, MountEntry, SubRange};
 pub use inspect::{parse_inspect, parse_inspect_slice, Inspected};
 
 /// Why an inspect document could not be read.

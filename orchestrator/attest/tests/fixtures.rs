@@ -1,12 +1,13 @@
 //! Attestation of inspect documents recorded from a real engine (Docker
-//! 20.10, `tests/fixtures/*.json`, see `tests/fixtures/README.md`), and of
-//! JSON mutations of the hardened one for the breakages not recorded.
+//! 20.10, `tests/fixtures/*.json`, see `tests/fixtures/README.md`) with
+//! host observations (accounts, a recorded mount table line), and of
+//! mutations of the hardened ones for the breakages not recorded.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use orchestrator_attest::{
-    attest, parse_inspect, parse_inspect_slice, Attestation, Expectations, MountExpectation,
-    PROPERTY_NAMES,
+    attest, mount_of, parse_inspect, parse_inspect_slice, seccomp_profile_digest, Attestation,
+    Expectations, HostAccounts, HostObserved, MountExpectation, PROPERTY_NAMES,
 };
 use serde_json::{json, Value};
 
@@ -21,6 +22,36 @@ fn fixture_text(name: &str) -> String {
 
 fn fixture(name: &str) -> Value {
     serde_json::from_str(&fixture_text(name)).expect("fixture is json")
+}
+
+/// nightshift's own profile, which the hardened fixtures were created with.
+fn profile_digest() -> String {
+    let path = format!("{}/../src/seccomp.json", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    seccomp_profile_digest(&text).expect("the profile is json")
+}
+
+const PASSWD: &str =
+    "root:x:0:0:root:/root:/bin/bash\nalice:x:1000:1000:Alice,,,:/home/alice:/bin/bash\n";
+const GROUP: &str = "root:x:0:\nalice:x:1000:\n";
+const SUBUID: &str = "alice:100000:65536\n";
+
+/// A host with one person (alice, 1000) and the worktree on the mount
+/// recorded in `mountinfo-<mounts>.txt`.
+fn host_with(mounts: &str) -> HostObserved {
+    let path = format!(
+        "{}/tests/fixtures/mountinfo-{mounts}.txt",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let info = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+    HostObserved {
+        accounts: HostAccounts::parse(PASSWD, GROUP, SUBUID, SUBUID),
+        worktree_mount: mount_of(&info, WORKTREE),
+    }
+}
+
+fn host() -> HostObserved {
+    host_with("protected")
 }
 
 fn expectations() -> Expectations {
@@ -41,6 +72,9 @@ fn expectations() -> Expectations {
         max_memory_bytes: 536_870_912,
         max_pids: 256,
         allowed_tmpfs: BTreeSet::from(["/tmp".into(), "/home/agent".into()]),
+        seccomp_profile_digest: profile_digest(),
+        max_shm_bytes: 8_388_608,
+        max_file_bytes: 1_073_741_824,
     }
 }
 
@@ -56,7 +90,7 @@ fn with_door() -> Expectations {
 
 fn verdict_with(doc: &Value, expect: &Expectations) -> Attestation {
     let inspected = parse_inspect(doc).expect("document parses");
-    attest(&inspected, expect)
+    attest(&inspected, &host(), expect)
 }
 
 fn verdict(doc: &Value) -> Attestation {
@@ -145,17 +179,24 @@ fn recorded_bridge_network_fails_network_none() {
 #[test]
 fn recorded_added_capability_fails_capabilities_dropped() {
     let att = verdict(&fixture("cap-add-net-admin"));
-    assert_fails_exactly(&att, &["capabilities-dropped"], "add=[CAP_NET_ADMIN]");
+    assert_fails_exactly(&att, &["capabilities-dropped"], "add=[NET_ADMIN]");
 }
 
 #[test]
 fn recorded_privileged_fails_privileged_and_what_the_engine_unmasks_with_it() {
     // The engine itself adds `label=disable` and drops the masked /proc
     // paths for a privileged container; the verdict must see all three.
+    // nightshift sends its masked paths and its seccomp profile, and the
+    // engine still reports them, but applies neither to a privileged container.
     let att = verdict(&fixture("privileged"));
     assert_fails_exactly(
         &att,
-        &["not-privileged", "lsm-confined", "proc-masked"],
+        &[
+            "not-privileged",
+            "lsm-confined",
+            "proc-masked",
+            "seccomp-profile",
+        ],
         "privileged=true",
     );
     assert!(att
@@ -167,7 +208,85 @@ fn recorded_privileged_fails_privileged_and_what_the_engine_unmasks_with_it() {
         .property("proc-masked")
         .unwrap()
         .observed
-        .contains("/proc/kcore"));
+        .contains("privileged (the engine masks nothing)"));
+}
+
+#[test]
+fn recorded_host_account_user_fails_user_no_host_account() {
+    let att = verdict(&fixture("user-host-account"));
+    assert_fails_exactly(
+        &att,
+        &["user-no-host-account"],
+        "uid 1000 is the host user \"alice\"",
+    );
+    assert!(att
+        .property("user-no-host-account")
+        .unwrap()
+        .observed
+        .contains("gid 1000 is the host group \"alice\""));
+}
+
+#[test]
+fn a_sandbox_id_in_a_delegated_range_fails_user_no_host_account() {
+    let mut doc = fixture("hardened");
+    set(&mut doc, "/Config/User", json!("165535:2000000000"));
+    assert_fails_exactly(&verdict(&doc), &["user-no-host-account"], "/etc/subuid");
+}
+
+#[test]
+fn recorded_plain_worktree_mount_fails_workspace_nosuid_nodev() {
+    let inspected = parse_inspect(&fixture("hardened")).unwrap();
+    let att = attest(&inspected, &host_with("plain"), &expectations());
+    assert_fails_exactly(&att, &["workspace-nosuid-nodev"], "/ rw,relatime");
+    let unread = HostObserved {
+        worktree_mount: None,
+        ..host()
+    };
+    let att = attest(&inspected, &unread, &expectations());
+    assert_fails_exactly(&att, &["workspace-nosuid-nodev"], "no host mount found");
+}
+
+#[test]
+fn recorded_engine_default_seccomp_fails_seccomp_profile() {
+    let att = verdict(&fixture("seccomp-default"));
+    assert_fails_exactly(&att, &["seccomp-profile"], "the engine's default profile");
+}
+
+#[test]
+fn recorded_other_profile_fails_seccomp_profile_by_digest() {
+    let att = verdict(&fixture("seccomp-other"));
+    assert_fails_exactly(&att, &["seccomp-profile"], "profiles=[sha256:");
+    assert!(!att
+        .property("seccomp-profile")
+        .unwrap()
+        .observed
+        .contains(&profile_digest()[..16]));
+}
+
+#[test]
+fn recorded_engine_default_shm_fails_shm_bounded() {
+    let att = verdict(&fixture("shm-default"));
+    assert_fails_exactly(&att, &["shm-bounded"], "shm-size=67108864");
+}
+
+#[test]
+fn recorded_engine_default_ulimits_fail_ulimits_bounded() {
+    let att = verdict(&fixture("ulimits-default"));
+    assert_fails_exactly(
+        &att,
+        &["ulimits-bounded"],
+        "core=unset fsize=unset nproc=unset",
+    );
+}
+
+#[test]
+fn recorded_engine_default_masked_paths_fail_proc_masked() {
+    let att = verdict(&fixture("masked-default"));
+    assert_fails_exactly(
+        &att,
+        &["proc-masked"],
+        "/proc/config.gz,/proc/cmdline,/sys/kernel/vmcoreinfo",
+    );
 }
 
 #[test]
@@ -281,7 +400,7 @@ const BREAKAGES: &[(&str, Mutation, &str)] = &[
     (
         "network-none",
         |d| set(d, "/NetworkSettings/Networks/bridge", json!({})),
-        "networks=[bridge,none]",
+        "networks=[bridge]",
     ),
     (
         "network-none",
@@ -329,7 +448,10 @@ const BREAKAGES: &[(&str, Mutation, &str)] = &[
     // no-new-privileges
     (
         "no-new-privileges",
-        |d| set(d, "/HostConfig/SecurityOpt", Value::Null),
+        |d| {
+            let opts = d["HostConfig"]["SecurityOpt"].as_array_mut().unwrap();
+            opts.remove(0);
+        },
         "security-opt=[]",
     ),
     (
@@ -378,13 +500,13 @@ const BREAKAGES: &[(&str, Mutation, &str)] = &[
     ),
     (
         "non-root-user",
-        |d| set(d, "/Config/User", json!("1000")),
-        "user=\"1000\"",
+        |d| set(d, "/Config/User", json!("2000000000")),
+        "user=\"2000000000\"",
     ),
     (
         "non-root-user",
-        |d| set(d, "/Config/User", json!("1000:0")),
-        "user=\"1000:0\"",
+        |d| set(d, "/Config/User", json!("2000000000:0")),
+        "user=\"2000000000:0\"",
     ),
     (
         "non-root-user",
@@ -726,6 +848,92 @@ const BREAKAGES: &[(&str, Mutation, &str)] = &[
         },
         "systempaths=unconfined",
     ),
+    // user-no-host-account
+    (
+        "user-no-host-account",
+        |d| set(d, "/Config/User", json!("2000000000:1000")),
+        "gid 1000 is the host group \"alice\"",
+    ),
+    // seccomp-profile
+    (
+        "seccomp-profile",
+        |d| set(d, "/HostConfig/SecurityOpt/1", json!("seccomp={not json")),
+        "profiles=[unreadable]",
+    ),
+    (
+        "seccomp-profile",
+        |d| {
+            push(
+                d,
+                "/HostConfig/SecurityOpt",
+                json!("seccomp={\"defaultAction\":\"SCMP_ACT_ALLOW\"}"),
+            )
+        },
+        "profiles=[sha256:",
+    ),
+    // shm-bounded
+    (
+        "shm-bounded",
+        |d| set(d, "/HostConfig/ShmSize", json!(8_388_609)),
+        "shm-size=8388609",
+    ),
+    (
+        "shm-bounded",
+        |d| set(d, "/HostConfig/ShmSize", json!(0)),
+        "shm-size=0",
+    ),
+    (
+        "shm-bounded",
+        |d| remove(d, "/HostConfig/ShmSize"),
+        "shm-size=absent",
+    ),
+    // ulimits-bounded
+    (
+        "ulimits-bounded",
+        |d| set(d, "/HostConfig/Ulimits/1/Hard", json!(-1)),
+        "core=0/-1",
+    ),
+    (
+        "ulimits-bounded",
+        |d| {
+            set(d, "/HostConfig/Ulimits/2/Hard", json!(1_073_741_825_i64));
+            set(d, "/HostConfig/Ulimits/2/Soft", json!(1_073_741_825_i64))
+        },
+        "fsize=1073741825/1073741825",
+    ),
+    (
+        "ulimits-bounded",
+        |d| set(d, "/HostConfig/Ulimits/3/Hard", json!(-1)),
+        "nproc=256/-1",
+    ),
+    (
+        "ulimits-bounded",
+        |d| set(d, "/HostConfig/Ulimits/3/Soft", json!(257)),
+        "nproc=257/256",
+    ),
+    (
+        "ulimits-bounded",
+        |d| {
+            push(
+                d,
+                "/HostConfig/Ulimits",
+                json!({"Name": "core", "Soft": -1, "Hard": -1}),
+            )
+        },
+        "core=-1/-1",
+    ),
+    // proc-masked (nightshift's own additions)
+    (
+        "proc-masked",
+        |d| {
+            let masked = d.pointer_mut("/HostConfig/MaskedPaths").unwrap();
+            masked
+                .as_array_mut()
+                .unwrap()
+                .retain(|p| p != "/proc/cmdline");
+        },
+        "not masked: [/proc/cmdline]",
+    ),
     // no-restart
     (
         "no-restart",
@@ -780,6 +988,7 @@ fn every_property_is_broken_by_some_breakage() {
         "non-root-user",
         "read-only-root",
         "env-allowlisted",
+        "workspace-nosuid-nodev",
     ];
     let covered: BTreeSet<&str> = BREAKAGES
         .iter()
@@ -793,25 +1002,25 @@ fn every_property_is_broken_by_some_breakage() {
 /// Spellings and settings that keep Tier 0 and must not be refused.
 const ACCEPTED: &[Mutation] = &[
     |d| set(d, "/HostConfig/CapDrop", json!(["all"])),
+    |d| set(d, "/HostConfig/SecurityOpt/0", json!("no-new-privileges")),
     |d| {
         set(
             d,
-            "/HostConfig/SecurityOpt",
-            json!(["no-new-privileges:true"]),
+            "/HostConfig/SecurityOpt/0",
+            json!("no-new-privileges=true"),
         )
     },
+    // The same profile spaced differently has the same digest.
     |d| {
+        let opt = d["HostConfig"]["SecurityOpt"][1]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let json: Value = serde_json::from_str(&opt["seccomp=".len()..]).unwrap();
         set(
             d,
-            "/HostConfig/SecurityOpt",
-            json!(["no-new-privileges=true"]),
-        )
-    },
-    |d| {
-        push(
-            d,
-            "/HostConfig/SecurityOpt",
-            json!("seccomp={\"defaultAction\":\"SCMP_ACT_ERRNO\"}"),
+            "/HostConfig/SecurityOpt/1",
+            json!(format!("seccomp={json}")),
         )
     },
     |d| {
@@ -913,7 +1122,7 @@ fn hardened_without_null_fields_still_passes() {
     }
     let mut doc = fixture("hardened");
     strip_nulls(&mut doc);
-    assert!(doc["HostConfig"].get("CapAdd").is_none());
+    assert!(doc["HostConfig"].get("Binds").is_none());
     assert!(verdict(&doc).passed());
 }
 
@@ -1001,6 +1210,9 @@ fn a_nearly_empty_document_fails_closed() {
         "log-bounded",
         "labelled",
         "proc-masked",
+        "seccomp-profile",
+        "shm-bounded",
+        "ulimits-bounded",
     ] {
         assert!(failed.contains(name), "{name} passed on an empty document");
     }

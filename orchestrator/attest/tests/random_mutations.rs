@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use orchestrator_attest::{attest, parse_inspect, Expectations, PROPERTY_NAMES};
+use orchestrator_attest::{attest, parse_inspect, Expectations, HostObserved, PROPERTY_NAMES};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -33,6 +33,9 @@ fn expectations() -> Expectations {
         max_memory_bytes: 536_870_912,
         max_pids: 256,
         allowed_tmpfs: BTreeSet::from(["/tmp".into(), "/home/agent".into()]),
+        seccomp_profile_digest: String::new(),
+        max_shm_bytes: 8_388_608,
+        max_file_bytes: 1_073_741_824,
     }
 }
 
@@ -101,7 +104,7 @@ proptest! {
             }
         }
         if let Ok(inspected) = parse_inspect(&doc) {
-            let att = attest(&inspected, &expectations());
+            let att = attest(&inspected, &HostObserved::default(), &expectations());
             let names: Vec<&str> = att.properties.iter().map(|p| p.name).collect();
             prop_assert_eq!(names, PROPERTY_NAMES);
             if let Err(refused) = att.ensure_passed() {
@@ -126,7 +129,7 @@ proptest! {
             .as_array_mut()
             .unwrap()
             .push(json!(format!("{key}={secret}")));
-        let att = attest(&parse_inspect(&doc).unwrap(), &expectations());
+        let att = attest(&parse_inspect(&doc).unwrap(), &HostObserved::default(), &expectations());
         let audit = serde_json::to_string(&att).unwrap();
         prop_assert!(!att.passed());
         prop_assert!(!audit.contains(&secret));
