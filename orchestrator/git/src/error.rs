@@ -64,6 +64,14 @@ pub enum GitError {
         kind: &'static str,
         why: &'static str,
     },
+    #[error("reading tree {tree}: refused entry \"{name}\": {why}")]
+    InvalidTreeEntry {
+        /// The tree's 40-hex id.
+        tree: String,
+        /// The entry's name, non-printable bytes escaped.
+        name: String,
+        why: &'static str,
+    },
     #[error("importing run objects: more than {limit} new objects (max_objects)")]
     TooManyObjects { limit: u64 },
     #[error("importing object {id}: {size} bytes, over the {limit}-byte limit (max_file_bytes)")]

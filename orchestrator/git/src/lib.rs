@@ -13,6 +13,12 @@
 //!   hostile: it is never opened as a repository, no hook, config, attribute,
 //!   filter or submodule entry of it is read or run, and no symlink in it is
 //!   followed;
+//! - no tree git would refuse (an entry `..`, a name holding `/`, `.git` or
+//!   an alias of it, a name given twice) enters the host from a worktree, and
+//!   none is ever checked out: every write of a checkout goes through
+//!   directory handles that never follow a symlink ([`tree_names`],
+//!   [`checkout`]);
+//! - a worktree holds only the objects reachable from its base commit;
 //! - the host repository only ever gains objects and refs under
 //!   `refs/nightshift/runs/`; its HEAD, branches, config and working tree are
 //!   never touched.
@@ -24,7 +30,9 @@ mod checkout;
 mod error;
 mod fsx;
 mod import;
+mod reachable;
 mod run_id;
+mod tree_names;
 mod worktree;
 
 pub use base::{resolve_base, Base};

@@ -151,8 +151,10 @@ pub enum HistoryDropped {
     BadTip,
     /// The worktree's object store could not be read.
     Unreadable,
-    /// Anything else about the worktree's objects that the import refused
-    /// (for example a tree holding a name git refuses).
+    /// A tree holds an entry git refuses (`..`, `.git`, a `/`, a name given
+    /// twice, ...): the commit could make a checkout write outside itself.
+    InvalidTreeEntry { tree: String },
+    /// Anything else about the worktree's objects that the import refused.
     Refused,
 }
 
@@ -168,6 +170,7 @@ impl HistoryDropped {
             HistoryDropped::HostileGitDir => "hostile_git_dir",
             HistoryDropped::BadTip => "bad_tip",
             HistoryDropped::Unreadable => "unreadable",
+            HistoryDropped::InvalidTreeEntry { .. } => "invalid_tree_entry",
             HistoryDropped::Refused => "refused",
         }
     }
@@ -177,7 +180,8 @@ impl HistoryDropped {
         match self {
             HistoryDropped::ObjectTooLarge { object, .. }
             | HistoryDropped::MissingObject { object }
-            | HistoryDropped::MalformedObject { object } => Some(object),
+            | HistoryDropped::MalformedObject { object }
+            | HistoryDropped::InvalidTreeEntry { tree: object } => Some(object),
             _ => None,
         }
     }
@@ -217,6 +221,9 @@ impl HistoryDropped {
                 object: expected.clone(),
             },
             GitError::HostileWorktree { .. } => HistoryDropped::HostileGitDir,
+            GitError::InvalidTreeEntry { tree, .. } => {
+                HistoryDropped::InvalidTreeEntry { tree: tree.clone() }
+            }
             GitError::BadRef { .. } => HistoryDropped::BadTip,
             GitError::Io { .. } => HistoryDropped::Unreadable,
             // libgit2 failing is taken as the host's trouble (a write into
@@ -253,6 +260,10 @@ impl std::fmt::Display for HistoryDropped {
             }
             HistoryDropped::BadTip => write!(f, "the agent's branch names no commit"),
             HistoryDropped::Unreadable => write!(f, "the worktree's objects could not be read"),
+            HistoryDropped::InvalidTreeEntry { tree } => write!(
+                f,
+                "tree {tree} holds an entry name git refuses (it could write outside a checkout)"
+            ),
             HistoryDropped::Refused => write!(f, "the worktree's objects were refused"),
         }
     }
