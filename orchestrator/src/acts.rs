@@ -227,6 +227,32 @@ pub fn handle(store: &mut Store, door: &RunDoor, req: Request) -> Response {
     }
 }
 
+/// The arguments the policy sees: every field the door schema
+/// (`policies::doors::DOORS`) names for the request's door, and no content.
+/// `pr_commit` is the commit a pull request's head branch holds, when known.
+pub fn policy_args(req: &Request, pr_commit: Option<&str>) -> serde_json::Value {
+    match req {
+        Request::Push {
+            remote,
+            dst_ref,
+            claimed_commit,
+        } => json!({
+            "remote": remote,
+            "ref": dst_ref,
+            "commit": claimed_commit,
+            // The door's protocol carries neither yet: a push request never
+            // forces or deletes.
+            "force": false,
+            "delete": false,
+        }),
+        Request::PullRequest {
+            remote, base, head, ..
+        } => json!({"remote": remote, "base": base, "head": head, "commit": pr_commit}),
+        Request::Notify { destination, .. } => json!({"destination": destination}),
+        Request::Ask { .. } => json!({}),
+    }
+}
+
 /// What the gate saw of a request, for its audit entry.
 #[derive(Debug, Default)]
 struct Seen {
@@ -291,16 +317,20 @@ fn decide(store: &mut Store, door: &RunDoor, req: &Request, seen: &mut Seen) -> 
         }
     }
     // The policy, on the request's routing (content is never matched on).
-    let args = match req {
-        Request::Push {
-            remote, dst_ref, ..
-        } => json!({"remote": remote, "ref": dst_ref}),
-        Request::PullRequest {
-            remote, base, head, ..
-        } => json!({"remote": remote, "base": base, "head": head}),
-        Request::Notify { destination, .. } => json!({"destination": destination}),
-        Request::Ask { .. } => json!({}),
+    let pr_commit = match req {
+        Request::PullRequest { head, .. } => {
+            match orchestrator_git::worktree_branch(&door.worktree, head) {
+                Ok(commit) => commit,
+                Err(e) => {
+                    return Response::Error {
+                        reason: format!("reading branch {head} of the run: {e}"),
+                    }
+                }
+            }
+        }
+        _ => None,
     };
+    let args = policy_args(req, pr_commit.as_deref());
     let actor = format!("run-{}", door.run);
     let decision = policies::evaluate(
         &rules,
@@ -608,7 +638,15 @@ pub fn reject(store: &mut Store, id: &str, why: &str, key: Option<&Path>) -> Res
 pub fn act_policy_request(act: &Act) -> policies::Request {
     let args = match (&act.routing.target, &act.content) {
         (Target::Push { target_ref, .. }, Content::Commit { commit }) => {
-            json!({"remote": act.routing.destination, "ref": target_ref, "commit": commit})
+            // The fields of `policy_args` (the door schema), so that the
+            // rules decide the act now as they did when it was queued.
+            json!({
+                "remote": act.routing.destination,
+                "ref": target_ref,
+                "commit": commit,
+                "force": false,
+                "delete": false,
+            })
         }
         (Target::PullRequest { base_ref, head_ref }, Content::PullRequest { head_commit, .. }) => {
             json!({
@@ -1444,5 +1482,50 @@ mod label_tests {
         let public = run_content_label(Confidentiality::Public);
         let verdict = route_and_label(&dest, &push, public).unwrap();
         assert_eq!(verdict.verdict, policies::Verdict::Ask);
+    }
+}
+
+#[cfg(test)]
+mod policy_args_tests {
+    use super::*;
+
+    /// One request of each door.
+    fn every_request() -> Vec<Request> {
+        vec![
+            Request::Push {
+                remote: "origin".into(),
+                dst_ref: "refs/heads/main".into(),
+                claimed_commit: "a".repeat(40),
+            },
+            Request::PullRequest {
+                remote: "origin".into(),
+                base: "refs/heads/main".into(),
+                head: "refs/heads/x".into(),
+                title: "t".into(),
+                body: "b".into(),
+            },
+            Request::Notify {
+                destination: "team".into(),
+                body: "b".into(),
+            },
+            Request::Ask { body: "b".into() },
+        ]
+    }
+
+    #[test]
+    fn the_policy_sees_exactly_the_fields_the_door_schema_names() {
+        for req in every_request() {
+            let schema = policies::doors::door(req.door())
+                .unwrap_or_else(|| panic!("door {} is not in the schema", req.door()));
+            let args = policy_args(&req, Some(&"b".repeat(40)));
+            let mut keys: Vec<&str> = args
+                .as_object()
+                .map(|m| m.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            let mut want = schema.fields.to_vec();
+            keys.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(keys, want, "door {}", req.door());
+        }
     }
 }

@@ -981,9 +981,13 @@ fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
 
 fn verify_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
     let store = open_store(root)?;
-    let entries = store.entries().map_err(store_err)?;
-    let checkpoints = store.checkpoints().map_err(store_err)?;
-    match orchestrator_audit::verify(store.log(), &entries, &checkpoints) {
+    let snap = store.audit_snapshot().map_err(store_err)?;
+    match orchestrator_audit::verify_with_head(
+        store.log(),
+        &snap.entries,
+        &snap.checkpoints,
+        snap.head.as_ref(),
+    ) {
         Ok(v) => {
             if json {
                 outln!(
@@ -1307,11 +1311,13 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             }
             for r in &active {
                 let v = serde_json::to_value(r).unwrap_or_default();
+                let named = |k: &str| v.get(k).map(|d| format!("{k}={d} ")).unwrap_or_default();
                 outln!(
-                    "{:<7} {:<32} doors={} subject={}  {}",
+                    "{:<7} {:<32} {}{}subject={}  {}",
                     terminal::line(v["effect"].as_str().unwrap_or("?")),
                     terminal::line(v["id"].as_str().unwrap_or("?")),
-                    terminal::line(&v["doors"].to_string()),
+                    terminal::line(&named("doors")),
+                    terminal::line(&named("tools")),
                     terminal::line(v["subject"].as_str().unwrap_or("?")),
                     terminal::line(v["reason"].as_str().unwrap_or(""))
                 );
