@@ -336,8 +336,8 @@ fn agent_reason(commit: &str, e: &orchestrator_git::GitError) -> String {
         E::NotConnected { missing, .. } => format!(
             "commit {commit} is not connected: object {missing} is neither in the pack sent nor in the repository the run started from"
         ),
-        E::BadPack { .. } => {
-            format!("the pack sent for commit {commit} is not a valid git pack: {e}")
+        E::BadPack { why } => {
+            format!("the pack sent for commit {commit} is not a valid git pack: {why}")
         }
         E::MissingObject { .. }
         | E::MalformedObject { .. }

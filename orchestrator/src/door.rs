@@ -67,6 +67,8 @@ pub fn clients_dir() -> Option<PathBuf> {
 #[derive(Debug)]
 pub struct DoorHandle {
     pub dir: PathBuf,
+    /// `STATE/scratch/<run>`: where this door's packs are received.
+    scratch: PathBuf,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -74,6 +76,7 @@ impl DoorHandle {
     pub fn close(self) {
         self.task.abort();
         let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.scratch);
     }
 }
 
@@ -101,6 +104,7 @@ pub fn open(paths: &StatePaths, door: RunDoor) -> std::io::Result<DoorHandle> {
     let limit = Arc::new(tokio::sync::Semaphore::new(CONCURRENT));
     let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let packed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let scratch = paths.root.join("scratch").join(&door.run);
     let paths = paths.clone();
     let door = Arc::new(door);
     let task = tokio::spawn(async move {
@@ -124,7 +128,7 @@ pub fn open(paths: &StatePaths, door: RunDoor) -> std::io::Result<DoorHandle> {
             });
         }
     });
-    Ok(DoorHandle { dir, task })
+    Ok(DoorHandle { dir, scratch, task })
 }
 
 /// Past the request cap: refused without reading, the first time audited.
@@ -397,4 +401,40 @@ pub fn configure_worktree(worktree: &Path) -> std::io::Result<()> {
         config,
         "[remote \"origin\"]\n\turl = nightshift::origin\n\tpushurl = nightshift::origin\n"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_scrubbed_of_host_paths() {
+        let state = tempfile::tempdir().unwrap();
+        let repo = tempfile::tempdir().unwrap();
+        let s = state.path().display().to_string();
+        let r = repo.path().display().to_string();
+        let replies = [
+            Response::Error {
+                reason: format!("reading worktree {s}/worktrees/x/.git/objects: refused"),
+            },
+            Response::Refused {
+                rule: "nightshift:policy".into(),
+                reason: format!("the policy could not be read: {s}/rules/a.toml: line 1"),
+            },
+            Response::Error {
+                reason: format!("opening {r} as a git repository and {r}/.git"),
+            },
+            Response::Done {
+                detail: format!("{s}"),
+            },
+        ];
+        for reply in replies {
+            let line = without_host_paths(&reply, &[state.path(), repo.path()]).line();
+            assert!(!line.contains(&s) && !line.contains(&r), "{line}");
+            assert!(line.contains(HIDDEN_PATH), "{line}");
+        }
+        // A reply without paths is left as it is.
+        let plain = Response::Queued { act: "a1".into() };
+        assert_eq!(without_host_paths(&plain, &[state.path()]), plain);
+    }
 }
