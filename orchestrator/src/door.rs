@@ -424,9 +424,7 @@ mod tests {
             Response::Error {
                 reason: format!("opening {r} as a git repository and {r}/.git"),
             },
-            Response::Done {
-                detail: format!("{s}"),
-            },
+            Response::Done { detail: s.clone() },
         ];
         for reply in replies {
             let line = without_host_paths(&reply, &[state.path(), repo.path()]).line();
