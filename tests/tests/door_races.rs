@@ -81,6 +81,9 @@ def xchg(a, b):
     return libc.syscall(316, -100, a.encode(), -100, b.encode(), 2) == 0
 mode = sys.argv[1]
 n = 0
+# Times a path had to be put back because something other than this script
+# removed it while the agent ran: the host must never delete in a live tree.
+repairs = 0
 if mode == "dir":
     # A real directory and a symlink to a host directory, exchanged.
     real, link, target = sys.argv[2:5]
@@ -92,6 +95,7 @@ if mode == "dir":
     repair()
     while not os.path.exists("/tmp/stop"):
         if not xchg(real, link):
+            repairs += 1
             repair()
         n += 1
     if os.path.islink(real):
@@ -114,6 +118,7 @@ elif mode == "object":
         for other in (fifo, big):
             ok = xchg(obj, other) and xchg(obj, other)
             if not ok:
+                repairs += 1
                 ensure()
         n += 1
         if n == 10:
@@ -130,6 +135,7 @@ elif mode == "file":
             pass
         n += 1
 print("swaps=%d" % n, flush=True)
+print("repairs=%d" % repairs, flush=True)
 "#;
 
 struct Night {
@@ -338,6 +344,17 @@ nightshift-act push origin HEAD:agent/after; echo "after=$?"
     assert!(n.state.verify().status.success());
 }
 
+/// Nothing the agent's racing script kept in its tree was removed by
+/// anyone else while it ran (the host never deletes in a live worktree).
+fn assert_nothing_repaired(log: &str) {
+    let repairs = lines(log, "repairs");
+    assert!(!repairs.is_empty(), "{log}");
+    assert!(
+        repairs.iter().all(|r| *r == "0"),
+        "something deleted files in the live worktree: {log}"
+    );
+}
+
 /// Every entry below `dir` with its kind and size, never following links.
 fn tree_of(dir: &Path) -> Vec<(String, String, u64)> {
     use std::os::unix::fs::FileTypeExt;
@@ -393,7 +410,9 @@ fn a_fifo_or_a_sparse_10gb_file_for_a_loose_object_neither_blocks_nor_bloats_the
         &n,
         r#"base=${NIGHTSHIFT_BASE_COMMIT:-$(git rev-list --max-parents=0 HEAD)}
 for i in $(seq 1 15); do
-  # A new blob each time, so that the host never holds it already.
+  # A new blob each time, on the base, so that the host never holds it
+  # already and no earlier attempt's trouble carries over.
+  git checkout -q -B "it$i" "$base"
   head -c 100000 /dev/urandom | base64 > data.txt && git add data.txt && git commit -qm "data $i"
   c=$(git rev-parse HEAD)
   printf '%s\n^%s\n' "$c" "$base" | git pack-objects --stdout --revs -q > /tmp/pack
@@ -401,7 +420,7 @@ for i in $(seq 1 15); do
   obj=.git/objects/${blob:0:2}/${blob:2}
   cp "$obj" .git/ns-backup
   rm -f /tmp/stop /tmp/swapping
-  python3 /tmp/swap.py object "$obj" .git/ns-fifo .git/ns-big .git/ns-backup > /dev/null &
+  python3 /tmp/swap.py object "$obj" .git/ns-fifo .git/ns-big .git/ns-backup | grep repairs= &
   # The requests start once the swaps have.
   while [ ! -e /tmp/swapping ]; do sleep 0.01; done
   python3 - <<PY
@@ -454,6 +473,7 @@ rm -f release .git/ns-fifo .git/ns-big .git/ns-backup
         "the supervisor's peak resident memory was {peak} KiB: {log}"
     );
     assert_eq!(replies.len(), 60, "{log}");
+    assert_nothing_repaired(&log);
     eprintln!("supervisor peak resident memory: {peak} KiB");
     assert_no_host_paths(&n, &log);
 }
