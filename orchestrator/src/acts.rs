@@ -8,9 +8,17 @@
 //!   policy. Every verdict is an audit entry holding digests, never content.
 //! - Content agent-made is untrusted, so nothing is carried out without a
 //!   person: an allowing rule still queues the act.
-//! - What an act carries is bound when it is requested: a push's commit is
-//!   copied into the host repository under `refs/nightshift/acts/<id>`, a
+//! - What an act carries is bound when it is requested: a push's or pull
+//!   request's commit is the one the request names, taken from the pack the
+//!   agent sent with it (indexed in a scratch directory of the supervisor's,
+//!   hash-checked, required to be connected to what the host holds) and
+//!   copied into the host repository under `refs/nightshift/acts/<id>`; a
 //!   message's body is kept in the state store and bound by its digest.
+//! - Nothing here reads the run's worktree: while the sandbox runs, its
+//!   tree is never opened, listed or deleted from by path. A deletion (the
+//!   all-zero commit) reads nothing at all; after the policy it is refused
+//!   (`nightshift:delete`), since no executor carries deletions out yet.
+//! - Replies are phrased for the agent and name no host path.
 //! - Every queue transition is written with its audit entry in one
 //!   transaction, conditioned on the state it moves from; an approved act is
 //!   re-checked under the executor lock immediately before it is carried
@@ -77,7 +85,6 @@ pub struct RunDoor {
     pub run: String,
     pub repo: PathBuf,
     pub base_commit: String,
-    pub worktree: PathBuf,
     /// The label of everything this run's agent produces (see
     /// [`run_content_label`]).
     pub content: policies::Label,
@@ -94,6 +101,15 @@ pub fn run_content_label(repo: policies::Confidentiality) -> policies::Label {
     let task = Label::new(Integrity::Trusted, Confidentiality::Public);
     let agent = Label::new(Integrity::Untrusted, Confidentiality::Public);
     repository.join(task).join(agent)
+}
+
+/// What arrived with a request that carries objects: a scratch directory
+/// the supervisor owns (removed by the door once the request is answered)
+/// and the pack in it, if one was sent.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub dir: PathBuf,
+    pub pack: Option<PathBuf>,
 }
 
 fn refused(rule: &str, reason: impl Into<String>) -> Response {
@@ -190,13 +206,18 @@ pub fn label_text(label: policies::Label) -> String {
 }
 
 /// Decides one door request and, when a person must decide, queues it.
-pub fn handle(store: &mut Store, door: &RunDoor, req: Request) -> Response {
+pub fn handle(
+    store: &mut Store,
+    door: &RunDoor,
+    req: Request,
+    received: Option<&Received>,
+) -> Response {
     let req_digest = request_digest(&req);
     let bytes = serde_json::to_vec(&req)
         .map(|v| v.len() as u64)
         .unwrap_or(0);
     let mut seen = Seen::default();
-    let answer = decide(store, door, &req, &mut seen);
+    let answer = decide(store, door, &req, received, &mut seen);
     let (verdict, rule, act) = match &answer {
         Response::Refused { rule, .. } => ("refused", Some(rule.clone()), None),
         Response::Queued { act } => ("queued", seen.deciding_rule.clone(), Some(act.clone())),
@@ -229,25 +250,29 @@ pub fn handle(store: &mut Store, door: &RunDoor, req: Request) -> Response {
 
 /// The arguments the policy sees: every field the door schema
 /// (`policies::doors::DOORS`) names for the request's door, and no content.
-/// `pr_commit` is the commit a pull request's head branch holds, when known.
-pub fn policy_args(req: &Request, pr_commit: Option<&str>) -> serde_json::Value {
+pub fn policy_args(req: &Request) -> serde_json::Value {
     match req {
         Request::Push {
             remote,
             dst_ref,
             claimed_commit,
+            force,
+            delete,
+            ..
         } => json!({
             "remote": remote,
             "ref": dst_ref,
             "commit": claimed_commit,
-            // The door's protocol carries neither yet: a push request never
-            // forces or deletes.
-            "force": false,
-            "delete": false,
+            "force": force,
+            "delete": delete,
         }),
         Request::PullRequest {
-            remote, base, head, ..
-        } => json!({"remote": remote, "base": base, "head": head, "commit": pr_commit}),
+            remote,
+            base,
+            head,
+            head_commit,
+            ..
+        } => json!({"remote": remote, "base": base, "head": head, "commit": head_commit}),
         Request::Notify { destination, .. } => json!({"destination": destination}),
         Request::Ask { .. } => json!({}),
     }
@@ -262,7 +287,13 @@ struct Seen {
     deciding_rule: Option<String>,
 }
 
-fn decide(store: &mut Store, door: &RunDoor, req: &Request, seen: &mut Seen) -> Response {
+fn decide(
+    store: &mut Store,
+    door: &RunDoor,
+    req: &Request,
+    received: Option<&Received>,
+    seen: &mut Seen,
+) -> Response {
     if let Err(e) = req.validate() {
         return Response::Error {
             reason: e.to_string(),
@@ -290,9 +321,9 @@ fn decide(store: &mut Store, door: &RunDoor, req: &Request, seen: &mut Seen) -> 
                 format!("this run has requested {n} acts, the most one run may"),
             )
         }
-        Err(e) => {
+        Err(_) => {
             return Response::Error {
-                reason: e.to_string(),
+                reason: "the supervisor could not count this run's acts; try again later".into(),
             }
         }
         _ => {}
@@ -317,20 +348,7 @@ fn decide(store: &mut Store, door: &RunDoor, req: &Request, seen: &mut Seen) -> 
         }
     }
     // The policy, on the request's routing (content is never matched on).
-    let pr_commit = match req {
-        Request::PullRequest { head, .. } => {
-            match orchestrator_git::worktree_branch(&door.worktree, head) {
-                Ok(commit) => commit,
-                Err(e) => {
-                    return Response::Error {
-                        reason: format!("reading branch {head} of the run: {e}"),
-                    }
-                }
-            }
-        }
-        _ => None,
-    };
-    let args = policy_args(req, pr_commit.as_deref());
+    let args = policy_args(req);
     let actor = format!("run-{}", door.run);
     let decision = policies::evaluate(
         &rules,
@@ -348,10 +366,16 @@ fn decide(store: &mut Store, door: &RunDoor, req: &Request, seen: &mut Seen) -> 
         return refused(&decision.rule.to_string(), decision.reason);
     }
     seen.deciding_rule = Some(decision.rule.to_string());
+    if matches!(req, Request::Push { delete: true, .. }) {
+        return refused(
+            "nightshift:delete",
+            "deleting a remote branch is not carried out by nightshift yet; ask a person instead",
+        );
+    }
     // Allow or ask: agent-made content is untrusted (the label gate asks),
     // so a person decides.
     let id = format!("a{}", ulid::Ulid::new().to_string().to_lowercase());
-    let (door_kind, routing, content, body) = match bind(&dest, door, req, &id) {
+    let (door_kind, routing, content, body) = match bind(&dest, door, req, &id, received) {
         Ok(b) => b,
         Err(answer) => return answer,
     };
@@ -397,6 +421,57 @@ fn decide(store: &mut Store, door: &RunDoor, req: &Request, seen: &mut Seen) -> 
     }
 }
 
+/// Takes the commit a push or pull request names from the pack that came
+/// with it into the host, under `refs/nightshift/acts/<id>`.
+fn take_commit(
+    door: &RunDoor,
+    commit: &str,
+    id: &str,
+    received: Option<&Received>,
+) -> Result<orchestrator_git::Captured, Response> {
+    let Some(received) = received else {
+        return Err(Response::Error {
+            reason: "the request carried no objects; send it with the door's clients".into(),
+        });
+    };
+    orchestrator_git::receive_pack(&orchestrator_git::PackSpec {
+        host_repo: &door.repo,
+        scratch: &received.dir.join("odb"),
+        pack: received.pack.as_deref(),
+        base_commit: &door.base_commit,
+        commit,
+        dest_ref: &format!("refs/nightshift/acts/{id}"),
+        limits: orchestrator_git::ImportLimits::default(),
+    })
+    .map_err(|e| Response::Error {
+        reason: agent_reason(commit, &e),
+    })
+}
+
+/// Why a commit could not be taken, phrased for the agent: what it sent was
+/// wrong, or the supervisor's own trouble (never a host path or detail).
+fn agent_reason(commit: &str, e: &orchestrator_git::GitError) -> String {
+    use orchestrator_git::GitError as E;
+    match e {
+        E::NotConnected { missing, .. } => format!(
+            "commit {commit} is not connected: object {missing} is neither in the pack sent nor in the repository the run started from"
+        ),
+        E::BadPack { why } => {
+            format!("the pack sent for commit {commit} is not a valid git pack: {why}")
+        }
+        E::MissingObject { .. }
+        | E::MalformedObject { .. }
+        | E::TooManyObjects { .. }
+        | E::ObjectTooLarge { .. }
+        | E::TotalBytesExceeded { .. }
+        | E::ObjectIdMismatch { .. }
+        | E::InvalidCommitId { .. } => format!("commit {commit} was refused: {e}"),
+        _ => format!(
+            "the supervisor could not store commit {commit}; the act was not queued, try again later"
+        ),
+    }
+}
+
 /// Resolves what the act carries, on the supervisor's side.
 #[allow(clippy::type_complexity)]
 fn bind(
@@ -404,25 +479,17 @@ fn bind(
     door: &RunDoor,
     req: &Request,
     id: &str,
+    received: Option<&Received>,
 ) -> Result<(Door, Routing, Content, Option<Vec<u8>>), Response> {
     match req {
         Request::Push {
             remote,
             dst_ref,
             claimed_commit,
+            ..
         } => {
             // The objects are copied now: later changes in the sandbox cannot alter them.
-            let captured = orchestrator_git::capture_commit(
-                &door.repo,
-                &door.worktree,
-                &door.base_commit,
-                claimed_commit,
-                &format!("refs/nightshift/acts/{id}"),
-                &orchestrator_git::ImportLimits::default(),
-            )
-            .map_err(|e| Response::Error {
-                reason: format!("reading commit {claimed_commit} from the run: {e}"),
-            })?;
+            let captured = take_commit(door, claimed_commit, id, received)?;
             // The lease: what the remote ref holds now is what it must still
             // hold when the push is carried out.
             let config = dest.remotes.get(remote).ok_or_else(|| {
@@ -431,10 +498,13 @@ fn bind(
                     format!("{remote:?} is not a configured remote"),
                 )
             })?;
+            // The remote's url and its error stay on the supervisor's side.
             let expected_old =
-                orchestrator_executors::remote_ref(config, dst_ref).map_err(|e| {
+                orchestrator_executors::remote_ref(config, dst_ref).map_err(|_| {
                     Response::Error {
-                        reason: format!("reading {dst_ref} of {remote}: {}", e.audit_reason()),
+                        reason: format!(
+                            "the supervisor could not read {dst_ref} of remote {remote:?} to bind the push; try again later"
+                        ),
                     }
                 })?;
             Ok((
@@ -456,29 +526,14 @@ fn bind(
             remote,
             base,
             head,
+            head_commit,
             title,
             body,
+            ..
         } => {
-            // The head is the run's branch as it is now, read and copied by
-            // the supervisor: the pull request is bound to that commit.
-            let head_commit = orchestrator_git::worktree_branch(&door.worktree, head)
-                .map_err(|e| Response::Error {
-                    reason: format!("reading branch {head} of the run: {e}"),
-                })?
-                .ok_or_else(|| Response::Error {
-                    reason: format!("the run has no branch {head}"),
-                })?;
-            orchestrator_git::capture_commit(
-                &door.repo,
-                &door.worktree,
-                &door.base_commit,
-                &head_commit,
-                &format!("refs/nightshift/acts/{id}"),
-                &orchestrator_git::ImportLimits::default(),
-            )
-            .map_err(|e| Response::Error {
-                reason: format!("reading commit {head_commit} from the run: {e}"),
-            })?;
+            // The pull request is bound to the commit the agent's head held
+            // when it asked (resolved in the sandbox, sent with its objects).
+            let captured = take_commit(door, head_commit, id, received)?;
             let text =
                 serde_json::to_vec(&json!({"title": title, "body": body})).unwrap_or_default();
             Ok((
@@ -491,7 +546,7 @@ fn bind(
                     },
                 },
                 Content::PullRequest {
-                    head_commit,
+                    head_commit: captured.commit,
                     text_digest: digest(&text),
                 },
                 Some(text),
@@ -644,6 +699,9 @@ pub fn act_policy_request(act: &Act) -> policies::Request {
                 "remote": act.routing.destination,
                 "ref": target_ref,
                 "commit": commit,
+                // What will be carried out: the push executor never forces
+                // (fast-forward under the lease) and a deletion is never
+                // queued.
                 "force": false,
                 "delete": false,
             })
@@ -1472,6 +1530,9 @@ mod label_tests {
             remote: "origin".into(),
             dst_ref: "refs/heads/x".into(),
             claimed_commit: "a".repeat(40),
+            force: false,
+            delete: false,
+            pack_bytes: 0,
         };
         let private = run_content_label(Confidentiality::Private);
         let Err(Response::Refused { rule, reason }) = route_and_label(&dest, &push, private) else {
@@ -1496,11 +1557,16 @@ mod policy_args_tests {
                 remote: "origin".into(),
                 dst_ref: "refs/heads/main".into(),
                 claimed_commit: "a".repeat(40),
+                force: true,
+                delete: false,
+                pack_bytes: 0,
             },
             Request::PullRequest {
                 remote: "origin".into(),
                 base: "refs/heads/main".into(),
                 head: "refs/heads/x".into(),
+                head_commit: "b".repeat(40),
+                pack_bytes: 0,
                 title: "t".into(),
                 body: "b".into(),
             },
@@ -1517,7 +1583,7 @@ mod policy_args_tests {
         for req in every_request() {
             let schema = policies::doors::door(req.door())
                 .unwrap_or_else(|| panic!("door {} is not in the schema", req.door()));
-            let args = policy_args(&req, Some(&"b".repeat(40)));
+            let args = policy_args(&req);
             let mut keys: Vec<&str> = args
                 .as_object()
                 .map(|m| m.keys().map(String::as_str).collect())

@@ -344,7 +344,6 @@ async fn steps(
             run: id.clone(),
             repo: req.repo.clone(),
             base_commit: held.base_commit.clone().unwrap_or_default(),
-            worktree: dest.clone(),
             content: crate::acts::run_content_label(req.repo_confidentiality),
         },
     )
@@ -365,6 +364,7 @@ async fn steps(
     .with_user(sup.sandbox_user)
     .with_supervisor(&sup.identity)
     .with_door(door_dir)
+    .with_base_commit(held.base_commit.as_deref().unwrap_or_default())
     .with_cgroup_parent(sup.fleet.as_ref().map(FleetHandle::cgroup_parent));
     // Remember the name before the call: if creation half-succeeds, the
     // ending still finds and removes it by its label.

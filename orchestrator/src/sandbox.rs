@@ -172,6 +172,14 @@ impl SandboxSpec {
         self
     }
 
+    /// Tells the door clients the run's base commit: the packs they send
+    /// leave out what it reaches (the host already holds it).
+    pub fn with_base_commit(mut self, commit: &str) -> Self {
+        self.env
+            .insert("NIGHTSHIFT_BASE_COMMIT".to_string(), commit.to_string());
+        self
+    }
+
     pub fn with_cgroup_parent(mut self, parent: Option<String>) -> Self {
         self.cgroup_parent = parent;
         self

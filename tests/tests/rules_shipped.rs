@@ -169,10 +169,9 @@ nightshift-act ask --file q.txt; echo "ask=$?"
     assert!(ok.status.success(), "{}", stdout(&ok));
 }
 
-/// The door's push request carries no `force` or `delete` on main yet (the
-/// pack protocol adds them): un-ignore this when it does.
+/// The door's push request carries `force` (git's `+`) and `delete`
+/// (protocol 2): the locked rules on main decide them.
 #[test]
-#[ignore = "needs the push request's force and delete (door protocol v2)"]
 fn force_and_delete_of_main_are_refused_by_their_rules() {
     let n = night();
     let (run, log) = agent(

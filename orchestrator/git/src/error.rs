@@ -78,6 +78,10 @@ pub enum GitError {
     ObjectTooLarge { id: String, size: u64, limit: u64 },
     #[error("importing run objects: more than {limit} bytes of new objects (max_total_bytes)")]
     TotalBytesExceeded { limit: u64 },
+    #[error("taking the pack sent with the request: {why}")]
+    BadPack { why: String },
+    #[error("taking commit {commit}: it is not connected: object {missing} is neither in the pack nor in the repository")]
+    NotConnected { commit: String, missing: String },
     #[error("writing object {expected} into the host repository: it was stored as {written}")]
     ObjectIdMismatch { expected: String, written: String },
 }

@@ -6,7 +6,10 @@
 //!   file and no pointer with the host repository;
 //! - [`import_run`] brings the run's result back into the host repository as
 //!   `refs/nightshift/runs/<id>`, reading the worktree only as data;
-//! - [`remove_worktree`] throws the worktree away.
+//! - [`remove_worktree`] throws the worktree away;
+//! - [`receive_pack`] takes the commit of an act from the pack the agent sent
+//!   over the door, into the host under `refs/nightshift/acts/<id>`, without
+//!   ever reading the worktree while the sandbox can still change it.
 //!
 //! Invariants held across the crate:
 //! - the host repository is trusted; the worktree, once a sandbox has run in it, is
@@ -38,8 +41,8 @@ mod worktree;
 pub use base::{resolve_base, Base};
 pub use error::GitError;
 pub use import::{
-    capture_commit, diffstat_between, import_failure_kind, import_run, worktree_branch, Captured,
-    HistoryDropped, ImportLimits, ImportSpec, Imported, SkipReason, Skipped, TipSource,
+    diffstat_between, import_failure_kind, import_run, receive_pack, Captured, HistoryDropped,
+    ImportLimits, ImportSpec, Imported, PackSpec, SkipReason, Skipped, TipSource,
     MAX_SKIPPED_LISTED,
 };
 pub use run_id::{result_ref, run_branch, validate_run_id};
