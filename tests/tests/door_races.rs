@@ -159,7 +159,7 @@ fn setup() -> Night {
         state.path().join("destinations.toml"),
         format!(
             "[remotes.origin]\nurl = \"file://{}\"\nreaders = \"private\"\n\n\
-             [forges.forge]\napi = \"http://127.0.0.1:9\"\nrepo = \"o/n\"\ntoken_file = \"{}\"\nreaders = \"private\"\n",
+             [forges.forge]\napi = \"http://127.0.0.1:9\"\nrepo = \"o/n\"\nremote = \"origin\"\ntoken_file = \"{}\"\nreaders = \"private\"\n",
             bare.display(),
             token.display()
         ),
@@ -188,6 +188,10 @@ fn start_run(n: &Night, body: &str) -> Child {
             n.repo.path().to_str().unwrap(),
             "--image",
             &image(),
+            // Room for the 10 GB sparse file (the file-size limit and the
+            // worktree cap follow this cap).
+            "--max-worktree",
+            "16g",
             "--",
             "bash",
             "-c",
