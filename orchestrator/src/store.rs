@@ -87,9 +87,8 @@ const NEARLY_FULL: u64 = 256 * 1024;
 
 /// Whether the filesystem holding `path` has (nearly) no space left.
 pub fn disk_nearly_full(path: &Path) -> bool {
-    nix::sys::statvfs::statvfs(path).is_ok_and(|s| {
-        (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64) < NEARLY_FULL
-    })
+    nix::sys::statvfs::statvfs(path)
+        .is_ok_and(|s| s.blocks_available().saturating_mul(s.fragment_size()) < NEARLY_FULL)
 }
 
 fn is_disk_full(e: &rusqlite::Error) -> bool {
@@ -951,11 +950,7 @@ impl Store {
     /// one transaction: a run is never final without its `run_ended` entry,
     /// and never ended twice: `None` (nothing written) when the stored
     /// record is already final.
-    pub fn end_run(
-        &mut self,
-        run: &RunRecord,
-        event: &Event,
-    ) -> Result<Option<Entry>, StoreError> {
+    pub fn end_run(&mut self, run: &RunRecord, event: &Event) -> Result<Option<Entry>, StoreError> {
         let record = serde_json::to_string(run).map_err(|e| StoreError::BadEntry {
             seq: 0,
             message: e.to_string(),
@@ -965,9 +960,11 @@ impl Store {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql("locking a run's ending"))?;
         let stored: Option<String> = tx
-            .query_row("SELECT record FROM runs WHERE id = ?1", params![run.id], |r| {
-                r.get(0)
-            })
+            .query_row(
+                "SELECT record FROM runs WHERE id = ?1",
+                params![run.id],
+                |r| r.get(0),
+            )
             .optional()
             .map_err(sql("reading a run"))?;
         let already = stored
@@ -993,4 +990,90 @@ impl Store {
 /// `running` are not.
 pub fn is_final(status: &str) -> bool {
     status != "created" && status != "running"
+}
+
+#[cfg(test)]
+mod settle_tests {
+    use super::*;
+
+    fn open(dir: &Path) -> Store {
+        Store::open(StatePaths::new(dir.to_path_buf())).unwrap()
+    }
+
+    fn run(id: &str, status: &str) -> RunRecord {
+        RunRecord {
+            id: id.into(),
+            created_at: now_rfc3339(),
+            status: status.into(),
+            ..Default::default()
+        }
+    }
+
+    fn ended() -> Event {
+        Event::RunEnded {
+            status: "lost: supervisor vanished".into(),
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn a_claim_is_kept_from_the_living_and_taken_from_the_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path());
+        let alive = |_: &str| false;
+        let gone = |_: &str| true;
+        assert!(store.claim_settle("r", "a", "1:1", &alive).unwrap());
+        assert!(store.claim_settle("r", "a", "1:1", &alive).unwrap());
+        assert!(!store.claim_settle("r", "b", "2:2", &alive).unwrap());
+        assert!(store.claim_settle("r", "b", "2:2", &gone).unwrap());
+        store.release_settle("r", "2:2").unwrap();
+        assert!(store.claim_settle("r", "c", "3:3", &alive).unwrap());
+    }
+
+    #[test]
+    fn an_old_claim_without_a_claimer_is_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let conn = Connection::open(dir.path().join("state.db")).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE settled (run TEXT PRIMARY KEY, by TEXT NOT NULL);
+                 INSERT INTO settled(run, by) VALUES ('r', 'kill switch');",
+            )
+            .unwrap();
+        }
+        let mut store = open(dir.path());
+        assert!(store.claim_settle("r", "a", "1:1", &|_| false).unwrap());
+        // And a second opening does not add the columns again.
+        drop(store);
+        let _ = open(dir.path());
+    }
+
+    #[test]
+    fn a_run_ends_once_and_its_import_mark_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path());
+        store.put_run(&run("r", "running")).unwrap();
+        assert!(!store.imported("r").unwrap());
+        store.record_imported(&run("r", "running")).unwrap();
+        assert!(store.imported("r").unwrap());
+        assert!(store.claim_settle("r", "a", "1:1", &|_| false).unwrap());
+        store.release_settle("r", "1:1").unwrap();
+        assert!(store.imported("r").unwrap());
+        assert!(store
+            .end_run(&run("r", "exited 0"), &ended())
+            .unwrap()
+            .is_some());
+        assert!(store
+            .end_run(&run("r", "lost"), &ended())
+            .unwrap()
+            .is_none());
+        assert_eq!(store.run("r").unwrap().status, "exited 0");
+        let ends = store
+            .entries_for_run("r")
+            .unwrap()
+            .iter()
+            .filter(|e| e.kind == "run_ended")
+            .count();
+        assert_eq!(ends, 1);
+    }
 }

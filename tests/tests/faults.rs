@@ -257,7 +257,11 @@ fn an_ended_run_is_never_ended_again() {
     assert!(out.status.success(), "{}", stderr(&out));
     let out = state.run(&["reconcile"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(status_of(&state, &run), status, "an ended run was relabelled");
+    assert_eq!(
+        status_of(&state, &run),
+        status,
+        "an ended run was relabelled"
+    );
     assert_eq!(run_ended_count(&state, &run), 1, "ended twice");
     assert!(state.verify().status.success());
 }
@@ -342,7 +346,10 @@ fn full_disk_trials(leaves: &[u64]) -> (usize, Vec<String>) {
         ];
         let first = cmd(&run_args);
         if !first.status.success() {
-            wrong.push(format!("a run on the small disk failed: {}", stderr(&first)));
+            wrong.push(format!(
+                "a run on the small disk failed: {}",
+                stderr(&first)
+            ));
             continue;
         }
         disk.fill(leave);
@@ -420,6 +427,8 @@ struct Counts {
     chain_breaks: usize,
     orphans: usize,
     signal_deaths: usize,
+    /// What each non-zero count was, for the report.
+    notes: Vec<String>,
 }
 
 /// Background CLI loops over a state until `stop` is set.
@@ -573,7 +582,12 @@ fn acts_under_kills(n: usize, rng: &mut Rng, counts: &mut Counts) {
         .filter(|a| a["act"]["door"] == "push")
         .filter_map(|a| a["act"]["id"].as_str().map(str::to_string))
         .collect();
-    counts.acts_lost += n.saturating_sub(acts.len());
+    if acts.len() < n {
+        counts.acts_lost += n - acts.len();
+        counts
+            .notes
+            .push(format!("{} pushes queued of {n}", acts.len()));
+    }
     for act in &acts {
         let mut child = m
             .state
@@ -588,16 +602,30 @@ fn acts_under_kills(n: usize, rng: &mut Rng, counts: &mut Counts) {
         let _ = child.wait();
     }
     for act in &acts {
-        if m.act(act)["status"] != "done" {
-            let _ = m.as_owner(&["approve", act]);
+        // The owner approves again until it is carried out (a killed
+        // approval may leave it approved, or executing under a dead lock).
+        let mut last = String::new();
+        for _ in 0..3 {
+            if m.act(act)["status"] == "done" {
+                break;
+            }
+            let out = m.as_owner(&["approve", act]);
+            last = format!("{}{}", stdout(&out), stderr(&out));
         }
-        if m.act(act)["status"] != "done" {
+        let status = m.act(act)["status"].clone();
+        if status != "done" {
             counts.acts_lost += 1;
+            counts.notes.push(format!(
+                "act {act} is {status} after approving again: {last}"
+            ));
         }
     }
     for i in 0..n {
         if m.remote_ref(&format!("refs/heads/agent/b{i}")).is_none() {
             counts.acts_lost += 1;
+            counts
+                .notes
+                .push(format!("agent/b{i} never reached the remote"));
         }
     }
     counts.double_executions += m.pushes_received().saturating_sub(acts.len());
@@ -611,7 +639,7 @@ fn fault_injection_settles_every_run_exactly_once() {
     let iterations: usize = std::env::var("NIGHTSHIFT_FAULTS_ITERATIONS")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(4);
+        .unwrap_or(8);
     let seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as u64)
@@ -633,13 +661,10 @@ fn fault_injection_settles_every_run_exactly_once() {
     settle_all(&state);
     let mut counts = Counts::default();
     count_runs(&state, repo.path(), &mut counts);
-    acts_under_kills(iterations.clamp(2, 6), &mut rng, &mut counts);
+    acts_under_kills(iterations.clamp(2, 12), &mut rng, &mut counts);
     let (signals, wrong) = full_disk_trials(&[0, 16 * 1024]);
     counts.signal_deaths += signals;
-    counts.unsettled += wrong
-        .iter()
-        .filter(|w| w.contains("unsettled"))
-        .count();
+    counts.unsettled += wrong.iter().filter(|w| w.contains("unsettled")).count();
     println!(
         "fault injection (seed {seed}, {iterations} iterations, {} runs, {:?}): runs unsettled {}, results damaged {}, runs ended twice {}, acts lost {}, double executions {}, chain breaks {}, orphans {}, signal deaths {}",
         counts.runs,
@@ -653,6 +678,9 @@ fn fault_injection_settles_every_run_exactly_once() {
         counts.orphans,
         counts.signal_deaths
     );
+    for note in &counts.notes {
+        println!("  {note}");
+    }
     assert!(wrong.is_empty(), "full disk: {wrong:#?}");
     assert_eq!(
         (
