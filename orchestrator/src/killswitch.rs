@@ -270,14 +270,24 @@ pub async fn reconcile(
             orphans.insert(r.id);
         }
     }
+    // One run that cannot be settled now does not keep the others waiting.
     let mut settled = Vec::new();
+    let mut first_error = None;
     for run in orphans {
-        if settle_orphan(sup, &run, by).await? {
-            settled.push(run);
+        match settle_orphan(sup, &run, by).await {
+            Ok(true) => settled.push(run),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(run = %run, error = %e, "settling");
+                first_error.get_or_insert(e);
+            }
         }
     }
     sweep_doors(sup)?;
-    Ok(settled)
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(settled),
+    }
 }
 
 /// Settles a run nobody else will: containers removed, work imported

@@ -6,8 +6,12 @@
 //!   attestation, and the attestation is an audit entry either way.
 //! - Whatever the ending (exit, error, refusal, SIGINT/SIGTERM), the container
 //!   is removed, the worktree is imported if it existed (nothing the run wrote
-//!   is lost) and then removed once the import succeeded, and a `run_ended`
-//!   entry says how it ended.
+//!   is lost) and then removed once the import succeeded, its door directory
+//!   is removed, and a `run_ended` entry says how it ended (written with the
+//!   final record in one transaction, and only if the run has not ended).
+//! - The run is marked imported (with its result) in the store before its
+//!   worktree's removal begins, so a supervisor killed half-way through the
+//!   removal leaves a worktree that reconciliation only removes.
 //! - An import that
 //!   cannot complete (the host's side: its repository locked or gone, a write
 //!   refused) keeps the worktree, ends the run as `import failed: ...`

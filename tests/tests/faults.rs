@@ -602,15 +602,18 @@ fn acts_under_kills(n: usize, rng: &mut Rng, counts: &mut Counts) {
         let _ = child.wait();
     }
     for act in &acts {
-        // The owner approves again until it is carried out (a killed
-        // approval may leave it approved, or executing under a dead lock).
+        // The owner approves again until it is carried out: a killed
+        // approval may leave it approved, executing under a dead lock, or
+        // awaiting a retry after its backoff (which the next `approve`
+        // carries out once due).
         let mut last = String::new();
-        for _ in 0..3 {
-            if m.act(act)["status"] == "done" {
-                break;
-            }
+        let started = Instant::now();
+        while m.act(act)["status"] != "done" && started.elapsed() < Duration::from_secs(180) {
             let out = m.as_owner(&["approve", act]);
             last = format!("{}{}", stdout(&out), stderr(&out));
+            if m.act(act)["status"] != "done" {
+                std::thread::sleep(Duration::from_secs(1));
+            }
         }
         let status = m.act(act)["status"].clone();
         if status != "done" {
