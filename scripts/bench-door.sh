@@ -22,7 +22,7 @@ import json, os, socket, struct, sys, time
 def ask(req):
     s = socket.socket(socket.AF_UNIX)
     s.connect(os.environ["NIGHTSHIFT_DOOR"])
-    body = json.dumps({"v": 1, "request": req}).encode()
+    body = json.dumps({"v": 2, "request": req}).encode()
     t = time.perf_counter()
     s.sendall(struct.pack(">I", len(body)) + body)
     head = b""

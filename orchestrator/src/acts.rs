@@ -8,9 +8,17 @@
 //!   policy. Every verdict is an audit entry holding digests, never content.
 //! - Content agent-made is untrusted, so nothing is carried out without a
 //!   person: an allowing rule still queues the act.
-//! - What an act carries is bound when it is requested: a push's commit is
-//!   copied into the host repository under `refs/nightshift/acts/<id>`, a
+//! - What an act carries is bound when it is requested: a push's or pull
+//!   request's commit is the one the request names, taken from the pack the
+//!   agent sent with it (indexed in a scratch directory of the supervisor's,
+//!   hash-checked, required to be connected to what the host holds) and
+//!   copied into the host repository under `refs/nightshift/acts/<id>`; a
 //!   message's body is kept in the state store and bound by its digest.
+//! - Nothing here reads the run's worktree: while the sandbox runs, its
+//!   tree is never opened, listed or deleted from by path. A deletion (the
+//!   all-zero commit) reads nothing at all; after the policy it is refused
+//!   (`nightshift:delete`), since no executor carries deletions out yet.
+//! - Replies are phrased for the agent and name no host path.
 //! - Every queue transition is written with its audit entry in one
 //!   transaction, conditioned on the state it moves from; an approved act is
 //!   re-checked under the executor lock immediately before it is carried
@@ -77,9 +85,31 @@ pub struct RunDoor {
     pub run: String,
     pub repo: PathBuf,
     pub base_commit: String,
-    pub worktree: PathBuf,
-    /// Whether the repository's content is public (otherwise private).
-    pub public_content: bool,
+    /// The label of everything this run's agent produces (see
+    /// [`run_content_label`]).
+    pub content: policies::Label,
+}
+
+/// The label of what a run's agent produces: the join of its inputs'
+/// labels. The repository's content has the confidentiality the owner gave
+/// it and is trusted; the task text is the owner's (trusted, public); the
+/// agent's own output is untrusted. Nothing improves a label: whatever the
+/// agent derives from these carries at least this join.
+pub fn run_content_label(repo: policies::Confidentiality) -> policies::Label {
+    use policies::{Confidentiality, Integrity, Label};
+    let repository = Label::new(Integrity::Trusted, repo);
+    let task = Label::new(Integrity::Trusted, Confidentiality::Public);
+    let agent = Label::new(Integrity::Untrusted, Confidentiality::Public);
+    repository.join(task).join(agent)
+}
+
+/// What arrived with a request that carries objects: a scratch directory
+/// the supervisor owns (removed by the door once the request is answered)
+/// and the pack in it, if one was sent.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub dir: PathBuf,
+    pub pack: Option<PathBuf>,
 }
 
 fn refused(rule: &str, reason: impl Into<String>) -> Response {
@@ -101,59 +131,97 @@ fn destination_of(req: &Request) -> Option<&str> {
     }
 }
 
-/// The pure part of the gate: routing and labels.
+/// The readers of the destination a request names, when the owner
+/// configured it. A pull request's commit lands on the forge and on the git
+/// remote that holds its branches: the wider readership of the two counts.
+/// A question stays with the owner (private readers).
+fn destination_readers(dest: &Destinations, req: &Request) -> Option<Readers> {
+    match req {
+        Request::Push { remote, .. } => dest.remotes.get(remote).map(|r| r.readers),
+        Request::PullRequest { remote, .. } => {
+            dest.forges
+                .get(remote)
+                .map(|f| match dest.remotes.get(&f.remote).map(|r| r.readers) {
+                    Some(Readers::Private) | None => f.readers,
+                    Some(Readers::Public) => Readers::Public,
+                })
+        }
+        Request::Notify { destination, .. } => dest.notify.get(destination).map(|n| n.readers),
+        Request::Ask { .. } => Some(Readers::Private),
+    }
+}
+
+/// Routing and labels, through the policy engine's pure gate: the
+/// destination is an owner-configured alias (its value is the owner's; the
+/// agent only chooses among them, so the routing is trusted), and the run's
+/// content label may flow to its readers. Returns the gate's verdict: ask
+/// for untrusted content (every agent's), refuse naming the labels.
 pub fn route_and_label(
     dest: &Destinations,
     req: &Request,
-    public_content: bool,
-) -> Result<(), Response> {
-    let readers =
-        match req {
-            Request::Push { remote, .. } => dest.remotes.get(remote).map(|r| r.readers),
-            // A pull request's commit lands on the forge and on the git remote
-            // that holds its branches: both must be fit for the content.
-            Request::PullRequest { remote, .. } => dest.forges.get(remote).map(|f| {
-                match dest.remotes.get(&f.remote).map(|r| r.readers) {
-                    Some(Readers::Private) | None => f.readers,
-                    Some(Readers::Public) => Readers::Public,
-                }
-            }),
-            Request::Notify { destination, .. } => dest.notify.get(destination).map(|n| n.readers),
-            Request::Ask { .. } => Some(Readers::Private),
-        };
-    let Some(readers) = readers else {
-        return Err(refused(
+    content: policies::Label,
+) -> Result<policies::GateVerdict, Response> {
+    let alias = destination_of(req).unwrap_or("morning").to_string();
+    let mut known = policies::Destinations::new();
+    if let Some(readers) = destination_readers(dest, req) {
+        known.insert(alias.clone(), policies::Destination { readers });
+    }
+    let routing = policies::Labelled::new(alias.clone(), policies::Label::BOTTOM);
+    let verdict = policies::gate(&known, &routing, content);
+    match &verdict.reason {
+        policies::GateReason::UnknownAlias { .. }
+        | policies::GateReason::RawUrl { .. }
+        | policies::GateReason::RawPath { .. } => Err(refused(
             "nightshift:routing",
             format!(
-                "{:?} is not a destination the owner configured for {}; destinations are aliases, never URLs or paths",
-                destination_of(req).unwrap_or(""),
+                "{alias:?} is not a destination the owner configured for {}; destinations are aliases, never URLs or paths",
                 req.door()
             ),
-        ));
-    };
-    if !public_content && readers == Readers::Public {
-        return Err(refused(
+        )),
+        policies::GateReason::PrivateToPublic { .. } => Err(refused(
             "nightshift:labels",
             format!(
-                "private content may not go to {:?}, whose readers are public",
-                destination_of(req).unwrap_or("")
+                "content labelled {} may not go to {alias:?}, whose readers are public",
+                label_text(content)
             ),
-        ));
+        )),
+        _ if verdict.verdict == policies::Verdict::Refuse => {
+            Err(refused("nightshift:labels", verdict.reason.to_string()))
+        }
+        _ => Ok(verdict),
     }
-    Ok(())
+}
+
+/// A label as the owner reads it: `untrusted, private`.
+pub fn label_text(label: policies::Label) -> String {
+    let integrity = match label.integrity {
+        policies::Integrity::Trusted => "trusted",
+        policies::Integrity::Untrusted => "untrusted",
+    };
+    let confidentiality = match label.confidentiality {
+        policies::Confidentiality::Public => "public",
+        policies::Confidentiality::Private => "private",
+    };
+    format!("{integrity}, {confidentiality}")
 }
 
 /// Decides one door request and, when a person must decide, queues it.
-pub fn handle(store: &mut Store, door: &RunDoor, req: Request) -> Response {
+pub fn handle(
+    store: &mut Store,
+    door: &RunDoor,
+    req: Request,
+    received: Option<&Received>,
+) -> Response {
     let req_digest = request_digest(&req);
     let bytes = serde_json::to_vec(&req)
         .map(|v| v.len() as u64)
         .unwrap_or(0);
-    let answer = decide(store, door, &req);
+    let mut seen = Seen::default();
+    let answer = decide(store, door, &req, received, &mut seen);
     let (verdict, rule, act) = match &answer {
         Response::Refused { rule, .. } => ("refused", Some(rule.clone()), None),
-        Response::Queued { act } => ("queued", None, Some(act.clone())),
-        Response::Done { .. } => ("done", None, None),
+        Response::Queued { act } => ("queued", seen.deciding_rule.clone(), Some(act.clone())),
+        Response::Done { .. } => ("done", seen.deciding_rule.clone(), None),
         Response::Error { .. } => ("error", None, None),
     };
     let audited = store.append(
@@ -166,6 +234,8 @@ pub fn handle(store: &mut Store, door: &RunDoor, req: Request) -> Response {
             act,
             digest: req_digest,
             bytes,
+            label: Some(label_text(door.content)),
+            gate: seen.gate.clone(),
         },
         false,
     );
@@ -178,7 +248,52 @@ pub fn handle(store: &mut Store, door: &RunDoor, req: Request) -> Response {
     }
 }
 
-fn decide(store: &mut Store, door: &RunDoor, req: &Request) -> Response {
+/// The arguments the policy sees: every field the door schema
+/// (`policies::doors::DOORS`) names for the request's door, and no content.
+pub fn policy_args(req: &Request) -> serde_json::Value {
+    match req {
+        Request::Push {
+            remote,
+            dst_ref,
+            claimed_commit,
+            force,
+            delete,
+            ..
+        } => json!({
+            "remote": remote,
+            "ref": dst_ref,
+            "commit": claimed_commit,
+            "force": force,
+            "delete": delete,
+        }),
+        Request::PullRequest {
+            remote,
+            base,
+            head,
+            head_commit,
+            ..
+        } => json!({"remote": remote, "base": base, "head": head, "commit": head_commit}),
+        Request::Notify { destination, .. } => json!({"destination": destination}),
+        Request::Ask { .. } => json!({}),
+    }
+}
+
+/// What the gate saw of a request, for its audit entry.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The label gate's reason (`clear`, `untrusted_content`, ...).
+    gate: Option<String>,
+    /// The policy's deciding rule of a request that was not refused.
+    deciding_rule: Option<String>,
+}
+
+fn decide(
+    store: &mut Store,
+    door: &RunDoor,
+    req: &Request,
+    received: Option<&Received>,
+    seen: &mut Seen,
+) -> Response {
     if let Err(e) = req.validate() {
         return Response::Error {
             reason: e.to_string(),
@@ -206,9 +321,9 @@ fn decide(store: &mut Store, door: &RunDoor, req: &Request) -> Response {
                 format!("this run has requested {n} acts, the most one run may"),
             )
         }
-        Err(e) => {
+        Err(_) => {
             return Response::Error {
-                reason: e.to_string(),
+                reason: "the supervisor could not count this run's acts; try again later".into(),
             }
         }
         _ => {}
@@ -217,20 +332,23 @@ fn decide(store: &mut Store, door: &RunDoor, req: &Request) -> Response {
         Ok(d) => d,
         Err(e) => return refused("nightshift:routing", e),
     };
-    if let Err(answer) = route_and_label(&dest, req, door.public_content) {
-        return answer;
+    match route_and_label(&dest, req, door.content) {
+        Ok(gate) => {
+            seen.gate = serde_json::to_value(&gate.reason)
+                .ok()
+                .and_then(|v| match v {
+                    serde_json::Value::String(s) => Some(s),
+                    serde_json::Value::Object(o) => o.keys().next().cloned(),
+                    _ => None,
+                });
+        }
+        Err(answer) => {
+            seen.gate = Some("refused".into());
+            return answer;
+        }
     }
     // The policy, on the request's routing (content is never matched on).
-    let args = match req {
-        Request::Push {
-            remote, dst_ref, ..
-        } => json!({"remote": remote, "ref": dst_ref}),
-        Request::PullRequest {
-            remote, base, head, ..
-        } => json!({"remote": remote, "base": base, "head": head}),
-        Request::Notify { destination, .. } => json!({"destination": destination}),
-        Request::Ask { .. } => json!({}),
-    };
+    let args = policy_args(req);
     let actor = format!("run-{}", door.run);
     let decision = policies::evaluate(
         &rules,
@@ -247,9 +365,17 @@ fn decide(store: &mut Store, door: &RunDoor, req: &Request) -> Response {
     if decision.verdict == policies::Verdict::Refuse {
         return refused(&decision.rule.to_string(), decision.reason);
     }
-    // Allow or ask: agent-made content is untrusted, so a person decides.
+    seen.deciding_rule = Some(decision.rule.to_string());
+    if matches!(req, Request::Push { delete: true, .. }) {
+        return refused(
+            "nightshift:delete",
+            "deleting a remote branch is not carried out by nightshift yet; ask a person instead",
+        );
+    }
+    // Allow or ask: agent-made content is untrusted (the label gate asks),
+    // so a person decides.
     let id = format!("a{}", ulid::Ulid::new().to_string().to_lowercase());
-    let (door_kind, routing, content, body) = match bind(&dest, door, req, &id) {
+    let (door_kind, routing, content, body) = match bind(&dest, door, req, &id, received) {
         Ok(b) => b,
         Err(answer) => return answer,
     };
@@ -295,6 +421,57 @@ fn decide(store: &mut Store, door: &RunDoor, req: &Request) -> Response {
     }
 }
 
+/// Takes the commit a push or pull request names from the pack that came
+/// with it into the host, under `refs/nightshift/acts/<id>`.
+fn take_commit(
+    door: &RunDoor,
+    commit: &str,
+    id: &str,
+    received: Option<&Received>,
+) -> Result<orchestrator_git::Captured, Response> {
+    let Some(received) = received else {
+        return Err(Response::Error {
+            reason: "the request carried no objects; send it with the door's clients".into(),
+        });
+    };
+    orchestrator_git::receive_pack(&orchestrator_git::PackSpec {
+        host_repo: &door.repo,
+        scratch: &received.dir.join("odb"),
+        pack: received.pack.as_deref(),
+        base_commit: &door.base_commit,
+        commit,
+        dest_ref: &format!("refs/nightshift/acts/{id}"),
+        limits: orchestrator_git::ImportLimits::default(),
+    })
+    .map_err(|e| Response::Error {
+        reason: agent_reason(commit, &e),
+    })
+}
+
+/// Why a commit could not be taken, phrased for the agent: what it sent was
+/// wrong, or the supervisor's own trouble (never a host path or detail).
+fn agent_reason(commit: &str, e: &orchestrator_git::GitError) -> String {
+    use orchestrator_git::GitError as E;
+    match e {
+        E::NotConnected { missing, .. } => format!(
+            "commit {commit} is not connected: object {missing} is neither in the pack sent nor in the repository the run started from"
+        ),
+        E::BadPack { why } => {
+            format!("the pack sent for commit {commit} is not a valid git pack: {why}")
+        }
+        E::MissingObject { .. }
+        | E::MalformedObject { .. }
+        | E::TooManyObjects { .. }
+        | E::ObjectTooLarge { .. }
+        | E::TotalBytesExceeded { .. }
+        | E::ObjectIdMismatch { .. }
+        | E::InvalidCommitId { .. } => format!("commit {commit} was refused: {e}"),
+        _ => format!(
+            "the supervisor could not store commit {commit}; the act was not queued, try again later"
+        ),
+    }
+}
+
 /// Resolves what the act carries, on the supervisor's side.
 #[allow(clippy::type_complexity)]
 fn bind(
@@ -302,25 +479,17 @@ fn bind(
     door: &RunDoor,
     req: &Request,
     id: &str,
+    received: Option<&Received>,
 ) -> Result<(Door, Routing, Content, Option<Vec<u8>>), Response> {
     match req {
         Request::Push {
             remote,
             dst_ref,
             claimed_commit,
+            ..
         } => {
             // The objects are copied now: later changes in the sandbox cannot alter them.
-            let captured = orchestrator_git::capture_commit(
-                &door.repo,
-                &door.worktree,
-                &door.base_commit,
-                claimed_commit,
-                &format!("refs/nightshift/acts/{id}"),
-                &orchestrator_git::ImportLimits::default(),
-            )
-            .map_err(|e| Response::Error {
-                reason: format!("reading commit {claimed_commit} from the run: {e}"),
-            })?;
+            let captured = take_commit(door, claimed_commit, id, received)?;
             // The lease: what the remote ref holds now is what it must still
             // hold when the push is carried out.
             let config = dest.remotes.get(remote).ok_or_else(|| {
@@ -329,10 +498,13 @@ fn bind(
                     format!("{remote:?} is not a configured remote"),
                 )
             })?;
+            // The remote's url and its error stay on the supervisor's side.
             let expected_old =
-                orchestrator_executors::remote_ref(config, dst_ref).map_err(|e| {
+                orchestrator_executors::remote_ref(config, dst_ref).map_err(|_| {
                     Response::Error {
-                        reason: format!("reading {dst_ref} of {remote}: {}", e.audit_reason()),
+                        reason: format!(
+                            "the supervisor could not read {dst_ref} of remote {remote:?} to bind the push; try again later"
+                        ),
                     }
                 })?;
             Ok((
@@ -354,29 +526,14 @@ fn bind(
             remote,
             base,
             head,
+            head_commit,
             title,
             body,
+            ..
         } => {
-            // The head is the run's branch as it is now, read and copied by
-            // the supervisor: the pull request is bound to that commit.
-            let head_commit = orchestrator_git::worktree_branch(&door.worktree, head)
-                .map_err(|e| Response::Error {
-                    reason: format!("reading branch {head} of the run: {e}"),
-                })?
-                .ok_or_else(|| Response::Error {
-                    reason: format!("the run has no branch {head}"),
-                })?;
-            orchestrator_git::capture_commit(
-                &door.repo,
-                &door.worktree,
-                &door.base_commit,
-                &head_commit,
-                &format!("refs/nightshift/acts/{id}"),
-                &orchestrator_git::ImportLimits::default(),
-            )
-            .map_err(|e| Response::Error {
-                reason: format!("reading commit {head_commit} from the run: {e}"),
-            })?;
+            // The pull request is bound to the commit the agent's head held
+            // when it asked (resolved in the sandbox, sent with its objects).
+            let captured = take_commit(door, head_commit, id, received)?;
             let text =
                 serde_json::to_vec(&json!({"title": title, "body": body})).unwrap_or_default();
             Ok((
@@ -389,7 +546,7 @@ fn bind(
                     },
                 },
                 Content::PullRequest {
-                    head_commit,
+                    head_commit: captured.commit,
                     text_digest: digest(&text),
                 },
                 Some(text),
@@ -536,7 +693,18 @@ pub fn reject(store: &mut Store, id: &str, why: &str, key: Option<&Path>) -> Res
 pub fn act_policy_request(act: &Act) -> policies::Request {
     let args = match (&act.routing.target, &act.content) {
         (Target::Push { target_ref, .. }, Content::Commit { commit }) => {
-            json!({"remote": act.routing.destination, "ref": target_ref, "commit": commit})
+            // The fields of `policy_args` (the door schema), so that the
+            // rules decide the act now as they did when it was queued.
+            json!({
+                "remote": act.routing.destination,
+                "ref": target_ref,
+                "commit": commit,
+                // What will be carried out: the push executor never forces
+                // (fast-forward under the lease) and a deletion is never
+                // queued.
+                "force": false,
+                "delete": false,
+            })
         }
         (Target::PullRequest { base_ref, head_ref }, Content::PullRequest { head_commit, .. }) => {
             json!({
@@ -1209,5 +1377,221 @@ fn check_destination(dest: &Destinations, act: &Act) -> deferred_queue::Found {
         _ => Found::CannotTell {
             why: "this destination keeps no record to check".into(),
         },
+    }
+}
+
+/// A door request the gate refused (or could not decide), as the audit
+/// recorded it: content-free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub run: String,
+    pub time: String,
+    pub door: String,
+    pub destination: Option<String>,
+    /// `refused` or `error`.
+    pub verdict: String,
+    /// The deciding rule (`nightshift:routing`, `nightshift:labels`, a rule id).
+    pub rule: Option<String>,
+}
+
+/// The refused door requests of one run, or of every run, oldest first.
+pub fn refusals(store: &Store, run: Option<&str>) -> Result<Vec<Refusal>, StoreError> {
+    Ok(store
+        .door_refusals(run)?
+        .into_iter()
+        .map(|e| {
+            let text = |k: &str| e.body.get(k).and_then(|v| v.as_str()).map(str::to_string);
+            Refusal {
+                run: e.run.clone().unwrap_or_default(),
+                time: e.time.clone(),
+                door: text("door").unwrap_or_default(),
+                destination: text("destination"),
+                verdict: text("verdict").unwrap_or_default(),
+                rule: text("rule"),
+            }
+        })
+        .collect())
+}
+
+/// A message body as the owner reads it in `queue show`: whole, line by
+/// line, with runs of three or more blank lines collapsed into one visible
+/// `[N blank lines]` marker (so nothing can hide below a harmless preview),
+/// and its size and line count. Pure; the lines are returned unescaped (the
+/// caller escapes them for the terminal).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyView {
+    pub bytes: usize,
+    pub lines: usize,
+    pub shown: Vec<String>,
+}
+
+pub fn body_view(body: &[u8]) -> BodyView {
+    let text = String::from_utf8_lossy(body);
+    let all: Vec<&str> = text.split('\n').collect();
+    // A trailing newline ends the last line; it does not start another.
+    let all = match all.split_last() {
+        Some((&"", rest)) => rest.to_vec(),
+        _ => all,
+    };
+    let mut shown = Vec::new();
+    let mut blank = 0usize;
+    let flush = |blank: &mut usize, shown: &mut Vec<String>| {
+        match *blank {
+            0 => {}
+            n if n < 3 => shown.extend(std::iter::repeat_n(String::new(), n)),
+            n => shown.push(format!("[{n} blank lines]")),
+        }
+        *blank = 0;
+    };
+    for line in &all {
+        if line.trim().is_empty() {
+            blank += 1;
+        } else {
+            flush(&mut blank, &mut shown);
+            shown.push((*line).to_string());
+        }
+    }
+    flush(&mut blank, &mut shown);
+    BodyView {
+        bytes: body.len(),
+        lines: all.len(),
+        shown,
+    }
+}
+
+/// The lines of a body worth looking for in the repository: long enough to
+/// be more than a common word or brace, each once.
+pub fn distinctive_lines(body: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(body);
+    let mut out: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.chars().count() >= 16)
+        .map(str::to_string)
+        .collect();
+    out.sort();
+    out.dedup();
+    out.truncate(2000);
+    out
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::*;
+    use policies::{Confidentiality, Integrity, Label};
+    use proptest::prelude::*;
+
+    fn label() -> impl Strategy<Value = Label> {
+        prop::sample::select(Label::ALL.to_vec())
+    }
+
+    fn confidentiality() -> impl Strategy<Value = Confidentiality> {
+        prop::sample::select(vec![Confidentiality::Public, Confidentiality::Private])
+    }
+
+    proptest! {
+        /// Along a run's flow (its content label, then any values derived
+        /// from it and from other inputs), a label never improves: every
+        /// derived value's label is at least the run's, and never trusted.
+        #[test]
+        fn labels_along_a_run_never_improve(
+            repo in confidentiality(),
+            inputs in prop::collection::vec(label(), 0..8),
+        ) {
+            let start = run_content_label(repo);
+            prop_assert_eq!(start.integrity, Integrity::Untrusted);
+            prop_assert_eq!(start.confidentiality, repo);
+            let mut current = start;
+            for input in inputs {
+                let next = current.join(input);
+                prop_assert!(current.flows_to(next));
+                prop_assert!(start.flows_to(next));
+                prop_assert!(!next.is_trusted());
+                current = next;
+            }
+        }
+    }
+
+    #[test]
+    fn a_private_repository_never_reaches_public_readers() {
+        let mut dest = Destinations::default();
+        dest.remotes.insert(
+            "origin".into(),
+            orchestrator_executors::RemoteConfig {
+                url: "http://127.0.0.1:1/r.git".into(),
+                readers: Readers::Public,
+                username: None,
+                password_file: None,
+                token_file: None,
+                timeout_secs: None,
+            },
+        );
+        let push = Request::Push {
+            remote: "origin".into(),
+            dst_ref: "refs/heads/x".into(),
+            claimed_commit: "a".repeat(40),
+            force: false,
+            delete: false,
+            pack_bytes: 0,
+        };
+        let private = run_content_label(Confidentiality::Private);
+        let Err(Response::Refused { rule, reason }) = route_and_label(&dest, &push, private) else {
+            panic!("private content to public readers was not refused");
+        };
+        assert_eq!(rule, "nightshift:labels");
+        assert!(reason.contains("untrusted, private"), "{reason}");
+        let public = run_content_label(Confidentiality::Public);
+        let verdict = route_and_label(&dest, &push, public).unwrap();
+        assert_eq!(verdict.verdict, policies::Verdict::Ask);
+    }
+}
+
+#[cfg(test)]
+mod policy_args_tests {
+    use super::*;
+
+    /// One request of each door.
+    fn every_request() -> Vec<Request> {
+        vec![
+            Request::Push {
+                remote: "origin".into(),
+                dst_ref: "refs/heads/main".into(),
+                claimed_commit: "a".repeat(40),
+                force: true,
+                delete: false,
+                pack_bytes: 0,
+            },
+            Request::PullRequest {
+                remote: "origin".into(),
+                base: "refs/heads/main".into(),
+                head: "refs/heads/x".into(),
+                head_commit: "b".repeat(40),
+                pack_bytes: 0,
+                title: "t".into(),
+                body: "b".into(),
+            },
+            Request::Notify {
+                destination: "team".into(),
+                body: "b".into(),
+            },
+            Request::Ask { body: "b".into() },
+        ]
+    }
+
+    #[test]
+    fn the_policy_sees_exactly_the_fields_the_door_schema_names() {
+        for req in every_request() {
+            let schema = policies::doors::door(req.door())
+                .unwrap_or_else(|| panic!("door {} is not in the schema", req.door()));
+            let args = policy_args(&req);
+            let mut keys: Vec<&str> = args
+                .as_object()
+                .map(|m| m.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            let mut want = schema.fields.to_vec();
+            keys.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(keys, want, "door {}", req.door());
+        }
     }
 }

@@ -122,6 +122,12 @@ pub enum Event {
         /// sha256 of the request's canonical form, never its content.
         digest: String,
         bytes: u64,
+        /// The label of the run's content (`untrusted, private`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        label: Option<String>,
+        /// The label gate's reason (`clear`, `untrusted_content`, `refused`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        gate: Option<String>,
     },
     /// A transition of a queued act (content-free fields from the queue).
     Act {

@@ -151,11 +151,24 @@ pub struct SandboxConfig {
     pub gid: Option<u32>,
 }
 
+/// `[[repository]]`: what the owner says of one repository's content. A
+/// repository not listed is private.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepositoryConfig {
+    /// The host repository's path, as given to `nightshift run --repo`.
+    pub path: PathBuf,
+    /// `public` (anyone may read it) or `private`.
+    pub confidentiality: policies::Confidentiality,
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
     pub caps: RunCaps,
+    #[serde(default)]
+    pub repository: Vec<RepositoryConfig>,
     #[serde(default)]
     pub sandbox: SandboxConfig,
     #[serde(default)]
@@ -173,6 +186,18 @@ pub struct Fleet {
 }
 
 impl Config {
+    /// The confidentiality the owner gave `repo` (compared by canonical
+    /// path); private when the owner said nothing.
+    pub fn repository_confidentiality(&self, repo: &Path) -> policies::Confidentiality {
+        let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+        let repo = canonical(repo);
+        self.repository
+            .iter()
+            .find(|r| canonical(&r.path) == repo)
+            .map(|r| r.confidentiality)
+            .unwrap_or(policies::Confidentiality::Private)
+    }
+
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,

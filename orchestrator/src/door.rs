@@ -12,13 +12,26 @@
 //!   frame limit, read within a deadline; at most a few connections are
 //!   served at once; a malformed, oversized or slow request gets an error
 //!   reply (when the peer is still there) and never stalls the supervisor.
+//! - The objects of a push or pull request arrive as a pack after the
+//!   request (protocol version 2): its declared size is refused over
+//!   [`MAX_PACK_BYTES`] per request or [`MAX_PACK_BYTES_PER_RUN`] per run
+//!   before a byte of it is read; it is read within a deadline that grows
+//!   with its size, into a scratch directory the supervisor owns
+//!   (`STATE/scratch/<run>/<n>`, never the worktree), and that directory is
+//!   removed once the request is answered. Nothing here, nor in the gate,
+//!   reads the run's worktree: the host never opens the sandbox's `.git`
+//!   while the sandbox runs.
+//! - A reply never holds a host path: the gate's texts are phrased for the
+//!   agent, and [`without_host_paths`] replaces any path of the supervisor's
+//!   (state directory, host repository) that a lower layer let through.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandbox_image_door::message::{encode_response, RequestReader, Response};
+use sandbox_image_door::message::{encode_response, Request, RequestReader, Response};
+pub use sandbox_image_door::MAX_PACK_BYTES;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -29,6 +42,13 @@ use crate::store::{StatePaths, Store};
 pub const MOUNT: &str = "/run/nightshift";
 pub const SOCKET: &str = "door.sock";
 const READ_DEADLINE: Duration = Duration::from_secs(10);
+/// Most bytes of pack one run's door takes over the whole run.
+pub const MAX_PACK_BYTES_PER_RUN: u64 = 2 << 30;
+/// The slowest a pack may arrive: its deadline is [`READ_DEADLINE`] plus
+/// its size at this rate (512 MiB: 266 s).
+const MIN_PACK_RATE: u64 = 2 << 20;
+/// What a reply says in place of a host path.
+const HIDDEN_PATH: &str = "<supervisor path>";
 const CONCURRENT: usize = 4;
 /// Requests one run's door answers with a decision and an audit entry each;
 /// past it, every request is refused at once and the flood is audited once,
@@ -81,6 +101,8 @@ pub fn write_clients(bin: &Path) -> std::io::Result<()> {
 #[derive(Debug)]
 pub struct DoorHandle {
     pub dir: PathBuf,
+    /// `STATE/scratch/<run>`: where this door's packs are received.
+    scratch: PathBuf,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -88,6 +110,7 @@ impl DoorHandle {
     pub fn close(self) {
         self.task.abort();
         let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_dir_all(&self.scratch);
     }
 }
 
@@ -104,6 +127,8 @@ pub fn open(paths: &StatePaths, door: RunDoor) -> std::io::Result<DoorHandle> {
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))?;
     let limit = Arc::new(tokio::sync::Semaphore::new(CONCURRENT));
     let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let packed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let scratch = paths.root.join("scratch").join(&door.run);
     let paths = paths.clone();
     let door = Arc::new(door);
     let task = tokio::spawn(async move {
@@ -114,19 +139,20 @@ pub fn open(paths: &StatePaths, door: RunDoor) -> std::io::Result<DoorHandle> {
             let Ok(permit) = limit.clone().acquire_owned().await else {
                 return;
             };
-            let (paths, door, served) = (paths.clone(), door.clone(), served.clone());
+            let (paths, door, served, packed) =
+                (paths.clone(), door.clone(), served.clone(), packed.clone());
             tokio::spawn(async move {
                 let n = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                 let _ = if n > MAX_REQUESTS_PER_RUN {
                     flooded(stream, &paths, &door.run, n == MAX_REQUESTS_PER_RUN + 1).await
                 } else {
-                    serve(stream, &paths, door).await
+                    serve(stream, &paths, door, n, &packed).await
                 };
                 drop(permit);
             });
         }
     });
-    Ok(DoorHandle { dir, task })
+    Ok(DoorHandle { dir, scratch, task })
 }
 
 /// Past the request cap: refused without reading, the first time audited.
@@ -143,7 +169,7 @@ async fn flooded(
         ),
     };
     if first {
-        audit_protocol_error(paths, run, &response, "flood").await;
+        audit_protocol_error(paths, run, None, &response, "flood").await;
     }
     stream.write_all(&encode_response(&response)).await?;
     stream.shutdown().await
@@ -153,6 +179,8 @@ async fn serve(
     mut stream: UnixStream,
     paths: &StatePaths,
     door: Arc<RunDoor>,
+    n: u64,
+    packed: &std::sync::atomic::AtomicU64,
 ) -> std::io::Result<()> {
     let mut reader = RequestReader::new();
     let mut buf = vec![0u8; 64 * 1024];
@@ -175,54 +203,212 @@ async fn serve(
             let response = Response::Error {
                 reason: "the request did not arrive in time".into(),
             };
-            audit_protocol_error(paths, &door.run, &response, "error").await;
+            audit_protocol_error(paths, &door.run, None, &response, "error").await;
             response
         }
         Ok(Err(e)) => return Err(e),
         Ok(Ok(Err(e))) => {
             let response = Response::for_error(&e);
-            audit_protocol_error(paths, &door.run, &response, "error").await;
+            audit_protocol_error(paths, &door.run, None, &response, "error").await;
             response
         }
         Ok(Ok(Ok(request))) => {
-            let (paths, door) = (paths.clone(), door.clone());
-            tokio::task::spawn_blocking(move || match Store::open(paths) {
-                Ok(mut store) => crate::acts::handle(&mut store, &door, request),
-                Err(e) => Response::Error {
-                    reason: format!("the supervisor's state is unavailable: {e}"),
-                },
-            })
-            .await
-            .unwrap_or(Response::Error {
-                reason: "the supervisor failed to decide".into(),
-            })
+            let scratch = paths
+                .root
+                .join("scratch")
+                .join(&door.run)
+                .join(n.to_string());
+            let response = match receive(&mut stream, &scratch, &request, packed).await {
+                Err(response) => {
+                    audit_protocol_error(
+                        paths,
+                        &door.run,
+                        Some(request.door()),
+                        &response,
+                        "error",
+                    )
+                    .await;
+                    response
+                }
+                Ok(received) => {
+                    let (paths, door) = (paths.clone(), door.clone());
+                    tokio::task::spawn_blocking(move || match Store::open(paths) {
+                        Ok(mut store) => {
+                            crate::acts::handle(&mut store, &door, request, received.as_ref())
+                        }
+                        Err(_) => Response::Error {
+                            reason: "the supervisor's state is unavailable; try again later".into(),
+                        },
+                    })
+                    .await
+                    .unwrap_or(Response::Error {
+                        reason: "the supervisor failed to decide".into(),
+                    })
+                }
+            };
+            let _ = tokio::fs::remove_dir_all(&scratch).await;
+            response
         }
     };
+    let response = without_host_paths(&response, &[&paths.root, &door.repo]);
     stream.write_all(&encode_response(&response)).await?;
     stream.shutdown().await
 }
 
+/// Reads the pack a request declares into `scratch` (made here, 0700).
+/// `Ok(None)` for a request that carries no objects (notify, ask, a
+/// deletion); an error reply for a pack over the run's budget, cut short,
+/// or too slow.
+async fn receive(
+    stream: &mut UnixStream,
+    scratch: &Path,
+    request: &Request,
+    packed: &std::sync::atomic::AtomicU64,
+) -> Result<Option<crate::acts::Received>, Response> {
+    use std::sync::atomic::Ordering;
+    let carries_objects = match request {
+        Request::Push { delete, .. } => !delete,
+        Request::PullRequest { .. } => true,
+        Request::Notify { .. } | Request::Ask { .. } => false,
+    };
+    if !carries_objects {
+        return Ok(None);
+    }
+    let declared = request.pack_bytes();
+    // The per-request cap was checked when the request was decoded; the
+    // run's budget is checked here, from the request alone.
+    let before = packed.fetch_add(declared, Ordering::SeqCst);
+    if before.saturating_add(declared) > MAX_PACK_BYTES_PER_RUN {
+        return Err(Response::Error {
+            reason: format!(
+                "this run's door has taken {before} bytes of packs; a pack of {declared} more would pass the run's limit of {MAX_PACK_BYTES_PER_RUN}"
+            ),
+        });
+    }
+    let trouble = |why: &str| Response::Error {
+        reason: format!("the supervisor could not take the pack: {why}; try again later"),
+    };
+    tokio::fs::create_dir_all(scratch)
+        .await
+        .map_err(|_| trouble("making its scratch directory failed"))?;
+    let _ = tokio::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o700)).await;
+    if declared == 0 {
+        return Ok(Some(crate::acts::Received {
+            dir: scratch.to_path_buf(),
+            pack: None,
+        }));
+    }
+    let path = scratch.join("received.pack");
+    let mut file = tokio::fs::File::create(&path)
+        .await
+        .map_err(|_| trouble("making its file failed"))?;
+    let deadline = READ_DEADLINE + Duration::from_secs(declared / MIN_PACK_RATE);
+    let mut got: u64 = 0;
+    let mut buf = vec![0u8; 256 * 1024];
+    let copy = async {
+        while got < declared {
+            let want = usize::try_from(declared - got)
+                .unwrap_or(usize::MAX)
+                .min(buf.len());
+            let n = stream.read(&mut buf[..want]).await?;
+            if n == 0 {
+                break;
+            }
+            file.write_all(&buf[..n]).await?;
+            got += n as u64;
+        }
+        file.flush().await
+    };
+    match tokio::time::timeout(deadline, copy).await {
+        Err(_) => Err(Response::Error {
+            reason: format!(
+                "the pack did not arrive within {} s ({got} of {declared} bytes came)",
+                deadline.as_secs()
+            ),
+        }),
+        Ok(Err(_)) => Err(Response::Error {
+            reason: format!("the pack could not be read ({got} of {declared} bytes came)"),
+        }),
+        Ok(Ok(())) if got < declared => Err(Response::Error {
+            reason: format!(
+                "the pack was cut short: the connection closed after {got} of {declared} bytes"
+            ),
+        }),
+        Ok(Ok(())) => Ok(Some(crate::acts::Received {
+            dir: scratch.to_path_buf(),
+            pack: Some(path),
+        })),
+    }
+}
+
+/// The reply with every occurrence of a supervisor path (and anything
+/// below it) replaced: the agent learns nothing of the host's layout.
+pub fn without_host_paths(response: &Response, hidden: &[&Path]) -> Response {
+    let scrub = |text: &str| {
+        let mut out = text.to_string();
+        for path in hidden {
+            // The canonical form too: a lower layer may have resolved it.
+            let forms = [
+                Some(path.to_string_lossy().into_owned()),
+                std::fs::canonicalize(path)
+                    .ok()
+                    .map(|p| p.to_string_lossy().into_owned()),
+            ];
+            for form in forms.into_iter().flatten() {
+                let form = form.trim_end_matches('/');
+                if form.len() > 1 {
+                    out = out.replace(form, HIDDEN_PATH);
+                }
+            }
+        }
+        out
+    };
+    match response {
+        Response::Refused { rule, reason } => Response::Refused {
+            rule: scrub(rule),
+            reason: scrub(reason),
+        },
+        Response::Queued { act } => Response::Queued { act: scrub(act) },
+        Response::Done { detail } => Response::Done {
+            detail: scrub(detail),
+        },
+        Response::Error { reason } => Response::Error {
+            reason: scrub(reason),
+        },
+    }
+}
+
 /// A request that never became one (malformed, oversized, out of order, too
-/// slow) is audited too: the door, the verdict and the reason's digest.
-async fn audit_protocol_error(paths: &StatePaths, run: &str, response: &Response, verdict: &str) {
-    let (paths, run, line, verdict) = (
+/// slow, its pack refused or cut short) is audited too: the door (when the
+/// request decoded), the verdict and the reason's digest.
+async fn audit_protocol_error(
+    paths: &StatePaths,
+    run: &str,
+    door: Option<&str>,
+    response: &Response,
+    verdict: &str,
+) {
+    let (paths, run, line, verdict, door) = (
         paths.clone(),
         run.to_string(),
         response.line(),
         verdict.to_string(),
+        door.unwrap_or("unknown").to_string(),
     );
     let _ = tokio::task::spawn_blocking(move || {
         if let Ok(mut store) = Store::open(paths) {
             let _ = store.append(
                 Some(&run),
                 &crate::audit_log::Event::DoorRequest {
-                    door: "unknown".into(),
+                    door,
                     destination: None,
                     verdict,
                     rule: None,
                     act: None,
                     digest: crate::audit_log::digest(line.as_bytes()),
                     bytes: 0,
+                    label: None,
+                    gate: None,
                 },
                 false,
             );
@@ -252,4 +438,38 @@ pub fn remove_dir(paths: &StatePaths, run: &str) {
         return;
     }
     let _ = std::fs::remove_dir_all(paths.root.join("doors").join(run));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_are_scrubbed_of_host_paths() {
+        let state = tempfile::tempdir().unwrap();
+        let repo = tempfile::tempdir().unwrap();
+        let s = state.path().display().to_string();
+        let r = repo.path().display().to_string();
+        let replies = [
+            Response::Error {
+                reason: format!("reading worktree {s}/worktrees/x/.git/objects: refused"),
+            },
+            Response::Refused {
+                rule: "nightshift:policy".into(),
+                reason: format!("the policy could not be read: {s}/rules/a.toml: line 1"),
+            },
+            Response::Error {
+                reason: format!("opening {r} as a git repository and {r}/.git"),
+            },
+            Response::Done { detail: s.clone() },
+        ];
+        for reply in replies {
+            let line = without_host_paths(&reply, &[state.path(), repo.path()]).line();
+            assert!(!line.contains(&s) && !line.contains(&r), "{line}");
+            assert!(line.contains(HIDDEN_PATH), "{line}");
+        }
+        // A reply without paths is left as it is.
+        let plain = Response::Queued { act: "a1".into() };
+        assert_eq!(without_host_paths(&plain, &[state.path()]), plain);
+    }
 }

@@ -534,6 +534,7 @@ async fn run_cmd(
         tmpfs_bytes: defaults.tmpfs_bytes,
     };
     let req = RunRequest {
+        repo_confidentiality: config.repository_confidentiality(&args.repo),
         repo: args.repo,
         base_ref: args.base_ref,
         image: args.image.unwrap_or_else(image::default_reference),
@@ -961,6 +962,13 @@ fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
             );
         }
     }
+    let refused = orchestrator::acts::refusals(&store, Some(id)).map_err(store_err)?;
+    if !refused.is_empty() {
+        outln!("  refused door requests ({}):", refused.len());
+        for r in &refused {
+            outln!("    {}", refusal_line(r));
+        }
+    }
     if let Some((seq, hash)) = head {
         outln!(
             "  audit: {} entries, last #{seq} {}",
@@ -973,9 +981,13 @@ fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
 
 fn verify_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
     let store = open_store(root)?;
-    let entries = store.entries().map_err(store_err)?;
-    let checkpoints = store.checkpoints().map_err(store_err)?;
-    match orchestrator_audit::verify(store.log(), &entries, &checkpoints) {
+    let snap = store.audit_snapshot().map_err(store_err)?;
+    match orchestrator_audit::verify_with_head(
+        store.log(),
+        &snap.entries,
+        &snap.checkpoints,
+        snap.head.as_ref(),
+    ) {
         Ok(v) => {
             if json {
                 outln!(
@@ -1053,6 +1065,7 @@ async fn demo_cmd(
         command: vec!["bash".into(), "-c".into(), demo::AGENT_SCRIPT.into()],
         caps: config.caps(),
         echo: true,
+        repo_confidentiality: config.repository_confidentiality(&repo),
     };
     let record = perform(root, &config, config_path, req).await?;
     print_summary(&record);
@@ -1298,11 +1311,13 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             }
             for r in &active {
                 let v = serde_json::to_value(r).unwrap_or_default();
+                let named = |k: &str| v.get(k).map(|d| format!("{k}={d} ")).unwrap_or_default();
                 outln!(
-                    "{:<7} {:<32} doors={} subject={}  {}",
+                    "{:<7} {:<32} {}{}subject={}  {}",
                     terminal::line(v["effect"].as_str().unwrap_or("?")),
                     terminal::line(v["id"].as_str().unwrap_or("?")),
-                    terminal::line(&v["doors"].to_string()),
+                    terminal::line(&named("doors")),
+                    terminal::line(&named("tools")),
                     terminal::line(v["subject"].as_str().unwrap_or("?")),
                     terminal::line(v["reason"].as_str().unwrap_or(""))
                 );
@@ -1449,7 +1464,6 @@ fn queue_cmd(
             "destination: {}",
             terminal::line(&row.act.routing.destination)
         );
-        outln!("destination: {}", row.act.routing.destination);
         if let Some(stale) = orchestrator::acts::stale_view(&store, row) {
             outln!("stale: {}", terminal::block(stale.why.as_bytes()));
             if let Some(orchestrator::acts::LeaseView { bound, now }) = &stale.lease {
@@ -1556,8 +1570,31 @@ fn queue_cmd(
             }
             _ => {
                 let body = row.content.as_deref().unwrap_or_default();
-                outln!("content ({} bytes, shown as plain text):", body.len());
-                outln!("{}", terminal::block(body));
+                let view = orchestrator::acts::body_view(body);
+                outln!(
+                    "content ({} bytes, {} lines, shown whole as plain text; long blank runs collapsed):",
+                    view.bytes,
+                    view.lines
+                );
+                if let Ok(run) = store.run(&row.act.run) {
+                    let base = run.base_commit.unwrap_or_default();
+                    let repeated = repeated_repo_lines(&run.repo, &base, body);
+                    if !repeated.is_empty() {
+                        outln!(
+                            "WARNING: this message repeats lines of the repository's files: {}",
+                            repeated
+                                .iter()
+                                .map(|p| terminal::line(p))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                    }
+                }
+                outln!("-----");
+                for line in &view.shown {
+                    outln!("{}", terminal::line(line));
+                }
+                outln!("-----");
             }
         }
         return Ok(exit::OK);
@@ -1577,6 +1614,21 @@ fn queue_cmd(
             .collect();
         outln!("{}", terminal::json(&doc, true));
         return Ok(exit::OK);
+    }
+    // What the gate refused comes first: an attempt to reach an unconfigured
+    // destination at 3 am is the first thing the owner should see.
+    let refused = orchestrator::acts::refusals(&store, None).map_err(store_err)?;
+    if !refused.is_empty() {
+        outln!("refused door requests ({}), by run:", refused.len());
+        let mut last = String::new();
+        for r in &refused {
+            if r.run != last {
+                last = r.run.clone();
+                outln!("run {}", terminal::line(&last));
+            }
+            outln!("  {}", refusal_line(r));
+        }
+        outln!();
     }
     let contents: std::collections::HashMap<&str, &Option<Vec<u8>>> = rows
         .iter()
@@ -1641,6 +1693,69 @@ fn queue_cmd(
         );
     }
     Ok(exit::OK)
+}
+
+/// The files of the repository at `base` that hold a distinctive line of
+/// `body` (16 characters or more) (the host's git, fixed strings read from a
+/// file: the body is data, never a pattern or an argument).
+fn repeated_repo_lines(repo: &str, base: &str, body: &[u8]) -> Vec<String> {
+    let lines = orchestrator::acts::distinctive_lines(body);
+    if lines.is_empty() || base.is_empty() {
+        return Vec::new();
+    }
+    let child = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args([
+            "-c",
+            "core.pager=cat",
+            "grep",
+            "--no-color",
+            "-I",
+            "-l",
+            "-F",
+            "-f",
+            "-",
+            base,
+            "--",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let Ok(mut child) = child else {
+        return Vec::new();
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        use std::io::Write;
+        let _ = stdin.write_all(format!("{}\n", lines.join("\n")).as_bytes());
+    }
+    let out = child.wait_with_output();
+    let Ok(out) = out else {
+        return Vec::new();
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.strip_prefix(&format!("{base}:")).unwrap_or(l).to_string())
+        .take(10)
+        .collect()
+}
+
+/// One refused door request on one line: when, which door, where to, and
+/// the rule (or label check) that refused it.
+fn refusal_line(r: &orchestrator::acts::Refusal) -> String {
+    format!(
+        "{}  {} to {}: {} by {}",
+        terminal::line(&r.time),
+        terminal::line(&r.door),
+        terminal::line(r.destination.as_deref().unwrap_or("(no destination)")),
+        terminal::line(&r.verdict),
+        terminal::line(
+            r.rule
+                .as_deref()
+                .unwrap_or("the door (a malformed request)")
+        )
+    )
 }
 
 /// The commits and diff from `from` to `to` in the host repository, as

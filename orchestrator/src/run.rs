@@ -63,6 +63,9 @@ pub struct RunRequest {
     pub caps: Caps,
     /// Echo the agent's output (sanitised) to this process's stdout/stderr.
     pub echo: bool,
+    /// The repository's confidentiality, from the owner's configuration
+    /// (private unless the owner said otherwise).
+    pub repo_confidentiality: policies::Confidentiality,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -345,8 +348,7 @@ async fn steps(
             run: id.clone(),
             repo: req.repo.clone(),
             base_commit: held.base_commit.clone().unwrap_or_default(),
-            worktree: dest.clone(),
-            public_content: false,
+            content: crate::acts::run_content_label(req.repo_confidentiality),
         },
     )
     .map_err(|e| RunError::Git(format!("opening the run's door: {e}")))?;
@@ -366,6 +368,7 @@ async fn steps(
     .with_user(sup.sandbox_user)
     .with_supervisor(&sup.identity)
     .with_door(door_dir)
+    .with_base_commit(held.base_commit.as_deref().unwrap_or_default())
     .with_cgroup_parent(sup.fleet.as_ref().map(FleetHandle::cgroup_parent));
     // Remember the name before the call: if creation half-succeeds, the
     // ending still finds and removes it by its label.

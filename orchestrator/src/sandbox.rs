@@ -48,6 +48,10 @@ pub const DEFAULT_SANDBOX_ID: u32 = 2_000_000_000;
 pub const SECCOMP_PROFILE: &str = include_str!("seccomp.json");
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Label keys that mark a container as one of ours.
+/// The `nproc` ulimit of every sandbox: processes of the sandbox uid on the
+/// whole host, all sandboxes together (see [`SandboxSpec::ulimits`]).
+pub const SHARED_NPROC: i64 = 16384;
+
 pub const LABEL_RUN: &str = "nightshift.run";
 pub const LABEL_STATE: &str = "nightshift.state";
 pub const LABEL_MANAGED: &str = "nightshift.managed";
@@ -168,6 +172,14 @@ impl SandboxSpec {
         self
     }
 
+    /// Tells the door clients the run's base commit: the packs they send
+    /// leave out what it reaches (the host already holds it).
+    pub fn with_base_commit(mut self, commit: &str) -> Self {
+        self.env
+            .insert("NIGHTSHIFT_BASE_COMMIT".to_string(), commit.to_string());
+        self
+    }
+
     pub fn with_cgroup_parent(mut self, parent: Option<String>) -> Self {
         self.cgroup_parent = parent;
         self
@@ -232,9 +244,11 @@ impl SandboxSpec {
 
     /// Resource limits per process: open files; no core dumps (a dump of
     /// the agent is written where the host may read it, and can be large);
-    /// no file larger than the worktree cap; processes bounded by the pids
-    /// cap (the kernel counts `nproc` per uid across the host, so sandboxes
-    /// running at once share it; the pids cgroup stays the per-run bound);
+    /// no file larger than the worktree cap; processes bounded by
+    /// [`SHARED_NPROC`] (the kernel counts `nproc` per uid across the host,
+    /// and every sandbox runs as the same uid: a per-run figure here would
+    /// let one sandbox starve the others' forks; the pids cgroup stays the
+    /// per-run bound);
     /// a bounded stack (8 MiB soft, as Linux's default; never unlimited,
     /// which would also switch off the randomised mmap layout).
     pub fn ulimits(&self) -> Vec<Ulimit> {
@@ -258,8 +272,8 @@ impl SandboxSpec {
             },
             Ulimit {
                 name: "nproc",
-                soft: c.pids,
-                hard: c.pids,
+                soft: SHARED_NPROC.max(c.pids),
+                hard: SHARED_NPROC.max(c.pids),
             },
             Ulimit {
                 name: "stack",
@@ -301,6 +315,7 @@ impl SandboxSpec {
             image_env,
             max_memory_bytes: self.caps.memory_bytes,
             max_pids: self.caps.pids,
+            max_nproc: SHARED_NPROC.max(self.caps.pids),
             allowed_tmpfs: self.tmpfs.keys().cloned().collect::<BTreeSet<_>>(),
             seccomp_profile_digest: orchestrator_attest::seccomp_profile_digest(SECCOMP_PROFILE)
                 .unwrap_or_default(),
@@ -393,7 +408,7 @@ mod tests {
         let get = |n: &str| limits.iter().find(|u| u.name == n).unwrap();
         assert_eq!((get("core").soft, get("core").hard), (0, 0));
         assert_eq!(get("fsize").hard, caps.max_worktree_bytes as i64);
-        assert_eq!(get("nproc").hard, caps.pids);
+        assert_eq!(get("nproc").hard, SHARED_NPROC.max(caps.pids));
         let masked = spec().masked_paths();
         for p in [
             "/proc/kcore",

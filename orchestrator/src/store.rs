@@ -9,6 +9,21 @@
 //!   so that rewriting the database alone cannot hide a truncation; a
 //!   checkpoint is appended only after its entry is committed, so a crash can
 //!   lose a checkpoint but never name an entry that does not exist.
+//! - The chain's head (`audit.head`: a checkpoint of the last entry) is
+//!   replaced after every committed transaction that appends an entry, so
+//!   removing any suffix of the log is seen by `verify`. It is written after
+//!   the commit (the database is `synchronous = FULL`), so it is never ahead
+//!   of the database, even after a crash or a power cut (it is not fsynced:
+//!   a cut leaves it behind, or empty, which reads as absent). It is
+//!   replaced atomically (a temporary file renamed over it) under
+//!   `audit.head.lock`, and only by a later entry, so concurrent appenders in
+//!   several processes never move it back. A writer that dies between its
+//!   commit and the head leaves the head behind (a weaker check, never a
+//!   false alarm); a head that cannot be written is logged, and the append
+//!   still succeeds, being committed.
+//! - [`Store::audit_snapshot`] reads the head and the checkpoints before the
+//!   entries, so everything they name was committed before the entries are
+//!   read: a verify beside appenders never reports a truncation that is not.
 //! - This module is the only one that names rusqlite.
 
 use std::fs::{self, OpenOptions};
@@ -118,6 +133,13 @@ impl StatePaths {
     }
     pub fn checkpoints(&self) -> PathBuf {
         self.root.join("audit.checkpoints")
+    }
+    /// The chain's head, replaced after every append.
+    pub fn audit_head(&self) -> PathBuf {
+        self.root.join("audit.head")
+    }
+    fn audit_head_lock(&self) -> PathBuf {
+        self.root.join("audit.head.lock")
     }
     pub fn worktrees(&self) -> PathBuf {
         self.root.join("worktrees")
@@ -461,8 +483,9 @@ impl Store {
             params![id, run, act.to_string(), state.to_string(), content, now],
         )
         .map_err(sql("queueing an act"))?;
-        append_in(&tx, &self.log, Some(run), event)?;
+        let entry = append_in(&tx, &self.log, Some(run), event)?;
         tx.commit().map_err(sql("committing a queued act"))?;
+        self.publish_head(&entry);
         Ok(())
     }
 
@@ -500,8 +523,9 @@ impl Store {
             params![to.to_string(), now_rfc3339(), id],
         )
         .map_err(sql("moving an act"))?;
-        append_in(&tx, &self.log, Some(run), event)?;
+        let entry = append_in(&tx, &self.log, Some(run), event)?;
         tx.commit().map_err(sql("committing an act's move"))?;
+        self.publish_head(&entry);
         Ok(true)
     }
 
@@ -567,6 +591,7 @@ impl Store {
             .map_err(sql("locking the audit log"))?;
         let entry = append_in(&tx, &self.log, run, event)?;
         tx.commit().map_err(sql("committing an audit entry"))?;
+        self.publish_head(&entry);
         if checkpoint {
             self.write_checkpoint(&orchestrator_audit::checkpoint(&entry))?;
         }
@@ -591,6 +616,7 @@ impl Store {
         .map_err(sql("appending a policy row"))?;
         let entry = append_in(&tx, &self.log, None, event)?;
         tx.commit().map_err(sql("committing a policy row"))?;
+        self.publish_head(&entry);
         self.write_checkpoint(&orchestrator_audit::checkpoint(&entry))?;
         Ok(entry)
     }
@@ -615,6 +641,92 @@ impl Store {
             );
         }
         Ok(out)
+    }
+
+    /// Replaces the head with `entry` unless it already names a later one.
+    /// Called after the entry's transaction committed; a failure is logged
+    /// and leaves the head behind, never ahead.
+    fn publish_head(&self, entry: &Entry) {
+        if let Err(e) = self.try_publish_head(entry) {
+            tracing::warn!(error = %e, seq = entry.seq, "the audit head was not updated");
+        }
+    }
+
+    fn try_publish_head(&self, entry: &Entry) -> Result<(), StoreError> {
+        let path = self.paths.audit_head();
+        let lock_path = self.paths.audit_head_lock();
+        let io = |doing: &'static str, path: &Path| {
+            let path = path.to_path_buf();
+            move |source| StoreError::Io {
+                doing,
+                path,
+                source,
+            }
+        };
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io("opening", &lock_path))?;
+        lock.lock().map_err(io("locking", &lock_path))?;
+        // An unreadable head is replaced: what it said is lost either way,
+        // and `verify` reports it until then.
+        let current = self.read_head().ok().flatten().map_or(0, |h| h.seq);
+        if entry.seq > current {
+            let tmp = self.paths.root.join("audit.head.tmp");
+            let mut text =
+                serde_json::to_vec(&orchestrator_audit::checkpoint(entry)).unwrap_or_default();
+            text.push(b'\n');
+            let mut f = fs::File::create(&tmp).map_err(io("writing", &tmp))?;
+            f.write_all(&text).map_err(io("writing", &tmp))?;
+            // No fsync: the entry is already durable, so a head lost to a
+            // power cut lags (or is left empty, read as absent); it cannot
+            // be ahead. An fsync here would double the append's cost.
+            fs::rename(&tmp, &path).map_err(io("replacing", &path))?;
+        }
+        // The lock is released when `lock` is dropped.
+        Ok(())
+    }
+
+    /// The chain's head, when one was written.
+    pub fn read_head(&self) -> Result<Option<Checkpoint>, StoreError> {
+        let path = self.paths.audit_head();
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => {
+                return Err(StoreError::Io {
+                    doing: "reading",
+                    path,
+                    source,
+                })
+            }
+        };
+        if text.trim().is_empty() {
+            return Ok(None);
+        }
+        serde_json::from_str(text.trim())
+            .map(Some)
+            .map_err(|e| StoreError::BadCheckpoint {
+                path,
+                line: 1,
+                message: e.to_string(),
+            })
+    }
+
+    /// The head, the checkpoints and the entries, read in that order: the
+    /// files name only committed entries, and the entries are read after
+    /// them in one statement (one read snapshot), so they hold all of those.
+    pub fn audit_snapshot(&self) -> Result<AuditSnapshot, StoreError> {
+        let head = self.read_head()?;
+        let checkpoints = self.checkpoints()?;
+        let entries = self.entries()?;
+        Ok(AuditSnapshot {
+            head,
+            checkpoints,
+            entries,
+        })
     }
 
     fn write_checkpoint(&self, cp: &Checkpoint) -> Result<(), StoreError> {
@@ -648,6 +760,29 @@ impl Store {
         let mut out = Vec::new();
         for row in rows {
             out.push(raw_to_entry(row.map_err(sql("reading the audit log"))?)?);
+        }
+        Ok(out)
+    }
+
+    /// The audit's refused (or undecided) door requests, of one run or of
+    /// all, oldest first.
+    pub fn door_refusals(&self, run: Option<&str>) -> Result<Vec<Entry>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT seq, time, kind, run, body, prev, hash FROM audit \
+                 WHERE kind = 'door_request' AND (?1 IS NULL OR run = ?1) \
+                 AND json_extract(body, '$.verdict') IN ('refused', 'error') ORDER BY seq",
+            )
+            .map_err(sql("reading refused door requests"))?;
+        let rows = stmt
+            .query_map(params![run], row_to_raw)
+            .map_err(sql("reading refused door requests"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(raw_to_entry(
+                row.map_err(sql("reading refused door requests"))?,
+            )?);
         }
         Ok(out)
     }
@@ -705,6 +840,14 @@ impl Store {
         out.sort_by_key(|c| c.seq);
         Ok(out)
     }
+}
+
+/// What `audit verify` checks, read consistently ([`Store::audit_snapshot`]).
+#[derive(Debug, Clone)]
+pub struct AuditSnapshot {
+    pub head: Option<Checkpoint>,
+    pub checkpoints: Vec<Checkpoint>,
+    pub entries: Vec<Entry>,
 }
 
 fn is_busy(e: &rusqlite::Error) -> bool {

@@ -148,6 +148,7 @@ mod tests {
             subject: subject.into(),
             scope: None,
             doors: vec!["push".into()],
+            tools: Vec::new(),
             effect,
             reason: "because".into(),
             authority: "a".into(),

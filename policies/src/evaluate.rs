@@ -166,6 +166,7 @@ pub fn applies(rule: &Rule, request: &Request) -> Applies {
     let Some((door_exact, door_literal)) = rule
         .doors()
         .iter()
+        .chain(rule.tools())
         .filter(|d| glob_matches(d, &request.door))
         .map(|d| (!is_glob(d), d.chars().filter(|c| *c != '*').count()))
         .max()

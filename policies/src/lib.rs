@@ -9,6 +9,7 @@
 //! the request's arguments).
 //!
 //! - [`rule`], [`pattern`], [`glob`]: rules as immutable, checked rows;
+//! - [`doors`]: the door schema rule files are checked against;
 //! - [`evaluate()`]: the precedence law (refuse > ask > allow);
 //! - [`ruleset`]: rows, generations, proposals, ratification, freeze;
 //! - [`authority`]: tier 1 (agents tighten on themselves) vs the owner;
@@ -18,6 +19,7 @@
 
 pub mod authority;
 pub mod canonical;
+pub mod doors;
 pub mod evaluate;
 pub mod gate;
 pub mod glob;

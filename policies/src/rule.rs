@@ -4,6 +4,8 @@
 //! deserialising, which calls it), so every rule in memory has a valid id,
 //! at least one door, a non-empty reason, clauses with exactly one test and
 //! compiled linear-time patterns, and `since < until` when both are set.
+//! Whether its doors and fields exist is the door schema's question
+//! ([`crate::doors`]), asked when rule files are read.
 //! A rule is never edited: it is retired and a new one declared.
 //!
 //! Field paths in match clauses are dotted: `command` is the top-level
@@ -89,8 +91,16 @@ pub struct RuleSpec {
     /// A path prefix the request's scope must lie under; absent = anywhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scope: Option<String>,
-    /// Door (tool) names or `*` globs; at least one.
+    /// nightshift's door names or `*` globs (`push`, `pull_request`,
+    /// `notify`, `ask`; see [`crate::doors`]). A rule names at least one
+    /// door or one tool.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub doors: Vec<String>,
+    /// A harness's tool names or `*` globs (`Bash`, `mcp__github__*`), as
+    /// `policy check --tool` passes them. Tools are open-ended: they are not
+    /// checked against the door schema.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<String>,
     /// refuse | ask | allow.
     pub effect: Effect,
     /// The sentence a refused caller is shown.
@@ -120,8 +130,8 @@ pub enum RuleError {
         /// The id as written.
         id: String,
     },
-    /// `doors = []`, or a door that is the empty string.
-    #[error("checking rule {id}: doors must name at least one door, and no door may be empty")]
+    /// Neither a door nor a tool, or a door or tool that is the empty string.
+    #[error("checking rule {id}: doors and tools must name at least one door or tool, and none may be empty")]
     BadDoors {
         /// The rule.
         id: String,
@@ -287,7 +297,9 @@ impl Rule {
         if !RuleId::is_valid(&id) {
             return Err(RuleError::BadId { id });
         }
-        if spec.doors.is_empty() || spec.doors.iter().any(String::is_empty) {
+        if (spec.doors.is_empty() && spec.tools.is_empty())
+            || spec.doors.iter().chain(&spec.tools).any(String::is_empty)
+        {
             return Err(RuleError::BadDoors { id });
         }
         if spec.subject.is_empty() {
@@ -365,6 +377,10 @@ impl Rule {
     pub fn doors(&self) -> &[String] {
         &self.spec.doors
     }
+    /// Tool names or globs.
+    pub fn tools(&self) -> &[String] {
+        &self.spec.tools
+    }
     /// The sentence a refused caller is shown.
     pub fn reason(&self) -> &str {
         &self.spec.reason
@@ -399,6 +415,7 @@ mod tests {
             subject: "*".into(),
             scope: None,
             doors: vec!["push".into()],
+            tools: Vec::new(),
             effect: Effect::Ask,
             reason: "a person decides".into(),
             authority: "test".into(),

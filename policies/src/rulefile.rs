@@ -3,7 +3,9 @@
 //! Invariants: parsing is pure (text in, rows or an error out; reading the
 //! files is [`crate::load`]'s job). A file is `[[rule]]` tables (the fields
 //! of [`crate::rule::RuleSpec`]) and `[[retire]]` tables (`rule`, `reason`,
-//! `authority`); unknown fields are errors. Within a file, its rules are
+//! `authority`); unknown fields are errors. Every rule is checked against
+//! the door schema ([`crate::doors`]): an unknown door or a field its door
+//! never sends is an error on the `doors` line or the clause's line. Within a file, its rules are
 //! declared before its retirements; files are applied in the order given.
 //! Every error carries the file, a 1-based line, and the rule id when one is
 //! known; a set with any error is never returned, so nothing half-loaded
@@ -65,6 +67,20 @@ pub enum LoadError {
         #[source]
         source: Box<RuleError>,
     },
+    /// A rule naming a door nightshift does not have, or matching on a
+    /// field its door never sends (see [`crate::doors`]).
+    #[error("reading policy {}: line {line}: rule {rule}: {source}", file.display())]
+    Schema {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line (the `doors` line, or the clause's).
+        line: usize,
+        /// The rule's id.
+        rule: String,
+        /// What was wrong.
+        #[source]
+        source: Box<crate::doors::SchemaError>,
+    },
     /// A valid row the set refused (duplicate id, retiring no rule, ...).
     #[error("reading policy {}: line {line}: rule {rule}: {source}", file.display())]
     Apply {
@@ -96,6 +112,7 @@ impl LoadError {
         match self {
             LoadError::Parse { line, .. }
             | LoadError::Rule { line, .. }
+            | LoadError::Schema { line, .. }
             | LoadError::Apply { line, .. } => Some(*line),
             _ => None,
         }
@@ -105,7 +122,9 @@ impl LoadError {
     pub fn rule(&self) -> Option<&str> {
         match self {
             LoadError::Parse { rule, .. } => rule.as_deref(),
-            LoadError::Rule { rule, .. } | LoadError::Apply { rule, .. } => Some(rule),
+            LoadError::Rule { rule, .. }
+            | LoadError::Schema { rule, .. }
+            | LoadError::Apply { rule, .. } => Some(rule),
             _ => None,
         }
     }
@@ -127,7 +146,10 @@ struct RawRule {
     subject: String,
     #[serde(default)]
     scope: Option<String>,
-    doors: Vec<String>,
+    #[serde(default)]
+    doors: Option<Spanned<Vec<String>>>,
+    #[serde(default)]
+    tools: Vec<String>,
     effect: Effect,
     reason: String,
     authority: String,
@@ -227,12 +249,17 @@ pub fn parse_rule_file(file: &Path, text: &str) -> Result<Vec<FileRow>, LoadErro
             .iter()
             .map(|c| line_of(text, c.span().start))
             .collect();
+        let doors_line = r
+            .doors
+            .as_ref()
+            .map_or(id_line, |d| line_of(text, d.span().start));
         let id = r.id.into_inner();
         let spec = RuleSpec {
             id: id.clone(),
             subject: r.subject,
             scope: r.scope,
-            doors: r.doors,
+            doors: r.doors.map(Spanned::into_inner).unwrap_or_default(),
+            tools: r.tools,
             effect: r.effect,
             reason: r.reason,
             authority: r.authority,
@@ -247,6 +274,15 @@ pub fn parse_rule_file(file: &Path, text: &str) -> Result<Vec<FileRow>, LoadErro
                 .clause_index()
                 .and_then(|i| clause_lines.get(i).copied())
                 .unwrap_or(id_line),
+            rule: id.clone(),
+            source: Box::new(source),
+        })?;
+        crate::doors::check_rule(&rule).map_err(|source| LoadError::Schema {
+            file: file.to_owned(),
+            line: source
+                .clause_index()
+                .and_then(|i| clause_lines.get(i).copied())
+                .unwrap_or(doors_line),
             rule: id.clone(),
             source: Box::new(source),
         })?;

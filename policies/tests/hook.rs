@@ -21,6 +21,7 @@ fn rule(
         subject: subject.into(),
         scope: None,
         doors: vec![doors.into()],
+        tools: Vec::new(),
         effect,
         reason: reason.into(),
         authority: "test".into(),

@@ -36,22 +36,57 @@ authority = "test"
 "#;
 
 #[test]
-fn shipped_defaults_load_and_ask_for_every_irreversible_act() {
+fn shipped_defaults_load_and_ask_for_every_door() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules");
     let set = load_dir(&dir).expect("default rules load");
-    for door in ["push", "pr", "notify", "publish", "deploy"] {
-        let d = evaluate(&set, &Request::new(door, json!({})), NOW);
-        assert_eq!(d.verdict, Effect::Ask, "{door}: {d:?}");
+    // Each door, with the fields the door sends (policies::doors).
+    let push = |r: &str, force: bool, delete: bool| json!({"remote": "origin", "ref": r, "commit": "c", "force": force, "delete": delete});
+    let cases = [
+        (
+            "push",
+            push("refs/heads/agent/x", false, false),
+            Effect::Ask,
+            "ask-before-push",
+        ),
+        (
+            "pull_request",
+            json!({"remote": "origin", "base": "refs/heads/main", "head": "refs/heads/x", "commit": "c"}),
+            Effect::Ask,
+            "ask-before-pr",
+        ),
+        (
+            "notify",
+            json!({"destination": "team"}),
+            Effect::Ask,
+            "ask-before-notify",
+        ),
+        ("ask", json!({}), Effect::Ask, "ask-before-ask"),
+        (
+            "push",
+            push("refs/heads/main", true, false),
+            Effect::Refuse,
+            "no-force-push-to-main",
+        ),
+        (
+            "push",
+            push("refs/heads/master", false, true),
+            Effect::Refuse,
+            "no-deleting-main",
+        ),
+    ];
+    for (door, args, verdict, rule) in cases {
+        let d = evaluate(&set, &Request::new(door, args), NOW);
+        assert_eq!(
+            (d.verdict, d.rule.to_string()),
+            (verdict, rule.to_string()),
+            "{door}: {d:?}"
+        );
     }
-    let force_main = Request::new(
-        "push",
-        json!({"ref": "main", "force": true, "remote": "origin"}),
-    );
-    let d = evaluate(&set, &force_main, NOW);
-    assert_eq!(d.verdict, Effect::Refuse);
-    assert_eq!(d.rule.to_string(), "no-force-push-to-main");
-    let branch = Request::new("push", json!({"ref": "agent/x", "force": true}));
-    assert_eq!(evaluate(&set, &branch, NOW).verdict, Effect::Ask);
+    // Every door has a shipped rule, and every shipped rule fits the schema.
+    for door in policies::doors::DOORS {
+        let d = evaluate(&set, &Request::new(door.name, json!({})), NOW);
+        assert_eq!(d.verdict, Effect::Ask, "{}: {d:?}", door.name);
+    }
     assert_eq!(
         evaluate(&set, &Request::new("read", json!({})), NOW).verdict,
         Effect::Allow
@@ -60,6 +95,58 @@ fn shipped_defaults_load_and_ask_for_every_irreversible_act() {
     let embedded =
         rule_set_from_files([(Path::new("default.toml"), policies::DEFAULT_RULES)]).unwrap();
     assert_eq!(embedded.generation(), set.generation());
+}
+
+#[test]
+fn a_door_nightshift_does_not_have_is_named_at_its_line() {
+    let e = err(&GOOD.replace(r#"doors = ["push"]"#, r#"doors = ["pr"]"#));
+    assert_names(
+        &e,
+        5,
+        Some("r1"),
+        "door \"pr\" is not a door nightshift has",
+    );
+    assert!(e.to_string().contains("pull_request"), "{e}");
+    // A glob must match at least one door.
+    let e = err(&GOOD.replace(r#"doors = ["push"]"#, r#"doors = ["deploy*"]"#));
+    assert_names(&e, 5, Some("r1"), "\"deploy*\"");
+    // A tool named as a door points to `tools`.
+    let e = err(&GOOD.replace(r#"doors = ["push"]"#, r#"doors = ["Bash"]"#));
+    assert_names(&e, 5, Some("r1"), "`tools`");
+}
+
+#[test]
+fn a_field_the_door_never_sends_is_named_at_its_clause() {
+    let text = format!("{GOOD}match = [\n  {{ field = \"ref\", matches = 'main' }},\n  {{ field = \"body\", matches = 'x' }},\n]\n");
+    let e = err(&text);
+    assert_names(
+        &e,
+        11,
+        Some("r1"),
+        "field \"body\", which door push never sends",
+    );
+    let notify = GOOD.replace(r#"doors = ["push"]"#, r#"doors = ["notify"]"#);
+    let e = err(&format!(
+        "{notify}match = [{{ field = \"force\", matches = 'true' }}]\n"
+    ));
+    assert_names(&e, 9, Some("r1"), "door notify never sends");
+}
+
+#[test]
+fn tools_are_open_and_bind_the_hook() {
+    let text = GOOD.replace(
+        r#"doors = ["push"]"#,
+        r#"tools = ["Bash", "mcp__github__*"]"#,
+    );
+    let text = format!("{text}match = [{{ field = \"command\", matches = 'rm' }}]\n");
+    let set = rule_set_from_files([(Path::new("rules/p.toml"), text.as_str())]).unwrap();
+    let d = evaluate(&set, &Request::new("Bash", json!({"command": "rm x"})), NOW);
+    assert_eq!(d.verdict, Effect::Ask);
+    let d = evaluate(&set, &Request::new("push", json!({"command": "rm x"})), NOW);
+    assert_eq!(d.verdict, Effect::Allow);
+    // Neither doors nor tools is still an error.
+    let none = GOOD.replace("doors = [\"push\"]\n", "");
+    assert!(matches!(err(&none), LoadError::Rule { .. }));
 }
 
 #[test]

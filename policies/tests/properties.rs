@@ -58,6 +58,7 @@ fn shape() -> impl Strategy<Value = RuleSpec> {
                 subject: SUBJECTS[s].into(),
                 scope: scope.map(|i| SCOPES[i].into()),
                 doors: doors.into_iter().map(|d| DOOR_GLOBS[d].into()).collect(),
+                tools: Vec::new(),
                 effect,
                 reason: format!("{effect} because"),
                 authority: "test".into(),
@@ -259,7 +260,7 @@ proptest! {
     fn refuse_beats_everything(rs in rules(10), req in request(), now in clock(), at in any::<prop::sample::Index>()) {
         let mut rs = rs;
         let wall = Rule::compile(RuleSpec {
-            id: "wall".into(), subject: "*".into(), scope: None, doors: vec!["*".into()],
+            id: "wall".into(), subject: "*".into(), scope: None, doors: vec!["*".into()], tools: Vec::new(),
             effect: Effect::Refuse, reason: "no".into(), authority: "t".into(), locked: false,
             since: None, until: None, clauses: vec![],
         }).unwrap();
@@ -385,6 +386,7 @@ proptest! {
         let probe = Rule::compile(RuleSpec {
             id: "probe".into(), subject: SUBJECTS[refuse_subject].into(), scope: None,
             doors: vec![req.door.clone()], effect: Effect::Refuse, reason: "named actors only".into(),
+            tools: Vec::new(),
             authority: "t".into(), locked: false, since: None, until: None, clauses: vec![],
         }).unwrap();
         rs.push(probe);
@@ -420,6 +422,7 @@ fn specificity_only_chooses_the_name() {
             subject: subject.into(),
             scope: None,
             doors: vec![doors.into()],
+            tools: Vec::new(),
             effect,
             reason: id.into(),
             authority: "t".into(),
@@ -461,6 +464,7 @@ fn since_and_until_follow_the_injected_clock() {
         subject: "*".into(),
         scope: None,
         doors: vec!["push".into()],
+        tools: Vec::new(),
         effect: Effect::Refuse,
         reason: "maintenance".into(),
         authority: "t".into(),
@@ -491,6 +495,7 @@ fn scope_is_matched_by_whole_components_after_normalising() {
         subject: "*".into(),
         scope: Some("/etc".into()),
         doors: vec!["*".into()],
+        tools: Vec::new(),
         effect: Effect::Refuse,
         reason: "not there".into(),
         authority: "t".into(),

@@ -16,6 +16,7 @@ fn rule(id: &str, subject: &str, effect: Effect) -> Rule {
         subject: subject.into(),
         scope: None,
         doors: vec!["push".into()],
+        tools: Vec::new(),
         effect,
         reason: format!("{id} says {effect}"),
         authority: "test".into(),

@@ -156,3 +156,324 @@ echo done
     assert!(state.containers().is_empty());
     assert!(state.verify().status.success());
 }
+
+/// Writes two hostile commits as raw loose objects into `.git/objects` of
+/// the current directory (`git mktree` refuses such trees), on top of HEAD.
+/// argv: the decoy directory and the host repository's hooks directory.
+/// A: a tree `..` holding a file, `.git/hooks/post-checkout` as one name, a
+/// symlink `l` to the decoy and an entry `l/x` through it. B: only files and
+/// symlinks (no directory entry to stop a checkout early): `../escaped-by-name`,
+/// `h` -> the hooks directory with `h/post-checkout`, and `l`, `l/x`.
+const HOSTILE_OBJECTS: &str = r##"
+import hashlib, os, sys, zlib
+decoy, hooks = sys.argv[1], sys.argv[2]
+def obj(kind, data):
+    raw = b"%s %d\0" % (kind.encode(), len(data)) + data
+    h = hashlib.sha1(raw).hexdigest()
+    d = os.path.join(".git", "objects", h[:2])
+    os.makedirs(d, exist_ok=True)
+    p = os.path.join(d, h[2:])
+    if not os.path.exists(p):
+        with open(p, "wb") as f:
+            f.write(zlib.compress(raw))
+    return h
+def tree(*entries):
+    return obj("tree", b"".join(m + b" " + n + b"\0" + bytes.fromhex(i) for m, n, i in entries))
+def commit(t, msg):
+    parent = os.popen("git rev-parse HEAD").read().strip()
+    return obj("commit", ("tree %s\nparent %s\nauthor a <a@example.invalid> 1 +0000\ncommitter a <a@example.invalid> 1 +0000\n\n%s\n" % (t, parent, msg)).encode())
+out = obj("blob", b"written outside the worktree\n")
+hook = obj("blob", ("#!/bin/sh\ntouch %s/hook-ran\n" % decoy).encode())
+to_decoy = obj("blob", decoy.encode())
+to_hooks = obj("blob", hooks.encode())
+a = commit(tree(
+    (b"40000", b"..", tree((b"100644", b"escaped-by-dotdot", out))),
+    (b"100755", b".git/hooks/post-checkout", hook),
+    (b"120000", b"l", to_decoy),
+    (b"100644", b"l/x", out),
+), "hostile A")
+b = commit(tree(
+    (b"100644", b"../escaped-by-name", out),
+    (b"120000", b"h", to_hooks),
+    (b"100755", b"h/post-checkout", hook),
+    (b"120000", b"l", to_decoy),
+    (b"100644", b"l/x", out),
+), "hostile B")
+print("HOSTILE-A", a)
+print("HOSTILE-B", b)
+"##;
+
+/// Every path under `dir`, relative, sorted (symlinks not followed).
+fn listing(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            out.push(entry.path().strip_prefix(dir).unwrap().to_owned());
+            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                stack.push(entry.path());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn hostile_id(text: &str, which: &str) -> String {
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("HOSTILE-{which} ")))
+        .unwrap_or_else(|| panic!("no HOSTILE-{which} id in: {text}"))
+        .trim()
+        .to_string()
+}
+
+/// What must hold after every step: nothing was written through a hostile
+/// tree, wherever it points.
+fn assert_nothing_escaped(
+    state: &State,
+    repo: &Path,
+    decoy: &Path,
+    hooks_before: &[std::path::PathBuf],
+    step: &str,
+) {
+    assert!(
+        listing(decoy).is_empty(),
+        "{step}: written into the decoy: {:?}",
+        listing(decoy)
+    );
+    assert_eq!(
+        listing(&repo.join(".git/hooks")),
+        hooks_before,
+        "{step}: the host repository's hooks changed"
+    );
+    for dir in [state.path(), repo] {
+        let escaped: Vec<_> = listing(dir)
+            .into_iter()
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("escaped-by-"))
+            })
+            .collect();
+        assert!(
+            escaped.is_empty(),
+            "{step}: written outside a worktree: {escaped:?}"
+        );
+    }
+    assert!(state.containers().is_empty(), "{step}: containers left");
+}
+
+#[test]
+fn hostile_trees_never_write_outside_a_worktree() {
+    let state = State::new();
+    let repo = make_repo();
+    let decoy_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(decoy_dir.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let decoy = decoy_dir.path().to_owned();
+    let hooks = repo.path().join(".git/hooks");
+    std::fs::create_dir_all(&hooks).unwrap();
+    let hooks_before = listing(&hooks);
+
+    // 1. The agent writes the hostile commits itself and points its branch at A.
+    let script = format!(
+        r#"set -eu
+cd /workspace
+ids=$(python3 - '{decoy}' '{hooks}' <<'PY'
+{HOSTILE_OBJECTS}
+PY
+)
+echo "$ids"
+git update-ref HEAD "$(echo "$ids" | awk '/HOSTILE-A/ {{print $2}}')"
+echo planted
+"#,
+        decoy = decoy.display(),
+        hooks = hooks.display(),
+    );
+    let out = state.run(&[
+        "run",
+        "--repo",
+        repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--",
+        "bash",
+        "-c",
+        &script,
+    ]);
+    let run = only_run(&state);
+    let id = run["id"].as_str().unwrap().to_string();
+    let log = state.output_log(&id);
+    assert!(
+        log.contains("planted"),
+        "the agent did not plant: {log}\n{}",
+        stderr(&out)
+    );
+    let agent_a = hostile_id(&log, "A");
+    assert_nothing_escaped(
+        &state,
+        repo.path(),
+        &decoy,
+        &hooks_before,
+        "the hostile run",
+    );
+    // The import refused the commit: it is nowhere in the host repository.
+    let found = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo.path())
+        .args(["cat-file", "-e", &agent_a])
+        .output()
+        .unwrap();
+    assert!(
+        !found.status.success(),
+        "the hostile commit was imported into the host repository"
+    );
+
+    // 2. Continuing from the run's result, whatever the import kept.
+    let result_ref = format!("refs/nightshift/runs/{id}");
+    let has_result = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo.path())
+        .args(["rev-parse", "--verify", "-q", &result_ref])
+        .output()
+        .unwrap()
+        .status
+        .success();
+    if has_result {
+        state.run(&[
+            "run",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--ref",
+            &result_ref,
+            "--image",
+            &image(),
+            "--",
+            "true",
+        ]);
+        assert_nothing_escaped(
+            &state,
+            repo.path(),
+            &decoy,
+            &hooks_before,
+            "the continued run",
+        );
+    }
+
+    // 3. The same trees as if an older nightshift had imported them: planted
+    // in the host repository, then a run is based on each.
+    let planted = std::process::Command::new("python3")
+        .current_dir(repo.path())
+        .args(["-", decoy.to_str().unwrap(), hooks.to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(HOSTILE_OBJECTS.as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert!(planted.status.success());
+    let planted = String::from_utf8_lossy(&planted.stdout).into_owned();
+    for which in ["A", "B"] {
+        let commit = hostile_id(&planted, which);
+        let reference = format!("refs/nightshift/runs/older-{which}");
+        git(repo.path(), &["update-ref", &reference, &commit]);
+        let out = state.run(&[
+            "run",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--ref",
+            &reference,
+            "--image",
+            &image(),
+            "--",
+            "true",
+        ]);
+        assert!(
+            !out.status.success(),
+            "a run on hostile commit {which} started"
+        );
+        assert!(
+            stderr(&out).contains("refused entry"),
+            "run on hostile commit {which} not refused for its tree: {}",
+            stderr(&out)
+        );
+        assert_nothing_escaped(
+            &state,
+            repo.path(),
+            &decoy,
+            &hooks_before,
+            &format!("the run on planted commit {which}"),
+        );
+    }
+    assert!(state.verify().status.success());
+}
+
+/// A stash, an unrelated branch and a commit reset away in the host
+/// repository are not readable from inside the sandbox.
+#[test]
+fn the_sandbox_holds_only_objects_its_base_reaches() {
+    let state = State::new();
+    let repo = make_repo();
+    let r = repo.path();
+    std::fs::write(r.join("stashed.txt"), "STASH-SECRET-7c1\n").unwrap();
+    git(r, &["add", "stashed.txt"]);
+    git(r, &["stash", "-q"]);
+    let stash = git(r, &["rev-parse", "refs/stash"]).trim().to_string();
+    let stash_blob = git(r, &["rev-parse", "refs/stash:stashed.txt"])
+        .trim()
+        .to_string();
+    git(r, &["checkout", "-q", "-b", "other"]);
+    std::fs::write(r.join("other.txt"), "BRANCH-SECRET-7c2\n").unwrap();
+    git(r, &["add", "other.txt"]);
+    git(r, &["commit", "-q", "-m", "other branch"]);
+    let other = git(r, &["rev-parse", "HEAD"]).trim().to_string();
+    git(r, &["checkout", "-q", "main"]);
+    std::fs::write(r.join("gone.txt"), "RESET-SECRET-7c3\n").unwrap();
+    git(r, &["add", "gone.txt"]);
+    git(r, &["commit", "-q", "-m", "reset away"]);
+    let gone = git(r, &["rev-parse", "HEAD"]).trim().to_string();
+    git(r, &["reset", "-q", "--hard", "HEAD~1"]);
+
+    let script = format!(
+        r#"set -u
+cd /workspace
+for id in {stash} {stash_blob} {other} {gone}; do
+  if git cat-file -e "$id" 2>/dev/null; then echo "READABLE $id"; fi
+done
+echo "SECRETS=$(git cat-file --batch-all-objects --batch | grep -c -- -SECRET-7c)"
+echo done
+"#
+    );
+    let out = state.run(&[
+        "run",
+        "--repo",
+        r.to_str().unwrap(),
+        "--image",
+        &image(),
+        "--",
+        "bash",
+        "-c",
+        &script,
+    ]);
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+    let run = only_run(&state);
+    let log = state.output_log(run["id"].as_str().unwrap());
+    assert!(log.contains("done"), "the probe did not finish: {log}");
+    assert!(
+        !log.contains("READABLE"),
+        "host objects readable in the sandbox: {log}"
+    );
+    assert!(
+        log.contains("SECRETS=0"),
+        "host secrets readable in the sandbox: {log}"
+    );
+    assert!(state.containers().is_empty());
+}

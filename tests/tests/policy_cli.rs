@@ -147,14 +147,14 @@ fn rule_file(
     id: &str,
     subject: &str,
     effect: &str,
-    doors: &str,
+    doors_or_tools: &str,
     clause: &str,
 ) -> PathBuf {
     write(
         dir,
         &format!("{id}.toml"),
         &format!(
-            "[[rule]]\nid = \"{id}\"\nsubject = \"{subject}\"\ndoors = [{doors}]\neffect = \"{effect}\"\n\
+            "[[rule]]\nid = \"{id}\"\nsubject = \"{subject}\"\n{doors_or_tools}\neffect = \"{effect}\"\n\
              reason = \"Rule {id} says no.\"\nauthority = \"test\"\nmatch = [{clause}]\n"
         ),
     )
@@ -327,6 +327,53 @@ fn the_hook_fails_closed_on_bad_input() {
 }
 
 #[test]
+fn a_rule_naming_a_door_nightshift_lacks_or_a_field_it_never_sends_is_refused_at_load() {
+    let state = State::new();
+    let allowed = br#"{"command":"ls"}"#;
+    let dir = tempfile::tempdir().unwrap();
+    // The door is `pull_request`: a rule on `pr` would never match.
+    let pr = rule_file(dir.path(), "ask-pr", "*", "ask", r#"doors = ["pr"]"#, "");
+    let out = check_with_rules(&state, dir.path(), "Bash", allowed);
+    assert_refused_by(
+        &out,
+        "nightshift:hook-internal",
+        "ask-pr.toml: line 4: rule ask-pr: door \"pr\"",
+    );
+    std::fs::remove_file(&pr).unwrap();
+    // A push never sends `body`: the clause's line is named.
+    let clause = r#"{ field = "body", matches = 'secret' }"#;
+    let body = rule_file(
+        dir.path(),
+        "no-secret",
+        "*",
+        "refuse",
+        r#"doors = ["push"]"#,
+        clause,
+    );
+    let out = check_with_rules(&state, dir.path(), "Bash", allowed);
+    assert_refused_by(&out, "nightshift:hook-internal", "no-secret.toml: line 8: rule no-secret: match clause 0 tests field \"body\", which door push never sends");
+    // Declaring such a rule is refused the same way, and nothing is stored.
+    let key = owner_init(&state);
+    let out = ns(
+        &state,
+        &[
+            "policy",
+            "declare",
+            body.to_str().unwrap(),
+            "--owner-key-file",
+            key.to_str().unwrap(),
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("which door push never sends"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(active_rule(&state, "no-secret").is_none());
+}
+
+#[test]
 fn the_hook_fails_closed_when_its_rules_or_state_cannot_be_read() {
     let allowed = br#"{"command":"ls"}"#;
     let scratch = tempfile::tempdir().unwrap();
@@ -339,7 +386,7 @@ fn the_hook_fails_closed_when_its_rules_or_state_cannot_be_read() {
         "10-ok.toml",
         &std::fs::read_to_string(shipped_rules()).unwrap(),
     );
-    write(&bad, "20-bad.toml", "[[rule]]\nid = \"x\"\nsubject = \"*\"\ndoors = [\"Bash\"]\neffect = \"sometimes\"\nreason = \"r\"\nauthority = \"a\"\n");
+    write(&bad, "20-bad.toml", "[[rule]]\nid = \"x\"\nsubject = \"*\"\ntools = [\"Bash\"]\neffect = \"sometimes\"\nreason = \"r\"\nauthority = \"a\"\n");
     let state = State::new();
     let out = check_with_rules(&state, &bad, "Bash", allowed);
     assert_refused_by(&out, "nightshift:hook-internal", "20-bad.toml");
@@ -402,7 +449,7 @@ fn a_look_around_pattern_is_refused_naming_file_and_line() {
     let file = write(
         dir.path(),
         "lookaround.toml",
-        "# a comment\n[[rule]]\nid = \"no-rm-but-build\"\nsubject = \"*\"\ndoors = [\"Bash\"]\n\
+        "# a comment\n[[rule]]\nid = \"no-rm-but-build\"\nsubject = \"*\"\ntools = [\"Bash\"]\n\
          effect = \"refuse\"\nreason = \"r\"\nauthority = \"a\"\nmatch = [\n  \
          { field = \"command\", matches = 'rm -rf (?!build)' },\n]\n",
     );
@@ -430,7 +477,7 @@ fn an_agent_may_only_tighten_and_only_on_itself() {
         "agent-a-no-release",
         "agent-a",
         "refuse",
-        r#""push""#,
+        r#"doors = ["push"]"#,
         clause,
     );
     let out = ns(
@@ -462,7 +509,7 @@ fn an_agent_may_only_tighten_and_only_on_itself() {
         "agent-a-may-push",
         "agent-a",
         "allow",
-        r#""push""#,
+        r#"doors = ["push"]"#,
         "",
     );
     let other = rule_file(
@@ -470,10 +517,17 @@ fn an_agent_may_only_tighten_and_only_on_itself() {
         "agent-b-no-push",
         "agent-b",
         "refuse",
-        r#""push""#,
+        r#"doors = ["push"]"#,
         "",
     );
-    let everyone = rule_file(dir.path(), "nobody-pushes", "*", "refuse", r#""push""#, "");
+    let everyone = rule_file(
+        dir.path(),
+        "nobody-pushes",
+        "*",
+        "refuse",
+        r#"doors = ["push"]"#,
+        "",
+    );
     for (file, why) in [
         (&loosen, "an allow rule loosens the policy"),
         (&other, "binds more than the declaring agent"),
@@ -527,7 +581,14 @@ fn a_proposal_is_inert_until_the_owner_ratifies_it_and_then_locked() {
     let state = State::new();
     let dir = tempfile::tempdir().unwrap();
     let clause = r#"{ field = "command", matches = '^curl ' }"#;
-    let file = rule_file(dir.path(), "no-curl", "*", "refuse", r#""Bash""#, clause);
+    let file = rule_file(
+        dir.path(),
+        "no-curl",
+        "*",
+        "refuse",
+        r#"tools = ["Bash"]"#,
+        clause,
+    );
     let curl = r#"{"command":"curl https://example.com"}"#;
 
     let out = ns(
@@ -643,7 +704,14 @@ fn the_owner_declares_and_retires_and_no_one_else_does() {
     let state = State::new();
     let dir = tempfile::tempdir().unwrap();
     let clause = r#"{ field = "command", matches = '^wget ' }"#;
-    let file = rule_file(dir.path(), "no-wget", "*", "refuse", r#""Bash""#, clause);
+    let file = rule_file(
+        dir.path(),
+        "no-wget",
+        "*",
+        "refuse",
+        r#"tools = ["Bash"]"#,
+        clause,
+    );
     let wget = r#"{"command":"wget https://example.com"}"#;
     let key = owner_init(&state);
     let key_arg = key.to_str().unwrap();
@@ -760,7 +828,7 @@ fn claude_code_hook_input_names_the_tool_arguments_and_scope() {
     write(
         dir.path(),
         "10-work.toml",
-        "[[rule]]\nid = \"no-rm-in-work\"\nsubject = \"*\"\nscope = \"/work\"\ndoors = [\"Bash\"]\n\
+        "[[rule]]\nid = \"no-rm-in-work\"\nsubject = \"*\"\nscope = \"/work\"\ntools = [\"Bash\"]\n\
          effect = \"refuse\"\nreason = \"No rm under /work.\"\nauthority = \"test\"\n\
          match = [{ field = \"command\", matches = '^rm ' }]\n",
     );

@@ -116,6 +116,10 @@ pub struct Expectations {
     pub image_env: Vec<String>,
     pub max_memory_bytes: i64,
     pub max_pids: i64,
+    /// Largest `nproc` ulimit: the kernel counts it per uid across the host
+    /// (every sandbox runs as the same uid), so it bounds all sandboxes
+    /// together; the pids cgroup (`max_pids`) is the per-run bound.
+    pub max_nproc: i64,
     /// Container paths that may carry a tmpfs (e.g. `/tmp`, `/home/agent`).
     pub allowed_tmpfs: BTreeSet<String>,
     /// The digest of nightshift's seccomp profile ([`seccomp_profile_digest`]).
@@ -1078,7 +1082,7 @@ fn ulimits_bounded(hc: &HostConfig, expect: &Expectations) -> Property {
     let within = |name: &str, max: i64, min: i64| matches!(limit(name), Some((Some(soft), Some(hard))) if hard >= min && hard <= max && soft <= hard && soft >= 0);
     let ok = within("core", 0, 0)
         && within("fsize", expect.max_file_bytes, 1)
-        && within("nproc", expect.max_pids, 1);
+        && within("nproc", expect.max_nproc, 1);
     let show = |name: &str| match limit(name) {
         None => format!("{name}=unset"),
         Some((soft, hard)) => format!("{name}={}/{}", opt(&soft), opt(&hard)),
@@ -1089,7 +1093,7 @@ fn ulimits_bounded(hc: &HostConfig, expect: &Expectations) -> Property {
         format!("{} {} {}", show("core"), show("fsize"), show("nproc")),
         format!(
             "core=0/0, 0 < fsize <= {}, 0 < nproc <= {}",
-            expect.max_file_bytes, expect.max_pids
+            expect.max_file_bytes, expect.max_nproc
         ),
     )
 }

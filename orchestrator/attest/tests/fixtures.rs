@@ -71,6 +71,7 @@ fn expectations() -> Expectations {
         image_env: vec![],
         max_memory_bytes: 536_870_912,
         max_pids: 256,
+        max_nproc: 16384,
         allowed_tmpfs: BTreeSet::from(["/tmp".into(), "/home/agent".into()]),
         seccomp_profile_digest: profile_digest(),
         max_shm_bytes: 8_388_608,

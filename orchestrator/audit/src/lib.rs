@@ -28,7 +28,9 @@
 //! storage, so [`seal`] refuses them.
 //!
 //! A [`Checkpoint`] copies an entry's `seq`, `hash` and `time`. The caller
-//! takes one at least at every run's start and end.
+//! takes one at least at every run's start and end, and keeps the chain's
+//! *head* (a checkpoint of the last entry, replaced after every committed
+//! append) apart from the entries too; [`verify_with_head`] checks it.
 //!
 //! # What [`verify`] checks, in this order
 //!
@@ -41,6 +43,8 @@
 //!    hash of the entry before (a validly sealed entry put in the wrong
 //!    place); every checkpoint at `p` matches it (the chain was rewritten).
 //! 3. No checkpoint names an entry past the end (truncation).
+//! 4. With [`verify_with_head`]: the head names an entry that exists
+//!    (truncation) and matches it (rewrite).
 //!
 //! The first failure is reported with the position of the entry it concerns
 //! (the seq that entry should have had) and stops the walk.
@@ -48,11 +52,14 @@
 //! # What it cannot detect
 //!
 //! Hashes are unkeyed, so anyone who can write the entries can re-seal them.
-//! Tampering is therefore provable only up to the last checkpoint: a rewrite
-//! of entries after it, or truncation after it, verifies. A chain rewritten
-//! from entry `k` on is reported at the first checkpoint at or after `k`,
-//! which is the first entry at which the rewrite is provable. Checkpoints
-//! are only as trustworthy as the file that holds them.
+//! Tampering is therefore provable only up to the last checkpoint, or the
+//! head when one is given: a rewrite of entries after it, or truncation
+//! after it, verifies. A head written after every append leaves only the
+//! entries appended after it was last written (a writer that died between
+//! its commit and the head) unprovable. A chain rewritten from entry `k` on
+//! is reported at the first checkpoint (or head) at or after `k`, which is
+//! the first entry at which the rewrite is provable. Checkpoints and the
+//! head are only as trustworthy as the files that hold them.
 
 #![forbid(unsafe_code)]
 
@@ -62,7 +69,7 @@ mod verify;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use verify::{verify, BadCheckpoint, BadEntry, Verified, VerifyError};
+pub use verify::{verify, verify_with_head, BadCheckpoint, BadEntry, Verified, VerifyError};
 
 /// The id of one log. Every hash is bound to it, so an entry spliced in from
 /// another log does not verify. The caller picks it at random (at least 128

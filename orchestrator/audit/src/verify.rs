@@ -62,6 +62,10 @@ pub enum BadEntry {
     CheckpointMismatch { index: u64 },
     #[error("missing, but checkpoint {index} names entry {checkpoint} (log truncated)")]
     Truncated { index: u64, checkpoint: u64 },
+    #[error("missing, but the chain's head names entry {head} (log truncated)")]
+    HeadTruncated { head: u64 },
+    #[error("does not match the chain's head (the log was rewritten at or before this entry)")]
+    HeadMismatch,
 }
 
 /// What is wrong with the checkpoint file.
@@ -143,6 +147,43 @@ pub fn verify(
         head: prev.to_owned(),
         checkpoints: checkpoints.len() as u64,
     })
+}
+
+/// [`verify`], and then the chain's head kept apart from the entries: the
+/// entry it names must exist and match it. The head is written after every
+/// committed append, so a suffix removed or rewritten at or before it is
+/// found even when no checkpoint follows it. Checks of the entries and
+/// checkpoints come first, so the same fault is named the same way.
+pub fn verify_with_head(
+    log: &LogId,
+    entries: &[Entry],
+    checkpoints: &[Checkpoint],
+    head: Option<&Checkpoint>,
+) -> Result<Verified, VerifyError> {
+    let verified = verify(log, entries, checkpoints)?;
+    let Some(head) = head else {
+        return Ok(verified);
+    };
+    if head.seq > verified.entries {
+        return Err(VerifyError::Entry {
+            seq: verified.entries + 1,
+            reason: BadEntry::HeadTruncated { head: head.seq },
+        });
+    }
+    // Seq 0 is the empty log's head; `seq - 1` indexes the named entry.
+    if let Some(entry) = head
+        .seq
+        .checked_sub(1)
+        .and_then(|i| usize::try_from(i).ok().and_then(|i| entries.get(i)))
+    {
+        if entry.hash != head.hash || entry.time != head.time {
+            return Err(VerifyError::Entry {
+                seq: head.seq,
+                reason: BadEntry::HeadMismatch,
+            });
+        }
+    }
+    Ok(verified)
 }
 
 fn check_checkpoints(checkpoints: &[Checkpoint]) -> Result<(), VerifyError> {
@@ -381,6 +422,53 @@ mod tests {
         let cps = at(&entries, &[2, 4]);
         assert_eq!(
             verify(&log(), &entries[..4], &cps).map(|v| v.entries),
+            Ok(4)
+        );
+    }
+
+    #[test]
+    fn the_head_finds_any_removed_suffix_and_a_rewrite() {
+        let entries = chain(6);
+        let cps = at(&entries, &[2]);
+        let head = checkpoint(&entries[5]);
+        let check = |e: &[Entry], h: &Checkpoint| {
+            verify_with_head(&log(), e, &cps, Some(h)).map_err(|e| (e.seq(), e.to_string()))
+        };
+        assert_eq!(check(&entries, &head).map(|v| v.entries), Ok(6));
+        for kept in 2..6 {
+            assert_eq!(
+                check(&entries[..kept], &head),
+                Err((
+                    Some(kept as u64 + 1),
+                    format!("audit entry {}: missing, but the chain's head names entry 6 (log truncated)", kept + 1)
+                ))
+            );
+        }
+        // A head that lags (its writer died after the commit) is no alarm.
+        assert_eq!(
+            check(&entries, &checkpoint(&entries[3])).map(|v| v.entries),
+            Ok(6)
+        );
+        // The suffix re-sealed from entry 4 on: the head's entry differs.
+        let mut rewritten = entries[..3].to_vec();
+        for i in 4..=6u64 {
+            let e = seal(
+                &log(),
+                rewritten.last(),
+                "2025-01-01T09:00:00Z",
+                "forged",
+                None,
+                Map::new(),
+            )
+            .unwrap_or_else(|_| unreachable!());
+            assert_eq!(e.seq, i);
+            rewritten.push(e);
+        }
+        assert_eq!(verify(&log(), &rewritten, &cps).map(|v| v.entries), Ok(6));
+        assert_eq!(check(&rewritten, &head).map_err(|e| e.0), Err(Some(6)));
+        // Without a head, the old guarantee is unchanged.
+        assert_eq!(
+            verify_with_head(&log(), &entries[..4], &cps, None).map(|v| v.entries),
             Ok(4)
         );
     }

@@ -56,16 +56,10 @@ pub struct Destinations {
     pub notify: BTreeMap<String, NotifyConfig>,
 }
 
-/// Who may read what lands at a destination; private content may only go
-/// where the readers are private.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Readers {
-    /// Anyone may read it.
-    Public,
-    /// Only the owner's people may read it.
-    Private,
-}
+/// Who may read what lands at a destination: the policy engine's one
+/// [`policies::Readers`] type, so that the gate and the configuration never
+/// disagree about it.
+pub use policies::Readers;
 
 /// A git remote reached over smart HTTP.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -210,25 +210,24 @@ fn a_commit_missing_from_the_host_is_refused_before_connecting() {
 
 #[test]
 fn servers_that_are_down_give_retryable_errors() {
+    // Port 1 of loopback: nothing listens there (a dropped test server's
+    // port could be taken by another test's server at once).
+    const DOWN: &str = "http://127.0.0.1:1";
     let repos = Repos::new();
     let commit = repos.commit("a.txt", "one");
     let git_server = GitHttpServer::start(&repos.bare, "nightshift", PASSWORD);
-    let config = remote(&repos, &git_server, PASSWORD);
-    drop(git_server);
+    let mut config = remote(&repos, &git_server, PASSWORD);
+    config.url = format!("{DOWN}/origin.git");
     let err = push(&config, &repos.host, &commit, BRANCH, None).unwrap_err();
     assert!(err.retryable(), "{err}: {err:?}");
     assert_no_secret(&err, &[PASSWORD]);
 
-    let forge = ForgeServer::start(FORGE_TOKEN);
-    let config = forge_config(&repos, &forge.url());
-    drop(forge);
+    let config = forge_config(&repos, DOWN);
     let err = open_pull_request(&config, "agent/x", "main", &commit, "t", "b").unwrap_err();
     assert!(err.retryable(), "{err}: {err:?}");
     assert_no_secret(&err, &[FORGE_TOKEN]);
 
-    let hook = NotifyServer::start();
-    let config = notify_config(&repos, &hook.url(), true);
-    drop(hook);
+    let config = notify_config(&repos, &format!("{DOWN}/hook"), true);
     let err = notify(&config, b"hello", "text/plain").unwrap_err();
     assert!(err.retryable(), "{err}: {err:?}");
     assert_no_secret(&err, &[HOOK_TOKEN]);

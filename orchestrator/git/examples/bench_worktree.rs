@@ -8,6 +8,10 @@
 //! is removed (untimed) before the next round. `BENCH_DIR` sets where the
 //! repositories go (default: the system temp dir); `/dev/shm` takes the disk
 //! out of the figures.
+//!
+//! To compare with an earlier version of the crate (as docs/benchmarks.md
+//! does), build that version's example too and run the two in turn: each
+//! reports its ratio to `git worktree add` measured in the same run.
 
 use std::path::Path;
 use std::process::Command;

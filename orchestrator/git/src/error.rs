@@ -64,12 +64,24 @@ pub enum GitError {
         kind: &'static str,
         why: &'static str,
     },
+    #[error("reading tree {tree}: refused entry \"{name}\": {why}")]
+    InvalidTreeEntry {
+        /// The tree's 40-hex id.
+        tree: String,
+        /// The entry's name, non-printable bytes escaped.
+        name: String,
+        why: &'static str,
+    },
     #[error("importing run objects: more than {limit} new objects (max_objects)")]
     TooManyObjects { limit: u64 },
     #[error("importing object {id}: {size} bytes, over the {limit}-byte limit (max_file_bytes)")]
     ObjectTooLarge { id: String, size: u64, limit: u64 },
     #[error("importing run objects: more than {limit} bytes of new objects (max_total_bytes)")]
     TotalBytesExceeded { limit: u64 },
+    #[error("taking the pack sent with the request: {why}")]
+    BadPack { why: String },
+    #[error("taking commit {commit}: it is not connected: object {missing} is neither in the pack nor in the repository")]
+    NotConnected { commit: String, missing: String },
     #[error("writing object {expected} into the host repository: it was stored as {written}")]
     ObjectIdMismatch { expected: String, written: String },
 }

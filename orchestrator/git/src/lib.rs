@@ -6,13 +6,22 @@
 //!   file and no pointer with the host repository;
 //! - [`import_run`] brings the run's result back into the host repository as
 //!   `refs/nightshift/runs/<id>`, reading the worktree only as data;
-//! - [`remove_worktree`] throws the worktree away.
+//! - [`remove_worktree`] throws the worktree away;
+//! - [`receive_pack`] takes the commit of an act from the pack the agent sent
+//!   over the door, into the host under `refs/nightshift/acts/<id>`, without
+//!   ever reading the worktree while the sandbox can still change it.
 //!
 //! Invariants held across the crate:
 //! - the host repository is trusted; the worktree, once a sandbox has run in it, is
 //!   hostile: it is never opened as a repository, no hook, config, attribute,
 //!   filter or submodule entry of it is read or run, and no symlink in it is
 //!   followed;
+//! - no tree git would refuse (an entry `..`, a name holding `/`, `.git` or
+//!   an alias of it, a name given twice) enters the host from a worktree, and
+//!   none is ever checked out: every write of a checkout goes through
+//!   directory handles that never follow a symlink ([`tree_names`],
+//!   [`checkout`]);
+//! - a worktree holds only the objects reachable from its base commit;
 //! - the host repository only ever gains objects and refs under
 //!   `refs/nightshift/runs/`; its HEAD, branches, config and working tree are
 //!   never touched.
@@ -24,14 +33,16 @@ mod checkout;
 mod error;
 mod fsx;
 mod import;
+mod reachable;
 mod run_id;
+mod tree_names;
 mod worktree;
 
 pub use base::{resolve_base, Base};
 pub use error::GitError;
 pub use import::{
-    capture_commit, diffstat_between, import_failure_kind, import_run, worktree_branch, Captured,
-    HistoryDropped, ImportLimits, ImportSpec, Imported, SkipReason, Skipped, TipSource,
+    diffstat_between, import_failure_kind, import_run, receive_pack, Captured, HistoryDropped,
+    ImportLimits, ImportSpec, Imported, PackSpec, SkipReason, Skipped, TipSource,
     MAX_SKIPPED_LISTED,
 };
 pub use run_id::{result_ref, run_branch, validate_run_id};

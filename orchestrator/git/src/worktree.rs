@@ -4,20 +4,23 @@
 //! - its `.git` is a fresh repository written by us: a config of four core
 //!   keys, `HEAD` on `refs/heads/nightshift/run/<id>`, no hooks, no remotes, no
 //!   alternates, no `gitdir` file; nothing in it names the host repository;
-//! - its objects are *copies* (new inodes) of the host's pack files and loose
-//!   objects, never hard links, so that writing to them after the chown cannot
-//!   reach the host repository;
+//! - its objects are exactly those reachable from the base commit (the
+//!   commit, its ancestors, their trees and blobs), written by us as new pack
+//!   files (see [`crate::reachable`]): no other branch, tag, stash, reflog
+//!   entry or unreachable object of the host is readable in the sandbox, and
+//!   no file is shared with the host's object store;
 //! - the checkout is the base tree's blobs written verbatim (no filters), and
 //!   the index matches the files' final stat data, so `git status` is clean
 //!   (see [`crate::checkout`]).
 //!
-//! The worktree holds every object of the host repository, not only those
-//! reachable from the base: copying whole pack files is what makes creation
-//! cheap. Objects of other branches are present but unreferenced.
+//! Writing one undeltified pack of the reachable objects costs about as much
+//! as copying the host's packs did on the benchmark repository (see
+//! docs/benchmarks.md); a long history costs more, since every version of
+//! every file is stored whole.
 
+use std::collections::HashSet;
 use std::fs;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -52,9 +55,6 @@ pub struct Worktree {
 }
 
 const CONFIG: &str = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = true\n";
-
-/// Depth of alternates followed in the (trusted) host repository, as git does.
-const MAX_ALTERNATE_DEPTH: usize = 5;
 
 /// Creates the run's worktree at `spec.dest`. On failure the partly created
 /// destination is removed.
@@ -132,15 +132,28 @@ fn populate(
     write_file(&gitdir.join("HEAD"), format!("ref: {branch}\n").as_bytes())?;
 
     let host_common = host.commondir().to_owned();
-    let mut sources = Vec::new();
-    collect_object_dirs(&host_common.join("objects"), 0, &mut sources);
-    for src in &sources {
-        copy_objects(src, &objects)?;
-    }
-    let shallow = host_common.join("shallow");
-    if shallow.is_file() {
-        let to = gitdir.join("shallow");
-        fs::copy(&shallow, &to).map_err(|e| GitError::io("copying shallow file to", &to, e))?;
+    let shallow = read_shallow(&host_common.join("shallow"))?;
+    let reachable = crate::reachable::reachable_objects(host, base, &shallow)?;
+    let host_objects = host_common.join("objects");
+    let pack_dir = objects.join("pack");
+    // Commits, trees and older blobs now; the base tree's blobs as the checkout reads them.
+    let host_odb = host
+        .odb()
+        .map_err(|e| GitError::git("opening the host object database", e))?;
+    crate::reachable::write_pack_of(&host_odb, &reachable.rest, &pack_dir, "history")?;
+    // Only the shallow commits this history holds: the file names commits.
+    let held: HashSet<&git2::Oid> = if shallow.is_empty() {
+        HashSet::new()
+    } else {
+        reachable.rest.iter().collect()
+    };
+    let kept: String = shallow
+        .iter()
+        .filter(|id| held.contains(id))
+        .map(|id| format!("{id}\n"))
+        .collect();
+    if !kept.is_empty() {
+        write_file(&gitdir.join("shallow"), kept.as_bytes())?;
     }
 
     let repo = Repository::open(dest)
@@ -151,7 +164,15 @@ fn populate(
         .find_commit(base)
         .map_err(|e| GitError::git(format!("reading base commit {base} in the new worktree"), e))?
         .tree_id();
-    crate::checkout::checkout(&repo, dest, base_tree, spec.owner)?;
+    crate::checkout::checkout(
+        &repo,
+        &host_odb,
+        dest,
+        base_tree,
+        spec.owner,
+        &host_objects,
+        &pack_dir,
+    )?;
 
     if let Some((uid, gid)) = spec.owner {
         // The checkout gave its files away as it wrote them; what is left is
@@ -167,91 +188,25 @@ fn write_file(path: &Path, data: &[u8]) -> Result<(), GitError> {
     fs::write(path, data).map_err(|e| GitError::io("writing worktree file", path, e))
 }
 
-/// The host's objects directory and, recursively, those its alternates name.
-fn collect_object_dirs(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
-    if depth > MAX_ALTERNATE_DEPTH || out.iter().any(|d| d == dir) || !dir.is_dir() {
-        return;
-    }
-    out.push(dir.to_owned());
-    let Ok(text) = fs::read_to_string(dir.join("info/alternates")) else {
-        return;
+/// The commits the host's `shallow` file names (none when it has none).
+fn read_shallow(path: &Path) -> Result<HashSet<git2::Oid>, GitError> {
+    let text = match fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(HashSet::new()),
+        Err(e) => return Err(GitError::io("reading the host's shallow file", path, e)),
     };
-    for line in text.lines() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let path = Path::new(line);
-        let path = if path.is_absolute() {
-            path.to_owned()
-        } else {
-            dir.join(path)
-        };
-        collect_object_dirs(&path, depth + 1, out);
-    }
-}
-
-fn is_hex(name: &[u8], len: usize) -> bool {
-    name.len() == len && name.iter().all(u8::is_ascii_hexdigit)
-}
-
-/// Copies pack files (with their index) and loose objects from the host's
-/// object directory `src` into `dst`. `fs::copy` makes new files (on Linux via
-/// `copy_file_range`, which may share extents copy-on-write but never an inode).
-fn copy_objects(src: &Path, dst: &Path) -> Result<(), GitError> {
-    let pack_src = src.join("pack");
-    if pack_src.is_dir() {
-        let entries = fs::read_dir(&pack_src)
-            .map_err(|e| GitError::io("listing host packs in", &pack_src, e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| GitError::io("listing host packs in", &pack_src, e))?;
-            let name = entry.file_name();
-            let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".pack")) else {
-                continue;
-            };
-            let idx = pack_src.join(format!("{stem}.idx"));
-            if !idx.is_file() {
-                continue;
-            }
-            for ext in ["pack", "idx", "rev"] {
-                let from = pack_src.join(format!("{stem}.{ext}"));
-                let to = dst.join("pack").join(format!("{stem}.{ext}"));
-                if (ext == "rev" && !from.is_file()) || to.exists() {
-                    continue;
-                }
-                fs::copy(&from, &to)
-                    .map_err(|e| GitError::io("copying host pack file", &from, e))?;
-            }
-        }
-    }
-    let entries = fs::read_dir(src).map_err(|e| GitError::io("listing host objects in", src, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| GitError::io("listing host objects in", src, e))?;
-        let name = entry.file_name();
-        if !is_hex(name.as_bytes(), 2) || !entry.path().is_dir() {
-            continue;
-        }
-        let fan_src = entry.path();
-        let fan_dst = dst.join(&name);
-        let files = fs::read_dir(&fan_src)
-            .map_err(|e| GitError::io("listing host objects in", &fan_src, e))?;
-        for file in files {
-            let file = file.map_err(|e| GitError::io("listing host objects in", &fan_src, e))?;
-            if !is_hex(file.file_name().as_bytes(), 38) {
-                continue;
-            }
-            if !fan_dst.exists() {
-                fs::create_dir(&fan_dst)
-                    .map_err(|e| GitError::io("creating object directory", &fan_dst, e))?;
-            }
-            let to = fan_dst.join(file.file_name());
-            if !to.exists() {
-                fs::copy(file.path(), &to)
-                    .map_err(|e| GitError::io("copying host loose object", file.path(), e))?;
-            }
-        }
-    }
-    Ok(())
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            git2::Oid::from_str(l).map_err(|e| {
+                GitError::git(
+                    format!("reading the host's shallow file {}", path.display()),
+                    e,
+                )
+            })
+        })
+        .collect()
 }
 
 /// Gives everything under `root` (which we created) to `uid:gid`, without

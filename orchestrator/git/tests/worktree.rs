@@ -312,3 +312,65 @@ fn index_order_and_submodules_match_git() {
         "same paths in the same order as git's own index"
     );
 }
+
+/// The worktree holds exactly the objects reachable from its base: a stash,
+/// another branch, a commit reset away and an unreferenced blob of the host
+/// are not readable in it, and what it holds passes `git fsck`.
+#[test]
+fn worktree_holds_only_objects_reachable_from_the_base() {
+    let fx = Fixture::new();
+    let h = &fx.host;
+    // Packed objects and loose ones, as a real host has both.
+    git(h, &["gc", "-q"]);
+    write(&h.join("stashed.txt"), "STASHED-SECRET-1\n");
+    git(h, &["add", "stashed.txt"]);
+    git(h, &["stash", "-q"]);
+    let stash = git(h, &["rev-parse", "refs/stash"]);
+    let stashed_blob = git(h, &["rev-parse", "refs/stash:stashed.txt"]);
+    git(h, &["checkout", "-q", "--orphan", "other"]);
+    git(h, &["rm", "-rq", "--cached", "."]);
+    write(&h.join("other.txt"), "OTHER-BRANCH-SECRET-2\n");
+    git(h, &["add", "other.txt"]);
+    git(h, &["commit", "-q", "-m", "unrelated"]);
+    let other = git(h, &["rev-parse", "HEAD"]);
+    git(h, &["checkout", "-q", "-f", "main"]);
+    write(&h.join("gone.txt"), "RESET-AWAY-SECRET-3\n");
+    git(h, &["add", "gone.txt"]);
+    git(h, &["commit", "-q", "-m", "reset away"]);
+    let gone = git(h, &["rev-parse", "HEAD"]);
+    git(h, &["reset", "-q", "--hard", &fx.base]);
+
+    let wt = fx.worktree("narrow");
+    let p = &wt.path;
+    for id in [&stash, &stashed_blob, &other, &gone] {
+        let out = common::git_raw(p, &["cat-file", "-e", id]);
+        assert!(!out.status.success(), "{id} is readable in the worktree");
+    }
+    let listed = git(
+        p,
+        &[
+            "cat-file",
+            "--batch-all-objects",
+            "--batch-check=%(objectname)",
+        ],
+    );
+    let mut held: Vec<&str> = listed.lines().collect();
+    held.sort();
+    let reachable = git(h, &["rev-list", "--objects", &fx.base]);
+    let mut wanted: Vec<&str> = reachable
+        .lines()
+        .map(|l| l.split(' ').next().unwrap())
+        .collect();
+    wanted.sort();
+    assert_eq!(held, wanted);
+    let dump = common::git_raw(p, &["cat-file", "--batch-all-objects", "--batch"]);
+    for secret in [
+        "STASHED-SECRET-1",
+        "OTHER-BRANCH-SECRET-2",
+        "RESET-AWAY-SECRET-3",
+    ] {
+        assert!(!contains(&dump.stdout, secret.as_bytes()), "{secret}");
+    }
+    git(p, &["fsck", "--full", "--strict", "--no-dangling"]);
+    assert_eq!(git(p, &["status", "--porcelain"]), "");
+}

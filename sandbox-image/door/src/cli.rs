@@ -20,8 +20,10 @@ Asks the run's door (a Unix socket: $NIGHTSHIFT_DOOR, else
 /run/nightshift/door.sock) for an act outside the sandbox. REMOTE and
 DESTINATION are aliases the owner configured, never URLs or paths. push sends
 the commit SRC names (default: BRANCH itself; HEAD:BRANCH for the current
-commit), resolved with `git rev-parse` unless --commit gives it. A file of -
-is standard input. The door answers at once:
+commit), resolved with `git rev-parse` unless --commit gives it; pr sends the
+commit the head branch holds here. Either also sends a pack of the objects
+that commit reaches (less what $NIGHTSHIFT_BASE_COMMIT reaches), made with
+`git pack-objects` in the current repository. A file of - is standard input. The door answers at once:
   queued as act ID for approval   exit 0, the run goes on
   done                            exit 0
   refused by rule ID: REASON      exit 3

@@ -1,8 +1,9 @@
 //! The clients' side of the socket: blocking std I/O, no runtime.
 //!
 //! Invariants:
-//! - One request per connection: connect, write the frame, shut down the
-//!   writing half, read exactly one response frame (its length checked from
+//! - One request per connection: connect, write the frame and then the
+//!   pack it declares (exactly `pack_bytes` bytes), shut down the writing
+//!   half, read exactly one response frame (its length checked from
 //!   the header before its body is read), and close.
 //! - Nothing waits forever: connecting, writing and reading are each bounded
 //!   by the timeout ([`DoorAddress::timeout`]).
@@ -21,6 +22,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 use crate::frame::{frame_len, FrameError, HEADER_LEN};
+use crate::local_git::Pack;
 use crate::message::{
     encode_request, parse_response, ProtocolError, Request, Response, MAX_RESPONSE_FRAME,
 };
@@ -82,6 +84,14 @@ pub enum ClientError {
         #[source]
         source: io::Error,
     },
+    /// The pack to send is not as long as the request declares.
+    #[error("the request declares a pack of {declared} bytes but {len} are at hand")]
+    PackLength {
+        /// What the request says.
+        declared: u64,
+        /// What there is.
+        len: u64,
+    },
     /// The request or the answer breaks the protocol.
     #[error(transparent)]
     Protocol(#[from] ProtocolError),
@@ -113,8 +123,24 @@ impl DoorAddress {
     }
 }
 
-/// Sends `request` through the door and returns its answer.
+/// Sends `request` (which carries no pack) through the door and returns
+/// its answer.
 pub fn send(door: &DoorAddress, request: &Request) -> Result<Response, ClientError> {
+    send_with_pack(door, request, None)
+}
+
+/// Sends `request` and then the pack it declares through the door, and
+/// returns its answer. The pack's length must be what the request says.
+pub fn send_with_pack(
+    door: &DoorAddress,
+    request: &Request,
+    pack: Option<&mut Pack>,
+) -> Result<Response, ClientError> {
+    let declared = request.pack_bytes();
+    let len = pack.as_ref().map_or(0, |p| p.len);
+    if declared != len {
+        return Err(ClientError::PackLength { declared, len });
+    }
     let framed = encode_request(request)?;
     let mut stream = connect(door)?;
     let io_err = |waiting_for: &'static str, doing: &'static str| {
@@ -144,7 +170,19 @@ pub fn send(door: &DoorAddress, request: &Request) -> Result<Response, ClientErr
             "get ready",
             "setting timeouts on the connection to the",
         ))?;
-    let written = stream.write_all(&framed).and_then(|()| stream.flush());
+    let written = stream.write_all(&framed).and_then(|()| match pack {
+        Some(pack) => {
+            let copied = io::copy(&mut (&mut pack.file).take(pack.len), &mut stream)?;
+            if copied != pack.len {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the pack shrank while it was sent",
+                ));
+            }
+            stream.flush()
+        }
+        None => stream.flush(),
+    });
     // A door that stopped reading early (it refuses a bad frame as soon as
     // it sees it) has still answered: read that answer, and report the
     // failed write only if there is none.

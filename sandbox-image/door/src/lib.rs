@@ -7,11 +7,11 @@
 //! remote becomes push acts). This crate is both sides' protocol and the
 //! clients; the supervisor serves the socket.
 //!
-//! Wire format (version 1; `PROTOCOL.md` beside this crate has it in full):
+//! Wire format (version 2; `PROTOCOL.md` beside this crate has it in full):
 //! one request per connection, then one response; each is a frame, a 4-byte
 //! big-endian length then that many bytes of JSON,
-//! `{"v":1,"request":{"door":"push",...}}` /
-//! `{"v":1,"response":{"verdict":"queued","act":"..."}}`.
+//! `{"v":2,"request":{"door":"push",...,"pack_bytes":N}}` (then N bytes of
+//! git pack) / `{"v":2,"response":{"verdict":"queued","act":"..."}}`.
 //!
 //! Invariants:
 //! - [`frame`], [`message`], [`validate`], [`cli`] and [`remote_helper`] are
@@ -21,7 +21,8 @@
 //! - Limits are checked before allocation: a request frame is at most
 //!   [`MAX_REQUEST_FRAME`] bytes of JSON, a response at most
 //!   [`MAX_RESPONSE_FRAME`], and a length prefix over the limit is refused
-//!   from the 4-byte header alone.
+//!   from the 4-byte header alone; a pack is at most [`MAX_PACK_BYTES`],
+//!   refused from the request that declares it.
 //! - A request that decodes has passed validation: destinations are aliases
 //!   (never URLs or paths), refs are full `refs/heads/` branch refs that
 //!   pass git's rules, commit ids are full hex ids, text is bounded.
@@ -42,6 +43,7 @@ pub use frame::{decode_frame, encode_frame, frame_len, FrameError, HEADER_LEN};
 pub use message::{
     decode_request, decode_response, encode_request, encode_response, parse_request,
     parse_response, ProtocolError, Request, RequestReader, Response, EXIT_ERROR, EXIT_OK,
-    EXIT_REFUSED, EXIT_USAGE, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME, PROTOCOL_VERSION,
+    EXIT_REFUSED, EXIT_USAGE, MAX_PACK_BYTES, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME,
+    PROTOCOL_VERSION,
 };
 pub use validate::ValidationError;

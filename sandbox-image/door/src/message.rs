@@ -2,12 +2,14 @@
 //!
 //! Invariants:
 //! - Pure: bytes in, values or errors out. No I/O, no clock.
-//! - Every envelope carries `"v": 1`; a different or missing version is
+//! - Every envelope carries `"v": 2`; a different or missing version is
 //!   refused with an error that names both versions, before the body is
 //!   read strictly. Every struct refuses unknown fields.
 //! - A decoded [`Request`] has passed [`Request::validate`]: the door never
 //!   sees a URL where an alias belongs, a ref outside `refs/heads/`, a
-//!   commit id that is not one, or text over its limit. [`encode_request`]
+//!   commit id that is not one, a pack declared over [`MAX_PACK_BYTES`]
+//!   (refused from the request alone, before a byte of it is read), a
+//!   deletion that carries a commit or a pack, or text over its limit. [`encode_request`]
 //!   validates too, so our clients never send what the door would refuse
 //!   for its shape.
 //! - Every valid request encodes within [`MAX_REQUEST_FRAME`] (JSON at most
@@ -16,28 +18,36 @@
 //!   it bounds and flattens each text field so the frame fits in
 //!   [`MAX_RESPONSE_FRAME`].
 //! - One request per connection: [`RequestReader`] never buffers more than
-//!   one frame, and anything sent after it is refused as out of order.
+//!   one frame, and anything sent after it is refused as out of order. The
+//!   pack a request declares follows the frame; the reader never takes any
+//!   of it (the door reads exactly `pack_bytes` more, see `PROTOCOL.md`).
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::frame::{decode_frame, encode_frame, frame_len, FrameError, HEADER_LEN};
 use crate::validate::{
-    check_alias, check_body, check_branch_ref, check_commit, check_title, one_line, ValidationError,
+    check_alias, check_body, check_branch_ref, check_commit, check_not_zero, check_pack_bytes,
+    check_push_shape, check_title, one_line, ValidationError,
 };
 
-/// The protocol version this crate speaks.
-pub const PROTOCOL_VERSION: u64 = 1;
+/// The protocol version this crate speaks. Version 2 (this one) carries a
+/// pack of the objects a push or pull request needs after the request
+/// frame, and `force` / `delete` on a push; version 1 requests (no pack,
+/// the supervisor read the worktree) are refused by name.
+pub const PROTOCOL_VERSION: u64 = 2;
 /// Largest request body (the JSON), in bytes.
 pub const MAX_REQUEST_FRAME: usize = 512 * 1024;
 /// Largest response body (the JSON), in bytes.
 pub const MAX_RESPONSE_FRAME: usize = 16 * 1024;
 /// Longest text field of a response once bounded by [`encode_response`].
 pub const MAX_RESPONSE_TEXT: usize = 2048;
+pub use crate::validate::MAX_PACK_BYTES;
 
 /// An act a run asks for. Routing fields are aliases and full branch refs;
-/// content is carried inline (bodies) or as a claimed commit id that the
-/// supervisor checks against the worktree's own objects.
+/// content is carried inline (bodies) or as a commit id whose objects follow
+/// the request frame as a pack of `pack_bytes` bytes (see `PROTOCOL.md`):
+/// the supervisor never reads the run's `.git` to find them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "door", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
@@ -47,8 +57,15 @@ pub enum Request {
         remote: String,
         /// The branch to update, `refs/heads/...`.
         dst_ref: String,
-        /// The commit the run says it pushes.
+        /// The commit pushed, resolved in the sandbox; all zeros (and only
+        /// then) for a deletion.
         claimed_commit: String,
+        /// git's `+`: the push may rewind the branch.
+        force: bool,
+        /// The branch is to be deleted (no commit, no pack).
+        delete: bool,
+        /// Bytes of pack that follow the request frame.
+        pack_bytes: u64,
     },
     /// Open a pull request on a configured remote's forge.
     PullRequest {
@@ -58,6 +75,11 @@ pub enum Request {
         base: String,
         /// The branch proposed, `refs/heads/...`.
         head: String,
+        /// The commit the head branch holds, resolved in the sandbox: the
+        /// pull request is bound to it.
+        head_commit: String,
+        /// Bytes of pack that follow the request frame.
+        pack_bytes: u64,
         /// One line.
         title: String,
         /// The description.
@@ -88,6 +110,16 @@ impl Request {
         }
     }
 
+    /// Bytes of pack that follow this request's frame on the connection.
+    pub fn pack_bytes(&self) -> u64 {
+        match self {
+            Request::Push { pack_bytes, .. } | Request::PullRequest { pack_bytes, .. } => {
+                *pack_bytes
+            }
+            Request::Notify { .. } | Request::Ask { .. } => 0,
+        }
+    }
+
     /// Checks every field (see [`crate::validate`]).
     pub fn validate(&self) -> Result<(), ValidationError> {
         match self {
@@ -95,21 +127,31 @@ impl Request {
                 remote,
                 dst_ref,
                 claimed_commit,
+                force: _,
+                delete,
+                pack_bytes,
             } => {
                 check_alias("remote", remote)?;
                 check_branch_ref("dst_ref", dst_ref)?;
-                check_commit("claimed_commit", claimed_commit)
+                check_commit("claimed_commit", claimed_commit)?;
+                check_pack_bytes("pack_bytes", *pack_bytes)?;
+                check_push_shape(claimed_commit, *delete, *pack_bytes)
             }
             Request::PullRequest {
                 remote,
                 base,
                 head,
+                head_commit,
+                pack_bytes,
                 title,
                 body,
             } => {
                 check_alias("remote", remote)?;
                 check_branch_ref("base", base)?;
                 check_branch_ref("head", head)?;
+                check_commit("head_commit", head_commit)?;
+                check_not_zero("head_commit", head_commit)?;
+                check_pack_bytes("pack_bytes", *pack_bytes)?;
                 check_title("title", title)?;
                 check_body("body", body)
             }
@@ -507,11 +549,16 @@ mod tests {
                 remote: "origin".into(),
                 dst_ref: "refs/heads/agent/x".into(),
                 claimed_commit: commit(),
+                force: false,
+                delete: false,
+                pack_bytes: 1234,
             },
             Request::PullRequest {
                 remote: "origin".into(),
                 base: "refs/heads/main".into(),
                 head: "refs/heads/agent/x".into(),
+                head_commit: commit(),
+                pack_bytes: 0,
                 title: "Fix \"the\" test ✓".into(),
                 body: "Line\n\tmore \\ \"quoted\"\r\n".into(),
             },
@@ -574,13 +621,13 @@ mod tests {
         let body = std::str::from_utf8(&framed[4..]).unwrap();
         assert_eq!(
             body,
-            r#"{"v":1,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/agent/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567"}}"#
+            r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/agent/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":false,"delete":false,"pack_bytes":1234}}"#
         );
         assert_eq!(&framed[..4], &(body.len() as u32).to_be_bytes());
         let framed = encode_response(&Response::Queued { act: "a1".into() });
         assert_eq!(
             std::str::from_utf8(&framed[4..]).unwrap(),
-            r#"{"v":1,"response":{"verdict":"queued","act":"a1"}}"#
+            r#"{"v":2,"response":{"verdict":"queued","act":"a1"}}"#
         );
     }
 
@@ -624,32 +671,36 @@ mod tests {
     fn malformed_requests_are_refused_with_a_reason() {
         let cases = [
             (
-                r#"{"v":2,"request":{"door":"ask","body":"x"}}"#,
-                "speaks protocol version 2",
+                r#"{"v":1,"request":{"door":"ask","body":"x"}}"#,
+                "speaks protocol version 1; this side speaks 2",
+            ),
+            (
+                r#"{"v":1,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567"}}"#,
+                "speaks protocol version 1",
             ),
             (
                 r#"{"request":{"door":"ask","body":"x"}}"#,
                 "no protocol version",
             ),
             (
-                r#"{"v":"1","request":{"door":"ask","body":"x"}}"#,
+                r#"{"v":"2","request":{"door":"ask","body":"x"}}"#,
                 "malformed",
             ),
             (
-                r#"{"v":1,"request":{"door":"ask","body":"x"},"x":1}"#,
+                r#"{"v":2,"request":{"door":"ask","body":"x"},"x":1}"#,
                 "unknown field",
             ),
             (
-                r#"{"v":1,"request":{"door":"ask","body":"x","sudo":true}}"#,
+                r#"{"v":2,"request":{"door":"ask","body":"x","sudo":true}}"#,
                 "unknown field",
             ),
             (
-                r#"{"v":1,"request":{"door":"deploy","body":"x"}}"#,
+                r#"{"v":2,"request":{"door":"deploy","body":"x"}}"#,
                 "unknown variant",
             ),
-            (r#"{"v":1,"request":{"door":"ask"}}"#, "missing field"),
+            (r#"{"v":2,"request":{"door":"ask"}}"#, "missing field"),
             (
-                r#"{"v":1,"response":{"verdict":"done","detail":""}}"#,
+                r#"{"v":2,"response":{"verdict":"done","detail":""}}"#,
                 "unknown field",
             ),
             ("not json", "malformed"),
@@ -659,15 +710,39 @@ mod tests {
                 "malformed",
             ),
             (
-                r#"{"v":1,"request":{"door":"push","remote":"https://evil","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567"}}"#,
+                r#"{"v":2,"request":{"door":"push","remote":"https://evil","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":false,"delete":false,"pack_bytes":0}}"#,
                 "a URL or path is refused",
             ),
             (
-                r#"{"v":1,"request":{"door":"push","remote":"origin","dst_ref":"x","claimed_commit":"0123456789abcdef0123456789abcdef01234567"}}"#,
+                r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567"}}"#,
+                "missing field",
+            ),
+            (
+                r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":false,"delete":false,"pack_bytes":536870913}}"#,
+                "a pack of 536870913 bytes is over the limit of 536870912 bytes",
+            ),
+            (
+                r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0000000000000000000000000000000000000000","force":false,"delete":false,"pack_bytes":0}}"#,
+                "the all-zero commit id names no commit",
+            ),
+            (
+                r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":true,"delete":true,"pack_bytes":0}}"#,
+                "a deletion carries the all-zero commit id",
+            ),
+            (
+                r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0000000000000000000000000000000000000000","force":false,"delete":true,"pack_bytes":10}}"#,
+                "a deletion carries no pack",
+            ),
+            (
+                r#"{"v":2,"request":{"door":"pull_request","remote":"origin","base":"refs/heads/main","head":"refs/heads/x","head_commit":"0000000000000000000000000000000000000000","pack_bytes":0,"title":"t","body":"b"}}"#,
+                "head_commit",
+            ),
+            (
+                r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":false,"delete":false,"pack_bytes":0}}"#,
                 "under refs/heads/",
             ),
             (
-                r#"{"v":1,"request":{"door":"notify","destination":"chat","body":"\u001b[31m"}}"#,
+                r#"{"v":2,"request":{"door":"notify","destination":"chat","body":"\u001b[31m"}}"#,
                 "control character",
             ),
         ];
@@ -689,6 +764,8 @@ mod tests {
             remote: "r".repeat(64),
             base: format!("refs/heads/{}", "b".repeat(244)),
             head: format!("refs/heads/{}", "h".repeat(244)),
+            head_commit: "f".repeat(64),
+            pack_bytes: MAX_PACK_BYTES,
             title: "\"".repeat(256),
             body: "\\".repeat(MAX_BODY),
         };
@@ -799,22 +876,50 @@ mod tests {
     }
     fn request() -> impl Strategy<Value = Request> {
         prop_oneof![
-            (alias(), branch(), "[0-9a-f]{40}").prop_map(|(remote, dst_ref, claimed_commit)| {
-                Request::Push {
-                    remote,
-                    dst_ref,
-                    claimed_commit,
-                }
+            (
+                alias(),
+                branch(),
+                "[1-9a-f][0-9a-f]{39}",
+                any::<bool>(),
+                0..=MAX_PACK_BYTES
+            )
+                .prop_map(|(remote, dst_ref, claimed_commit, force, pack_bytes)| {
+                    Request::Push {
+                        remote,
+                        dst_ref,
+                        claimed_commit,
+                        force,
+                        delete: false,
+                        pack_bytes,
+                    }
+                }),
+            (alias(), branch(), any::<bool>()).prop_map(|(remote, dst_ref, force)| Request::Push {
+                remote,
+                dst_ref,
+                claimed_commit: crate::validate::ZERO_COMMIT.into(),
+                force,
+                delete: true,
+                pack_bytes: 0,
             }),
-            (alias(), branch(), branch(), title(), text()).prop_map(
-                |(remote, base, head, title, body)| Request::PullRequest {
-                    remote,
-                    base,
-                    head,
-                    title,
-                    body
-                }
-            ),
+            (
+                alias(),
+                branch(),
+                branch(),
+                "[1-9a-f][0-9a-f]{39}",
+                title(),
+                text()
+            )
+                .prop_map(|(remote, base, head, head_commit, title, body)| {
+                    Request::PullRequest {
+                        remote,
+                        base,
+                        head,
+                        head_commit,
+                        pack_bytes: 7,
+                        title,
+                        body,
+                    }
+                }),
             (alias(), text()).prop_map(|(destination, body)| Request::Notify { destination, body }),
             text().prop_map(|body| Request::Ask { body }),
         ]

@@ -38,8 +38,8 @@ pub enum HelperCommand {
 /// One ref to push.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PushSpec {
-    /// Whether git asked to force (`+`). The door's push binds the remote's
-    /// old value when it is queued, so force carries no separate meaning.
+    /// Whether git asked to force (`+`); carried to the door as `force`, so
+    /// the policy can tell a rewind from a fast-forward request.
     pub force: bool,
     /// What to push, as git names it; empty for a deletion.
     pub src: String,

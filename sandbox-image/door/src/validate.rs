@@ -25,6 +25,11 @@ pub const MAX_REF: usize = 255;
 pub const MAX_TITLE_CHARS: usize = 256;
 /// Largest message or pull request body, in bytes of UTF-8.
 pub const MAX_BODY: usize = 200 * 1024;
+/// Largest pack one request may declare (512 MiB): larger ones are refused
+/// from the request frame alone, before any of the pack is read.
+pub const MAX_PACK_BYTES: u64 = 512 << 20;
+/// The id git uses for "no commit" (a deleted ref).
+pub const ZERO_COMMIT: &str = "0000000000000000000000000000000000000000";
 /// The prefix every ref on the wire carries.
 pub const BRANCH_PREFIX: &str = "refs/heads/";
 
@@ -66,6 +71,22 @@ pub enum ValidationError {
         field: &'static str,
         /// What was given (bounded).
         value: String,
+    },
+    /// A pack declared over the limit.
+    #[error("{field}: a pack of {declared} bytes is over the limit of {limit} bytes")]
+    PackTooLarge {
+        /// Which field.
+        field: &'static str,
+        /// What was declared.
+        declared: u64,
+        /// [`MAX_PACK_BYTES`].
+        limit: u64,
+    },
+    /// A push whose fields contradict each other.
+    #[error("{why}")]
+    BadPush {
+        /// The rule it breaks.
+        why: &'static str,
     },
     /// Text that does not pass.
     #[error("{field}: {why}")]
@@ -210,6 +231,51 @@ pub fn check_commit(field: &'static str, value: &str) -> Result<(), ValidationEr
             field,
             value: shown(value),
         })
+    }
+}
+
+/// Checks that a commit id is not the all-zero id (git's "no commit").
+pub fn check_not_zero(field: &'static str, value: &str) -> Result<(), ValidationError> {
+    if value.bytes().all(|b| b == b'0') {
+        return Err(ValidationError::BadCommit {
+            field,
+            value: shown(value),
+        });
+    }
+    Ok(())
+}
+
+/// Checks a declared pack size against [`MAX_PACK_BYTES`].
+pub fn check_pack_bytes(field: &'static str, declared: u64) -> Result<(), ValidationError> {
+    if declared > MAX_PACK_BYTES {
+        return Err(ValidationError::PackTooLarge {
+            field,
+            declared,
+            limit: MAX_PACK_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// A push is either a deletion (the all-zero commit, no pack) or an update
+/// (a real commit id); never a mix.
+pub fn check_push_shape(
+    commit: &str,
+    delete: bool,
+    pack_bytes: u64,
+) -> Result<(), ValidationError> {
+    let zero = commit.bytes().all(|b| b == b'0');
+    match (delete, zero) {
+        (true, false) => Err(ValidationError::BadPush {
+            why: "a deletion carries the all-zero commit id",
+        }),
+        (true, true) if pack_bytes != 0 => Err(ValidationError::BadPush {
+            why: "a deletion carries no pack",
+        }),
+        (false, true) => Err(ValidationError::BadPush {
+            why: "the all-zero commit id names no commit; a deletion says \"delete\": true",
+        }),
+        _ => Ok(()),
     }
 }
 

@@ -32,6 +32,10 @@ enum Mode {
 /// done, a notify to `broken` is an error, everything else is queued.
 fn canned(request: &Request) -> Response {
     match request {
+        Request::Push { delete: true, .. } => Response::Refused {
+            rule: "nightshift:delete".into(),
+            reason: "deleting is not carried out".into(),
+        },
         Request::Push { dst_ref, .. } if dst_ref == "refs/heads/main" => Response::Refused {
             rule: "r-main".into(),
             reason: "pushes to main need a person".into(),
@@ -53,6 +57,8 @@ struct TestDoor {
     path: PathBuf,
     /// Every request decoded, or the error it was refused with.
     seen: Arc<Mutex<Vec<Result<Request, String>>>>,
+    /// The pack that followed each request that declared one.
+    packs: Arc<Mutex<Vec<Vec<u8>>>>,
     stop: Arc<AtomicBool>,
     thread: Option<thread::JoinHandle<()>>,
 }
@@ -63,9 +69,10 @@ impl TestDoor {
         let path = dir.path().join("door.sock");
         let listener = UnixListener::bind(&path).unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let packs = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (seen, stop) = (seen.clone(), stop.clone());
+            let (seen, packs, stop) = (seen.clone(), packs.clone(), stop.clone());
             thread::spawn(move || {
                 let mut held = Vec::new();
                 for conn in listener.incoming() {
@@ -78,7 +85,7 @@ impl TestDoor {
                         Mode::OversizedAnswer => {
                             let _ = conn.write_all(&(1u32 << 30).to_be_bytes());
                         }
-                        Mode::Canned => serve_one(&mut conn, &seen),
+                        Mode::Canned => serve_one(&mut conn, &seen, &packs),
                     }
                 }
             })
@@ -87,6 +94,7 @@ impl TestDoor {
             _dir: dir,
             path,
             seen,
+            packs,
             stop,
             thread: Some(thread),
         }
@@ -94,6 +102,10 @@ impl TestDoor {
 
     fn seen(&self) -> Vec<Result<Request, String>> {
         self.seen.lock().unwrap().clone()
+    }
+
+    fn packs(&self) -> Vec<Vec<u8>> {
+        self.packs.lock().unwrap().clone()
     }
 }
 
@@ -108,8 +120,13 @@ impl Drop for TestDoor {
 }
 
 /// One connection, as the supervisor's adapter will serve it: read at most
-/// what the reader wants, answer once.
-fn serve_one(conn: &mut UnixStream, seen: &Mutex<Vec<Result<Request, String>>>) {
+/// what the reader wants, then exactly the pack the request declares,
+/// answer once.
+fn serve_one(
+    conn: &mut UnixStream,
+    seen: &Mutex<Vec<Result<Request, String>>>,
+    packs: &Mutex<Vec<Vec<u8>>>,
+) {
     let mut reader = RequestReader::new();
     let response = loop {
         let mut buf = vec![0u8; reader.wanted()];
@@ -123,6 +140,14 @@ fn serve_one(conn: &mut UnixStream, seen: &Mutex<Vec<Result<Request, String>>>) 
         match reader.feed(&buf[..n]) {
             Ok(None) => continue,
             Ok(Some(request)) => {
+                if request.pack_bytes() > 0 {
+                    let mut pack = vec![0u8; request.pack_bytes() as usize];
+                    if conn.read_exact(&mut pack).is_err() {
+                        seen.lock().unwrap().push(Err("pack cut short".into()));
+                        return;
+                    }
+                    packs.lock().unwrap().push(pack);
+                }
                 let response = canned(&request);
                 seen.lock().unwrap().push(Ok(request));
                 break response;
@@ -162,35 +187,92 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// The one push request the door saw, with its pack length checked
+/// against the pack it received.
+fn only_push(door: &TestDoor) -> (String, String, bool, bool, u64) {
+    let seen = door.seen();
+    let [Ok(Request::Push {
+        dst_ref,
+        claimed_commit,
+        force,
+        delete,
+        pack_bytes,
+        ..
+    })] = seen.as_slice()
+    else {
+        panic!("not one push: {seen:?}");
+    };
+    let packs = door.packs();
+    if *pack_bytes > 0 {
+        assert_eq!(packs.len(), 1);
+        assert_eq!(packs[0].len() as u64, *pack_bytes);
+        assert_eq!(&packs[0][..4], b"PACK");
+    } else {
+        assert!(packs.is_empty());
+    }
+    (
+        dst_ref.clone(),
+        claimed_commit.clone(),
+        *force,
+        *delete,
+        *pack_bytes,
+    )
+}
+
 #[test]
 fn a_queued_push_exits_0_and_prints_the_act() {
     let door = TestDoor::start(Mode::Canned);
+    let repo = Repo::new("nightshift::origin");
     let out = act(
         &door.path,
-        &["push", "origin", "HEAD:agent/x", "--commit", COMMIT],
+        &["push", "origin", "HEAD:agent/x", "--commit", &repo.head],
         "",
-        None,
+        Some(repo.dir.path()),
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "queued as act A1 for approval\n");
-    assert_eq!(
-        door.seen(),
-        [Ok(Request::Push {
-            remote: "origin".into(),
-            dst_ref: "refs/heads/agent/x".into(),
-            claimed_commit: COMMIT.into(),
-        })]
-    );
+    let (dst, commit, force, delete, pack_bytes) = only_push(&door);
+    assert_eq!(dst, "refs/heads/agent/x");
+    assert_eq!(commit, repo.head);
+    assert!(!force && !delete && pack_bytes > 0);
+}
+
+#[test]
+fn a_push_of_a_commit_not_here_is_refused_before_anything_is_sent() {
+    let door = TestDoor::start(Mode::Canned);
+    let repo = Repo::new("nightshift::origin");
+    for (commit, expected) in [
+        (COMMIT, "git pack-objects failed"),
+        (
+            "0000000000000000000000000000000000000000",
+            "a commit id is 40 (or 64) lowercase hexadecimal digits",
+        ),
+    ] {
+        let out = act(
+            &door.path,
+            &["push", "origin", "agent/x", "--commit", commit],
+            "",
+            Some(repo.dir.path()),
+        );
+        assert_eq!(out.status.code(), Some(4));
+        assert!(
+            text(&out.stderr).contains(expected),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    assert_eq!(door.seen(), []);
 }
 
 #[test]
 fn a_refused_push_exits_3_with_the_rule_and_reason() {
     let door = TestDoor::start(Mode::Canned);
+    let repo = Repo::new("nightshift::origin");
     let out = act(
         &door.path,
-        &["push", "origin", "x:main", "--commit", COMMIT],
+        &["push", "origin", "x:main", "--commit", &repo.head],
         "",
-        None,
+        Some(repo.dir.path()),
     );
     assert_eq!(out.status.code(), Some(3));
     assert_eq!(
@@ -203,11 +285,12 @@ fn a_refused_push_exits_3_with_the_rule_and_reason() {
 #[test]
 fn a_done_push_exits_0_and_prints_done() {
     let door = TestDoor::start(Mode::Canned);
+    let repo = Repo::new("nightshift::origin");
     let out = act(
         &door.path,
-        &["push", "origin", "HEAD:done-1", "--commit", COMMIT],
+        &["push", "origin", "HEAD:done-1", "--commit", &repo.head],
         "",
-        None,
+        Some(repo.dir.path()),
     );
     assert_eq!(out.status.code(), Some(0));
     assert_eq!(text(&out.stdout), "done\n");
@@ -220,6 +303,8 @@ fn pull_request_notify_and_ask_carry_their_bodies() {
     let body = dir.path().join("body.md");
     std::fs::write(&body, "Fixes the flaky test.\n").unwrap();
     let body = body.to_str().unwrap();
+    let repo = Repo::new("nightshift::origin");
+    repo.git(&["branch", "agent/x"]);
     let pr = act(
         &door.path,
         &[
@@ -236,7 +321,7 @@ fn pull_request_notify_and_ask_carry_their_bodies() {
             body,
         ],
         "",
-        None,
+        Some(repo.dir.path()),
     );
     let notify = act(
         &door.path,
@@ -261,6 +346,8 @@ fn pull_request_notify_and_ask_carry_their_bodies() {
                 remote: "origin".into(),
                 base: "refs/heads/main".into(),
                 head: "refs/heads/agent/x".into(),
+                head_commit: repo.head.clone(),
+                pack_bytes: door.packs()[0].len() as u64,
                 title: "Fix the flaky test".into(),
                 body: "Fixes the flaky test.\n".into(),
             }),
@@ -498,14 +585,66 @@ fn git_push_becomes_a_queued_push_act() {
     assert!(out.status.success(), "{stderr}");
     assert!(stderr.contains("queued as act A1 for approval"), "{stderr}");
     assert!(stderr.contains("[new branch]"), "{stderr}");
-    assert_eq!(
-        door.seen(),
-        [Ok(Request::Push {
-            remote: "origin".into(),
-            dst_ref: "refs/heads/agent/x".into(),
-            claimed_commit: repo.head.clone(),
-        })]
-    );
+    let (dst, commit, force, delete, pack_bytes) = only_push(&door);
+    assert_eq!(dst, "refs/heads/agent/x");
+    assert_eq!(commit, repo.head);
+    assert!(!force && !delete && pack_bytes > 0);
+}
+
+#[test]
+fn a_forced_push_says_so() {
+    let door = TestDoor::start(Mode::Canned);
+    let repo = Repo::new("nightshift::origin");
+    let out = repo.push(&door, &["origin", "+HEAD:refs/heads/agent/f"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (_, commit, force, delete, _) = only_push(&door);
+    assert_eq!(commit, repo.head);
+    assert!(force && !delete);
+}
+
+#[test]
+fn the_pack_holds_the_commit_and_leaves_out_what_the_base_reaches() {
+    let door = TestDoor::start(Mode::Canned);
+    let repo = Repo::new("nightshift::origin");
+    let base = repo.head.clone();
+    std::fs::write(repo.dir.path().join("g.txt"), "more\n").unwrap();
+    repo.git(&["add", "g.txt"]);
+    repo.git(&["commit", "-q", "-m", "second"]);
+    let head = text(&repo.git(&["rev-parse", "HEAD"]).stdout)
+        .trim()
+        .to_string();
+    let out = repo
+        .command(&door.path)
+        .env("NIGHTSHIFT_BASE_COMMIT", &base)
+        .args(["push", "origin", "HEAD:refs/heads/agent/p"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (_, commit, _, _, _) = only_push(&door);
+    assert_eq!(commit, head);
+    // Index the pack alone in an empty repository: it is a valid,
+    // self-contained pack with the new commit and without the base.
+    let empty = tempfile::tempdir().unwrap();
+    let git_in = |args: &[&str], input: Option<&[u8]>| {
+        let mut child = Command::new("git")
+            .arg("-C")
+            .arg(empty.path())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input.unwrap_or_default()).unwrap();
+        drop(stdin);
+        child.wait_with_output().unwrap()
+    };
+    assert!(git_in(&["init", "-q", "--bare"], None).status.success());
+    let indexed = git_in(&["index-pack", "--stdin"], Some(&door.packs()[0]));
+    assert!(indexed.status.success(), "{}", text(&indexed.stderr));
+    assert!(git_in(&["cat-file", "-e", &head], None).status.success());
+    assert!(!git_in(&["cat-file", "-e", &base], None).status.success());
 }
 
 #[test]
@@ -533,7 +672,7 @@ fn git_prints_the_doors_refusal_beside_the_ref() {
 }
 
 #[test]
-fn git_push_to_a_url_tag_or_deletion_is_refused_without_asking() {
+fn git_push_to_a_url_or_tag_is_refused_without_asking() {
     let door = TestDoor::start(Mode::Canned);
     let hostile = Repo::new("nightshift::https://evil.example/x.git");
     let out = hostile.push(&door, &["origin", "HEAD:refs/heads/x"]);
@@ -550,15 +689,25 @@ fn git_push_to_a_url_tag_or_deletion_is_refused_without_asking() {
         "{stderr}"
     );
 
+    assert_eq!(door.seen(), []);
+}
+
+#[test]
+fn a_deletion_is_sent_for_the_door_to_decide() {
+    let door = TestDoor::start(Mode::Canned);
+    let repo = Repo::new("nightshift::origin");
     let out = repo.push(&door, &["origin", ":refs/heads/gone"]);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("deleting a remote branch is not an act"),
+        stderr.contains("refused by rule nightshift:delete"),
         "{stderr}"
     );
-
-    assert_eq!(door.seen(), []);
+    let (dst, commit, _, delete, pack_bytes) = only_push(&door);
+    assert_eq!(dst, "refs/heads/gone");
+    assert_eq!(commit, "0000000000000000000000000000000000000000");
+    assert!(delete);
+    assert_eq!(pack_bytes, 0);
 }
 
 #[test]
@@ -589,14 +738,9 @@ fn nightshift_act_push_resolves_the_branch_with_git() {
         Some(repo.dir.path()),
     );
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(
-        door.seen(),
-        [Ok(Request::Push {
-            remote: "origin".into(),
-            dst_ref: "refs/heads/work".into(),
-            claimed_commit: repo.head.clone(),
-        })]
-    );
+    let (dst, commit, _, _, _) = only_push(&door);
+    assert_eq!(dst, "refs/heads/work");
+    assert_eq!(commit, repo.head);
     let out = act(
         &door.path,
         &["push", "origin", "nope:x"],

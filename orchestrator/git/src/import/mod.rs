@@ -30,7 +30,10 @@
 
 mod objects;
 mod observe;
+mod pack;
 mod refs;
+
+pub use pack::{receive_pack, PackSpec};
 
 use std::path::Path;
 
@@ -151,8 +154,10 @@ pub enum HistoryDropped {
     BadTip,
     /// The worktree's object store could not be read.
     Unreadable,
-    /// Anything else about the worktree's objects that the import refused
-    /// (for example a tree holding a name git refuses).
+    /// A tree holds an entry git refuses (`..`, `.git`, a `/`, a name given
+    /// twice, ...): the commit could make a checkout write outside itself.
+    InvalidTreeEntry { tree: String },
+    /// Anything else about the worktree's objects that the import refused.
     Refused,
 }
 
@@ -168,6 +173,7 @@ impl HistoryDropped {
             HistoryDropped::HostileGitDir => "hostile_git_dir",
             HistoryDropped::BadTip => "bad_tip",
             HistoryDropped::Unreadable => "unreadable",
+            HistoryDropped::InvalidTreeEntry { .. } => "invalid_tree_entry",
             HistoryDropped::Refused => "refused",
         }
     }
@@ -177,7 +183,8 @@ impl HistoryDropped {
         match self {
             HistoryDropped::ObjectTooLarge { object, .. }
             | HistoryDropped::MissingObject { object }
-            | HistoryDropped::MalformedObject { object } => Some(object),
+            | HistoryDropped::MalformedObject { object }
+            | HistoryDropped::InvalidTreeEntry { tree: object } => Some(object),
             _ => None,
         }
     }
@@ -217,6 +224,9 @@ impl HistoryDropped {
                 object: expected.clone(),
             },
             GitError::HostileWorktree { .. } => HistoryDropped::HostileGitDir,
+            GitError::InvalidTreeEntry { tree, .. } => {
+                HistoryDropped::InvalidTreeEntry { tree: tree.clone() }
+            }
             GitError::BadRef { .. } => HistoryDropped::BadTip,
             GitError::Io { .. } => HistoryDropped::Unreadable,
             // libgit2 failing is taken as the host's trouble (a write into
@@ -253,6 +263,10 @@ impl std::fmt::Display for HistoryDropped {
             }
             HistoryDropped::BadTip => write!(f, "the agent's branch names no commit"),
             HistoryDropped::Unreadable => write!(f, "the worktree's objects could not be read"),
+            HistoryDropped::InvalidTreeEntry { tree } => write!(
+                f,
+                "tree {tree} holds an entry name git refuses (it could write outside a checkout)"
+            ),
             HistoryDropped::Refused => write!(f, "the worktree's objects were refused"),
         }
     }
@@ -409,17 +423,6 @@ fn copy_history(
     Ok((tip, tip_source, objects_copied))
 }
 
-/// What a branch of the worktree points at, read as data (never following a
-/// symlink, size-capped, 40 hex), or `None` when it does not exist.
-pub fn worktree_branch(worktree: &Path, branch: &str) -> Result<Option<String>, GitError> {
-    let refname = if branch.starts_with("refs/") {
-        branch.to_string()
-    } else {
-        format!("refs/heads/{branch}")
-    };
-    Ok(refs::read_ref(&worktree.join(".git"), &refname)?.map(|o| o.to_string()))
-}
-
 /// Files changed, insertions and deletions from `base` to `commit`, both in
 /// the host repository (blobs only: no filters, no textconv).
 pub fn diffstat_between(
@@ -437,7 +440,8 @@ pub fn diffstat_between(
     diffstat(&host, base, tree)
 }
 
-/// A commit an agent asked to act on, copied into the host repository.
+/// A commit an agent asked to act on, copied into the host repository from
+/// the pack it sent ([`receive_pack`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Captured {
     pub commit: String,
@@ -447,51 +451,6 @@ pub struct Captured {
     pub files_changed: u64,
     pub insertions: u64,
     pub deletions: u64,
-}
-
-/// Copies `commit` (and what it reaches) from a worktree's object database
-/// into the host repository and points `dest_ref` at it, at the moment an
-/// act is requested, so that nothing the sandbox does later can change what
-/// a person approves. The id is a content digest: libgit2 verifies every
-/// object's hash, and every written object must come back with its id.
-///
-/// The sandbox may still be running: the object store is swept and read
-/// exactly as for an import (no alternates, no symlinks followed); a swap
-/// racing the read can make it fail, never make it read outside the store.
-pub fn capture_commit(
-    host_repo: &Path,
-    worktree: &Path,
-    base_commit: &str,
-    commit: &str,
-    dest_ref: &str,
-    limits: &ImportLimits,
-) -> Result<Captured, GitError> {
-    git2::opts::strict_hash_verification(true);
-    let base = parse_full_id(base_commit)?;
-    let wanted = parse_full_id(commit)?;
-    let host = open_host(host_repo)?;
-    let host_odb = host
-        .odb()
-        .map_err(|e| GitError::git("opening the host object database", e))?;
-    let mut skipped = SkipList::default();
-    let wt_odb = objects::open_worktree_odb(worktree, limits, &mut skipped)?;
-    let objects_copied = objects::copy_reachable(&host_odb, &wt_odb, wanted, limits)?;
-    drop(wt_odb);
-    let found = host
-        .find_commit(wanted)
-        .map_err(|e| GitError::git(format!("reading captured commit {wanted}"), e))?;
-    let tree = found.tree_id();
-    host.reference(dest_ref, wanted, true, "nightshift: capture act")
-        .map_err(|e| GitError::git(format!("updating {dest_ref} in the host repository"), e))?;
-    let (files_changed, insertions, deletions) = diffstat(&host, base, tree)?;
-    Ok(Captured {
-        commit: wanted.to_string(),
-        tree: tree.to_string(),
-        objects_copied,
-        files_changed,
-        insertions,
-        deletions,
-    })
 }
 
 /// Tree-to-tree diff in the host repository: blobs only, nothing from the

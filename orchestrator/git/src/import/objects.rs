@@ -13,7 +13,15 @@
 //!   reaches (true for objects written by this module, which writes every
 //!   object after everything it reaches, and for objects reachable from the
 //!   host's refs); only objects the host lacks are read from the worktree;
-//! - every object's size is checked from its header before it is read.
+//! - every object's size is checked from its header before it is read;
+//! - every tree copied is checked entry by entry as git's fsck checks it
+//!   ([`crate::tree_names`]): an entry named `..`, holding `/`, naming `.git`
+//!   or an NTFS/HFS+ alias of it, a name given twice, an unknown mode. Such a
+//!   tree is refused with [`GitError::InvalidTreeEntry`] (tree id, escaped
+//!   name, why) before it is written, so neither it nor any tree or commit
+//!   reaching it enters the host (blobs copied before it may, unreferenced).
+//!   A tree the host already holds is not checked again here: the checkout
+//!   checks every tree it writes ([`crate::checkout`]).
 //!
 //! Residual risk, not closed here: a hostile *pack* can hold a delta whose base
 //! object is far larger than the limits (deflate shrinks zeros about 1000:1);
@@ -29,6 +37,7 @@ use git2::{ObjectType, Odb, Oid};
 
 use super::{ImportLimits, SkipList, SkipReason};
 use crate::fsx::is_real_dir;
+use crate::tree_names::{self, EntryKind, TreeProblem};
 use crate::GitError;
 
 /// Slack over `max_file_bytes` for a loose object file: zlib's worst-case
@@ -288,42 +297,32 @@ fn kind_name(kind: ObjectType) -> &'static str {
     }
 }
 
-/// The objects a raw tree refers to; submodule entries (gitlinks) name commits
-/// of other repositories and are not followed.
-fn parse_tree(id: Oid, mut data: &[u8]) -> Result<Vec<(Oid, ObjectType)>, GitError> {
-    let bad = |why| GitError::MalformedObject {
-        id: id.to_string(),
-        kind: "tree",
-        why,
-    };
-    let mut out = Vec::new();
-    while !data.is_empty() {
-        let space = data
-            .iter()
-            .position(|&b| b == b' ')
-            .ok_or_else(|| bad("entry without mode"))?;
-        let mode_text =
-            std::str::from_utf8(&data[..space]).map_err(|_| bad("mode is not octal"))?;
-        let mode = u32::from_str_radix(mode_text, 8).map_err(|_| bad("mode is not octal"))?;
-        let rest = &data[space + 1..];
-        let nul = rest
-            .iter()
-            .position(|&b| b == 0)
-            .ok_or_else(|| bad("entry name not terminated"))?;
-        let after = &rest[nul + 1..];
-        if after.len() < 20 {
-            return Err(bad("entry id truncated"));
-        }
-        let child = Oid::from_bytes(&after[..20]).map_err(|_| bad("entry id unreadable"))?;
-        data = &after[20..];
-        match mode & 0o170000 {
-            0o040000 => out.push((child, ObjectType::Tree)),
-            0o100000 | 0o120000 => out.push((child, ObjectType::Blob)),
-            0o160000 => {}
-            _ => return Err(bad("entry has an unknown mode")),
-        }
-    }
-    Ok(out)
+/// The objects a raw tree refers to, after checking every entry as git's
+/// fsck does (see [`crate::tree_names`]): a tree that could make a checkout
+/// write outside itself is refused here, before it reaches the host.
+/// Submodule entries (gitlinks) name commits of other repositories and are
+/// not followed.
+fn parse_tree(id: Oid, data: &[u8]) -> Result<Vec<(Oid, ObjectType)>, GitError> {
+    let entries = tree_names::parse_tree(data).map_err(|problem| match problem {
+        TreeProblem::Malformed(why) => GitError::MalformedObject {
+            id: id.to_string(),
+            kind: "tree",
+            why,
+        },
+        TreeProblem::Entry { name, why } => GitError::InvalidTreeEntry {
+            tree: id.to_string(),
+            name: tree_names::escape(&name),
+            why,
+        },
+    })?;
+    Ok(entries
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EntryKind::Tree => Some((e.id, ObjectType::Tree)),
+            EntryKind::File { .. } | EntryKind::Symlink => Some((e.id, ObjectType::Blob)),
+            EntryKind::Gitlink => None,
+        })
+        .collect())
 }
 
 /// The tree and parents of a raw commit.
@@ -375,8 +374,8 @@ mod tests {
         for (mode, name, n) in [
             ("100644", "a", 1u8),
             ("40000", "d", 2),
-            ("160000", "sub", 3),
             ("120000", "l", 4),
+            ("160000", "sub", 3),
         ] {
             raw.extend_from_slice(format!("{mode} {name}\0").as_bytes());
             raw.extend_from_slice(&[n; 20]);
@@ -392,6 +391,43 @@ mod tests {
         );
         assert!(parse_tree(oid(9), &raw[..raw.len() - 3]).is_err());
         assert!(parse_tree(oid(9), b"999999 x\0aaaaaaaaaaaaaaaaaaaa").is_err());
+        let err = parse_tree(oid(9), b"40000 ..\0aaaaaaaaaaaaaaaaaaaa").unwrap_err();
+        assert!(
+            matches!(&err, GitError::InvalidTreeEntry { tree, name, .. }
+                if *tree == oid(9).to_string() && name == ".."),
+            "{err}"
+        );
+    }
+
+    /// A commit reaching a tree with a `..` entry is refused with the tree's
+    /// id and the entry's name, and neither the tree nor the commit is written.
+    #[test]
+    fn copy_refuses_a_commit_reaching_a_hostile_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        let host_repo = git2::Repository::init_bare(dir.path().join("host")).unwrap();
+        let wt_repo = git2::Repository::init_bare(dir.path().join("wt")).unwrap();
+        let (host, wt) = (host_repo.odb().unwrap(), wt_repo.odb().unwrap());
+        let blob = wt.write(ObjectType::Blob, b"out\n").unwrap();
+        let mut inner = b"100644 escaped\0".to_vec();
+        inner.extend_from_slice(blob.as_bytes());
+        let inner = wt.write(ObjectType::Tree, &inner).unwrap();
+        let mut top = b"40000 ..\0".to_vec();
+        top.extend_from_slice(inner.as_bytes());
+        let top = wt.write(ObjectType::Tree, &top).unwrap();
+        let commit =
+            format!("tree {top}\nauthor a <a> 1 +0000\ncommitter a <a> 1 +0000\n\nhostile\n");
+        let commit = wt.write(ObjectType::Commit, commit.as_bytes()).unwrap();
+
+        let err = copy_reachable(&host, &wt, commit, &ImportLimits::default()).unwrap_err();
+        match &err {
+            GitError::InvalidTreeEntry { tree, name, why } => {
+                assert_eq!(*tree, top.to_string());
+                assert_eq!(name, "..");
+                assert_eq!(*why, "the name `..`");
+            }
+            other => panic!("not an invalid tree entry: {other}"),
+        }
+        assert!(!host.exists(top) && !host.exists(commit));
     }
 
     #[test]

@@ -13,16 +13,23 @@
 //!   only leave out *untracked* paths: a path the tip's tree holds is always
 //!   observed, as git does;
 //! - `.git` at the top is the repository and is skipped; a `.git` anywhere
-//!   below is skipped and listed (git trees cannot hold one);
+//!   below is skipped and listed (git trees cannot hold one); so is every
+//!   other name git refuses in a tree ([`crate::tree_names::check_name`]:
+//!   `git~1`, `.git ` and the other NTFS/HFS+ aliases of `.git`), so the
+//!   observed tree never holds a name a checkout would refuse;
 //! - a path left out (limits, special file, unreadable, too deep) that the
 //!   tip's tree holds keeps the tip's entry, so that "not observed" never reads
-//!   as "deleted"; an untracked one is simply absent; both are listed;
+//!   as "deleted"; an untracked one is simply absent; both are listed. A kept
+//!   entry that is a tree is first checked whole (every tree under it, as
+//!   [`crate::tree_names::parse_tree`] does): one git would refuse is dropped
+//!   and listed, never kept;
 //! - a submodule (gitlink) of the tip's tree is kept as the tip has it: its
 //!   directory is not read.
 //!
 //! Nothing the worktree holds is trusted as a cache: every file is read and
 //! hashed, since the index and mtimes are the agent's to forge.
 
+use std::collections::HashSet;
 use std::ffi::OsString;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
@@ -35,6 +42,7 @@ use ignore::Match;
 
 use super::{ImportLimits, SkipList, SkipReason};
 use crate::fsx::{open_nofollow, read_capped, read_open_capped, Capped};
+use crate::tree_names::{self, check_name, EntryKind};
 use crate::GitError;
 
 /// Deepest directory nesting walked; deeper directories are skipped and listed.
@@ -70,6 +78,8 @@ struct Walker<'a> {
     ignored: u64,
     skipped: &'a mut SkipList,
     ignores: Vec<Gitignore>,
+    /// Tip trees found to hold only entries git would check out.
+    clean_trees: HashSet<Oid>,
 }
 
 /// Builds the tree of the worktree's working files in the host repository.
@@ -92,6 +102,7 @@ pub(super) fn observe(
         ignored: 0,
         skipped,
         ignores: Vec::new(),
+        clean_trees: HashSet::new(),
     };
     let tree = match walker.dir(worktree, "", 0, Some(tip_tree), false)? {
         Built::Tree(tree) => tree,
@@ -214,6 +225,10 @@ impl Walker<'_> {
                 }
                 continue;
             }
+            if check_name(name_bytes).is_err() {
+                self.skip(&child_rel, SkipReason::InvalidName);
+                continue;
+            }
             let meta = match fs::symlink_metadata(&path) {
                 Ok(m) => m,
                 Err(e) => {
@@ -232,7 +247,8 @@ impl Walker<'_> {
                 .map(|e| (e.id(), e.filemode(), e.kind()));
             let is_tracked = tracked_entry.is_some();
             // A tracked path that is skipped (limits, special file, unreadable)
-            // keeps the tip's entry: "not observed" must not read as "deleted".
+            // keeps the tip's entry: "not observed" must not read as "deleted"
+            // (unless that entry is a tree git would refuse, see below).
             let kept = tracked_entry.map(|(id, mode, _)| (id, mode));
             let skipped_before = self.skipped.total;
             let matches_ignore = self.is_ignored(&path, kind.is_dir());
@@ -300,6 +316,19 @@ impl Walker<'_> {
                 None if !kind.is_dir() && self.skipped.total > skipped_before => kept,
                 other => other,
             };
+            // The tip's tree may have reached the host unchecked (it was there
+            // already); an entry of it is kept only when a checkout would take it.
+            let entry = match entry {
+                Some((id, MODE_TREE))
+                    if self.skipped.total > skipped_before
+                        && entry == kept
+                        && !self.tree_is_clean(id)? =>
+                {
+                    self.skip(&child_rel, SkipReason::InvalidName);
+                    None
+                }
+                other => other,
+            };
             if let Some((id, mode)) = entry {
                 if builder.insert(name_bytes, id, mode).is_err() {
                     self.skip(&child_rel, SkipReason::InvalidName);
@@ -313,6 +342,34 @@ impl Walker<'_> {
             .write()
             .map(Built::Tree)
             .map_err(|e| GitError::git(format!("writing the observed tree of {rel:?}"), e))
+    }
+
+    /// True when every tree under `id` (itself included) passes
+    /// [`tree_names::parse_tree`]; trees already found clean are remembered.
+    fn tree_is_clean(&mut self, id: Oid) -> Result<bool, GitError> {
+        let mut stack = vec![id];
+        let mut visited = Vec::new();
+        while let Some(tree) = stack.pop() {
+            if self.clean_trees.contains(&tree) {
+                continue;
+            }
+            let object = self
+                .odb
+                .read(tree)
+                .map_err(|e| GitError::git(format!("reading tip tree {tree}"), e))?;
+            match tree_names::parse_tree(object.data()) {
+                Ok(entries) => stack.extend(
+                    entries
+                        .iter()
+                        .filter(|e| e.kind == EntryKind::Tree)
+                        .map(|e| e.id),
+                ),
+                Err(_) => return Ok(false),
+            }
+            visited.push(tree);
+        }
+        self.clean_trees.extend(visited);
+        Ok(true)
     }
 
     /// Takes one file slot, or says why not.

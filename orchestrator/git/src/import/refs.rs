@@ -1,17 +1,31 @@
 //! Reading the agent's tip from the worktree's ref files, as data.
 //!
+//! Used by the import, once the sandbox is gone; never at request time (an
+//! act's commit comes over the door, see [`super::pack`]).
+//!
 //! Invariants: only `.git/HEAD`, one loose ref file and `.git/packed-refs` are
-//! read, each with [`crate::fsx::read_capped`] (no symlink followed, no FIFO
-//! opened, size-capped); every directory on the way to a loose ref must be a
-//! real directory; a loose ref must hold exactly 40 hex digits (symbolic loose
-//! refs are not followed); a loose ref hides a packed one, as in git.
+//! read. Every path is walked one component at a time from a directory
+//! handle (`openat` with `O_NOFOLLOW`, directories with `O_DIRECTORY`), so a
+//! symlink is never followed in *any* component, even one swapped in after
+//! an earlier check; a file is opened with `O_NONBLOCK` (a FIFO never
+//! blocks), read only when `fstat` on the open descriptor says it is a
+//! regular file, and never past its cap. A path that meets a symlink or a
+//! non-directory on the way is refused with the same answer whatever lies
+//! beyond it, so no lookup tells anything about files outside the worktree.
+//! A loose ref must hold exactly 40 hex digits (symbolic loose refs are not
+//! followed); a loose ref hides a packed one, as in git.
 
+use std::fs::File;
+use std::os::fd::AsFd;
 use std::path::Path;
 
 use git2::{ObjectType, Odb, Oid};
+use nix::errno::Errno;
+use nix::fcntl::{openat, OFlag};
+use nix::sys::stat::Mode;
 
 use super::TipSource;
-use crate::fsx::{is_real_dir, read_capped, Capped};
+use crate::fsx::{read_open_capped, Capped};
 use crate::run_id::run_branch;
 use crate::GitError;
 
@@ -63,11 +77,99 @@ pub(super) fn resolve_tip(
     }
 }
 
+/// What opening one component from a directory handle found.
+enum At {
+    Missing,
+    /// A symlink, or not the kind asked for: never followed, never read.
+    NotReal,
+    File(File),
+}
+
+/// Opens `name` (one component) in `dir` without following a symlink;
+/// a directory when `dir_wanted`, else a file opened for reading without
+/// blocking.
+fn open_at(dir: impl AsFd, name: &str, dir_wanted: bool) -> std::io::Result<At> {
+    let mut flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NOCTTY;
+    flags |= if dir_wanted {
+        OFlag::O_DIRECTORY
+    } else {
+        OFlag::O_NONBLOCK
+    };
+    match openat(dir, name, flags, Mode::empty()) {
+        Ok(fd) => Ok(At::File(File::from(fd))),
+        Err(Errno::ENOENT) => Ok(At::Missing),
+        Err(Errno::ELOOP | Errno::ENOTDIR) => Ok(At::NotReal),
+        Err(e) => Err(std::io::Error::from(e)),
+    }
+}
+
+/// Opens a directory given by path, refusing a symlink in its last
+/// component (the worktree's `.git`; the components above it are the
+/// supervisor's own).
+fn open_gitdir(gitdir: &Path) -> std::io::Result<At> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    match std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(flags.bits())
+        .open(gitdir)
+    {
+        Ok(f) => Ok(At::File(f)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(At::Missing),
+        Err(e)
+            if e.raw_os_error() == Some(Errno::ELOOP as i32)
+                || e.raw_os_error() == Some(Errno::ENOTDIR as i32) =>
+        {
+            Ok(At::NotReal)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads the file at `rel` (components separated by `/`) below `gitdir`,
+/// walking from directory handles; `Capped::NotRegular` when any component
+/// on the way is a symlink or not a directory, or the file is not regular.
+fn read_below(gitdir: &Path, rel: &str, cap: u64) -> std::io::Result<Capped> {
+    let mut dir = match open_gitdir(gitdir)? {
+        At::File(f) => f,
+        At::Missing => return Ok(Capped::Missing),
+        At::NotReal => return Ok(Capped::NotRegular),
+    };
+    let components: Vec<&str> = rel.split('/').collect();
+    let Some((last, parents)) = components.split_last() else {
+        return Ok(Capped::Missing);
+    };
+    for part in parents {
+        if matches!(*part, "" | "." | "..") {
+            return Ok(Capped::NotRegular);
+        }
+        dir = match open_at(&dir, part, true)? {
+            At::File(f) => f,
+            At::Missing => return Ok(Capped::Missing),
+            At::NotReal => return Ok(Capped::NotRegular),
+        };
+    }
+    if matches!(*last, "" | "." | "..") {
+        return Ok(Capped::NotRegular);
+    }
+    match open_at(&dir, last, false)? {
+        At::File(f) => {
+            if f.metadata()?.file_type().is_dir() {
+                // A directory where a loose ref would be: no such loose ref
+                // (`refs/heads/a` when only `refs/heads/a/b` exists).
+                return Ok(Capped::Missing);
+            }
+            read_open_capped(f, cap)
+        }
+        At::Missing => Ok(Capped::Missing),
+        At::NotReal => Ok(Capped::NotRegular),
+    }
+}
+
 /// The branch `.git/HEAD` names, when it is `ref: refs/heads/<valid name>`.
 fn read_head_branch(gitdir: &Path) -> Result<Option<String>, GitError> {
-    let path = gitdir.join("HEAD");
-    let data = match read_capped(&path, MAX_REF_FILE)
-        .map_err(|e| GitError::io("reading worktree HEAD", &path, e))?
+    let data = match read_below(gitdir, "HEAD", MAX_REF_FILE)
+        .map_err(|e| GitError::io("reading worktree HEAD", gitdir.join("HEAD"), e))?
     {
         Capped::Data(d) => d,
         _ => return Ok(None),
@@ -93,50 +195,37 @@ pub(super) fn read_ref(gitdir: &Path, refname: &str) -> Result<Option<Oid>, GitE
         reference: refname.to_owned(),
         why,
     };
-    // Every directory on the way must be real, or the loose ref is not there.
-    let components: Vec<&str> = refname.split('/').collect();
-    let mut dir = gitdir.to_owned();
-    let mut loose_possible = true;
-    for part in &components[..components.len() - 1] {
-        dir.push(part);
-        match std::fs::symlink_metadata(&dir) {
-            Ok(m) if m.file_type().is_dir() => {}
-            Ok(_) => return Err(bad(format!("{} is not a real directory", dir.display()))),
-            Err(_) => {
-                loose_possible = false;
-                break;
-            }
-        }
+    if !git2::Reference::is_valid_name(refname) {
+        return Err(bad("not a valid ref name".to_owned()));
     }
-    if loose_possible {
-        let path = gitdir.join(refname);
-        match read_capped(&path, MAX_REF_FILE)
-            .map_err(|e| GitError::io("reading worktree ref", &path, e))?
-        {
-            Capped::Missing => {}
-            Capped::Data(data) => {
-                return parse_hex_line(&data).map(Some).ok_or_else(|| {
-                    bad(
-                        "the loose ref does not hold a 40-hex id (symbolic refs are not followed)"
-                            .to_owned(),
-                    )
-                })
-            }
-            Capped::NotRegular => {
-                if !is_real_dir(&path).unwrap_or(false) {
-                    return Err(bad("the loose ref is not a regular file".to_owned()));
-                }
-            }
-            Capped::TooLarge(size) => {
-                return Err(bad(format!("the loose ref file is {size} bytes")))
-            }
+    match read_below(gitdir, refname, MAX_REF_FILE)
+        .map_err(|e| GitError::io("reading worktree ref", gitdir.join(refname), e))?
+    {
+        Capped::Missing => {}
+        Capped::Data(data) => {
+            return parse_hex_line(&data).map(Some).ok_or_else(|| {
+                bad(
+                    "the loose ref does not hold a 40-hex id (symbolic refs are not followed)"
+                        .to_owned(),
+                )
+            })
         }
+        Capped::NotRegular => {
+            return Err(bad(
+                "a symlink or special file is on the way to the loose ref (never followed)"
+                    .to_owned(),
+            ))
+        }
+        Capped::TooLarge(size) => return Err(bad(format!("the loose ref file is {size} bytes"))),
     }
 
-    let packed = gitdir.join("packed-refs");
-    let data = match read_capped(&packed, MAX_PACKED_REFS)
-        .map_err(|e| GitError::io("reading worktree packed-refs", &packed, e))?
-    {
+    let data = match read_below(gitdir, "packed-refs", MAX_PACKED_REFS).map_err(|e| {
+        GitError::io(
+            "reading worktree packed-refs",
+            gitdir.join("packed-refs"),
+            e,
+        )
+    })? {
         Capped::Missing => return Ok(None),
         Capped::Data(d) => d,
         Capped::NotRegular => return Err(bad("packed-refs is not a regular file".to_owned())),
@@ -224,5 +313,81 @@ mod tests {
         std::os::unix::fs::symlink(elsewhere.path(), dir.path().join("refs")).unwrap();
         let err = read_ref(dir.path(), "refs/heads/main").unwrap_err();
         assert!(matches!(err, GitError::BadRef { .. }), "{err}");
+    }
+
+    #[test]
+    fn no_lookup_through_a_symlink_tells_whether_a_host_file_exists() {
+        // `refs/heads` is a symlink to a host directory: whether the named
+        // file exists there, and what it holds, changes nothing in the answer.
+        let dir = tempfile::tempdir().unwrap();
+        let host = tempfile::tempdir().unwrap();
+        std::fs::write(host.path().join("present"), format!("{A}\n")).unwrap();
+        std::fs::write(host.path().join("big"), "x".repeat(10_000)).unwrap();
+        std::fs::create_dir(dir.path().join("refs")).unwrap();
+        std::os::unix::fs::symlink(host.path(), dir.path().join("refs/heads")).unwrap();
+        let answers: Vec<String> = ["present", "big", "absent"]
+            .iter()
+            .map(|name| {
+                read_ref(dir.path(), &format!("refs/heads/{name}"))
+                    .unwrap_err()
+                    .to_string()
+                    .replace(name, "NAME")
+            })
+            .collect();
+        assert_eq!(answers[0], answers[1]);
+        assert_eq!(answers[0], answers[2]);
+        assert!(!answers[0].contains(host.path().to_str().unwrap()));
+        // `.git` itself a symlink: nothing through it is read.
+        let outer = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(host.path().join("refs/heads")).unwrap();
+        std::fs::write(host.path().join("refs/heads/main"), format!("{A}\n")).unwrap();
+        std::fs::write(host.path().join("HEAD"), "ref: refs/heads/main\n").unwrap();
+        let link = outer.path().join(".git");
+        std::os::unix::fs::symlink(host.path(), &link).unwrap();
+        assert!(read_ref(&link, "refs/heads/main").is_err());
+        assert_eq!(read_head_branch(&link).unwrap(), None);
+    }
+
+    #[test]
+    fn a_fifo_or_oversized_file_as_a_ref_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("refs/heads")).unwrap();
+        nix::unistd::mkfifo(
+            &dir.path().join("refs/heads/fifo"),
+            Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        assert!(read_ref(dir.path(), "refs/heads/fifo").is_err());
+        let big = std::fs::File::create(dir.path().join("refs/heads/big")).unwrap();
+        big.set_len(10 << 30).unwrap();
+        assert!(matches!(
+            read_ref(dir.path(), "refs/heads/big"),
+            Err(GitError::BadRef { why, .. }) if why.contains("bytes")
+        ));
+        nix::unistd::mkfifo(&dir.path().join("HEAD"), Mode::from_bits_truncate(0o644)).unwrap();
+        assert_eq!(read_head_branch(dir.path()).unwrap(), None);
+    }
+
+    #[test]
+    fn loose_refs_in_real_directories_are_read_and_hide_packed_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("refs/heads/agent/x")).unwrap();
+        std::fs::write(dir.path().join("refs/heads/main"), format!("{A}\n")).unwrap();
+        let b = "2222222222222222222222222222222222222222";
+        std::fs::write(
+            dir.path().join("packed-refs"),
+            format!("{b} refs/heads/main\n{b} refs/heads/agent\n"),
+        )
+        .unwrap();
+        assert_eq!(
+            read_ref(dir.path(), "refs/heads/main").unwrap(),
+            Some(Oid::from_str(A).unwrap())
+        );
+        // A directory where the loose ref would be: the packed one counts.
+        assert_eq!(
+            read_ref(dir.path(), "refs/heads/agent").unwrap(),
+            Some(Oid::from_str(b).unwrap())
+        );
+        assert_eq!(read_ref(dir.path(), "refs/heads/none").unwrap(), None);
     }
 }

@@ -3,7 +3,11 @@
 //!
 //! git runs it as `git-remote-nightshift REMOTE [ADDRESS]` and speaks the
 //! remote-helper protocol on its standard streams (see
-//! `sandbox_image_door::remote_helper`). Each pushed ref is answered
+//! `sandbox_image_door::remote_helper`). Each pushed ref becomes one push
+//! request carrying the commit (resolved here) and a pack of the objects it
+//! reaches (less what `$NIGHTSHIFT_BASE_COMMIT` reaches), with git's `+` as
+//! `force`; a deletion (`:DST`) is a request with `delete` and no pack, which
+//! the door's policy decides like any other. Each pushed ref is answered
 //! `ok DST` when the door queued or did the push, `error DST WHY` otherwise,
 //! so git prints the door's answer beside the ref; the answer line also goes
 //! to standard error. Exit 0 unless git sends what this helper does not
@@ -15,10 +19,11 @@ use std::io::{self, BufRead, Read, Write};
 use std::process::ExitCode;
 
 use sandbox_image_door::client::{self, DoorAddress};
-use sandbox_image_door::local_git::resolve_commit;
+use sandbox_image_door::local_git::{pack_objects, resolve_commit, ENV_BASE_COMMIT};
 use sandbox_image_door::remote_helper::{
     alias_from_address, error_line, ok_line, parse_command, HelperCommand, PushSpec, CAPABILITIES,
 };
+use sandbox_image_door::validate::ZERO_COMMIT;
 use sandbox_image_door::Request;
 
 /// Longest line accepted from git.
@@ -95,9 +100,6 @@ fn push_one(door: &Door, spec: &PushSpec) -> String {
         eprintln!("nightshift: {}: {why}", spec.dst);
         error_line(&spec.dst, &why)
     };
-    if spec.src.is_empty() {
-        return refuse("error: deleting a remote branch is not an act the door takes".into());
-    }
     let alias = match &door.alias {
         Ok(alias) => alias.clone(),
         Err(why) => return refuse(format!("error: {why}")),
@@ -106,16 +108,51 @@ fn push_one(door: &Door, spec: &PushSpec) -> String {
         Ok(address) => address,
         Err(why) => return refuse(format!("error: {why}")),
     };
+    // A deletion is an act like any other: the door's policy sees it.
+    if spec.src.is_empty() {
+        let request = Request::Push {
+            remote: alias,
+            dst_ref: spec.dst.clone(),
+            claimed_commit: ZERO_COMMIT.to_string(),
+            force: spec.force,
+            delete: true,
+            pack_bytes: 0,
+        };
+        return answer(spec, client::send(address, &request));
+    }
     let claimed_commit = match resolve_commit(&spec.src) {
         Ok(id) => id,
+        Err(e) => return refuse(format!("error: {e}")),
+    };
+    let base = std::env::var(ENV_BASE_COMMIT).ok();
+    let mut pack = match pack_objects(&claimed_commit, base.as_deref()) {
+        Ok(pack) => pack,
         Err(e) => return refuse(format!("error: {e}")),
     };
     let request = Request::Push {
         remote: alias,
         dst_ref: spec.dst.clone(),
         claimed_commit,
+        force: spec.force,
+        delete: false,
+        pack_bytes: pack.len,
     };
-    match client::send(address, &request) {
+    answer(
+        spec,
+        client::send_with_pack(address, &request, Some(&mut pack)),
+    )
+}
+
+/// The reply line for the door's answer (or the failure to get one).
+fn answer(
+    spec: &PushSpec,
+    sent: Result<sandbox_image_door::Response, client::ClientError>,
+) -> String {
+    let refuse = |why: String| {
+        eprintln!("nightshift: {}: {why}", spec.dst);
+        error_line(&spec.dst, &why)
+    };
+    match sent {
         Ok(response) if response.exit_code() == 0 => {
             eprintln!("nightshift: {}: {}", spec.dst, response.line());
             ok_line(&spec.dst)

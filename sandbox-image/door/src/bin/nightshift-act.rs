@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use sandbox_image_door::cli::{self, Invocation, USAGE};
 use sandbox_image_door::client::{self, read_body_file, DoorAddress};
-use sandbox_image_door::local_git::resolve_commit;
+use sandbox_image_door::local_git::{pack_objects, resolve_commit, Pack, ENV_BASE_COMMIT};
 use sandbox_image_door::validate::{check_alias, normalize_branch, MAX_BODY};
 use sandbox_image_door::{Request, Response, EXIT_ERROR, EXIT_USAGE};
 
@@ -50,9 +50,9 @@ fn main() -> ExitCode {
         }
         other => build_request(other),
     };
-    let answer = request.and_then(|request| {
+    let answer = request.and_then(|(request, mut pack)| {
         let door = DoorAddress::from_env().map_err(|e| e.to_string())?;
-        client::send(&door, &request).map_err(|e| e.to_string())
+        client::send_with_pack(&door, &request, pack.as_mut()).map_err(|e| e.to_string())
     });
     match answer {
         Ok(response) => {
@@ -71,8 +71,15 @@ fn main() -> ExitCode {
     }
 }
 
-/// The request an invocation asks for, with files read and names checked.
-fn build_request(invocation: Invocation) -> Result<Request, String> {
+/// The pack of what `commit` reaches, less what the run's base reaches.
+fn pack_for(commit: &str) -> Result<Pack, String> {
+    let base = std::env::var(ENV_BASE_COMMIT).ok();
+    pack_objects(commit, base.as_deref()).map_err(|e| e.to_string())
+}
+
+/// The request an invocation asks for, with files read, names checked and
+/// the pack it declares made.
+fn build_request(invocation: Invocation) -> Result<(Request, Option<Pack>), String> {
     let body = |file: &str| read_body_file(file, MAX_BODY).map_err(|e| e.to_string());
     let invalid = |e: sandbox_image_door::ValidationError| format!("invalid request: {e}");
     Ok(match invocation {
@@ -91,11 +98,23 @@ fn build_request(invocation: Invocation) -> Result<Request, String> {
                 Some(commit) => commit,
                 None => resolve_commit(&src).map_err(|e| e.to_string())?,
             };
-            Request::Push {
-                remote,
-                dst_ref,
-                claimed_commit,
-            }
+            sandbox_image_door::validate::check_commit("--commit", &claimed_commit)
+                .and_then(|()| {
+                    sandbox_image_door::validate::check_not_zero("--commit", &claimed_commit)
+                })
+                .map_err(invalid)?;
+            let pack = pack_for(&claimed_commit)?;
+            (
+                Request::Push {
+                    remote,
+                    dst_ref,
+                    claimed_commit,
+                    force: false,
+                    delete: false,
+                    pack_bytes: pack.len,
+                },
+                Some(pack),
+            )
         }
         Invocation::PullRequest {
             remote,
@@ -103,17 +122,35 @@ fn build_request(invocation: Invocation) -> Result<Request, String> {
             head,
             title,
             body_file,
-        } => Request::PullRequest {
-            base: normalize_branch("base", &base).map_err(invalid)?,
-            head: normalize_branch("head", &head).map_err(invalid)?,
-            body: body(&body_file)?,
-            remote,
-            title,
-        },
-        Invocation::Notify { destination, file } => Request::Notify {
-            body: body(&file)?,
-            destination,
-        },
-        Invocation::Ask { file } => Request::Ask { body: body(&file)? },
+        } => {
+            let head = normalize_branch("head", &head).map_err(invalid)?;
+            let base = normalize_branch("base", &base).map_err(invalid)?;
+            let body = body(&body_file)?;
+            check_alias("remote", &remote).map_err(invalid)?;
+            sandbox_image_door::validate::check_title("title", &title).map_err(invalid)?;
+            sandbox_image_door::validate::check_body("body", &body).map_err(invalid)?;
+            let head_commit = resolve_commit(&head).map_err(|e| e.to_string())?;
+            let pack = pack_for(&head_commit)?;
+            (
+                Request::PullRequest {
+                    base,
+                    head,
+                    head_commit,
+                    pack_bytes: pack.len,
+                    body,
+                    remote,
+                    title,
+                },
+                Some(pack),
+            )
+        }
+        Invocation::Notify { destination, file } => (
+            Request::Notify {
+                body: body(&file)?,
+                destination,
+            },
+            None,
+        ),
+        Invocation::Ask { file } => (Request::Ask { body: body(&file)? }, None),
     })
 }
