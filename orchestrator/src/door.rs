@@ -429,6 +429,17 @@ pub fn configure_worktree(worktree: &Path) -> std::io::Result<()> {
     )
 }
 
+/// Removes a run's door directory (`STATE/doors/<run>`), if any: every
+/// ending does (the run's own, a refusal, reconciliation), so no door of a
+/// settled run stays. Best effort; a missing directory is fine.
+pub fn remove_dir(paths: &StatePaths, run: &str) {
+    // A run id is a ULID: never a path of its own.
+    if run.is_empty() || !run.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return;
+    }
+    let _ = std::fs::remove_dir_all(paths.root.join("doors").join(run));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

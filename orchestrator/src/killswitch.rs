@@ -17,11 +17,20 @@
 //!   group and outside every sandbox, stops the sandboxes of a supervisor
 //!   that has vanished; a later supervisor does the same at start. Nothing
 //!   inside a sandbox can reach either.
-//! - An orphaned run is settled once (a claim row in the store): its
-//!   containers removed, what it wrote imported, its worktree removed (only
-//!   once the import succeeded; a failed import keeps it and ends the run as
-//!   `import failed: ...`, for `nightshift import`), its record and the audit
-//!   saying what happened.
+//! - A run is settled exactly once. A settler claims it (a row in the store
+//!   naming the claimer's `pid:starttime`); a claim whose claimer is provably
+//!   gone, or that was given back after a failure, is taken over, so a
+//!   settler that dies or fails never leaves a run unsettled. Under the claim
+//!   the run is re-read: one that has ended, or whose supervisor is alive,
+//!   is left alone; the ending is written only if the stored record is not
+//!   final yet ([`crate::store::Store::end_run`]).
+//! - Settling an orphan removes its containers, imports what it wrote, then
+//!   removes its worktree (only once the work is safe: a failed import keeps
+//!   it and ends the run as `import failed: ...`, for `nightshift import`)
+//!   and its door directory, the record and the audit saying what happened.
+//!   A run marked imported ([`crate::store::Store::record_imported`], written
+//!   before any worktree removal begins) is never imported again: its
+//!   worktree, whole or half-removed, is only removed.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -140,7 +149,7 @@ pub async fn record_kill(sup: &Supervisor, stopped: &Stopped) -> Result<Killed, 
         runs.insert(id.clone());
     } else {
         for r in lock(sup).runs()? {
-            if r.status == "running" || r.status == "created" {
+            if !crate::store::is_final(&r.status) {
                 runs.insert(r.id);
             }
         }
@@ -163,20 +172,10 @@ pub async fn record_kill(sup: &Supervisor, stopped: &Stopped) -> Result<Killed, 
             false,
         )?;
     }
-    // Runs whose supervisor is gone have nobody to settle them: do it here.
+    // Runs whose supervisor is gone have nobody to settle them: do it here
+    // (settle_orphan re-reads each under its claim and leaves ended runs).
     for r in &runs {
-        let record = lock(sup).run(r)?;
-        let alive = record
-            .supervisor
-            .as_deref()
-            .map(identity_alive)
-            .unwrap_or(false);
-        let ended = ["exited", "killed", "import failed"]
-            .iter()
-            .any(|s| record.status.starts_with(s));
-        if !alive && !ended {
-            settle_orphan(sup, r, "kill switch").await?;
-        }
+        settle_orphan(sup, r, "kill switch").await?;
     }
     Ok(Killed {
         runs: runs.into_iter().collect(),
@@ -262,7 +261,7 @@ pub async fn reconcile(
         }
     }
     for r in lock(sup).runs()? {
-        let unsettled = r.status == "running" || r.status == "created";
+        let unsettled = !crate::store::is_final(&r.status);
         let owner = r.supervisor.clone().unwrap_or_default();
         if !unsettled || owner == sup.identity || only.is_some_and(|o| o != owner) {
             continue;
@@ -271,22 +270,55 @@ pub async fn reconcile(
             orphans.insert(r.id);
         }
     }
+    // One run that cannot be settled now does not keep the others waiting.
     let mut settled = Vec::new();
+    let mut first_error = None;
     for run in orphans {
-        if settle_orphan(sup, &run, by).await? {
-            settled.push(run);
+        match settle_orphan(sup, &run, by).await {
+            Ok(true) => settled.push(run),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(run = %run, error = %e, "settling");
+                first_error.get_or_insert(e);
+            }
         }
     }
-    Ok(settled)
+    sweep_doors(sup)?;
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(settled),
+    }
 }
 
-/// Settles a run nobody else will: containers removed, work imported,
-/// worktree removed, record and audit updated. False if already claimed.
+/// Settles a run nobody else will: containers removed, work imported
+/// (unless it already was), worktree and door removed, record and audit
+/// updated. False when there was nothing to do: a live process holds the
+/// claim, the run has ended, or its supervisor is still alive.
 pub async fn settle_orphan(sup: &Supervisor, run: &str, by: &str) -> Result<bool, RunError> {
-    if !lock(sup).claim_settle(run, by)? {
+    let gone = |claimer: &str| !identity_alive(claimer);
+    if !lock(sup).claim_settle(run, by, &sup.identity, &gone)? {
         return Ok(false);
     }
+    let settled = settle_claimed(sup, run, by).await;
+    if !matches!(settled, Ok(true)) {
+        // Failed or needless: give the claim back (a claimer that dies
+        // before this is taken over as gone).
+        let _ = lock(sup).release_settle(run, &sup.identity);
+    }
+    settled
+}
+
+async fn settle_claimed(sup: &Supervisor, run: &str, by: &str) -> Result<bool, RunError> {
+    // Re-read under the claim: the list this run was picked from may be old.
     let mut record = lock(sup).run(run)?;
+    if crate::store::is_final(&record.status) {
+        crate::door::remove_dir(lock(sup).paths(), run);
+        return Ok(false);
+    }
+    let owner = record.supervisor.clone().unwrap_or_default();
+    if owner != sup.identity && identity_alive(&owner) {
+        return Ok(false);
+    }
     let containers: Vec<String> = sup
         .engine
         .managed(Some(run))
@@ -311,20 +343,36 @@ pub async fn settle_orphan(sup: &Supervisor, run: &str, by: &str) -> Result<bool
         },
         false,
     )?;
-    // Keep what the run wrote, as for any run; the worktree goes only once
-    // its import succeeded.
-    let worktree = lock(sup).paths().worktrees().join(run);
+    // Keep what the run wrote, as for any run, unless that was done: a run
+    // marked imported may have a half-removed worktree, which is only ever
+    // removed. The worktree goes only once the work is safe.
+    let paths = lock(sup).paths().clone();
+    let worktree = paths.worktrees().join(run);
     let mut failure = None;
     if worktree.exists() {
-        match crate::run::import_into(&sup.store, &mut record, &worktree).await {
-            Ok(()) => {
-                let wt = worktree.clone();
-                let _ = tokio::task::spawn_blocking(move || crate::hostview::remove_worktree(&wt))
-                    .await;
+        let imported = lock(sup).imported(run)?;
+        if !imported {
+            match crate::run::import_into(&sup.store, &mut record, &worktree).await {
+                Ok(()) => lock(sup).record_imported(&record)?,
+                Err(e) => failure = Some(e),
             }
-            Err(e) => failure = Some(e),
+        }
+        if failure.is_none() {
+            let wt = worktree.clone();
+            let removed =
+                tokio::task::spawn_blocking(move || crate::hostview::remove_worktree(&wt)).await;
+            if let Ok(Ok(())) = removed {
+                lock(sup).append(
+                    Some(run),
+                    &Event::WorktreeRemoved {
+                        path: worktree.display().to_string(),
+                    },
+                    false,
+                )?;
+            }
         }
     }
+    crate::door::remove_dir(&paths, run);
     let (status, import_reason) =
         crate::run::status_after_import(&mut record, status, failure.as_ref(), &worktree);
     record.status = status.clone();
@@ -333,16 +381,37 @@ pub async fn settle_orphan(sup: &Supervisor, run: &str, by: &str) -> Result<bool
         None => format!("settled by {by}"),
     });
     record.ended_at = Some(now_rfc3339());
-    lock(sup).put_run(&record)?;
-    lock(sup).append(
-        Some(run),
+    let ended = lock(sup).end_run(
+        &record,
         &Event::RunEnded {
             status,
             reason: record.reason.clone(),
         },
-        true,
     )?;
-    Ok(true)
+    Ok(ended.is_some())
+}
+
+/// Removes the door directories of runs that have ended (or that the store
+/// does not know), left by a supervisor that died before its ending.
+fn sweep_doors(sup: &Supervisor) -> Result<(), RunError> {
+    let paths = lock(sup).paths().clone();
+    let Ok(dir) = std::fs::read_dir(paths.root.join("doors")) else {
+        return Ok(());
+    };
+    for entry in dir.flatten() {
+        let Some(run) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        let ended = match lock(sup).run(&run) {
+            Ok(r) => crate::store::is_final(&r.status),
+            Err(crate::store::StoreError::NoSuchRun(_)) => true,
+            Err(e) => return Err(e.into()),
+        };
+        if ended {
+            crate::door::remove_dir(&paths, &run);
+        }
+    }
+    Ok(())
 }
 
 /// The dead man's switch: watches one supervisor and, once it has vanished,

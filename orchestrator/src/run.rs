@@ -6,8 +6,12 @@
 //!   attestation, and the attestation is an audit entry either way.
 //! - Whatever the ending (exit, error, refusal, SIGINT/SIGTERM), the container
 //!   is removed, the worktree is imported if it existed (nothing the run wrote
-//!   is lost) and then removed once the import succeeded, and a `run_ended`
-//!   entry says how it ended.
+//!   is lost) and then removed once the import succeeded, its door directory
+//!   is removed, and a `run_ended` entry says how it ended (written with the
+//!   final record in one transaction, and only if the run has not ended).
+//! - The run is marked imported (with its result) in the store before its
+//!   worktree's removal begins, so a supervisor killed half-way through the
+//!   removal leaves a worktree that reconciliation only removes.
 //! - An import that
 //!   cannot complete (the host's side: its repository locked or gone, a write
 //!   refused) keeps the worktree, ends the run as `import failed: ...`
@@ -1098,6 +1102,8 @@ async fn finish(
     if let Some(door) = held.door.take() {
         door.close();
     }
+    // Also a door whose opening failed half-way.
+    crate::door::remove_dir(&sup.paths(), &id);
 
     // Every container of this run, including one whose creation we did not see finish.
     let mut containers: Vec<String> = held.container.iter().cloned().collect();
@@ -1127,6 +1133,20 @@ async fn finish(
     if let (Some(wt), true) = (held.worktree.clone(), held.started) {
         if let Err(e) = import_into(&sup.store, record, &wt).await {
             import_failure = Some((e, held.worktree.take().unwrap_or(wt)));
+        }
+    }
+    // The work is safe (imported, or the agent never ran): say so durably
+    // before the worktree's removal begins, so that a supervisor killed
+    // half-way through it leaves a worktree reconciliation only removes.
+    if held.worktree.is_some() {
+        let marked = {
+            let mut store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
+            store.record_imported(record)
+        };
+        if let Err(e) = marked {
+            // Not marked: the worktree stays whole for the next reconciliation.
+            cleanup_errors.push(format!("keeping the worktree: {e}"));
+            held.worktree = None;
         }
     }
     if let Some(wt) = held.worktree.take() {
@@ -1188,8 +1208,15 @@ async fn finish(
     record.status = status.clone();
     record.reason = reason.clone();
     record.ended_at = Some(now_rfc3339());
-    sup.save(record)?;
-    sup.audit(&id, Event::RunEnded { status, reason }, true)?;
+    let ended = {
+        let mut store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
+        store.end_run(record, &Event::RunEnded { status, reason })?
+    };
+    if ended.is_none() {
+        // Settled meanwhile by someone who took this supervisor for gone.
+        let store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
+        *record = store.run(&id)?;
+    }
     result.map(|()| record.clone())
 }
 

@@ -74,10 +74,48 @@ pub enum StoreError {
     BadEntry { seq: i64, message: String },
     #[error("no run with id {0}")]
     NoSuchRun(String),
+    #[error("the state's disk is full: {doing}: {source}")]
+    DiskFull {
+        doing: &'static str,
+        #[source]
+        source: rusqlite::Error,
+    },
 }
 
 fn sql(doing: &'static str) -> impl FnOnce(rusqlite::Error) -> StoreError {
-    move |source| StoreError::Sql { doing, source }
+    move |source| {
+        if is_disk_full(&source) {
+            StoreError::DiskFull { doing, source }
+        } else {
+            StoreError::Sql { doing, source }
+        }
+    }
+}
+
+/// The state roots this process opened, for telling a full disk from
+/// another I/O error (SQLite reports both as "disk I/O error" at times).
+static STATE_ROOTS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Below this many free bytes, an I/O error of the state store is taken for
+/// a full disk.
+const NEARLY_FULL: u64 = 256 * 1024;
+
+/// Whether the filesystem holding `path` has (nearly) no space left.
+pub fn disk_nearly_full(path: &Path) -> bool {
+    nix::sys::statvfs::statvfs(path)
+        .is_ok_and(|s| s.blocks_available().saturating_mul(s.fragment_size()) < NEARLY_FULL)
+}
+
+fn is_disk_full(e: &rusqlite::Error) -> bool {
+    match e.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::DiskFull) => true,
+        Some(rusqlite::ErrorCode::SystemIoFailure | rusqlite::ErrorCode::ReadOnly) => STATE_ROOTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|r| disk_nearly_full(r)),
+        _ => false,
+    }
 }
 
 /// Where everything of one state lives.
@@ -200,6 +238,12 @@ impl Store {
     /// Opens (creating when absent) the state under `paths.root`.
     pub fn open(paths: StatePaths) -> Result<Self, StoreError> {
         create_private_dir(&paths.root)?;
+        {
+            let mut roots = STATE_ROOTS.lock().unwrap_or_else(|p| p.into_inner());
+            if !roots.contains(&paths.root) {
+                roots.push(paths.root.clone());
+            }
+        }
         // Two first invocations may race to create the database: switching to
         // WAL and creating the schema can answer "busy" without waiting, so
         // the whole preparation is retried for a while.
@@ -211,6 +255,13 @@ impl Store {
                 {
                     attempt += 1;
                     std::thread::sleep(Duration::from_millis(20 * attempt));
+                }
+                // On a full disk the shared-memory index cannot be made:
+                // reading still works through a connection that keeps the
+                // index in its own memory ([`Self::prepare_alone`]); writes
+                // then fail with the same "disk is full" error.
+                Err(e @ StoreError::DiskFull { .. }) => {
+                    return Self::prepare_alone(&paths).map_err(|_| e)
                 }
                 other => return other,
             }
@@ -225,17 +276,55 @@ impl Store {
         })?;
         conn.busy_timeout(Duration::from_secs(30))
             .map_err(sql("setting the busy timeout"))?;
-        conn.pragma_update(None, "journal_mode", "WAL")
-            .map_err(sql("enabling write-ahead logging"))?;
+        // No memory-mapped database pages: a write through a mapping on a
+        // full disk is a SIGBUS, where a write(2) is an error we can name.
+        conn.pragma_update(None, "mmap_size", 0)
+            .map_err(sql("turning off memory-mapped I/O"))?;
+        // A database already in WAL mode stays so without a write, so that
+        // reading works when the state's disk is full.
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .map_err(sql("reading the journal mode"))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            conn.pragma_update(None, "journal_mode", "WAL")
+                .map_err(sql("enabling write-ahead logging"))?;
+        }
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(sql("setting synchronous writes"))?;
         conn.execute_batch(SCHEMA)
             .map_err(sql("creating the schema"))?;
+        migrate_settled(&conn)?;
         let log = Self::log_id(&conn)?;
         Ok(Self {
             conn,
             paths: paths.clone(),
             log,
+        })
+    }
+
+    fn prepare_alone(paths: &StatePaths) -> Result<Self, StoreError> {
+        let db = paths.db();
+        let conn = Connection::open(&db).map_err(|source| StoreError::Open {
+            path: db.clone(),
+            source,
+        })?;
+        conn.busy_timeout(Duration::from_secs(30))
+            .map_err(sql("setting the busy timeout"))?;
+        // Exclusive locking keeps the WAL index in this process's memory:
+        // no shared-memory file to create or grow on the full disk.
+        conn.pragma_update(None, "locking_mode", "EXCLUSIVE")
+            .map_err(sql("taking the state store alone"))?;
+        conn.pragma_update(None, "mmap_size", 0)
+            .map_err(sql("turning off memory-mapped I/O"))?;
+        let id: String = conn
+            .query_row("SELECT value FROM meta WHERE key = 'log_id'", [], |r| {
+                r.get(0)
+            })
+            .map_err(sql("reading the audit log id"))?;
+        Ok(Self {
+            conn,
+            paths: paths.clone(),
+            log: LogId(id),
         })
     }
 
@@ -370,18 +459,6 @@ impl Store {
             )
             .optional()
             .map_err(sql("reading a kill request"))
-    }
-
-    /// Claims the settling of an orphaned run; false if someone else has it.
-    pub fn claim_settle(&self, run: &str, by: &str) -> Result<bool, StoreError> {
-        let n = self
-            .conn
-            .execute(
-                "INSERT OR IGNORE INTO settled(run, by) VALUES (?1, ?2)",
-                params![run, by],
-            )
-            .map_err(sql("claiming a run to settle"))?;
-        Ok(n == 1)
     }
 
     // ----- acts -----
@@ -877,4 +954,269 @@ pub fn create_private_dir(path: &Path) -> Result<(), StoreError> {
         .map_err(err)?;
     fs::set_permissions(path, fs::Permissions::from_mode(0o700)).map_err(err)?;
     Ok(())
+}
+
+// ----- settling (claims that are taken over, the durable "imported" mark) -----
+
+/// The settle claim's columns added after the first release: the claimer's
+/// process identity and the moment the run's work was safe. Added only when
+/// missing, so an existing database (or a racing first invocation) is fine.
+fn migrate_settled(conn: &Connection) -> Result<(), StoreError> {
+    let mut have = Vec::new();
+    {
+        let mut stmt = conn
+            .prepare("SELECT name FROM pragma_table_info('settled')")
+            .map_err(sql("reading the settle claims' columns"))?;
+        let rows = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(sql("reading the settle claims' columns"))?;
+        for row in rows {
+            have.push(row.map_err(sql("reading the settle claims' columns"))?);
+        }
+    }
+    for column in ["claimer", "imported_at"] {
+        if have.iter().any(|h| h == column) {
+            continue;
+        }
+        match conn.execute_batch(&format!("ALTER TABLE settled ADD COLUMN {column} TEXT")) {
+            Err(e) if e.to_string().contains("duplicate column") => {}
+            other => other.map_err(sql("adding a column to the settle claims"))?,
+        }
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Claims the settling of a run for `claimer` (a process identity,
+    /// `pid:starttime`), naming `by` as the settler. A claim with no claimer,
+    /// or whose claimer `gone` says is provably gone, is taken over; a claim
+    /// already held by `claimer` is kept. False when a live process holds it.
+    /// The claim is not the settling: the caller re-reads the run under it.
+    pub fn claim_settle(
+        &mut self,
+        run: &str,
+        by: &str,
+        claimer: &str,
+        gone: &dyn Fn(&str) -> bool,
+    ) -> Result<bool, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("locking the settle claims"))?;
+        let held: Option<Option<String>> = tx
+            .query_row(
+                "SELECT claimer FROM settled WHERE run = ?1",
+                params![run],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql("reading a settle claim"))?;
+        let take = match held {
+            None => {
+                tx.execute(
+                    "INSERT INTO settled(run, by, claimer) VALUES (?1, ?2, ?3)",
+                    params![run, by, claimer],
+                )
+                .map_err(sql("claiming a run to settle"))?;
+                true
+            }
+            Some(Some(c)) if c == claimer => true,
+            Some(Some(c)) if !gone(&c) => false,
+            Some(_) => {
+                tx.execute(
+                    "UPDATE settled SET by = ?2, claimer = ?3 WHERE run = ?1",
+                    params![run, by, claimer],
+                )
+                .map_err(sql("taking over a settle claim"))?;
+                true
+            }
+        };
+        tx.commit().map_err(sql("committing a settle claim"))?;
+        Ok(take)
+    }
+
+    /// Gives up `claimer`'s claim on a run (after a failed or needless
+    /// settling), so that the next reconciliation takes it at once.
+    pub fn release_settle(&self, run: &str, claimer: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "UPDATE settled SET claimer = NULL WHERE run = ?1 AND claimer = ?2",
+                params![run, claimer],
+            )
+            .map_err(sql("releasing a settle claim"))?;
+        Ok(())
+    }
+
+    /// Saves a run whose work is safe (imported, or nothing to import) and
+    /// marks it so, in one transaction, before its worktree is touched: a
+    /// worktree of a marked run is only ever removed, never imported again.
+    pub fn record_imported(&mut self, run: &RunRecord) -> Result<(), StoreError> {
+        let record = serde_json::to_string(run).map_err(|e| StoreError::BadEntry {
+            seq: 0,
+            message: e.to_string(),
+        })?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("locking a run's import mark"))?;
+        tx.execute(
+            "INSERT INTO runs(id, created_at, record) VALUES (?1, ?2, ?3)
+             ON CONFLICT(id) DO UPDATE SET record = excluded.record",
+            params![run.id, run.created_at, record],
+        )
+        .map_err(sql("saving an imported run"))?;
+        tx.execute(
+            "INSERT INTO settled(run, by, imported_at) VALUES (?1, 'import', ?2)
+             ON CONFLICT(run) DO UPDATE SET imported_at = excluded.imported_at",
+            params![run.id, now_rfc3339()],
+        )
+        .map_err(sql("marking a run imported"))?;
+        tx.commit().map_err(sql("committing a run's import mark"))?;
+        Ok(())
+    }
+
+    /// Whether the run's work was marked safe ([`Store::record_imported`]).
+    pub fn imported(&self, run: &str) -> Result<bool, StoreError> {
+        let at: Option<Option<String>> = self
+            .conn
+            .query_row(
+                "SELECT imported_at FROM settled WHERE run = ?1",
+                params![run],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql("reading a run's import mark"))?;
+        Ok(matches!(at, Some(Some(_))))
+    }
+
+    /// Saves a run's final record and appends its ending (checkpointed) in
+    /// one transaction: a run is never final without its `run_ended` entry,
+    /// and never ended twice: `None` (nothing written) when the stored
+    /// record is already final.
+    pub fn end_run(&mut self, run: &RunRecord, event: &Event) -> Result<Option<Entry>, StoreError> {
+        let record = serde_json::to_string(run).map_err(|e| StoreError::BadEntry {
+            seq: 0,
+            message: e.to_string(),
+        })?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("locking a run's ending"))?;
+        let stored: Option<String> = tx
+            .query_row(
+                "SELECT record FROM runs WHERE id = ?1",
+                params![run.id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql("reading a run"))?;
+        let already = stored
+            .and_then(|t| serde_json::from_str::<RunRecord>(&t).ok())
+            .is_some_and(|r| is_final(&r.status));
+        if already {
+            return Ok(None);
+        }
+        tx.execute(
+            "INSERT INTO runs(id, created_at, record) VALUES (?1, ?2, ?3)
+             ON CONFLICT(id) DO UPDATE SET record = excluded.record",
+            params![run.id, run.created_at, record],
+        )
+        .map_err(sql("saving an ended run"))?;
+        let entry = append_in(&tx, &self.log, Some(&run.id), event)?;
+        tx.commit().map_err(sql("committing a run's ending"))?;
+        self.write_checkpoint(&orchestrator_audit::checkpoint(&entry))?;
+        Ok(Some(entry))
+    }
+}
+
+/// Is a run's status final (it ended, whatever way)? Only `created` and
+/// `running` are not.
+pub fn is_final(status: &str) -> bool {
+    status != "created" && status != "running"
+}
+
+#[cfg(test)]
+mod settle_tests {
+    use super::*;
+
+    fn open(dir: &Path) -> Store {
+        Store::open(StatePaths::new(dir.to_path_buf())).unwrap()
+    }
+
+    fn run(id: &str, status: &str) -> RunRecord {
+        RunRecord {
+            id: id.into(),
+            created_at: now_rfc3339(),
+            status: status.into(),
+            ..Default::default()
+        }
+    }
+
+    fn ended() -> Event {
+        Event::RunEnded {
+            status: "lost: supervisor vanished".into(),
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn a_claim_is_kept_from_the_living_and_taken_from_the_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path());
+        let alive = |_: &str| false;
+        let gone = |_: &str| true;
+        assert!(store.claim_settle("r", "a", "1:1", &alive).unwrap());
+        assert!(store.claim_settle("r", "a", "1:1", &alive).unwrap());
+        assert!(!store.claim_settle("r", "b", "2:2", &alive).unwrap());
+        assert!(store.claim_settle("r", "b", "2:2", &gone).unwrap());
+        store.release_settle("r", "2:2").unwrap();
+        assert!(store.claim_settle("r", "c", "3:3", &alive).unwrap());
+    }
+
+    #[test]
+    fn an_old_claim_without_a_claimer_is_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let conn = Connection::open(dir.path().join("state.db")).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE settled (run TEXT PRIMARY KEY, by TEXT NOT NULL);
+                 INSERT INTO settled(run, by) VALUES ('r', 'kill switch');",
+            )
+            .unwrap();
+        }
+        let mut store = open(dir.path());
+        assert!(store.claim_settle("r", "a", "1:1", &|_| false).unwrap());
+        // And a second opening does not add the columns again.
+        drop(store);
+        let _ = open(dir.path());
+    }
+
+    #[test]
+    fn a_run_ends_once_and_its_import_mark_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = open(dir.path());
+        store.put_run(&run("r", "running")).unwrap();
+        assert!(!store.imported("r").unwrap());
+        store.record_imported(&run("r", "running")).unwrap();
+        assert!(store.imported("r").unwrap());
+        assert!(store.claim_settle("r", "a", "1:1", &|_| false).unwrap());
+        store.release_settle("r", "1:1").unwrap();
+        assert!(store.imported("r").unwrap());
+        assert!(store
+            .end_run(&run("r", "exited 0"), &ended())
+            .unwrap()
+            .is_some());
+        assert!(store
+            .end_run(&run("r", "lost"), &ended())
+            .unwrap()
+            .is_none());
+        assert_eq!(store.run("r").unwrap().status, "exited 0");
+        let ends = store
+            .entries_for_run("r")
+            .unwrap()
+            .iter()
+            .filter(|e| e.kind == "run_ended")
+            .count();
+        assert_eq!(ends, 1);
+    }
 }
