@@ -13,7 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
-const CLIENTS: [&str; 3] = ["nightshift-act", "git-remote-nightshift", "nightshift-lease"];
+const CLIENTS: [&str; 3] = [
+    "nightshift-act",
+    "git-remote-nightshift",
+    "nightshift-lease",
+];
 
 fn main() {
     let manifest_dir = PathBuf::from(

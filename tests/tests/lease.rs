@@ -35,10 +35,18 @@ fn start_run(state: &State, repo: &std::path::Path, script: &str) -> Child {
 fn running(state: &State) -> Vec<String> {
     let tag = orchestrator::state_tag(state.path());
     let out = Command::new("docker")
-        .args(["ps", "-q", "--filter", &format!("label=nightshift.state={tag}")])
+        .args([
+            "ps",
+            "-q",
+            "--filter",
+            &format!("label=nightshift.state={tag}"),
+        ])
         .output()
         .expect("docker ps");
-    stdout(&out).split_whitespace().map(str::to_string).collect()
+    stdout(&out)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
 }
 
 /// Polls until nothing of ours runs; the bound is generous (the sandbox's
@@ -84,14 +92,13 @@ fn supervisor_and_watchdog_killed_the_sandbox_stops_within_the_lease() {
     let repo = make_repo();
     // The agent tries to renew its own lease (the door is read-only), then
     // writes a file whole and waits for the night to end.
-    let c = start_run(
+    let mut c = start_run(
         &state,
         repo.path(),
         "for i in 1 2 3; do echo \"99999999999 1\" > /run/nightshift/heartbeat; \
          touch -d '2099-01-01' /run/nightshift/heartbeat; done 2>/dev/null; \
          echo kept > kept.tmp; mv kept.tmp kept.txt; sleep 1200",
     );
-    let mut c = c;
     tests::wait_running(&state, &mut c, 1);
     let id = the_run(&state);
     tests::wait_for_file(&state.path().join("worktrees").join(&id).join("kept.txt"));
@@ -110,7 +117,10 @@ fn supervisor_and_watchdog_killed_the_sandbox_stops_within_the_lease() {
     let run = &state.runs()[0];
     assert_eq!(run["status"], "lost: supervisor vanished", "{run}");
     assert_eq!(
-        tests::git(repo.path(), &["show", &format!("refs/nightshift/runs/{id}:kept.txt")]),
+        tests::git(
+            repo.path(),
+            &["show", &format!("refs/nightshift/runs/{id}:kept.txt")]
+        ),
         "kept\n"
     );
     assert!(state.verify().status.success());
@@ -152,14 +162,19 @@ fn a_stopped_wrapper_still_ends_by_the_kill_switch() {
         &state,
         repo.path(),
         &format!(
-            "{}kill -STOP $PPID; echo stopped > s.tmp; mv s.tmp stopped.txt; sleep 1200",
+            "{}if head -c1 /proc/$PPID/environ >/dev/null 2>&1; then r=readable; else r=closed; fi; \
+             kill -STOP $PPID; echo $r > s.tmp; mv s.tmp stopped.txt; sleep 1200",
             tests::WAIT_AT_GATE
         ),
     );
     tests::wait_running(&state, &mut c, 1);
     let id = the_run(&state);
     tests::open_gate(&state, &id);
-    tests::wait_for_file(&state.path().join("worktrees").join(&id).join("stopped.txt"));
+    let stopped = state.path().join("worktrees").join(&id).join("stopped.txt");
+    tests::wait_for_file(&stopped);
+    // The wrapper is not dumpable: its memory and /proc files are closed to
+    // the agent, although both run as the same uid.
+    assert_eq!(std::fs::read_to_string(&stopped).unwrap(), "closed\n");
     let out = state.run(&["kill", &id]);
     assert!(out.status.success(), "{}", stderr(&out));
     let out = c.wait_with_output().unwrap();

@@ -200,8 +200,14 @@ mod tests {
         let mut l = Lease::new(30 * S);
         l.observe(Duration::ZERO, Some(7));
         assert_eq!(l.observe(29 * S, Some(7)), Verdict::Held);
-        assert!(matches!(l.observe(31 * S, Some(6)), Verdict::Expired { .. }));
-        assert!(matches!(l.observe(40 * S, Some(0)), Verdict::Expired { .. }));
+        assert!(matches!(
+            l.observe(31 * S, Some(6)),
+            Verdict::Expired { .. }
+        ));
+        assert!(matches!(
+            l.observe(40 * S, Some(0)),
+            Verdict::Expired { .. }
+        ));
     }
 
     #[test]
@@ -213,7 +219,10 @@ mod tests {
 
     #[test]
     fn heartbeats_parse_strictly() {
-        assert_eq!(parse_heartbeat(format_heartbeat(42, 1_700).as_bytes()), Some(42));
+        assert_eq!(
+            parse_heartbeat(format_heartbeat(42, 1_700).as_bytes()),
+            Some(42)
+        );
         for bad in [
             &b""[..],
             b"42",
@@ -235,7 +244,10 @@ mod tests {
     fn renewals_come_several_times_per_bound() {
         assert_eq!(renew_every(30 * S), 5 * S);
         assert_eq!(renew_every(6 * S), S);
-        assert_eq!(renew_every(S), Duration::from_millis(166) + Duration::from_nanos(666_666));
+        assert_eq!(
+            renew_every(S),
+            Duration::from_millis(166) + Duration::from_nanos(666_666)
+        );
     }
 
     #[test]
