@@ -19,6 +19,8 @@
 //!   sandbox is created.
 //! - Nothing inside the sandbox can renew a lease: the door is mounted
 //!   read-only and the wrapper counts only a counter larger than any it saw.
+//! - Renewals fail closed: a heartbeat that cannot be written (the state's
+//!   disk full for a bound) lets the sandbox end, as a dead supervisor would.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;

@@ -90,13 +90,13 @@ fn the_run(state: &State) -> String {
 fn supervisor_and_watchdog_killed_the_sandbox_stops_within_the_lease() {
     let state = State::new();
     let repo = make_repo();
-    // The agent tries to renew its own lease (the door is read-only), then
-    // writes a file whole and waits for the night to end.
+    // The agent tries all night to renew its own lease (a growing counter,
+    // a fresh mtime; the door is read-only), writes a file whole, and waits.
     let mut c = start_run(
         &state,
         repo.path(),
-        "for i in 1 2 3; do echo \"99999999999 1\" > /run/nightshift/heartbeat; \
-         touch -d '2099-01-01' /run/nightshift/heartbeat; done 2>/dev/null; \
+        "(n=100000000; while :; do n=$((n+1)); echo \"$n 1\" > /run/nightshift/heartbeat; \
+         touch /run/nightshift/heartbeat; sleep 0.1; done) 2>/dev/null & \
          echo kept > kept.tmp; mv kept.tmp kept.txt; sleep 1200",
     );
     tests::wait_running(&state, &mut c, 1);
