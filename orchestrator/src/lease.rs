@@ -28,11 +28,29 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sandbox_image_door::lease;
 
-/// Renews one run's lease until dropped.
+/// Renews one run's lease until stopped or dropped.
 #[derive(Debug)]
 pub struct Heartbeat {
     // Dropping the sender wakes the thread, which then stops.
-    _stop: mpsc::Sender<()>,
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    /// Stops renewing and waits until the last heartbeat is written, so that
+    /// the door directory can be removed without a write racing it.
+    pub fn stop(mut self) {
+        self.stop.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.stop.take();
+    }
 }
 
 fn beat(dir: &Path, counter: u64) -> std::io::Result<()> {
@@ -61,7 +79,7 @@ pub fn start(dir: &Path, bound: Duration) -> std::io::Result<Heartbeat> {
     let (tx, rx) = mpsc::channel::<()>();
     let dir: PathBuf = dir.to_path_buf();
     let every = lease::renew_every(bound);
-    std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("lease-heartbeat".into())
         .spawn(move || {
             let mut counter = 1u64;
@@ -73,7 +91,10 @@ pub fn start(dir: &Path, bound: Duration) -> std::io::Result<Heartbeat> {
                 let _ = beat(&dir, counter);
             }
         })?;
-    Ok(Heartbeat { _stop: tx })
+    Ok(Heartbeat {
+        stop: Some(tx),
+        thread: Some(thread),
+    })
 }
 
 #[cfg(test)]
@@ -93,7 +114,10 @@ mod tests {
         while read() < 3 {
             std::thread::sleep(Duration::from_millis(20));
         }
-        drop(hb);
+        hb.stop();
+        let last = read();
+        std::thread::sleep(Duration::from_millis(400));
+        assert_eq!(read(), last, "renewed after it was stopped");
     }
 
     #[test]

@@ -1099,6 +1099,9 @@ async fn finish(
 ) -> Result<RunRecord, RunError> {
     let id = record.id.clone();
     let mut cleanup_errors: Vec<String> = Vec::new();
+    if let Some(lease) = held.lease.take() {
+        lease.stop();
+    }
     if let Some(door) = held.door.take() {
         door.close();
     }
