@@ -13,8 +13,9 @@
 //!   [`lease::renew_every`] of the bound. When the supervisor dies (or is
 //!   stopped), renewals stop and the sandbox ends within the bound, whether
 //!   or not the watchdog is alive.
-//! - Each heartbeat is written whole to a temporary name and renamed over
-//!   the last, so the wrapper reads either the old counter or the new one;
+//! - Each heartbeat is written whole to a temporary name beside the door
+//!   directory (`STATE/doors/.<run>.heartbeat.tmp`) and renamed over the
+//!   last, so the wrapper reads either the old counter or the new one;
 //!   the counter grows by one at each renewal, starting at 1 before the
 //!   sandbox is created.
 //! - Nothing inside the sandbox can renew a lease: the door is mounted
@@ -34,6 +35,7 @@ pub struct Heartbeat {
     // Dropping the sender wakes the thread, which then stops.
     stop: Option<mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    tmp: PathBuf,
 }
 
 impl Heartbeat {
@@ -44,6 +46,8 @@ impl Heartbeat {
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
+        // Left only by a write that failed half-way.
+        let _ = std::fs::remove_file(&self.tmp);
     }
 }
 
@@ -53,12 +57,25 @@ impl Drop for Heartbeat {
     }
 }
 
+/// Where a heartbeat is written before it is renamed into the door: beside
+/// the door, not in it, so the sandbox never sees a half-written one.
+fn tmp_path(dir: &Path) -> PathBuf {
+    match (dir.parent(), dir.file_name()) {
+        (Some(parent), Some(name)) => parent.join(format!(
+            ".{}.{}.tmp",
+            name.to_string_lossy(),
+            lease::HEARTBEAT
+        )),
+        _ => dir.join(format!("{}.tmp", lease::HEARTBEAT)),
+    }
+}
+
 fn beat(dir: &Path, counter: u64) -> std::io::Result<()> {
     let unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis())
         .unwrap_or(0);
-    let tmp = dir.join(format!("{}.tmp", lease::HEARTBEAT));
+    let tmp = tmp_path(dir);
     std::fs::write(&tmp, lease::format_heartbeat(counter, unix_ms))?;
     std::fs::rename(&tmp, dir.join(lease::HEARTBEAT))
 }
@@ -77,7 +94,7 @@ pub fn start(dir: &Path, bound: Duration) -> std::io::Result<Heartbeat> {
         )
     })?;
     let (tx, rx) = mpsc::channel::<()>();
-    let dir: PathBuf = dir.to_path_buf();
+    let door: PathBuf = dir.to_path_buf();
     let every = lease::renew_every(bound);
     let thread = std::thread::Builder::new()
         .name("lease-heartbeat".into())
@@ -88,12 +105,13 @@ pub fn start(dir: &Path, bound: Duration) -> std::io::Result<Heartbeat> {
                 // A failed write is retried at the next beat; missing
                 // several in a row ends the sandbox, as it should when
                 // the supervisor can no longer write its state.
-                let _ = beat(&dir, counter);
+                let _ = beat(&door, counter);
             }
         })?;
     Ok(Heartbeat {
         stop: Some(tx),
         thread: Some(thread),
+        tmp: tmp_path(dir),
     })
 }
 
@@ -102,13 +120,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_heartbeat_grows_and_stops_when_dropped() {
-        let dir = tempfile::tempdir().unwrap();
-        let read = || {
-            lease::parse_heartbeat(&std::fs::read(dir.path().join(lease::HEARTBEAT)).unwrap())
-                .unwrap()
-        };
-        let hb = start(dir.path(), Duration::from_secs(1)).unwrap();
+    fn the_heartbeat_grows_until_stopped_and_leaves_nothing_beside_it() {
+        let doors = tempfile::tempdir().unwrap();
+        let dir = doors.path().join("r1");
+        std::fs::create_dir(&dir).unwrap();
+        let read =
+            || lease::parse_heartbeat(&std::fs::read(dir.join(lease::HEARTBEAT)).unwrap()).unwrap();
+        let hb = start(&dir, Duration::from_secs(1)).unwrap();
         assert_eq!(read(), 1);
         // Polled: the thread renews every 166 ms.
         while read() < 3 {
@@ -118,6 +136,17 @@ mod tests {
         let last = read();
         std::thread::sleep(Duration::from_millis(400));
         assert_eq!(read(), last, "renewed after it was stopped");
+        // Only the heartbeat is in the door; nothing is left beside it.
+        let names = |d: &Path| {
+            let mut n: Vec<String> = std::fs::read_dir(d)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            n.sort();
+            n
+        };
+        assert_eq!(names(&dir), [lease::HEARTBEAT]);
+        assert_eq!(names(doors.path()), ["r1"]);
     }
 
     #[test]
