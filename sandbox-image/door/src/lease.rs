@@ -3,7 +3,7 @@
 //!
 //! The run's supervisor renews the lease by rewriting [`HEARTBEAT`] in the
 //! run's door directory every few seconds ([`renew_every`]) with a strictly
-//! increasing counter ([`format_heartbeat`]). The wrapper reads it about once
+//! increasing counter ([`format_heartbeat`]). The wrapper reads it twice
 //! a second and ends the sandbox when the counter has not grown for longer
 //! than the bound ([`Lease::observe`]).
 //!
