@@ -1,5 +1,6 @@
 //! Builds the door clients (`sandbox-image-door`'s `nightshift-act` and
-//! `git-remote-nightshift`) as static executables and leaves them in
+//! `git-remote-nightshift`) and the sandbox's lease wrapper
+//! (`nightshift-lease`) as static executables and leaves them in
 //! `OUT_DIR`, where `door.rs` embeds them: the `nightshift` binary is whole
 //! on its own, wherever it is installed.
 //!
@@ -12,7 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
-const CLIENTS: [&str; 2] = ["nightshift-act", "git-remote-nightshift"];
+const CLIENTS: [&str; 3] = [
+    "nightshift-act",
+    "git-remote-nightshift",
+    "nightshift-lease",
+];
 
 fn main() {
     let manifest_dir = PathBuf::from(

@@ -122,6 +122,9 @@ pub struct RunCaps {
     pub max_output: Option<Size>,
     pub max_worktree: Option<Size>,
     pub max_files: Option<u64>,
+    /// How long a sandbox outlives its supervisor's last heartbeat (in the
+    /// configuration only: not a `run` flag).
+    pub lease: Option<Span>,
 }
 
 /// Limits on all sandboxes together.
@@ -260,6 +263,7 @@ impl Config {
             max_output_bytes: c.max_output.map(|s| s.0).unwrap_or(d.max_output_bytes),
             max_worktree_bytes: c.max_worktree.map(|s| s.0).unwrap_or(d.max_worktree_bytes),
             tmpfs_bytes: d.tmpfs_bytes,
+            lease: c.lease.map(|s| s.0).unwrap_or(d.lease),
         }
     }
 
@@ -358,6 +362,16 @@ mod tests {
         assert!(e.to_string().starts_with("x.toml: line 3:"), "{e}");
         let e = Config::parse(p, "[fleet]\ncpus = 1.0\n[caps]\ncpus = 2.0\n").unwrap_err();
         assert!(e.to_string().contains("fleet.cpus"), "{e}");
+    }
+
+    #[test]
+    fn the_lease_is_configurable_and_thirty_seconds_by_default() {
+        let p = Path::new("x.toml");
+        assert_eq!(Config::default().caps().lease, Duration::from_secs(30));
+        let c = Config::parse(p, "[caps]\nlease = \"2m\"\n").unwrap();
+        assert_eq!(c.caps().lease, Duration::from_secs(120));
+        let e = Config::parse(p, "[caps]\n\nlease = \"0s\"\n").unwrap_err();
+        assert!(e.to_string().starts_with("x.toml: line 3:"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! - The door clients are part of this binary (built static by `build.rs`,
 //!   embedded) and written into every door (`bin/`, mode 0555) when it
 //!   opens; a door whose clients cannot be written does not open, so no run
-//!   starts without them.
+//!   starts without them. So is the lease wrapper, every sandbox's main
+//!   process (`crate::lease`).
 //! - One door per run: a request can only ever name its own run's acts,
 //!   because the run is the door's, never the request's.
 //! - Every connection is bounded: one request of at most the protocol's
@@ -55,9 +56,9 @@ const CONCURRENT: usize = 4;
 /// so a flooding agent cannot grow the audit (or the disk) without bound.
 pub const MAX_REQUESTS_PER_RUN: u64 = 1000;
 
-/// The static door clients (name, executable), built by `build.rs` from
-/// `sandbox-image/door` and carried in this binary.
-pub const CLIENTS: [(&str, &[u8]); 2] = [
+/// The static door clients and the lease wrapper (name, executable), built
+/// by `build.rs` from `sandbox-image/door` and carried in this binary.
+pub const CLIENTS: [(&str, &[u8]); 3] = [
     (
         "nightshift-act",
         include_bytes!(concat!(env!("OUT_DIR"), "/nightshift-act")),
@@ -66,7 +67,14 @@ pub const CLIENTS: [(&str, &[u8]); 2] = [
         "git-remote-nightshift",
         include_bytes!(concat!(env!("OUT_DIR"), "/git-remote-nightshift")),
     ),
+    (
+        LEASE_WRAPPER,
+        include_bytes!(concat!(env!("OUT_DIR"), "/nightshift-lease")),
+    ),
 ];
+/// The sandbox's main process (see `sandbox_image_door::lease`), written
+/// into every door's `bin/` beside the clients.
+pub const LEASE_WRAPPER: &str = "nightshift-lease";
 
 /// Writes the door clients into `bin` (made if missing), each mode 0555,
 /// replacing whatever was there; the error names the file it could not write.

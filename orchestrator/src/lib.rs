@@ -13,6 +13,7 @@ pub mod engine;
 pub mod hostview;
 pub mod image;
 pub mod killswitch;
+pub mod lease;
 pub mod monitor;
 pub mod owner;
 pub mod policy;

@@ -532,6 +532,7 @@ async fn run_cmd(
         max_output_bytes: args.max_output.unwrap_or(defaults.max_output_bytes),
         max_worktree_bytes: args.max_worktree.unwrap_or(defaults.max_worktree_bytes),
         tmpfs_bytes: defaults.tmpfs_bytes,
+        lease: defaults.lease,
     };
     let req = RunRequest {
         repo_confidentiality: config.repository_confidentiality(&args.repo),

@@ -186,6 +186,8 @@ impl Supervisor {
 #[derive(Debug, Default)]
 struct Held {
     door: Option<crate::door::DoorHandle>,
+    /// Renews the sandbox's lease until the run is over.
+    lease: Option<crate::lease::Heartbeat>,
     container: Option<String>,
     started: bool,
     worktree: Option<PathBuf>,
@@ -354,6 +356,11 @@ async fn steps(
     .map_err(|e| RunError::Git(format!("opening the run's door: {e}")))?;
     let door_dir = door.dir.clone();
     held.door = Some(door);
+    // The lease: renewed from now on by this process only (see `lease`).
+    held.lease = Some(
+        crate::lease::start(&door_dir, req.caps.lease)
+            .map_err(|e| RunError::Git(format!("starting the sandbox's lease: {e}")))?,
+    );
 
     // Sandbox: create, inspect, attest.
     let spec = SandboxSpec::new(
@@ -1099,6 +1106,9 @@ async fn finish(
 ) -> Result<RunRecord, RunError> {
     let id = record.id.clone();
     let mut cleanup_errors: Vec<String> = Vec::new();
+    if let Some(lease) = held.lease.take() {
+        lease.stop();
+    }
     if let Some(door) = held.door.take() {
         door.close();
     }

@@ -8,6 +8,9 @@
 //! - The sandbox runs as the configured [`SandboxUser`], never as the image's
 //!   own user, and under nightshift's seccomp profile ([`SECCOMP_PROFILE`]),
 //!   sent by content.
+//! - A sandbox with a door runs the door's lease wrapper as its main process
+//!   ([`lease_command`]), the agent's command as the wrapper's child: the
+//!   sandbox ends when its supervisor stops renewing the lease.
 //! - The same spec yields the engine request (in `engine`) and the
 //!   attestation's expectations (here), so what we ask for and what we check
 //!   cannot drift apart; the check itself runs on what the engine reports.
@@ -47,6 +50,22 @@ pub const DEFAULT_SANDBOX_ID: u32 = 2_000_000_000;
 /// attested by its digest.
 pub const SECCOMP_PROFILE: &str = include_str!("seccomp.json");
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The sandbox's main process: the lease wrapper in the door's `bin/`.
+pub const LEASE_WRAPPER: &str = "/run/nightshift/bin/nightshift-lease";
+
+/// The container's command for the agent's `command` under a lease of
+/// `bound`: the wrapper runs it as its child (see `crate::lease`).
+pub fn lease_command(bound: Duration, command: &[String]) -> Vec<String> {
+    let mut wrapped = vec![
+        LEASE_WRAPPER.to_string(),
+        "--bound-ms".to_string(),
+        bound.as_millis().to_string(),
+        "--".to_string(),
+    ];
+    wrapped.extend_from_slice(command);
+    wrapped
+}
+
 /// Label keys that mark a container as one of ours.
 /// The `nproc` ulimit of every sandbox: processes of the sandbox uid on the
 /// whole host, all sandboxes together (see [`SandboxSpec::ulimits`]).
@@ -70,6 +89,17 @@ pub struct Caps {
     pub max_output_bytes: u64,
     pub max_worktree_bytes: u64,
     pub tmpfs_bytes: i64,
+    /// How long the sandbox outlives its supervisor's last heartbeat
+    /// (`crate::lease`). Absent from records made before the lease.
+    #[serde(default = "default_lease")]
+    pub lease: Duration,
+}
+
+/// The lease's default bound: 30 s.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+fn default_lease() -> Duration {
+    DEFAULT_LEASE
 }
 
 impl Caps {
@@ -129,6 +159,7 @@ impl Default for Caps {
             max_output_bytes: 16 << 20,
             max_worktree_bytes: 2 << 30,
             tmpfs_bytes: 256 << 20,
+            lease: DEFAULT_LEASE,
         }
     }
 }
@@ -160,9 +191,12 @@ impl SandboxSpec {
         self
     }
 
-    /// Mounts the run's door (read-only) and tells the clients where it is.
+    /// Mounts the run's door (read-only), tells the clients where it is, and
+    /// runs the command under the door's lease wrapper ([`LEASE_WRAPPER`]),
+    /// which ends the sandbox when the supervisor stops renewing its lease.
     pub fn with_door(mut self, dir: PathBuf) -> Self {
         self.door = Some(dir);
+        self.command = lease_command(self.caps.lease, &self.command);
         self.env.insert(
             "NIGHTSHIFT_DOOR".to_string(),
             format!("{DOOR_MOUNT}/door.sock"),
@@ -384,6 +418,18 @@ mod tests {
             assert_eq!(rule["args"][0]["index"], 0, "{rule}");
             assert_eq!(rule["args"][0]["op"], "SCMP_CMP_EQ", "{rule}");
         }
+    }
+
+    #[test]
+    fn with_a_door_the_lease_wrapper_runs_the_command() {
+        let plain = spec();
+        let doored = spec().with_door(PathBuf::from("/state/doors/r1"));
+        assert_eq!(doored.command[0], LEASE_WRAPPER);
+        assert_eq!(
+            doored.command[1..4],
+            ["--bound-ms".to_string(), "30000".into(), "--".into()]
+        );
+        assert_eq!(doored.command[4..], plain.command[..]);
     }
 
     #[test]

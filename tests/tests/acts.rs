@@ -214,7 +214,7 @@ if cat /proc/*/environ 2>/dev/null | tr '\0' '\n' | grep -q -e {PASSWORD} -e {TO
     assert_eq!(get("proc-secret"), "absent");
     // The run sees its own door only (no other run's socket, nothing to write),
     // and the door has no operation on existing acts at all.
-    assert_eq!(get("door-dir"), "bin door.sock ", "{log}");
+    assert_eq!(get("door-dir"), "bin door.sock heartbeat ", "{log}");
     assert_eq!(get("door-writable"), "no");
     // Nothing left the sandbox during the night.
     assert!(

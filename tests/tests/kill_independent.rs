@@ -170,3 +170,47 @@ fn watchdogs(state: &std::path::Path) -> usize {
     }
     n
 }
+
+#[test]
+fn a_sandbox_created_and_not_yet_started_is_removed_by_the_kill_switch() {
+    // A container of this state as the supervisor leaves it between create
+    // and start: created, labelled, never started. The kill switch must make
+    // sure it can never start (SIGKILL on a created container does nothing).
+    let state = State::new();
+    let tag = orchestrator::state_tag(state.path());
+    let out = Command::new("docker")
+        .args([
+            "create",
+            "--network",
+            "none",
+            "--label",
+            "nightshift.managed=1",
+            "--label",
+            &format!("nightshift.state={tag}"),
+            "--label",
+            "nightshift.run=01created0000000000000000",
+            &image(),
+            "sleep",
+            "300",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(state.containers().len(), 1);
+    let out = state.run(&["kill", "--all"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let gone = Command::new("docker")
+        .args(["inspect", &id])
+        .output()
+        .unwrap();
+    assert!(
+        !gone.status.success(),
+        "the created container survived the kill switch and could still be started"
+    );
+    assert!(state.containers().is_empty());
+}

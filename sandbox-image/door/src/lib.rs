@@ -34,6 +34,7 @@
 pub mod cli;
 pub mod client;
 pub mod frame;
+pub mod lease;
 pub mod local_git;
 pub mod message;
 pub mod remote_helper;

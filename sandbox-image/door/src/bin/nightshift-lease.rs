@@ -1,0 +1,124 @@
+//! `nightshift-lease`: every sandbox's main process. It starts the agent's
+//! command as its child and ends the sandbox when the run's supervisor stops
+//! renewing the lease (see `sandbox_image_door::lease`).
+//!
+//! `nightshift-lease --bound-ms N [--heartbeat PATH] -- COMMAND [ARG...]`
+//!
+//! It runs under the engine's init (PID 1), which exits when this process
+//! exits; the kernel then kills every process left in the sandbox's PID
+//! namespace. So:
+//! - when the command exits, this exits with its status (128 + signal when a
+//!   signal ended it), and the sandbox ends as it did before the lease;
+//! - when the heartbeat's counter has not grown for longer than the bound
+//!   (or there was none for a bound after the start), this kills the command
+//!   and exits with 125: the whole sandbox is gone;
+//! - when the agent kills this process (it runs as the agent's own uid, so
+//!   it can), the sandbox ends just the same: there is no escaping the lease
+//!   by killing it;
+//! - it makes itself non-dumpable first, so that the agent cannot read or
+//!   write its memory through `/proc/<pid>/mem` (which needs no `ptrace`).
+//!
+//! What it cannot stop: the agent can send it SIGSTOP (same uid); a stopped
+//! wrapper enforces nothing. The lease is one stop among several: the
+//! supervisor's timeout, its kill switch and the watchdog act from outside
+//! the sandbox and do not depend on this process (`tests/tests/lease.rs`
+//! shows a sandbox whose wrapper was stopped still ended by the kill
+//! switch). The lease covers the case where those are all gone.
+
+#![forbid(unsafe_code)]
+
+use std::io::Read;
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use sandbox_image_door::lease::{self, Lease, Verdict};
+
+/// How often the child's exit is checked (the command's exit reaches the
+/// engine at most this late).
+const TICK: Duration = Duration::from_millis(50);
+/// How often the heartbeat is read.
+const READ_EVERY: Duration = Duration::from_millis(500);
+
+fn exit(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+fn read_heartbeat(path: &str) -> Option<u64> {
+    let file = std::fs::File::open(path).ok()?;
+    let mut bytes = Vec::with_capacity(lease::MAX_HEARTBEAT + 1);
+    file.take(lease::MAX_HEARTBEAT as u64 + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    lease::parse_heartbeat(&bytes)
+}
+
+fn main() -> ExitCode {
+    let args: Result<Vec<String>, _> = std::env::args_os()
+        .skip(1)
+        .map(|a| a.into_string())
+        .collect();
+    let invocation = match args
+        .map_err(|_| "arguments must be UTF-8".to_string())
+        .and_then(|a| lease::parse_args(&a))
+    {
+        Ok(i) => i,
+        Err(why) => {
+            eprintln!("nightshift-lease: {why}\n{}", lease::USAGE);
+            return exit(lease::EXIT_USAGE);
+        }
+    };
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("nightshift-lease: making the lease non-dumpable: {e}");
+        return exit(lease::EXIT_CANNOT_START);
+    }
+    let started = Instant::now();
+    let mut held = Lease::new(invocation.bound);
+    // Read before the command starts: a sandbox whose lease is already gone
+    // runs nothing past the grace.
+    let _ = held.observe(Duration::ZERO, read_heartbeat(&invocation.heartbeat));
+    let mut child = match Command::new(&invocation.command[0])
+        .args(&invocation.command[1..])
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "nightshift-lease: starting {:?}: {e}",
+                invocation.command[0]
+            );
+            return exit(lease::EXIT_CANNOT_START);
+        }
+    };
+    let mut next_read = started + READ_EVERY;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                use std::os::unix::process::ExitStatusExt;
+                return exit(lease::exit_status(status.code(), status.signal()));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("nightshift-lease: waiting for the command: {e}");
+                let _ = child.kill();
+                return exit(lease::EXIT_CANNOT_START);
+            }
+        }
+        let now = Instant::now();
+        if now >= next_read {
+            next_read = now + READ_EVERY;
+            let counter = read_heartbeat(&invocation.heartbeat);
+            if let Verdict::Expired { since_renewal } = held.observe(now - started, counter) {
+                eprintln!(
+                    "nightshift-lease: the supervisor has not renewed the lease for {}s (bound {}s): ending the sandbox",
+                    since_renewal.as_secs(),
+                    held.bound().as_secs()
+                );
+                // Exiting ends the sandbox (the init exits, the kernel kills
+                // the rest of the PID namespace); the command goes first.
+                let _ = child.kill();
+                return exit(lease::EXIT_EXPIRED);
+            }
+        }
+        std::thread::sleep(TICK);
+    }
+}
