@@ -133,9 +133,15 @@ pub async fn stop_sandboxes(
 pub async fn record_kill(sup: &Supervisor, stopped: &Stopped) -> Result<Killed, RunError> {
     if stopped.freeze {
         let mut store = lock(sup);
-        if let Err(e) = crate::policy::freeze(&mut store, None, "kill --all --freeze") {
-            // Already frozen is fine for a kill switch.
-            tracing::info!(error = %e, "freeze");
+        // Already frozen is fine for a kill switch; any other failure to
+        // freeze is the caller's to report (new runs would still start).
+        let frozen = crate::policy::load(&store, None)
+            .map_err(|e| RunError::Policy(e.to_string()))?
+            .freeze()
+            .is_some();
+        if !frozen {
+            crate::policy::freeze(&mut store, None, "kill --all --freeze")
+                .map_err(|e| RunError::Policy(format!("freezing: {e}")))?;
         }
     }
     let mut runs: BTreeSet<String> = stopped
@@ -241,7 +247,22 @@ pub async fn replay_pending(sup: &Supervisor) -> Result<usize, RunError> {
                     return Err(e);
                 }
             },
-            Err(e) => tracing::warn!(error = %e, "an unreadable line of killswitch.pending"),
+            Err(e) => {
+                // Kept, never dropped: a person can read what the kill switch did.
+                tracing::warn!(error = %e, "an unreadable line of killswitch.pending");
+                use std::io::Write;
+                let kept = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(root.join("killswitch.pending.unreadable"))
+                    .and_then(|mut f| f.write_all(format!("{line}\n").as_bytes()));
+                if let Err(e) = kept {
+                    let _ = std::fs::rename(&taken, &path);
+                    return Err(RunError::Git(format!(
+                        "keeping an unreadable line of killswitch.pending: {e}"
+                    )));
+                }
+            }
         }
     }
     let _ = std::fs::remove_file(&taken);

@@ -4,9 +4,9 @@
 //! approved (a moved remote ref makes an act stale instead).
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 
 use tests::loopback::{ForgeServer, GitHttpServer, NotifyServer};
+use tests::morning::remote_ref;
 use tests::{git, image, make_repo, only_run, stderr, stdout, State};
 
 const PASSWORD: &str = "s3cret-door-password-5e1f";
@@ -137,18 +137,6 @@ fn approve_and_kill_when(m: &Morning, act: &str, status: &str) {
     }
     kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
     let _ = child.wait_with_output();
-}
-
-fn remote_ref(bare: &Path, r: &str) -> Option<String> {
-    let out = std::process::Command::new("git")
-        .arg("--git-dir")
-        .arg(bare)
-        .args(["rev-parse", "--verify", "-q", r])
-        .output()
-        .unwrap();
-    out.status
-        .success()
-        .then(|| stdout(&out).trim().to_string())
 }
 
 #[test]
