@@ -7,7 +7,14 @@
 //!   untrusted; private content never goes to a public destination), and the
 //!   policy. Every verdict is an audit entry holding digests, never content.
 //! - Content agent-made is untrusted, so nothing is carried out without a
-//!   person: an allowing rule still queues the act.
+//!   person: an allowing rule still queues the act, unless it is an
+//!   autonomy scope the owner ratified for exactly that kind of act
+//!   (`policies::scopes::judge`): then the act is approved ahead of time
+//!   under the scope and carried out like any approved act (re-checked under
+//!   the executor lock), its door request naming the scope as deciding rule.
+//! - In a dry run nothing is queued or carried out: each request is answered
+//!   as it would have been (refused, queued with a dry-run id `d...`, done)
+//!   and recorded with its would-be verdict (`report::record_dry_act`).
 //! - What an act carries is bound when it is requested: a push's or pull
 //!   request's commit is the one the request names, taken from the pack the
 //!   agent sent with it (indexed in a scratch directory of the supervisor's,
@@ -88,6 +95,26 @@ pub struct RunDoor {
     /// The label of everything this run's agent produces (see
     /// [`run_content_label`]).
     pub content: policies::Label,
+    /// A dry run: each act is answered as it would have been and recorded
+    /// with its would-be verdict, never queued or carried out.
+    pub dry_run: bool,
+}
+
+/// The repository a run works on as rules name it: its canonical path (the
+/// path as given when it cannot be resolved).
+pub fn repository_key(path: &Path) -> String {
+    path.canonicalize()
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
+}
+
+/// The repository of an act's run, as [`repository_key`] names it.
+pub fn act_repository(store: &Store, act: &Act) -> String {
+    store
+        .run(&act.run)
+        .map(|r| repository_key(Path::new(&r.repo)))
+        .unwrap_or_default()
 }
 
 /// The label of what a run's agent produces: the join of its inputs'
@@ -216,12 +243,28 @@ pub fn handle(
     let bytes = serde_json::to_vec(&req)
         .map(|v| v.len() as u64)
         .unwrap_or(0);
-    let mut seen = Seen::default();
+    let mut seen = Seen {
+        dry_id: door
+            .dry_run
+            .then(|| format!("d{}", ulid::Ulid::new().to_string().to_lowercase())),
+        ..Seen::default()
+    };
     let answer = decide(store, door, &req, received, &mut seen);
+    if let Some(dry_id) = &seen.dry_id {
+        if let Err(e) = crate::report::record_dry_act(store, door, &req, dry_id, &seen, &answer) {
+            return Response::Error {
+                reason: format!("the supervisor could not record the request: {e}"),
+            };
+        }
+    }
     let (verdict, rule, act) = match &answer {
         Response::Refused { rule, .. } => ("refused", Some(rule.clone()), None),
         Response::Queued { act } => ("queued", seen.deciding_rule.clone(), Some(act.clone())),
-        Response::Done { .. } => ("done", seen.deciding_rule.clone(), None),
+        Response::Done { .. } => (
+            "done",
+            seen.deciding_rule.clone(),
+            seen.carried.clone().or_else(|| seen.dry_id.clone()),
+        ),
         Response::Error { .. } => ("error", None, None),
     };
     let audited = store.append(
@@ -250,8 +293,9 @@ pub fn handle(
 
 /// The arguments the policy sees: every field the door schema
 /// (`policies::doors::DOORS`) names for the request's door, and no content.
-pub fn policy_args(req: &Request) -> serde_json::Value {
-    match req {
+/// `repository` is the run's host repository ([`repository_key`]).
+pub fn policy_args(req: &Request, repository: &str) -> serde_json::Value {
+    let mut args = match req {
         Request::Push {
             remote,
             dst_ref,
@@ -275,16 +319,29 @@ pub fn policy_args(req: &Request) -> serde_json::Value {
         } => json!({"remote": remote, "base": base, "head": head, "commit": head_commit}),
         Request::Notify { destination, .. } => json!({"destination": destination}),
         Request::Ask { .. } => json!({}),
+    };
+    if let (Some(o), true) = (args.as_object_mut(), !matches!(req, Request::Ask { .. })) {
+        o.insert("repository".into(), repository.into());
     }
+    args
 }
 
-/// What the gate saw of a request, for its audit entry.
+/// What the gate saw of a request, for its audit entry (and, in a dry run,
+/// for the dry-run record).
 #[derive(Debug, Default)]
-struct Seen {
+pub struct Seen {
     /// The label gate's reason (`clear`, `untrusted_content`, ...).
-    gate: Option<String>,
+    pub gate: Option<String>,
     /// The policy's deciding rule of a request that was not refused.
-    deciding_rule: Option<String>,
+    pub deciding_rule: Option<String>,
+    /// The id this request gets in a dry run.
+    pub dry_id: Option<String>,
+    /// The door's whole judgement, once the policy was asked.
+    pub judgement: Option<policies::scopes::Judgement>,
+    /// The policy's args (routing only).
+    pub args: Option<serde_json::Value>,
+    /// The act carried out under an autonomy scope.
+    pub carried: Option<String>,
 }
 
 fn decide(
@@ -332,7 +389,7 @@ fn decide(
         Ok(d) => d,
         Err(e) => return refused("nightshift:routing", e),
     };
-    match route_and_label(&dest, req, door.content) {
+    let gate = match route_and_label(&dest, req, door.content) {
         Ok(gate) => {
             seen.gate = serde_json::to_value(&gate.reason)
                 .ok()
@@ -341,25 +398,34 @@ fn decide(
                     serde_json::Value::Object(o) => o.keys().next().cloned(),
                     _ => None,
                 });
+            gate
         }
         Err(answer) => {
             seen.gate = Some("refused".into());
             return answer;
         }
-    }
-    // The policy, on the request's routing (content is never matched on).
-    let args = policy_args(req);
+    };
+    // The policy, on the request's routing (content is never matched on);
+    // the request's scope is the run's repository.
+    let repository = repository_key(&door.repo);
+    let args = policy_args(req, &repository);
+    seen.args = Some(args.clone());
     let actor = format!("run-{}", door.run);
-    let decision = policies::evaluate(
+    let judgement = policies::scopes::judge(
         &rules,
         &policies::Request {
             actor: Some(actor.clone()),
             door: req.door().to_string(),
             args,
-            scope: None,
+            scope: Some(repository),
         },
+        gate,
         crate::policy::now(),
     );
+    seen.judgement = Some(judgement.clone());
+    let Some(decision) = judgement.decision else {
+        return refused("nightshift:labels", judgement.gate.reason.to_string());
+    };
     let _ =
         crate::policy::record_decision(store, Some(&door.run), Some(&actor), req.door(), &decision);
     if decision.verdict == policies::Verdict::Refuse {
@@ -373,12 +439,27 @@ fn decide(
         );
     }
     // Allow or ask: agent-made content is untrusted (the label gate asks),
-    // so a person decides.
-    let id = format!("a{}", ulid::Ulid::new().to_string().to_lowercase());
+    // so a person decides, now or ahead of time through an autonomy scope
+    // the owner ratified for exactly this kind of act.
+    let id = seen
+        .dry_id
+        .clone()
+        .unwrap_or_else(|| format!("a{}", ulid::Ulid::new().to_string().to_lowercase()));
     let (door_kind, routing, content, body) = match bind(&dest, door, req, &id, received) {
         Ok(b) => b,
         Err(answer) => return answer,
     };
+    if door.dry_run {
+        // Answered as it would have been; nothing is queued or carried out.
+        return match &judgement.scope {
+            Some(scope) => Response::Done {
+                detail: format!(
+                    "dry run {id}: would have been carried out under autonomy scope {scope}; nothing was done"
+                ),
+            },
+            None => Response::Queued { act: id },
+        };
+    }
     let created = now();
     let act = Act {
         id: id.clone(),
@@ -413,11 +494,59 @@ fn decide(
             }),
         },
     );
-    match queued {
-        Ok(()) => Response::Queued { act: id },
-        Err(e) => Response::Error {
+    match (queued, &judgement.scope) {
+        (Ok(()), None) => Response::Queued { act: id },
+        (Ok(()), Some(scope)) => {
+            seen.carried = Some(id.clone());
+            carry_under_scope(store, &id, scope)
+        }
+        (Err(e), _) => Response::Error {
             reason: format!("queueing the act: {e}"),
         },
+    }
+}
+
+/// Carries out an act an autonomy scope allows: approved ahead of time
+/// under the scope (the owner ratified it with the owner's credential), then
+/// re-checked and carried out under the executor lock exactly as an act a
+/// person approved. Anything short of done leaves the act where a person
+/// sees it.
+fn carry_under_scope(store: &mut Store, id: &str, scope: &policies::RuleId) -> Response {
+    let not_done = |why: String| Response::Error {
+        reason: format!(
+            "act {id} is allowed by autonomy scope {scope} but was not carried out ({why}); a person sees it in the queue"
+        ),
+    };
+    let lock = match executor_lock(store) {
+        Ok(l) => l,
+        Err(_) => return not_done("the executor could not be locked".into()),
+    };
+    let row = match rows(store, Some(id)).map(|mut r| r.pop()) {
+        Ok(Some(row)) => row,
+        _ => return not_done("the act could not be read back".into()),
+    };
+    let approved = step(
+        store,
+        &row,
+        &deferred_queue::Event::ApproveUnderScope {
+            digest: deferred_queue::act_digest(&row.act),
+            scope: scope.to_string(),
+            now: now(),
+            ttl_secs: ttls(store).1,
+        },
+    );
+    let state = match approved {
+        Ok((state, _)) => state,
+        Err(_) => return not_done("it could not be approved under the scope".into()),
+    };
+    let outcome = execute(store, &Row { state, ..row });
+    drop(lock);
+    match outcome {
+        Ok(d) if d.carried_out => Response::Done {
+            detail: format!("act {id} carried out under autonomy scope {scope}"),
+        },
+        Ok(_) => not_done("it is in the queue".into()),
+        Err(_) => not_done("the executor failed".into()),
     }
 }
 
@@ -690,8 +819,9 @@ pub fn reject(store: &mut Store, id: &str, why: &str, key: Option<&Path>) -> Res
 
 /// The policy request an act made when it was queued, rebuilt from what the
 /// act binds: its door, its actor and its routing (never its content).
-pub fn act_policy_request(act: &Act) -> policies::Request {
-    let args = match (&act.routing.target, &act.content) {
+/// `repository` is the act's run's ([`act_repository`]).
+pub fn act_policy_request(act: &Act, repository: &str) -> policies::Request {
+    let mut args = match (&act.routing.target, &act.content) {
         (Target::Push { target_ref, .. }, Content::Commit { commit }) => {
             // The fields of `policy_args` (the door schema), so that the
             // rules decide the act now as they did when it was queued.
@@ -717,11 +847,14 @@ pub fn act_policy_request(act: &Act) -> policies::Request {
         _ if act.door == Door::Ask => json!({}),
         _ => json!({"destination": act.routing.destination}),
     };
+    if let (Some(o), false) = (args.as_object_mut(), act.door == Door::Ask) {
+        o.insert("repository".into(), repository.into());
+    }
     policies::Request {
         actor: Some(act.actor.clone()),
         door: act.door.name().to_string(),
         args,
-        scope: None,
+        scope: Some(repository.to_string()),
     }
 }
 
@@ -729,8 +862,12 @@ pub fn act_policy_request(act: &Act) -> policies::Request {
 /// refusal of the act (it suspends everything; see [`frozen`]); neither is a
 /// rule declared, retired or ratified since the act was queued, unless it now
 /// refuses this very act.
-fn refused_now(rules: &policies::RuleSet, act: &Act) -> Option<String> {
-    let decision = policies::evaluate(rules, &act_policy_request(act), crate::policy::now());
+fn refused_now(rules: &policies::RuleSet, act: &Act, repository: &str) -> Option<String> {
+    let decision = policies::evaluate(
+        rules,
+        &act_policy_request(act, repository),
+        crate::policy::now(),
+    );
     (decision.verdict == policies::Verdict::Refuse)
         .then(|| format!("rule {} now refuses it: {}", decision.rule, decision.reason))
 }
@@ -768,7 +905,7 @@ fn recompute(store: &Store, dest: &Destinations, act: &Act) -> Result<String, St
         head_is_bindable(store, dest, act, head_ref, head_commit)?;
     }
     let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
-    if let Some(why) = refused_now(&rules, act) {
+    if let Some(why) = refused_now(&rules, act, &act_repository(store, act)) {
         return Err(why);
     }
     Ok(deferred_queue::act_digest(&now_act))
@@ -1021,7 +1158,7 @@ pub fn stale_view(store: &Store, row: &Row) -> Option<StaleView> {
     };
     let refused_now = crate::policy::load(store, None)
         .map_err(|e| e.to_string())
-        .map(|rules| refused_now(&rules, &row.act))
+        .map(|rules| refused_now(&rules, &row.act, &act_repository(store, &row.act)))
         .unwrap_or_else(|e| Some(format!("the policy could not be read: {e}")));
     Some(StaleView {
         why: why.clone(),
@@ -1056,7 +1193,11 @@ pub fn rebind(store: &mut Store, id: &str, key: Option<&Path>) -> Result<(String
             freeze.reason
         ));
     }
-    let decision = policies::evaluate(&rules, &act_policy_request(&row.act), crate::policy::now());
+    let decision = policies::evaluate(
+        &rules,
+        &act_policy_request(&row.act, &act_repository(store, &row.act)),
+        crate::policy::now(),
+    );
     if decision.verdict == policies::Verdict::Refuse {
         return Err(format!(
             "act {id} cannot be re-bound: rule {} now refuses it: {}",
@@ -1583,12 +1724,12 @@ mod policy_args_tests {
         for req in every_request() {
             let schema = policies::doors::door(req.door())
                 .unwrap_or_else(|| panic!("door {} is not in the schema", req.door()));
-            let args = policy_args(&req);
+            let args = policy_args(&req, "/repo");
             let mut keys: Vec<&str> = args
                 .as_object()
                 .map(|m| m.keys().map(String::as_str).collect())
                 .unwrap_or_default();
-            let mut want = schema.fields.to_vec();
+            let mut want: Vec<&str> = schema.fields.to_vec();
             keys.sort_unstable();
             want.sort_unstable();
             assert_eq!(keys, want, "door {}", req.door());

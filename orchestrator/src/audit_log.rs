@@ -147,6 +147,38 @@ pub enum Event {
         /// sha256 of the request's canonical encoding, never its arguments.
         digest: String,
     },
+    /// A dry run's act: what it would have had (no content).
+    DryRunAct {
+        act: String,
+        door: String,
+        destination: Option<String>,
+        /// refused | asked | carried.
+        would: String,
+        /// allow | ask | refuse, the policy's (absent when refused before it).
+        verdict: Option<String>,
+        rule: Option<String>,
+        stood_aside: Vec<String>,
+        label: String,
+        generation: Option<String>,
+        /// sha256 of the policy request's canonical encoding.
+        digest: Option<String>,
+    },
+    /// The owner adopted an autonomy-scope proposal: its rule rows follow.
+    ScopeAdopted {
+        proposal: String,
+        door: String,
+        repository: String,
+        destination: String,
+        pattern: Option<String>,
+        retired: Vec<String>,
+        declared: Vec<String>,
+        evidence_acts: usize,
+        evidence_approved: usize,
+        delta: usize,
+        generation: String,
+    },
+    /// The owner refused an autonomy-scope proposal (not offered again).
+    ScopeRefused { proposal: String, why: String },
     /// A policy row written at run time (declare, retire, propose, ratify, freeze, thaw...).
     PolicyRow {
         row: String,

@@ -17,8 +17,10 @@ pub mod lease;
 pub mod monitor;
 pub mod owner;
 pub mod policy;
+pub mod report;
 pub mod run;
 pub mod sandbox;
+pub mod scopes;
 pub mod store;
 pub mod terminal;
 

@@ -140,6 +140,19 @@ enum Command {
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
         owner_key_file: Option<PathBuf>,
     },
+    /// Runs, caps used against caps set, and acts grouped by door,
+    /// destination and ref, refusals first (dry runs included).
+    Report {
+        #[arg(required = true)]
+        runs: Vec<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: orchestrator::report::Format,
+    },
+    /// Autonomy scopes: proposals from dry runs and decisions, which the owner adopts or refuses.
+    Scopes {
+        #[command(subcommand)]
+        command: orchestrator::scopes::Command,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -292,6 +305,10 @@ struct RunArgs {
     max_files: Option<u64>,
     #[arg(long)]
     json: bool,
+    /// Answer each act as it would have been and record it with its
+    /// would-be verdict; queue and carry out nothing.
+    #[arg(long)]
+    dry_run: bool,
     /// The agent command and its arguments.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -371,6 +388,8 @@ async fn dispatch(cli: Cli) -> i32 {
             watchdog_cmd(&root, config.as_deref(), &supervisor).await
         }
         Command::Reconcile => reconcile_cmd(&root, config.as_deref()).await,
+        Command::Report { runs, format } => orchestrator::report::cli(&root, &runs, format),
+        Command::Scopes { command } => orchestrator::scopes::cli(&root, command),
         Command::Import { run } => import_cmd(&root, &run).await,
         Command::Queue { command, json } => with_queue_config(&root, config.as_deref())
             .and_then(|()| queue_cmd(&root, command, json)),
@@ -543,6 +562,7 @@ async fn run_cmd(
         command: args.command,
         caps,
         echo: !args.json,
+        dry_run: args.dry_run,
     };
     let record = perform(root, &config, config_path, req).await?;
     if args.json {
@@ -1067,6 +1087,7 @@ async fn demo_cmd(
         caps: config.caps(),
         echo: true,
         repo_confidentiality: config.repository_confidentiality(&repo),
+        dry_run: false,
     };
     let record = perform(root, &config, config_path, req).await?;
     print_summary(&record);

@@ -66,6 +66,9 @@ pub struct RunRequest {
     /// The repository's confidentiality, from the owner's configuration
     /// (private unless the owner said otherwise).
     pub repo_confidentiality: policies::Confidentiality,
+    /// A dry run: every act is answered as it would have been and recorded
+    /// with its would-be verdict; none is queued or carried out.
+    pub dry_run: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -254,6 +257,7 @@ pub async fn execute(
         status: "created".into(),
         supervisor_pid: Some(std::process::id() as i64),
         supervisor: Some(sup.identity.clone()),
+        dry_run: req.dry_run,
         ..Default::default()
     };
     sup.save(&record)?;
@@ -351,6 +355,7 @@ async fn steps(
             repo: req.repo.clone(),
             base_commit: held.base_commit.clone().unwrap_or_default(),
             content: crate::acts::run_content_label(req.repo_confidentiality),
+            dry_run: req.dry_run,
         },
     )
     .map_err(|e| RunError::Git(format!("opening the run's door: {e}")))?;

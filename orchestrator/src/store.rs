@@ -182,6 +182,9 @@ pub struct RunRecord {
     /// `pid:starttime` of the supervisor that ran it.
     #[serde(default)]
     pub supervisor: Option<String>,
+    /// A dry run: no act was queued or carried out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 #[derive(Debug)]
@@ -231,6 +234,23 @@ CREATE TABLE IF NOT EXISTS policy_rows (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at TEXT NOT NULL,
     row TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dry_acts (
+    id TEXT PRIMARY KEY,
+    run TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    record TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dry_acts_run ON dry_acts(run);
+CREATE TABLE IF NOT EXISTS scope_proposals (
+    id TEXT PRIMARY KEY,
+    created_at TEXT NOT NULL,
+    proposal TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS scope_refusals (
+    id TEXT PRIMARY KEY,
+    at TEXT NOT NULL,
+    why TEXT NOT NULL
 );
 "#;
 
@@ -564,15 +584,153 @@ impl Store {
         Ok(out)
     }
 
+    /// A run's acts, queued or (in a dry run) recorded.
     pub fn count_acts(&self, run: &str) -> Result<u64, StoreError> {
         self.conn
             .query_row(
-                "SELECT count(*) FROM acts WHERE run = ?1",
+                "SELECT (SELECT count(*) FROM acts WHERE run = ?1) + (SELECT count(*) FROM dry_acts WHERE run = ?1)",
                 params![run],
                 |r| r.get::<_, i64>(0),
             )
             .map(|n| n as u64)
             .map_err(sql("counting a run's acts"))
+    }
+
+    // ----- dry runs and autonomy scopes -----
+
+    /// Records a dry run's act with its audit entry, in one transaction.
+    pub fn put_dry_act(
+        &mut self,
+        id: &str,
+        run: &str,
+        record: &serde_json::Value,
+        event: &Event,
+    ) -> Result<Entry, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("locking the dry-run acts"))?;
+        tx.execute(
+            "INSERT INTO dry_acts(id, run, created_at, record) VALUES (?1, ?2, ?3, ?4)",
+            params![id, run, now_rfc3339(), record.to_string()],
+        )
+        .map_err(sql("recording a dry-run act"))?;
+        let entry = append_in(&tx, &self.log, Some(run), event)?;
+        tx.commit().map_err(sql("committing a dry-run act"))?;
+        self.publish_head(&entry);
+        Ok(entry)
+    }
+
+    /// The dry-run acts of one run or of all, oldest first.
+    pub fn dry_acts(&self, run: Option<&str>) -> Result<Vec<serde_json::Value>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT record FROM dry_acts WHERE ?1 IS NULL OR run = ?1 ORDER BY created_at, id",
+            )
+            .map_err(sql("reading the dry-run acts"))?;
+        let rows = stmt
+            .query_map(params![run], |r| r.get::<_, String>(0))
+            .map_err(sql("reading the dry-run acts"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let text = row.map_err(sql("reading the dry-run acts"))?;
+            out.push(
+                serde_json::from_str(&text).map_err(|e| StoreError::BadEntry {
+                    seq: 0,
+                    message: format!("dry-run act: {e}"),
+                })?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// The label the door recorded for each queued act (`act id -> label`).
+    pub fn act_labels(&self) -> Result<std::collections::HashMap<String, String>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT json_extract(body, '$.act'), json_extract(body, '$.label') FROM audit \
+                 WHERE kind = 'door_request' AND json_extract(body, '$.act') IS NOT NULL",
+            )
+            .map_err(sql("reading the acts' labels"))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?))
+            })
+            .map_err(sql("reading the acts' labels"))?;
+        let mut out = std::collections::HashMap::new();
+        for row in rows {
+            if let (Some(act), Some(label)) = row.map_err(sql("reading the acts' labels"))? {
+                out.insert(act, label);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Keeps a proposal as it was shown, so that `scopes diff` and `scopes
+    /// adopt` act on exactly that (the id is a digest of its changes).
+    pub fn put_scope_proposal(&self, id: &str, proposal: &serde_json::Value) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO scope_proposals(id, created_at, proposal) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(id) DO UPDATE SET proposal = excluded.proposal",
+                params![id, now_rfc3339(), proposal.to_string()],
+            )
+            .map_err(sql("keeping a scope proposal"))?;
+        Ok(())
+    }
+
+    pub fn scope_proposal(&self, id: &str) -> Result<Option<serde_json::Value>, StoreError> {
+        let text: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT proposal FROM scope_proposals WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sql("reading a scope proposal"))?;
+        text.map(|t| {
+            serde_json::from_str(&t).map_err(|e| StoreError::BadEntry {
+                seq: 0,
+                message: format!("scope proposal {id}: {e}"),
+            })
+        })
+        .transpose()
+    }
+
+    /// Records the owner's refusal of a proposal with its audit entry.
+    pub fn refuse_scope(&mut self, id: &str, why: &str, event: &Event) -> Result<(), StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("locking the scope refusals"))?;
+        tx.execute(
+            "INSERT INTO scope_refusals(id, at, why) VALUES (?1, ?2, ?3)
+             ON CONFLICT(id) DO UPDATE SET why = excluded.why",
+            params![id, now_rfc3339(), why],
+        )
+        .map_err(sql("recording a scope refusal"))?;
+        let entry = append_in(&tx, &self.log, None, event)?;
+        tx.commit().map_err(sql("committing a scope refusal"))?;
+        self.publish_head(&entry);
+        Ok(())
+    }
+
+    pub fn refused_scopes(&self) -> Result<std::collections::BTreeSet<String>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id FROM scope_refusals")
+            .map_err(sql("reading the scope refusals"))?;
+        let rows = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(sql("reading the scope refusals"))?;
+        let mut out = std::collections::BTreeSet::new();
+        for row in rows {
+            out.insert(row.map_err(sql("reading the scope refusals"))?);
+        }
+        Ok(out)
     }
 
     // ----- audit -----

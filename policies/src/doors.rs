@@ -27,16 +27,18 @@ pub const DOORS: &[DoorSchema] = &[
     DoorSchema {
         name: "push",
         // `ref` is the branch updated (`refs/heads/...`); `force` and
-        // `delete` are booleans, so a clause tests `true` / `false`.
-        fields: &["remote", "ref", "commit", "force", "delete"],
+        // `delete` are booleans, so a clause tests `true` / `false`;
+        // `repository` is the host repository the run works on (its path),
+        // so that a rule (an autonomy scope) can hold for one repository.
+        fields: &["remote", "ref", "commit", "force", "delete", "repository"],
     },
     DoorSchema {
         name: "pull_request",
-        fields: &["remote", "base", "head", "commit"],
+        fields: &["remote", "base", "head", "commit", "repository"],
     },
     DoorSchema {
         name: "notify",
-        fields: &["destination"],
+        fields: &["destination", "repository"],
     },
     DoorSchema {
         name: "ask",

@@ -15,6 +15,8 @@
 //! - [`authority`]: tier 1 (agents tighten on themselves) vs the owner;
 //! - [`labels`], [`gate`]: the label lattice and the routing/content gate;
 //! - [`hook`]: the fail-closed harness hook;
+//! - [`scopes`]: autonomy-scope proposals from the history, and the passage
+//!   of an act (refused, asked, carried out under a ratified scope);
 //! - [`rulefile`], [`load`]: TOML rule files with file-and-line errors.
 
 pub mod authority;
@@ -31,6 +33,7 @@ pub mod request;
 pub mod rule;
 pub mod rulefile;
 pub mod ruleset;
+pub mod scopes;
 pub mod timestamp;
 
 pub use authority::{

@@ -3,7 +3,7 @@
 //!
 //! | from | event | to |
 //! |---|---|---|
-//! | Pending | Approve, digest = act digest, in window | Approved |
+//! | Pending | Approve or ApproveUnderScope, digest = act digest, in window | Approved |
 //! | Pending | Approve, digest = act digest, window over | Expired |
 //! | Pending, Stale | Tick past the act's window | Expired |
 //! | Approved, AwaitingRetry | Tick past the approval's expiry | Expired |
@@ -26,9 +26,10 @@
 //!
 //! Invariants:
 //! - Pure: no clock, no I/O. Time arrives in events; the adapter supplies it.
-//! - An act is only approved by an [`Owner`] and only for its own digest
-//!   ([`act_digest`]); a forged or outdated approval is refused and changes
-//!   nothing.
+//! - An act is only approved by an [`Owner`], or ahead of time under an
+//!   autonomy scope the owner ratified (`ApproveUnderScope`, recorded as
+//!   `scope <rule>`), and only for its own digest ([`act_digest`]); a forged
+//!   or outdated approval is refused and changes nothing.
 //! - An approval is used once. `BeginExecution` moves it out of `Approved`
 //!   and nothing moves it back. It may carry a further attempt only through
 //!   `AwaitingRetry`, which is entered only when the previous attempt is
@@ -273,6 +274,21 @@ pub enum Event {
         /// The approval's lifetime (the per-door default from config).
         ttl_secs: i64,
     },
+    /// The act is approved ahead of time by an autonomy scope: an `allow`
+    /// rule the owner ratified under the owner's credential for exactly this
+    /// kind of act. The adapter sends it only when the policy decided so at
+    /// the door (`policies::scopes::judge`), for the act's own digest; the
+    /// approval records `scope <rule>` as who approved.
+    ApproveUnderScope {
+        /// The act's digest.
+        digest: String,
+        /// The scope's rule id.
+        scope: String,
+        /// Unix seconds.
+        now: i64,
+        /// The approval's lifetime.
+        ttl_secs: i64,
+    },
     /// The owner refuses the act.
     Reject {
         /// In the owner's words.
@@ -335,6 +351,7 @@ impl Event {
     pub fn name(&self) -> &'static str {
         match self {
             Event::Approve { .. } => "approve",
+            Event::ApproveUnderScope { .. } => "approve_under_scope",
             Event::Reject { .. } => "reject",
             Event::Tick { .. } => "tick",
             Event::BeginExecution { .. } => "begin_execution",
@@ -599,6 +616,59 @@ pub fn apply(
     Ok((step.next, effects))
 }
 
+/// `Pending` to `Approved` (or `Expired` when the window is over), for the
+/// act's own digest only; `by` is the owner's name or `scope <rule>`.
+fn approve(
+    act: &Act,
+    state: &State,
+    event: &Event,
+    digest: &str,
+    by: &str,
+    now: i64,
+    ttl_secs: i64,
+) -> Result<Step, TransitionError> {
+    if *state != State::Pending {
+        return Err(TransitionError::NotAllowed {
+            act: act.id.clone(),
+            state: state.name(),
+            event: event.name(),
+        });
+    }
+    checked(act, event)?;
+    if ttl_secs <= 0 {
+        return Err(TransitionError::InvalidTtl {
+            act: act.id.clone(),
+            ttl_secs,
+        });
+    }
+    let actual = act_digest(act);
+    if digest != actual {
+        return Err(TransitionError::DigestMismatch {
+            act: act.id.clone(),
+            approved: digest.to_owned(),
+            actual,
+        });
+    }
+    Ok(if now >= act.expires_at {
+        // A late approval is not a reason to proceed: the window is over,
+        // so the act is.
+        Step::to(State::Expired {
+            why: format!("approval window closed at {}", act.expires_at),
+        })
+        .field("by", by)
+    } else {
+        let approval = Approval {
+            digest: digest.to_owned(),
+            by: by.to_owned(),
+            at: now,
+            expires_at: now.saturating_add(ttl_secs),
+        };
+        Step::to(State::Approved { approval })
+            .field("by", by)
+            .field("approval_expires_at", now.saturating_add(ttl_secs))
+    })
+}
+
 fn step(
     act: &Act,
     state: &State,
@@ -616,44 +686,22 @@ fn step(
             by,
             now,
             ttl_secs,
-        } => {
-            if *state != State::Pending {
-                return Err(not_allowed());
-            }
-            checked(act, event)?;
-            if *ttl_secs <= 0 {
-                return Err(TransitionError::InvalidTtl {
-                    act: act.id.clone(),
-                    ttl_secs: *ttl_secs,
-                });
-            }
-            let actual = act_digest(act);
-            if *digest != actual {
-                return Err(TransitionError::DigestMismatch {
-                    act: act.id.clone(),
-                    approved: digest.clone(),
-                    actual,
-                });
-            }
-            if *now >= act.expires_at {
-                // A late approval is not a reason to proceed: the window
-                // is over, so the act is.
-                Step::to(State::Expired {
-                    why: format!("approval window closed at {}", act.expires_at),
-                })
-                .field("by", by.name())
-            } else {
-                let approval = Approval {
-                    digest: digest.clone(),
-                    by: by.name().to_string(),
-                    at: *now,
-                    expires_at: now.saturating_add(*ttl_secs),
-                };
-                Step::to(State::Approved { approval })
-                    .field("by", by.name())
-                    .field("approval_expires_at", now.saturating_add(*ttl_secs))
-            }
-        }
+        } => approve(act, state, event, digest, by.name(), *now, *ttl_secs)?,
+
+        Event::ApproveUnderScope {
+            digest,
+            scope,
+            now,
+            ttl_secs,
+        } => approve(
+            act,
+            state,
+            event,
+            digest,
+            &format!("scope {scope}"),
+            *now,
+            *ttl_secs,
+        )?,
 
         Event::Reject { why, by } => match state {
             State::Pending
