@@ -254,6 +254,26 @@ impl Record {
         }
     }
 
+    /// What a judgement depends on: the routing and the label, and the
+    /// actor and commit only when some rule could tell them apart.
+    fn judge_key(&self, needs: (bool, bool)) -> String {
+        let mut args = self.args.clone();
+        if !needs.1 {
+            if let Some(o) = args.as_object_mut() {
+                o.remove("commit");
+            }
+        }
+        let actor = if needs.0 { self.actor.as_str() } else { "" };
+        canonical_json(&serde_json::json!([
+            self.door,
+            self.repository,
+            self.destination,
+            args,
+            self.label.to_string(),
+            actor
+        ]))
+    }
+
     /// The routing: everything of the request but the commit.
     fn routing_key(&self) -> String {
         let mut args = self.args.clone();
@@ -824,7 +844,7 @@ fn variants(r: &Record, destinations: &Destinations) -> Vec<Record> {
 }
 
 /// Proposes autonomy-scope changes from the history. Deterministic.
-pub fn propose(input: Input<'_>) -> Proposals {
+pub fn propose<'a>(input: Input<'a>) -> Proposals {
     let mut out = Proposals::default();
     // Groups: door, repository, destination, and the namespace (or, for a
     // protected branch or a door without a ladder, the target itself).
@@ -845,12 +865,27 @@ pub fn propose(input: Input<'_>) -> Proposals {
             .push(r);
     }
     // Blocked acts, by door and repository: none may pass.
-    let blocked: Vec<&Record> = input.records.iter().filter(|r| r.outcome.is_blocked()).collect();
-    // Every distinct recorded routing, judged once under the rules in force.
-    let mut distinct: BTreeMap<String, &Record> = BTreeMap::new();
-    for r in input.records {
-        distinct.entry(r.routing_key()).or_insert(r);
-    }
+    // Requests that judge alike are judged once: the same routing and label
+    // (and actor and commit, when a rule names an actor or a commit).
+    let needs = (
+        input.rules.entries().values().any(|e| e.rule.subject() != "*"),
+        input.rules.entries().values().any(|e| {
+            e.rule
+                .clauses()
+                .iter()
+                .any(|c| c.path().first().is_some_and(|f| f == "commit"))
+        }),
+    );
+    let dedupe = |records: &mut dyn Iterator<Item = &'a Record>| -> Vec<&'a Record> {
+        let mut seen: BTreeMap<String, &Record> = BTreeMap::new();
+        for r in records {
+            seen.entry(r.judge_key(needs)).or_insert(r);
+        }
+        seen.into_values().collect()
+    };
+    let blocked: Vec<&Record> = dedupe(&mut input.records.iter().filter(|r| r.outcome.is_blocked()));
+    // Every distinct recorded request.
+    let distinct: Vec<&Record> = dedupe(&mut input.records.iter());
     for ((door, repository, destination, group, ns), members) in groups {
         let decline = |why: String| Declined {
             door: door.clone(),
@@ -902,6 +937,20 @@ pub fn propose(input: Input<'_>) -> Proposals {
             ));
             continue;
         }
+        let uniq: Vec<&Record> = dedupe(&mut support.iter().copied());
+        // The asks that cover the evidence; a refuse is never narrowed.
+        let mut asks: BTreeSet<RuleId> = BTreeSet::new();
+        for r in &uniq {
+            let req = r.request();
+            for rule in input.rules.active(input.clock) {
+                if rule.effect() == Effect::Ask
+                    && matches!(applies(rule, &req), Applies::Yes(_) | Applies::StandsAside(..))
+                {
+                    asks.insert(rule.id().clone());
+                }
+            }
+        }
+        let asks: Vec<RuleId> = asks.into_iter().collect();
         let targets: Vec<String> = support
             .iter()
             .map(|r| r.target())
@@ -951,19 +1000,6 @@ pub fn propose(input: Input<'_>) -> Proposals {
             let summary = format!(
                 "{door} to {destination:?} matching {shown} in repository {repository} without asking"
             );
-            // The asks that cover the evidence; a refuse is never narrowed.
-            let mut asks: BTreeSet<RuleId> = BTreeSet::new();
-            for r in &support {
-                let req = r.request();
-                for rule in input.rules.active(input.clock) {
-                    if rule.effect() == Effect::Ask
-                        && matches!(applies(rule, &req), Applies::Yes(_) | Applies::StandsAside(..))
-                    {
-                        asks.insert(rule.id().clone());
-                    }
-                }
-            }
-            let asks: Vec<RuleId> = asks.into_iter().collect();
             let id = format!(
                 "s{}",
                 short_digest(
@@ -1013,7 +1049,7 @@ pub fn propose(input: Input<'_>) -> Proposals {
             };
             // Every act of the evidence goes through under its allow.
             let allow_id = RuleId(format!("{id}-allow"));
-            let takes_effect = support.iter().all(|r| {
+            let takes_effect = uniq.iter().all(|r| {
                 judge_record(&next, input.destinations, r, input.clock).scope.as_ref()
                     == Some(&allow_id)
             });
@@ -1039,8 +1075,8 @@ pub fn propose(input: Input<'_>) -> Proposals {
             let known: BTreeSet<String> = support.iter().map(|r| r.routing_key()).collect();
             let mut delta: BTreeSet<DeltaItem> = BTreeSet::new();
             let mut candidates: Vec<(Record, &str)> =
-                distinct.values().map(|r| ((*r).clone(), "recorded")).collect();
-            for r in &support {
+                distinct.iter().map(|r| ((*r).clone(), "recorded")).collect();
+            for r in &uniq {
                 candidates.extend(variants(r, input.destinations).into_iter().map(|v| (v, "variant")));
             }
             let mut unsafe_label = false;
