@@ -512,10 +512,12 @@ fn decide(
 /// person approved. Anything short of done leaves the act where a person
 /// sees it.
 fn carry_under_scope(store: &mut Store, id: &str, scope: &policies::RuleId) -> Response {
-    let not_done = |why: String| Response::Error {
+    let not_done = |why: String| {
+        Response::Error {
         reason: format!(
             "act {id} is allowed by autonomy scope {scope} but was not carried out ({why}); a person sees it in the queue"
         ),
+    }
     };
     let lock = match executor_lock(store) {
         Ok(l) => l,

@@ -178,7 +178,10 @@ pub enum Event {
         generation: String,
     },
     /// The owner refused an autonomy-scope proposal (not offered again).
-    ScopeRefused { proposal: String, why: String },
+    ScopeRefused {
+        proposal: String,
+        why: String,
+    },
     /// A policy row written at run time (declare, retire, propose, ratify, freeze, thaw...).
     PolicyRow {
         row: String,

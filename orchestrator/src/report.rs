@@ -218,11 +218,7 @@ fn state_outcome(state: &deferred_queue::State) -> &'static str {
 }
 
 /// Builds the report of `runs` from the store.
-pub fn build(
-    store: &Store,
-    rules: &policies::RuleSet,
-    runs: &[String],
-) -> Result<Report, String> {
+pub fn build(store: &Store, rules: &policies::RuleSet, runs: &[String]) -> Result<Report, String> {
     let mut out_runs = Vec::new();
     let mut acts: Vec<ReportAct> = Vec::new();
     let rows = crate::acts::rows(store, None).map_err(|e| e.to_string())?;
@@ -306,7 +302,12 @@ pub fn build(
             }
         }
         for d in store.dry_acts(Some(id)).map_err(|e| e.to_string())? {
-            let text = |k: &str| d.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+            let text = |k: &str| {
+                d.get(k)
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_string()
+            };
             acts.push(ReportAct {
                 id: text("id"),
                 run: text("run"),
@@ -384,8 +385,14 @@ pub fn text(report: &Report) -> Vec<String> {
             line(&r.repo),
             line(&r.base_ref)
         ));
-        out.push(format!("  caps set:  {}", crate::terminal::json(&r.caps, false)));
-        out.push(format!("  caps used: {}", crate::terminal::json(&r.used, false)));
+        out.push(format!(
+            "  caps set:  {}",
+            crate::terminal::json(&r.caps, false)
+        ));
+        out.push(format!(
+            "  caps used: {}",
+            crate::terminal::json(&r.used, false)
+        ));
     }
     out.push(format!(
         "acts: {} refused, {} a person would have had to review",
@@ -493,15 +500,16 @@ pub fn cli(root: &std::path::Path, runs: &[String], format: Format) -> Result<i3
     let store = Store::open(crate::store::StatePaths::new(root.to_path_buf()))
         .map_err(|e| fail(crate::exit::STATE, &e))?;
     for id in runs {
-        store.run(id).map_err(|e| fail(crate::exit::BAD_INPUT, &e))?;
+        store
+            .run(id)
+            .map_err(|e| fail(crate::exit::BAD_INPUT, &e))?;
     }
     let rules = crate::policy::load(&store, None).map_err(|e| fail(crate::exit::STATE, &e))?;
     let report = build(&store, &rules, runs).map_err(|e| fail(crate::exit::STATE, &e))?;
     match format {
-        Format::Json => crate::terminal::out(format_args!(
-            "{}\n",
-            crate::terminal::json(&report, true)
-        )),
+        Format::Json => {
+            crate::terminal::out(format_args!("{}\n", crate::terminal::json(&report, true)))
+        }
         Format::Html => crate::terminal::out(format_args!("{}", html(&report))),
         Format::Text => {
             for l in text(&report) {

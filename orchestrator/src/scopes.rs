@@ -28,13 +28,16 @@ use crate::store::Store;
 /// Was `rule` an autonomy scope when it decided (an allow the owner
 /// ratified or declared; it may be retired since)?
 pub fn was_scope(rules: &RuleSet, rule: &str) -> bool {
-    rules.entries().get(&policies::RuleId(rule.to_string())).is_some_and(|e| {
-        e.rule.effect() == policies::Effect::Allow
-            && matches!(
-                e.origin,
-                policies::ruleset::Origin::Ratified(_) | policies::ruleset::Origin::Owner
-            )
-    })
+    rules
+        .entries()
+        .get(&policies::RuleId(rule.to_string()))
+        .is_some_and(|e| {
+            e.rule.effect() == policies::Effect::Allow
+                && matches!(
+                    e.origin,
+                    policies::ruleset::Origin::Ratified(_) | policies::ruleset::Origin::Owner
+                )
+        })
 }
 
 /// A label as `acts::label_text` wrote it; anything else is the top label.
@@ -82,7 +85,10 @@ pub fn history(store: &Store, rules: &RuleSet) -> Result<Vec<Record>, String> {
     let labels = store.act_labels().map_err(|e| e.to_string())?;
     let mut repos = std::collections::HashMap::new();
     for run in store.runs().map_err(|e| e.to_string())? {
-        repos.insert(run.id.clone(), repository_key(std::path::Path::new(&run.repo)));
+        repos.insert(
+            run.id.clone(),
+            repository_key(std::path::Path::new(&run.repo)),
+        );
     }
     let mut out = Vec::new();
     for row in crate::acts::rows(store, None).map_err(|e| e.to_string())? {
@@ -119,7 +125,12 @@ pub fn history(store: &Store, rules: &RuleSet) -> Result<Vec<Record>, String> {
         });
     }
     for d in store.dry_acts(None).map_err(|e| e.to_string())? {
-        let text = |k: &str| d.get(k).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+        let text = |k: &str| {
+            d.get(k)
+                .and_then(|v| v.as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
         let outcome = match text("would").as_str() {
             "asked" => Outcome::DryAsked,
             "carried" => Outcome::DryCarried,
@@ -167,7 +178,11 @@ pub fn propose(store: &Store, filter: &Filter) -> Result<Proposals, String> {
         return Err("nightshift is frozen: nothing is proposed until `nightshift thaw`".into());
     }
     let records = history(store, &rules)?;
-    let evidence: Vec<Record> = records.iter().filter(|r| filter.keeps(r)).cloned().collect();
+    let evidence: Vec<Record> = records
+        .iter()
+        .filter(|r| filter.keeps(r))
+        .cloned()
+        .collect();
     let destinations = gate_destinations(store)?;
     let refused = store.refused_scopes().map_err(|e| e.to_string())?;
     let out = scopes::propose(scopes::Input {
@@ -215,9 +230,17 @@ pub fn diff(store: &Store, id: &str) -> Result<(Proposal, Vec<scopes::DiffItem>)
 /// Adopts a proposal under the owner's credential: checked again on the
 /// whole history, its rows written (ratified, locked), audited. Returns the
 /// rules it declared and retired.
-pub fn adopt(store: &mut Store, id: &str, _owner: &Owner) -> Result<(Vec<String>, Vec<String>), String> {
+pub fn adopt(
+    store: &mut Store,
+    id: &str,
+    _owner: &Owner,
+) -> Result<(Vec<String>, Vec<String>), String> {
     let proposal = load(store, id)?;
-    if store.refused_scopes().map_err(|e| e.to_string())?.contains(id) {
+    if store
+        .refused_scopes()
+        .map_err(|e| e.to_string())?
+        .contains(id)
+    {
         return Err(format!("scope proposal {id} was refused"));
     }
     let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
@@ -342,7 +365,10 @@ fn fail(code: i32, e: &dyn std::fmt::Display) -> i32 {
 fn when(unix: i64) -> String {
     time::OffsetDateTime::from_unix_timestamp(unix)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_else(|| unix.to_string())
 }
 
@@ -461,7 +487,10 @@ pub fn cli(root: &std::path::Path, command: Command) -> Result<i32, i32> {
                 return Ok(crate::exit::OK);
             }
             show(&p);
-            say(format!("{} recorded decision(s) would change:", items.len()));
+            say(format!(
+                "{} recorded decision(s) would change:",
+                items.len()
+            ));
             for i in &items {
                 say(format!(
                     "  {} (run {}): {} to {} {}: {:?} by {} -> {:?} by {}",

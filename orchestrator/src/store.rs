@@ -656,7 +656,10 @@ impl Store {
             .map_err(sql("reading the acts' labels"))?;
         let rows = stmt
             .query_map([], |r| {
-                Ok((r.get::<_, Option<String>>(0)?, r.get::<_, Option<String>>(1)?))
+                Ok((
+                    r.get::<_, Option<String>>(0)?,
+                    r.get::<_, Option<String>>(1)?,
+                ))
             })
             .map_err(sql("reading the acts' labels"))?;
         let mut out = std::collections::HashMap::new();
@@ -670,7 +673,11 @@ impl Store {
 
     /// Keeps a proposal as it was shown, so that `scopes diff` and `scopes
     /// adopt` act on exactly that (the id is a digest of its changes).
-    pub fn put_scope_proposal(&self, id: &str, proposal: &serde_json::Value) -> Result<(), StoreError> {
+    pub fn put_scope_proposal(
+        &self,
+        id: &str,
+        proposal: &serde_json::Value,
+    ) -> Result<(), StoreError> {
         self.conn
             .execute(
                 "INSERT INTO scope_proposals(id, created_at, proposal) VALUES (?1, ?2, ?3)

@@ -59,12 +59,24 @@ pub fn history(n: usize) -> Vec<Record> {
 }
 
 fn bench(c: &mut Criterion) {
-    let rules =
-        policies::rulefile::rule_set_from_files([(Path::new("default.toml"), policies::DEFAULT_RULES)])
-            .unwrap();
+    let rules = policies::rulefile::rule_set_from_files([(
+        Path::new("default.toml"),
+        policies::DEFAULT_RULES,
+    )])
+    .unwrap();
     let dest = Destinations::from([
-        ("origin".to_owned(), Destination { readers: Readers::Private }),
-        ("mirror".to_owned(), Destination { readers: Readers::Private }),
+        (
+            "origin".to_owned(),
+            Destination {
+                readers: Readers::Private,
+            },
+        ),
+        (
+            "mirror".to_owned(),
+            Destination {
+                readers: Readers::Private,
+            },
+        ),
     ]);
     let records = history(100_000);
     let refused = BTreeSet::new();

@@ -257,21 +257,43 @@ impl Record {
     /// What a judgement depends on: the routing and the label, and the
     /// actor and commit only when some rule could tell them apart.
     fn judge_key(&self, needs: (bool, bool)) -> String {
-        let mut args = self.args.clone();
-        if !needs.1 {
-            if let Some(o) = args.as_object_mut() {
-                o.remove("commit");
-            }
+        let mut key = String::with_capacity(160);
+        for part in [
+            self.door.as_str(),
+            self.repository.as_str(),
+            self.destination.as_str(),
+            if needs.0 { self.actor.as_str() } else { "" },
+        ] {
+            key.push_str(part);
+            key.push('\u{1f}');
         }
-        let actor = if needs.0 { self.actor.as_str() } else { "" };
-        canonical_json(&serde_json::json!([
-            self.door,
-            self.repository,
-            self.destination,
-            args,
-            self.label.to_string(),
-            actor
-        ]))
+        key.push_str(match (self.label.integrity, self.label.confidentiality) {
+            (crate::Integrity::Trusted, crate::Confidentiality::Public) => "tp",
+            (crate::Integrity::Trusted, crate::Confidentiality::Private) => "tq",
+            (crate::Integrity::Untrusted, crate::Confidentiality::Public) => "up",
+            (crate::Integrity::Untrusted, crate::Confidentiality::Private) => "uq",
+        });
+        match self.args.as_object() {
+            Some(o) => {
+                for (k, v) in o {
+                    if k == "commit" && !needs.1 {
+                        continue;
+                    }
+                    key.push('\u{1e}');
+                    key.push_str(k);
+                    key.push('\u{1f}');
+                    match v {
+                        serde_json::Value::String(t) => {
+                            key.push('s');
+                            key.push_str(t);
+                        }
+                        other => key.push_str(&canonical_json(other)),
+                    }
+                }
+            }
+            None => key.push_str(&canonical_json(&self.args)),
+        }
+        key
     }
 
     /// The routing: everything of the request but the commit.
@@ -496,7 +518,10 @@ fn broader_patterns(targets: &[String]) -> Vec<String> {
     let mut shared: Vec<&str> = Vec::new();
     for i in 0.. {
         let Some(first) = parts[0].get(i) else { break };
-        if parts.iter().all(|p| p.len() > i + 1 && p.get(i) == Some(first)) {
+        if parts
+            .iter()
+            .all(|p| p.len() > i + 1 && p.get(i) == Some(first))
+        {
             shared.push(first);
         } else {
             break;
@@ -517,7 +542,12 @@ fn broader_patterns(targets: &[String]) -> Vec<String> {
 }
 
 /// What a proposal makes irreversible, in a sentence.
-fn irreversible(door: &str, destination: &str, namespace: Option<&str>, targets: &[String]) -> String {
+fn irreversible(
+    door: &str,
+    destination: &str,
+    namespace: Option<&str>,
+    targets: &[String],
+) -> String {
     match (door, namespace) {
         ("push", Some(ns)) => format!(
             "pushes to branches under the {ns}/ namespace of {destination:?} without a person: a deletable branch namespace, but what is pushed is read by {destination:?}'s readers at once"
@@ -579,20 +609,21 @@ fn changes_for(
             reason: format!("narrowed by autonomy scope {id}: {summary}"),
         });
         let base = spec_of(w);
-        let piece = |suffix: String, doors: Vec<String>, tools: Vec<String>, extra: Vec<ClauseSpec>| {
-            let mut s = base.clone();
-            s.id = format!("{id}-ask{w_index}-{suffix}");
-            s.doors = doors;
-            s.tools = tools;
-            s.clauses.extend(extra);
-            s.reason = format!(
-                "{} (narrowed by autonomy scope {id})",
-                base.reason.trim_end_matches('.')
-            );
-            s.authority = format!("nightshift scopes adopt {id}; was rule {w_id}");
-            s.locked = true;
-            Rule::compile(s).map_err(|e| e.to_string())
-        };
+        let piece =
+            |suffix: String, doors: Vec<String>, tools: Vec<String>, extra: Vec<ClauseSpec>| {
+                let mut s = base.clone();
+                s.id = format!("{id}-ask{w_index}-{suffix}");
+                s.doors = doors;
+                s.tools = tools;
+                s.clauses.extend(extra);
+                s.reason = format!(
+                    "{} (narrowed by autonomy scope {id})",
+                    base.reason.trim_end_matches('.')
+                );
+                s.authority = format!("nightshift scopes adopt {id}; was rule {w_id}");
+                s.locked = true;
+                Rule::compile(s).map_err(|e| e.to_string())
+            };
         // Everything the ask covered on other doors and tools stays as it was.
         let other_doors: Vec<String> = w.doors().iter().filter(|d| *d != door).cloned().collect();
         let other_tools: Vec<String> = w.tools().iter().filter(|d| *d != door).cloned().collect();
@@ -608,7 +639,10 @@ fn changes_for(
             let mut extra: Vec<ClauseSpec> = region[..i].to_vec();
             extra.push(negate(&region[i]));
             let (doors, tools) = match (on_door, as_tool) {
-                (true, t) => (vec![door.to_owned()], if t { vec![door.to_owned()] } else { vec![] }),
+                (true, t) => (
+                    vec![door.to_owned()],
+                    if t { vec![door.to_owned()] } else { vec![] },
+                ),
                 (false, _) => (vec![], vec![door.to_owned()]),
             };
             changes.push(Change::Declare {
@@ -810,7 +844,10 @@ fn variants(r: &Record, destinations: &Destinations) -> Vec<Record> {
             parent.clone(),
             "refs/heads/main".to_owned(),
             "refs/heads/master".to_owned(),
-            format!("refs/heads/nightshift-variant/{}", t.rsplit('/').next().unwrap_or("")),
+            format!(
+                "refs/heads/nightshift-variant/{}",
+                t.rsplit('/').next().unwrap_or("")
+            ),
             format!("{t}\n"),
         ] {
             out.push(with(field, serde_json::Value::String(name)));
@@ -820,7 +857,11 @@ fn variants(r: &Record, destinations: &Destinations) -> Vec<Record> {
         out.push(with("force", serde_json::Value::Bool(true)));
         out.push(with("delete", serde_json::Value::Bool(true)));
     }
-    let dest_field = if r.door == "notify" { "destination" } else { "remote" };
+    let dest_field = if r.door == "notify" {
+        "destination"
+    } else {
+        "remote"
+    };
     for alias in destinations
         .keys()
         .map(String::as_str)
@@ -832,7 +873,10 @@ fn variants(r: &Record, destinations: &Destinations) -> Vec<Record> {
             out.push(v);
         }
     }
-    for repo in [format!("{}-nightshift-variant", r.repository), format!("{}/sub", r.repository)] {
+    for repo in [
+        format!("{}-nightshift-variant", r.repository),
+        format!("{}/sub", r.repository),
+    ] {
         let mut v = with("repository", serde_json::Value::String(repo.clone()));
         v.repository = repo;
         out.push(v);
@@ -848,8 +892,8 @@ pub fn propose<'a>(input: Input<'a>) -> Proposals {
     let mut out = Proposals::default();
     // Groups: door, repository, destination, and the namespace (or, for a
     // protected branch or a door without a ladder, the target itself).
-    let mut groups: BTreeMap<(String, String, String, String, bool), Vec<&Record>> =
-        BTreeMap::new();
+    #[allow(clippy::type_complexity)]
+    let mut groups: BTreeMap<(&str, &str, &str, String, bool), Vec<&Record>> = BTreeMap::new();
     for r in input.evidence {
         if !r.outcome.is_support() || r.door == "ask" {
             continue;
@@ -860,7 +904,7 @@ pub fn propose<'a>(input: Input<'a>) -> Proposals {
             _ => (target, false),
         };
         groups
-            .entry((r.door.clone(), r.repository.clone(), r.destination.clone(), group, ns))
+            .entry((&r.door, &r.repository, &r.destination, group, ns))
             .or_default()
             .push(r);
     }
@@ -868,7 +912,11 @@ pub fn propose<'a>(input: Input<'a>) -> Proposals {
     // Requests that judge alike are judged once: the same routing and label
     // (and actor and commit, when a rule names an actor or a commit).
     let needs = (
-        input.rules.entries().values().any(|e| e.rule.subject() != "*"),
+        input
+            .rules
+            .entries()
+            .values()
+            .any(|e| e.rule.subject() != "*"),
         input.rules.entries().values().any(|e| {
             e.rule
                 .clauses()
@@ -883,10 +931,22 @@ pub fn propose<'a>(input: Input<'a>) -> Proposals {
         }
         seen.into_values().collect()
     };
-    let blocked: Vec<&Record> = dedupe(&mut input.records.iter().filter(|r| r.outcome.is_blocked()));
+    let blocked: Vec<&Record> =
+        dedupe(&mut input.records.iter().filter(|r| r.outcome.is_blocked()));
+    let mut blocked_counts: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for r in input.records.iter().filter(|r| r.outcome.is_blocked()) {
+        *blocked_counts
+            .entry((r.door.as_str(), r.repository.as_str()))
+            .or_default() += 1;
+    }
     // Every distinct recorded request.
     let distinct: Vec<&Record> = dedupe(&mut input.records.iter());
     for ((door, repository, destination, group, ns), members) in groups {
+        let (door, repository, destination) = (
+            door.to_owned(),
+            repository.to_owned(),
+            destination.to_owned(),
+        );
         let decline = |why: String| Declined {
             door: door.clone(),
             repository: repository.clone(),
@@ -895,19 +955,31 @@ pub fn propose<'a>(input: Input<'a>) -> Proposals {
             why,
         };
         let Some(readers) = input.destinations.get(&destination).map(|d| d.readers) else {
-            out.declined
-                .push(decline("the destination is not configured by the owner".into()));
+            out.declined.push(decline(
+                "the destination is not configured by the owner".into(),
+            ));
             continue;
         };
         // Evidence: acts that would be asked now (not refused), whose content
         // their readers may read, never forced or deleting.
+        // Judged once per distinct request.
+        let mut judged: std::collections::HashMap<String, bool> = std::collections::HashMap::new();
         let mut support: Vec<&Record> = Vec::new();
+        let mut uniq: Vec<&Record> = Vec::new();
         for r in &members {
-            let j = judge_record(input.rules, input.destinations, r, input.clock);
-            let plain = r.args.get("force") != Some(&serde_json::Value::Bool(true))
-                && r.args.get("delete") != Some(&serde_json::Value::Bool(true));
-            if j.passage != Passage::Refused && plain && readable(r.label, readers) {
+            let key = r.judge_key(needs);
+            let fresh = !judged.contains_key(&key);
+            let ok = *judged.entry(key).or_insert_with(|| {
+                let j = judge_record(input.rules, input.destinations, r, input.clock);
+                let plain = r.args.get("force") != Some(&serde_json::Value::Bool(true))
+                    && r.args.get("delete") != Some(&serde_json::Value::Bool(true));
+                j.passage != Passage::Refused && plain && readable(r.label, readers)
+            });
+            if ok {
                 support.push(r);
+                if fresh {
+                    uniq.push(r);
+                }
             }
         }
         if !ns && !support.iter().any(|r| r.outcome.person_approved()) {
@@ -931,26 +1003,36 @@ pub fn propose<'a>(input: Input<'a>) -> Proposals {
             .map(|b| b.target())
             .collect();
         support.retain(|r| !bad_targets.contains(&r.target()));
+        uniq.retain(|r| !bad_targets.contains(&r.target()));
         if support.is_empty() {
             out.declined.push(decline(
                 "every act of this kind was rejected, expired or went stale at least once".into(),
             ));
             continue;
         }
-        let uniq: Vec<&Record> = dedupe(&mut support.iter().copied());
         // The asks that cover the evidence; a refuse is never narrowed.
         let mut asks: BTreeSet<RuleId> = BTreeSet::new();
         for r in &uniq {
             let req = r.request();
             for rule in input.rules.active(input.clock) {
                 if rule.effect() == Effect::Ask
-                    && matches!(applies(rule, &req), Applies::Yes(_) | Applies::StandsAside(..))
+                    && matches!(
+                        applies(rule, &req),
+                        Applies::Yes(_) | Applies::StandsAside(..)
+                    )
                 {
                     asks.insert(rule.id().clone());
                 }
             }
         }
         let asks: Vec<RuleId> = asks.into_iter().collect();
+        let evidence = evidence_of(
+            &support,
+            blocked_counts
+                .get(&(door.as_str(), repository.as_str()))
+                .copied()
+                .unwrap_or(0),
+        );
         let targets: Vec<String> = support
             .iter()
             .map(|r| r.target())
@@ -967,10 +1049,7 @@ pub fn propose<'a>(input: Input<'a>) -> Proposals {
             }
             "pull_request" => {
                 fixed.push(matches("remote", exact(&destination)));
-                let bases: BTreeSet<String> = support
-                    .iter()
-                    .map(|r| r.text("base"))
-                    .collect();
+                let bases: BTreeSet<String> = support.iter().map(|r| r.text("base")).collect();
                 let alts: Vec<String> = bases.iter().map(|b| regex::escape(b)).collect();
                 fixed.push(matches("base", format!("^(?:{})$", alts.join("|"))));
             }
@@ -1035,7 +1114,7 @@ pub fn propose<'a>(input: Input<'a>) -> Proposals {
                     &targets,
                 ),
                 changes,
-                evidence: evidence_of(&support, blocked_here.len()),
+                evidence: evidence.clone(),
                 delta: Vec::new(),
                 delta_unbounded: rung > 0,
                 safe: false,
@@ -1043,14 +1122,17 @@ pub fn propose<'a>(input: Input<'a>) -> Proposals {
             let next = match adopted(input.rules, &proposal) {
                 Ok(n) => n,
                 Err(why) => {
-                    out.declined.push(decline(format!("the engine would not take it: {why}")));
+                    out.declined
+                        .push(decline(format!("the engine would not take it: {why}")));
                     break;
                 }
             };
             // Every act of the evidence goes through under its allow.
             let allow_id = RuleId(format!("{id}-allow"));
             let takes_effect = uniq.iter().all(|r| {
-                judge_record(&next, input.destinations, r, input.clock).scope.as_ref()
+                judge_record(&next, input.destinations, r, input.clock)
+                    .scope
+                    .as_ref()
                     == Some(&allow_id)
             });
             if !takes_effect {
@@ -1061,7 +1143,13 @@ pub fn propose<'a>(input: Input<'a>) -> Proposals {
             }
             // Nothing blocked passes; a broader rung that would let one
             // through is not offered (nor anything above it).
-            let passes_blocked = blocked.iter().any(|b| {
+            // Only the new allow can newly carry an act: what it does not
+            // apply to is decided as before.
+            let Some(allow_rule) = next.entries().get(&allow_id).map(|e| e.rule.clone()) else {
+                break;
+            };
+            let newly = |r: &Record| !matches!(applies(&allow_rule, &r.request()), Applies::No);
+            let passes_blocked = blocked.iter().filter(|b| newly(b)).any(|b| {
                 judge_record(&next, input.destinations, b, input.clock).passage == Passage::Carried
             });
             if passes_blocked {
@@ -1072,15 +1160,21 @@ pub fn propose<'a>(input: Input<'a>) -> Proposals {
             }
             // The delta: every recorded routing and near variant that would
             // newly be carried out and that the evidence does not contain.
-            let known: BTreeSet<String> = support.iter().map(|r| r.routing_key()).collect();
+            let known: BTreeSet<String> = uniq.iter().map(|r| r.routing_key()).collect();
             let mut delta: BTreeSet<DeltaItem> = BTreeSet::new();
-            let mut candidates: Vec<(Record, &str)> =
-                distinct.iter().map(|r| ((*r).clone(), "recorded")).collect();
+            let mut candidates: Vec<(Record, &str)> = distinct
+                .iter()
+                .map(|r| ((*r).clone(), "recorded"))
+                .collect();
             for r in &uniq {
-                candidates.extend(variants(r, input.destinations).into_iter().map(|v| (v, "variant")));
+                candidates.extend(
+                    variants(r, input.destinations)
+                        .into_iter()
+                        .map(|v| (v, "variant")),
+                );
             }
             let mut unsafe_label = false;
-            for (c, source) in &candidates {
+            for (c, source) in candidates.iter().filter(|(c, _)| newly(c)) {
                 let after = judge_record(&next, input.destinations, c, input.clock);
                 if after.passage != Passage::Carried {
                     continue;
@@ -1129,7 +1223,10 @@ fn evidence_of(support: &[&Record], blocked_checked: usize) -> Evidence {
             .into_iter()
             .collect(),
         count: acts.len(),
-        approved: support.iter().filter(|r| r.outcome.person_approved()).count(),
+        approved: support
+            .iter()
+            .filter(|r| r.outcome.person_approved())
+            .count(),
         dry_runs: support.iter().filter(|r| r.outcome.is_dry()).count(),
         autonomous: support
             .iter()

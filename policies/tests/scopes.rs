@@ -43,8 +43,9 @@ fn rules(extra: u8) -> RuleSet {
         );
     }
     if !text.is_empty() {
-        let more = policies::rulefile::rule_set_from_files([(Path::new("extra.toml"), text.as_str())])
-            .unwrap();
+        let more =
+            policies::rulefile::rule_set_from_files([(Path::new("extra.toml"), text.as_str())])
+                .unwrap();
         for entry in more.entries().values() {
             set.apply(policies::Row::Declare {
                 rule: entry.rule.clone(),
@@ -58,9 +59,24 @@ fn rules(extra: u8) -> RuleSet {
 
 fn destinations() -> Destinations {
     Destinations::from([
-        ("origin".to_owned(), Destination { readers: Readers::Private }),
-        ("mirror".to_owned(), Destination { readers: Readers::Public }),
-        ("team".to_owned(), Destination { readers: Readers::Private }),
+        (
+            "origin".to_owned(),
+            Destination {
+                readers: Readers::Private,
+            },
+        ),
+        (
+            "mirror".to_owned(),
+            Destination {
+                readers: Readers::Public,
+            },
+        ),
+        (
+            "team".to_owned(),
+            Destination {
+                readers: Readers::Private,
+            },
+        ),
     ])
 }
 
@@ -300,9 +316,13 @@ fn agent_branches_are_proposed_and_main_is_not() {
     let rules = defaults();
     let dest = destinations();
     let mut records = Vec::new();
-    for (i, r) in ["refs/heads/agent/x1", "refs/heads/agent/x2", "refs/heads/main"]
-        .iter()
-        .enumerate()
+    for (i, r) in [
+        "refs/heads/agent/x1",
+        "refs/heads/agent/x2",
+        "refs/heads/main",
+    ]
+    .iter()
+    .enumerate()
     {
         records.push(Record {
             id: format!("d{i}"),

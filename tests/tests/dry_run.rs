@@ -37,7 +37,10 @@ fn a_dry_run_answers_as_a_real_run_and_queues_nothing() {
     let m = Morning::new();
     let run = dry_run(&m);
     let log = m.state.output_log(&run);
-    assert!(log.contains("first=0"), "the push is answered as queued: {log}");
+    assert!(
+        log.contains("first=0"),
+        "the push is answered as queued: {log}"
+    );
     assert!(
         log.contains("no-force-push-to-main") && !log.contains("second=0"),
         "the force push is refused with its rule: {log}"
@@ -79,7 +82,10 @@ fn a_dry_run_answers_as_a_real_run_and_queues_nothing() {
     assert_eq!(groups[1]["target"], "refs/heads/agent/<b>x");
     assert_eq!(groups[1]["acts"][0]["outcome"], "asked");
     assert_eq!(report["runs"][0]["dry_run"], true);
-    assert!(report["runs"][0]["caps"]["memory_bytes"].is_number(), "{report}");
+    assert!(
+        report["runs"][0]["caps"]["memory_bytes"].is_number(),
+        "{report}"
+    );
 
     let out = m.state.run(&["report", &run, "--format", "html"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -92,7 +98,10 @@ fn a_dry_run_answers_as_a_real_run_and_queues_nothing() {
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.contains("(dry run)"), "{text}");
-    assert!(text.contains("1 refused, 1 a person would have had to review"), "{text}");
+    assert!(
+        text.contains("1 refused, 1 a person would have had to review"),
+        "{text}"
+    );
 
     // An unknown run is bad input, named.
     let out = m.state.run(&["report", "nope"]);

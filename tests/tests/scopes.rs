@@ -89,7 +89,10 @@ fn dry_runs_propose_agent_branches_and_adoption_carries_them_out() {
     // Nothing proposed lets `main` through.
     for p in list {
         let text = p.to_string();
-        assert!(!p["targets"].to_string().contains("refs/heads/main"), "{text}");
+        assert!(
+            !p["targets"].to_string().contains("refs/heads/main"),
+            "{text}"
+        );
     }
     let declined = proposals["declined"].to_string();
     assert!(declined.contains("refs/heads/main"), "{declined}");
@@ -121,9 +124,10 @@ fn dry_runs_propose_agent_branches_and_adoption_carries_them_out() {
         .filter(|c| c["after"] == "carried")
         .collect();
     assert_eq!(carried.len(), 3, "{diff}");
-    assert!(carried
-        .iter()
-        .all(|c| c["target"].as_str().unwrap().starts_with("refs/heads/agent/")));
+    assert!(carried.iter().all(|c| c["target"]
+        .as_str()
+        .unwrap()
+        .starts_with("refs/heads/agent/")));
 
     // Adoption needs the owner's key.
     let out = m.state.run(&["scopes", "adopt", id]);
@@ -133,7 +137,10 @@ fn dry_runs_propose_agent_branches_and_adoption_carries_them_out() {
     let adopted = audit(&m, "scope_adopted");
     assert_eq!(adopted.len(), 1);
     assert_eq!(adopted[0]["proposal"], id);
-    assert_eq!(adopted[0]["retired"], serde_json::json!(["ask-before-push"]));
+    assert_eq!(
+        adopted[0]["retired"],
+        serde_json::json!(["ask-before-push"])
+    );
 
     // A real run: the agent branch goes through without asking, main waits.
     let real = run(&m, false, &script("fix-4"));
@@ -182,8 +189,13 @@ fn a_refused_proposal_is_not_offered_again() {
     let m = Morning::new();
     run(&m, true, &script("only"));
     let proposals = propose(&m);
-    let first = proposals["proposals"][0]["id"].as_str().unwrap().to_string();
-    let out = m.state.run(&["scopes", "refuse", &first, "--why", "not yet"]);
+    let first = proposals["proposals"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = m
+        .state
+        .run(&["scopes", "refuse", &first, "--why", "not yet"]);
     assert!(!out.status.success(), "refusing needs the owner's key");
     let out = m.as_owner(&["scopes", "refuse", &first, "--why", "not yet"]);
     assert!(out.status.success(), "{}", stderr(&out));

@@ -764,3 +764,38 @@ fn error_messages_are_lowercase_and_name_the_act() {
         "act act-1 is already executing attempt 1: second start refused"
     );
 }
+
+#[test]
+fn a_scope_approves_ahead_of_time_only_a_pending_act_and_only_its_digest() {
+    let under = |digest: String, now| Event::ApproveUnderScope {
+        digest,
+        scope: "s1-allow".into(),
+        now,
+        ttl_secs: 300,
+    };
+    let (next, effects) = run(&State::Pending, &under(act_digest(&act()), 200)).unwrap();
+    let State::Approved { approval } = &next else {
+        panic!("not approved: {next:?}");
+    };
+    assert_eq!(approval.by, "scope s1-allow");
+    let Effect::Audit(entry) = &effects[0] else {
+        panic!("no audit entry first");
+    };
+    assert_eq!(entry.fields["by"], "scope s1-allow");
+    assert_eq!(entry.fields["event"], "approve_under_scope");
+    let mut other = act();
+    other.content = Content::Commit {
+        commit: "evil".into(),
+    };
+    assert!(matches!(
+        run(&State::Pending, &under(act_digest(&other), 200)),
+        Err(TransitionError::DigestMismatch { .. })
+    ));
+    assert!(matches!(
+        run(&next, &under(act_digest(&act()), 250)),
+        Err(TransitionError::NotAllowed { .. })
+    ));
+    // A late one ends the act, as a late approval does.
+    let (late, _) = run(&State::Pending, &under(act_digest(&act()), 1_000)).unwrap();
+    assert_eq!(late.name(), "expired");
+}
