@@ -564,7 +564,11 @@ impl ForgeServer {
         let handler: Handler = Arc::new(move |req: Incoming| {
             let authorized = req.header(AUTHORIZATION).as_deref() == Some(expected.as_str());
             push_log(&seen, req.record(authorized));
-            let segments: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+            let mut segments: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+            // GitLab's API lives under /api/v4, Gitea's under /api/v1.
+            if segments.len() > 2 && segments[0] == "api" {
+                segments.drain(..2);
+            }
             let host = req.header("host").unwrap_or_default();
             let query = req.query.clone().unwrap_or_default();
             let param = |k: &str| {
@@ -850,4 +854,122 @@ impl NotifyServer {
     pub fn requests(&self) -> Vec<Recorded> {
         read_log(&self.log)
     }
+}
+
+/// A real OpenSSH server (Debian's `/usr/sbin/sshd`) on a loopback port,
+/// with its own config, host key and authorized key under a temporary
+/// directory, serving git over SSH to the user the tests run as. Stopped
+/// (killed) when dropped.
+#[derive(Debug)]
+pub struct SshServer {
+    child: std::process::Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl SshServer {
+    /// Starts sshd accepting `authorized_key` (an OpenSSH public key line).
+    pub fn start(authorized_key: &str) -> SshServer {
+        let dir = tempfile::tempdir().expect("sshd dir");
+        let host_key = dir.path().join("host_ed25519");
+        ssh_keygen(&host_key);
+        std::fs::write(dir.path().join("authorized_keys"), authorized_key)
+            .expect("authorized_keys");
+        // sshd's privilege separation directory.
+        let _ = std::fs::create_dir_all("/run/sshd");
+        let user = login_name();
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let config = dir.path().join("sshd_config");
+            std::fs::write(
+                &config,
+                format!(
+                    "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nPidFile {}/sshd.pid\n\
+                     AuthorizedKeysFile {}/authorized_keys\nStrictModes no\nUsePAM no\n\
+                     PasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+                     PubkeyAuthentication yes\nPermitRootLogin prohibit-password\nAllowUsers {user}\n\
+                     LogLevel ERROR\n",
+                    host_key.display(),
+                    dir.path().display(),
+                    dir.path().display(),
+                ),
+            )
+            .expect("sshd_config");
+            let mut child = std::process::Command::new("/usr/sbin/sshd")
+                .arg("-D")
+                .arg("-e")
+                .arg("-f")
+                .arg(&config)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("starting /usr/sbin/sshd (Debian's openssh-server)");
+            for _ in 0..100 {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return SshServer { child, port, dir };
+                }
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("sshd did not start on loopback");
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its host key, as a known_hosts line for `[127.0.0.1]:port`.
+    pub fn known_hosts_line(&self) -> String {
+        let public = std::fs::read_to_string(self.dir.path().join("host_ed25519.pub"))
+            .expect("host key");
+        let mut fields = public.split_whitespace();
+        let (kind, key) = (fields.next().unwrap_or_default(), fields.next().unwrap_or_default());
+        format!("[127.0.0.1]:{} {kind} {key}\n", self.port)
+    }
+
+    /// The `ssh://` URL of a repository at an absolute path.
+    pub fn url(&self, repo: &Path) -> String {
+        let user = login_name();
+        format!("ssh://{user}@127.0.0.1:{}{}", self.port, repo.display())
+    }
+}
+
+impl Drop for SshServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The name of the user the tests run as.
+pub fn login_name() -> String {
+    nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| "root".into())
+}
+
+/// Makes an ed25519 key pair at `path` and `path.pub` (no passphrase).
+pub fn ssh_keygen(path: &Path) {
+    let out = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "nightshift-test", "-f"])
+        .arg(path)
+        .output()
+        .expect("running ssh-keygen");
+    assert!(
+        out.status.success(),
+        "ssh-keygen: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
