@@ -20,6 +20,7 @@ pub mod policy;
 pub mod run;
 pub mod sandbox;
 pub mod store;
+pub mod summary;
 pub mod terminal;
 
 /// Exit codes of the `nightshift` binary (documented in README.md).
