@@ -268,7 +268,8 @@ pub enum Trigger {
     RunEnded,
     /// `nightshift summary --due`: send if `at` has passed today.
     Due,
-    /// `nightshift summary --send`: send now.
+    /// `nightshift summary --send`: send now (whatever the time and the
+    /// runs still active), if runs ended since the last one.
     Now,
 }
 
@@ -320,7 +321,7 @@ pub fn send(root: &Path, trigger: Trigger) -> Result<Sending, String> {
         Trigger::Now => {}
     }
     let summary = gather(&store, config.review.as_deref())?;
-    if summary.run_ids.is_empty() && trigger != Trigger::Now {
+    if summary.run_ids.is_empty() {
         return Ok(Sending::Skipped("no run ended since the last summary"));
     }
     let covered_until = store
