@@ -1900,7 +1900,13 @@ fn destinations_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
                 outln!("{}", terminal::json(&listed, true));
                 return Ok(exit::OK);
             }
-            outln!("{:<20}  {:<8}  {:<8}  {:<8}  URL", "ALIAS", "TABLE", "KIND", "READERS");
+            outln!(
+                "{:<20}  {:<8}  {:<8}  {:<8}  URL",
+                "ALIAS",
+                "TABLE",
+                "KIND",
+                "READERS"
+            );
             for l in listed {
                 outln!(
                     "{:<20}  {:<8}  {:<8}  {:<8}  {}",

@@ -160,7 +160,8 @@ fn counts(map: &BTreeMap<&'static str, u64>) -> String {
 /// The summary as text: counts and ids only.
 pub fn render(s: &Summary) -> String {
     let total: u64 = s.runs.values().sum();
-    let waiting = s.acts.get("pending").copied().unwrap_or(0) + s.acts.get("stale").copied().unwrap_or(0);
+    let waiting =
+        s.acts.get("pending").copied().unwrap_or(0) + s.acts.get("stale").copied().unwrap_or(0);
     let audit = match (s.audit.intact, s.audit.entries, s.audit.first_bad_entry) {
         (true, Some(n), _) => format!("intact ({n} entries)"),
         (true, None, _) => "intact".to_string(),
@@ -228,7 +229,7 @@ pub fn gather(store: &Store, review: Option<&str>) -> Result<Summary, String> {
         ) {
             Ok(v) => AuditState {
                 intact: true,
-                entries: Some(v.entries as u64),
+                entries: Some(v.entries),
                 first_bad_entry: None,
             },
             Err(e) => AuditState {
@@ -300,9 +301,14 @@ pub fn send(root: &Path, trigger: Trigger) -> Result<Sending, String> {
     let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| format!("locking {}: {e}", lock_path.display()))?;
     let store = Store::open(StatePaths::new(root.to_path_buf())).map_err(|e| e.to_string())?;
-    let at = config.at.as_deref().and_then(orchestrator_executors::parse_hhmm);
+    let at = config
+        .at
+        .as_deref()
+        .and_then(orchestrator_executors::parse_hhmm);
     match trigger {
-        Trigger::RunEnded if at.is_some() => return Ok(Sending::Skipped("sent at the configured time")),
+        Trigger::RunEnded if at.is_some() => {
+            return Ok(Sending::Skipped("sent at the configured time"))
+        }
         Trigger::RunEnded => {
             let runs = store.runs().map_err(|e| e.to_string())?;
             if runs.iter().any(|r| outcome(&r.status) == "running") {
@@ -392,7 +398,7 @@ mod tests {
             "killed: memory cap 512 MiB (peak 600 MiB, OOM)",
             "killed: by operator",
             &format!("import failed: {SENTINEL}"),
-            &format!("{SENTINEL}"),
+            SENTINEL,
         ];
         let runs: Vec<RunRecord> = statuses
             .iter()
@@ -438,7 +444,13 @@ mod tests {
             entries: None,
             first_bad_entry: Some(4),
         };
-        let s = compose(&runs, Some("2026-01-01T02:00:00Z"), &[], audit, Some("https://dash/"));
+        let s = compose(
+            &runs,
+            Some("2026-01-01T02:00:00Z"),
+            &[],
+            audit,
+            Some("https://dash/"),
+        );
         assert_eq!(s.run_ids, vec!["b".to_string()]);
         assert_eq!(s.runs["failed"], 1);
         let text = render(&s);

@@ -113,7 +113,9 @@ impl TestCa {
         let key = rcgen::KeyPair::generate().expect("CA key");
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
         let cert = params.self_signed(&key).expect("CA certificate");
         TestCa { cert, key }
     }
@@ -578,7 +580,10 @@ impl ForgeServer {
             };
             let json = |status: StatusCode, body: String| respond(status, "application/json", body);
             let mut wait = Duration::ZERO;
-            let create = |head: String, base: String, wait: &mut Duration| -> Result<(OpenPr, u16), (StatusCode, String)> {
+            let create = |head: String,
+                          base: String,
+                          wait: &mut Duration|
+             -> Result<(OpenPr, u16), (StatusCode, String)> {
                 let sha = bare.as_ref().map(|b| branch_value(b, &head));
                 let mut open = held.lock().unwrap_or_else(|p| p.into_inner());
                 if matches!(sha, Some(None)) {
@@ -590,15 +595,26 @@ impl ForgeServer {
                 }
                 if let Some(prior) = open.iter().find(|p| p.head == head && p.base == base) {
                     return Err(match shape {
-                        ForgeShape::Github => (StatusCode::UNPROCESSABLE_ENTITY, format!(
-                            r#"{{"message": "Validation Failed", "errors": [{{"resource": "PullRequest", "code": "custom", "message": "A pull request already exists for owner:{head}."}}]}}"#
-                        )),
-                        ForgeShape::Gitlab => (StatusCode::CONFLICT, format!(
-                            r#"{{"message": ["Another open merge request already exists for this source branch: !{}"]}}"#, prior.number
-                        )),
-                        ForgeShape::Gitea => (StatusCode::CONFLICT, format!(
-                            r#"{{"message": "pull request already exists for these targets [id: {n}, issue_id: {n}, head_repo_id: 1, base_repo_id: 1, head_branch: {head}, base_branch: {base}]", "url": ""}}"#, n = prior.number
-                        )),
+                        ForgeShape::Github => (
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            format!(
+                                r#"{{"message": "Validation Failed", "errors": [{{"resource": "PullRequest", "code": "custom", "message": "A pull request already exists for owner:{head}."}}]}}"#
+                            ),
+                        ),
+                        ForgeShape::Gitlab => (
+                            StatusCode::CONFLICT,
+                            format!(
+                                r#"{{"message": ["Another open merge request already exists for this source branch: !{}"]}}"#,
+                                prior.number
+                            ),
+                        ),
+                        ForgeShape::Gitea => (
+                            StatusCode::CONFLICT,
+                            format!(
+                                r#"{{"message": "pull request already exists for these targets [id: {n}, issue_id: {n}, head_repo_id: 1, base_repo_id: 1, head_branch: {head}, base_branch: {base}]", "url": ""}}"#,
+                                n = prior.number
+                            ),
+                        ),
                     });
                 }
                 let pr = OpenPr {
@@ -651,13 +667,19 @@ impl ForgeServer {
                     }
                     .into(),
                 ),
-                (ForgeShape::Github | ForgeShape::Gitea, "POST", ["repos", owner, repo, "pulls"]) => {
+                (
+                    ForgeShape::Github | ForgeShape::Gitea,
+                    "POST",
+                    ["repos", owner, repo, "pulls"],
+                ) => {
                     let asked: serde_json::Value =
                         serde_json::from_slice(&req.body).unwrap_or_default();
                     let head = asked["head"].as_str().unwrap_or_default().to_string();
                     let base = asked["base"].as_str().unwrap_or_default().to_string();
                     match create(head, base, &mut wait) {
-                        Ok((pr, _)) => json(StatusCode::CREATED, github_pr(owner, repo, &pr).to_string()),
+                        Ok((pr, _)) => {
+                            json(StatusCode::CREATED, github_pr(owner, repo, &pr).to_string())
+                        }
                         Err((status, body)) => json(status, body),
                     }
                 }
@@ -674,7 +696,10 @@ impl ForgeServer {
                     // Every open one on page 1: Gitea has no head filter.
                     let page: u32 = param("page").and_then(|p| p.parse().ok()).unwrap_or(1);
                     let list: Vec<_> = if page == 1 {
-                        listed(None, None).iter().map(|p| github_pr(owner, repo, p)).collect()
+                        listed(None, None)
+                            .iter()
+                            .map(|p| github_pr(owner, repo, p))
+                            .collect()
                     } else {
                         Vec::new()
                     };
@@ -683,10 +708,18 @@ impl ForgeServer {
                 (ForgeShape::Gitlab, "POST", ["projects", project, "merge_requests"]) => {
                     let asked: serde_json::Value =
                         serde_json::from_slice(&req.body).unwrap_or_default();
-                    let head = asked["source_branch"].as_str().unwrap_or_default().to_string();
-                    let base = asked["target_branch"].as_str().unwrap_or_default().to_string();
+                    let head = asked["source_branch"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    let base = asked["target_branch"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
                     match create(head, base, &mut wait) {
-                        Ok((pr, _)) => json(StatusCode::CREATED, gitlab_mr(project, &pr).to_string()),
+                        Ok((pr, _)) => {
+                            json(StatusCode::CREATED, gitlab_mr(project, &pr).to_string())
+                        }
                         Err((status, body)) => json(status, body),
                     }
                 }
@@ -930,10 +963,13 @@ impl SshServer {
 
     /// Its host key, as a known_hosts line for `[127.0.0.1]:port`.
     pub fn known_hosts_line(&self) -> String {
-        let public = std::fs::read_to_string(self.dir.path().join("host_ed25519.pub"))
-            .expect("host key");
+        let public =
+            std::fs::read_to_string(self.dir.path().join("host_ed25519.pub")).expect("host key");
         let mut fields = public.split_whitespace();
-        let (kind, key) = (fields.next().unwrap_or_default(), fields.next().unwrap_or_default());
+        let (kind, key) = (
+            fields.next().unwrap_or_default(),
+            fields.next().unwrap_or_default(),
+        );
         format!("[127.0.0.1]:{} {kind} {key}\n", self.port)
     }
 
@@ -963,7 +999,16 @@ pub fn login_name() -> String {
 /// Makes an ed25519 key pair at `path` and `path.pub` (no passphrase).
 pub fn ssh_keygen(path: &Path) {
     let out = std::process::Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", "nightshift-test", "-f"])
+        .args([
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-C",
+            "nightshift-test",
+            "-f",
+        ])
         .arg(path)
         .output()
         .expect("running ssh-keygen");

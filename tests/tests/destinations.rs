@@ -99,7 +99,10 @@ fn every_problem_of_the_file_is_named_by_file_line_and_alias() {
             "token_file = \"/etc/t\"\n\n[remotes.ok]",
             "token_file = \"/etc/t\"\ninsecure = true\n\n[remotes.ok]",
         )
-        .replace("ssh_agent = true\n", "ssh_agent = true\nknown_hosts = \"/k\"\n");
+        .replace(
+            "ssh_agent = true\n",
+            "ssh_agent = true\nknown_hosts = \"/k\"\n",
+        );
     std::fs::write(&file, fixed).unwrap();
     let out = state.run(&["destinations"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -208,17 +211,25 @@ fn a_night_over_tls_reaches_its_remote_and_its_summary_arrives_once_without_agen
     let summary = &posts[0];
     assert!(summary.authorized, "the receiver verified the signature");
     let body = String::from_utf8_lossy(&summary.body).to_string();
-    assert!(!body.contains("SENTINEL"), "agent text in the summary: {body}");
+    assert!(
+        !body.contains("SENTINEL"),
+        "agent text in the summary: {body}"
+    );
     let v = summary.json();
     assert_eq!(v["event"], "summary");
     assert_eq!(v["data"]["run_ids"], serde_json::json!([run_id]));
     assert_eq!(v["data"]["acts"]["pending"], 2);
     assert_eq!(v["data"]["audit"]["intact"], true);
-    assert!(v["text"].as_str().unwrap().contains("review: nightshift queue"));
+    assert!(v["text"]
+        .as_str()
+        .unwrap()
+        .contains("review: nightshift queue"));
 
     // Approved, the first push lands over TLS with the token.
     let one = push_act(&n, "refs/heads/agent/one");
-    let out = n.state.run(&["approve", &one, "--owner-key-file", n.key.to_str().unwrap()]);
+    let out = n
+        .state
+        .run(&["approve", &one, "--owner-key-file", n.key.to_str().unwrap()]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     assert!(remote_ref(&n.bare, "refs/heads/agent/one").is_some());
     assert!(n
@@ -237,11 +248,23 @@ fn a_night_over_tls_reaches_its_remote_and_its_summary_arrives_once_without_agen
     git(other.path(), &["commit", "-qm", "someone else"]);
     git(
         other.path(),
-        &["push", "-q", n.bare.to_str().unwrap(), &format!("HEAD:{two_ref}")],
+        &[
+            "push",
+            "-q",
+            n.bare.to_str().unwrap(),
+            &format!("HEAD:{two_ref}"),
+        ],
     );
     let theirs = remote_ref(&n.bare, &two_ref);
-    let out = n.state.run(&["approve", &two, "--owner-key-file", n.key.to_str().unwrap()]);
-    assert!(stdout(&out).contains("stale"), "{}{}", stdout(&out), stderr(&out));
+    let out = n
+        .state
+        .run(&["approve", &two, "--owner-key-file", n.key.to_str().unwrap()]);
+    assert!(
+        stdout(&out).contains("stale"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
     assert_eq!(remote_ref(&n.bare, &two_ref), theirs);
 
     // Once: asked again with no run ended since, nothing is sent.

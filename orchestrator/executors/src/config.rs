@@ -231,14 +231,18 @@ impl Location {
             return ssh_location(user, host, port);
         }
         if url.contains("://") {
-            return Err("must start with https://, http://, ssh:// or file://, or be user@host:path");
+            return Err(
+                "must start with https://, http://, ssh:// or file://, or be user@host:path",
+            );
         }
         // scp-like: [user@]host:path (git's own rule: a colon before any slash).
         let (before, path) = url
             .split_once(':')
             .ok_or("must start with https://, http://, ssh:// or file://, or be user@host:path")?;
         if before.contains('/') || path.is_empty() {
-            return Err("must start with https://, http://, ssh:// or file://, or be user@host:path");
+            return Err(
+                "must start with https://, http://, ssh:// or file://, or be user@host:path",
+            );
         }
         let (user, host) = match before.rsplit_once('@') {
             Some((u, h)) => (Some(u), h),
@@ -280,8 +284,7 @@ fn ssh_location(user: Option<&str>, host: &str, port: u16) -> Result<Location, &
     let word = |s: &str| {
         !s.is_empty()
             && !s.starts_with('-')
-            && s
-                .bytes()
+            && s.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
     };
     if !word(host) {
@@ -289,7 +292,9 @@ fn ssh_location(user: Option<&str>, host: &str, port: u16) -> Result<Location, &
     }
     if let Some(u) = user {
         if !word(u) || u.contains(':') {
-            return Err("the SSH user must be a plain name without ':' (a password never goes in a URL)");
+            return Err(
+                "the SSH user must be a plain name without ':' (a password never goes in a URL)",
+            );
         }
     }
     if port == 0 {
@@ -632,9 +637,8 @@ impl Destinations {
                 }
             };
             let http_credential = remote.password_file.is_some() || remote.token_file.is_some();
-            let ssh_fields = remote.ssh_key_file.is_some()
-                || remote.ssh_agent
-                || remote.known_hosts.is_some();
+            let ssh_fields =
+                remote.ssh_key_file.is_some() || remote.ssh_agent || remote.known_hosts.is_some();
             if remote.password_file.is_some() && remote.token_file.is_some() {
                 bad("password_file and token_file are exclusive".into());
             }
@@ -651,12 +655,10 @@ impl Destinations {
                         bad("an ssh remote takes ssh_key_file or ssh_agent and known_hosts, not password_file, token_file, ca_file or insecure".into());
                     }
                     match (&remote.ssh_key_file, remote.ssh_agent) {
-                        (Some(_), true) => {
-                            bad("ssh_key_file and ssh_agent are exclusive".into())
+                        (Some(_), true) => bad("ssh_key_file and ssh_agent are exclusive".into()),
+                        (None, false) => {
+                            bad("an ssh remote needs ssh_key_file or ssh_agent = true".into())
                         }
-                        (None, false) => bad(
-                            "an ssh remote needs ssh_key_file or ssh_agent = true".into(),
-                        ),
                         _ => {}
                     }
                     if remote.known_hosts.is_none() {
@@ -731,7 +733,8 @@ impl Destinations {
             }
             match (&endpoint.url, &endpoint.url_file) {
                 (Some(url), None) => {
-                    let credential = endpoint.token_file.is_some() || endpoint.secret_file.is_some();
+                    let credential =
+                        endpoint.token_file.is_some() || endpoint.secret_file.is_some();
                     if let Err(why) = check_url(url) {
                         bad(format!("url: {why}"));
                     } else if let Err(why) = check_clear(url, credential, endpoint.insecure) {
@@ -745,9 +748,9 @@ impl Destinations {
                 bad(why.into());
             }
             match endpoint.kind {
-                NotifyKind::Webhook if endpoint.secret_file.is_none() => bad(
-                    "a webhook needs secret_file: the key of its HMAC-SHA256 signature".into(),
-                ),
+                NotifyKind::Webhook if endpoint.secret_file.is_none() => {
+                    bad("a webhook needs secret_file: the key of its HMAC-SHA256 signature".into())
+                }
                 NotifyKind::Plain | NotifyKind::Slack if endpoint.secret_file.is_some() => {
                     bad("secret_file is for kind = \"webhook\"".into())
                 }
@@ -843,15 +846,16 @@ fn table_line(text: &str, table: &str, alias: &str) -> Option<usize> {
     } else {
         format!("[{table}.{alias}]")
     };
-    text.lines().position(|line| {
-        let line = line.split('#').next().unwrap_or_default();
-        let norm: String = line
-            .chars()
-            .filter(|c| !c.is_whitespace() && *c != '"' && *c != '\'')
-            .collect();
-        norm == want
-    })
-    .map(|i| i + 1)
+    text.lines()
+        .position(|line| {
+            let line = line.split('#').next().unwrap_or_default();
+            let norm: String = line
+                .chars()
+                .filter(|c| !c.is_whitespace() && *c != '"' && *c != '\'')
+                .collect();
+            norm == want
+        })
+        .map(|i| i + 1)
 }
 
 /// Refuses a credential on a plain `http://` URL that is not loopback,
@@ -990,12 +994,17 @@ mod tests {
     #[test]
     fn a_credential_on_plain_http_beyond_loopback_is_refused_unless_insecure() {
         let remote = |url: &str, extra: &str| {
-            format!("[remotes.o]\nurl = \"{url}\"\nreaders = \"public\"\ntoken_file = \"/t\"\n{extra}")
+            format!(
+                "[remotes.o]\nurl = \"{url}\"\nreaders = \"public\"\ntoken_file = \"/t\"\n{extra}"
+            )
         };
         let err = Destinations::parse(&remote("http://git.example.com/r.git", ""), "d.toml")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("travel in clear") && err.contains("[remotes.o]"), "{err}");
+        assert!(
+            err.contains("travel in clear") && err.contains("[remotes.o]"),
+            "{err}"
+        );
         assert!(err.contains("line 1"), "{err}");
         for ok in [
             remote("http://127.0.0.1:8080/r.git", ""),
@@ -1010,8 +1019,13 @@ mod tests {
         }
         let forge = "[remotes.o]\nurl = \"https://h/r\"\nreaders = \"public\"\n\
                      [forges.f]\napi = \"http://api.example.com\"\nrepo = \"o/n\"\nremote = \"o\"\ntoken_file = \"/t\"\nreaders = \"public\"\n";
-        let err = Destinations::parse(forge, "d.toml").unwrap_err().to_string();
-        assert!(err.contains("[forges.f]: api") && err.contains("line 4"), "{err}");
+        let err = Destinations::parse(forge, "d.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("[forges.f]: api") && err.contains("line 4"),
+            "{err}"
+        );
         let hook = "[notify.n]\nkind = \"webhook\"\nurl = \"http://hooks.example.com/x\"\nreaders = \"public\"\nsecret_file = \"/s\"\n";
         let err = Destinations::parse(hook, "d.toml").unwrap_err().to_string();
         assert!(err.contains("travel in clear"), "{err}");
@@ -1044,16 +1058,30 @@ mod tests {
             (ssh("git@h:r.git", "ssh_key_file = \"/k\"\n"), "known_hosts"),
             (ssh("git@h:r.git", "known_hosts = \"/kh\"\n"), "ssh_agent"),
             (
-                ssh("git@h:r.git", "ssh_agent = true\nssh_key_file = \"/k\"\nknown_hosts = \"/kh\"\n"),
+                ssh(
+                    "git@h:r.git",
+                    "ssh_agent = true\nssh_key_file = \"/k\"\nknown_hosts = \"/kh\"\n",
+                ),
                 "exclusive",
             ),
-            (ssh("git@h:r.git", "token_file = \"/t\"\nssh_agent = true\nknown_hosts = \"/kh\"\n"), "not password_file"),
+            (
+                ssh(
+                    "git@h:r.git",
+                    "token_file = \"/t\"\nssh_agent = true\nknown_hosts = \"/kh\"\n",
+                ),
+                "not password_file",
+            ),
             (ssh("-oProxyCommand=x:r.git", good), "never start with -"),
             (ssh("ssh://h:x/r", good), "port"),
-            (ssh("https://h/r", "known_hosts = \"/kh\"\n"), "for ssh remotes"),
+            (
+                ssh("https://h/r", "known_hosts = \"/kh\"\n"),
+                "for ssh remotes",
+            ),
         ];
         for (text, expect) in cases {
-            let err = Destinations::parse(&text, "d.toml").unwrap_err().to_string();
+            let err = Destinations::parse(&text, "d.toml")
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(expect), "{text}: {err}");
         }
     }
@@ -1072,9 +1100,18 @@ mod tests {
         assert_eq!(origin, "/etc/d.toml");
         let shown: Vec<String> = problems.iter().map(Problem::to_string).collect();
         assert_eq!(problems.len(), 4, "{shown:?}");
-        assert!(shown[0].starts_with("line 6: [remotes.bad]: url"), "{shown:?}");
-        assert!(shown[1].starts_with("line 10: [notify.hook]: a webhook needs secret_file"), "{shown:?}");
-        assert!(shown[2].starts_with("line 15: [summary]: notify"), "{shown:?}");
+        assert!(
+            shown[0].starts_with("line 6: [remotes.bad]: url"),
+            "{shown:?}"
+        );
+        assert!(
+            shown[1].starts_with("line 10: [notify.hook]: a webhook needs secret_file"),
+            "{shown:?}"
+        );
+        assert!(
+            shown[2].starts_with("line 15: [summary]: notify"),
+            "{shown:?}"
+        );
         assert!(shown[3].contains("HH:MM"), "{shown:?}");
         assert!(err.to_string().contains("/etc/d.toml"));
     }

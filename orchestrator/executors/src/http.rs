@@ -103,8 +103,8 @@ pub struct UreqPost;
 
 impl UreqPost {
     fn agent(request: &HttpRequest<'_>) -> Result<ureq::Agent, TransportError> {
-        let tls =
-            crate::tls::ureq_tls(request.ca_file).map_err(|e| TransportError::Tls(e.to_string()))?;
+        let tls = crate::tls::ureq_tls(request.ca_file)
+            .map_err(|e| TransportError::Tls(e.to_string()))?;
         Ok(ureq::Agent::config_builder()
             .timeout_global(Some(request.timeout))
             .http_status_as_error(false)

@@ -159,11 +159,23 @@ mod tests {
         let other = blob("ssh-ed25519", b"other");
         let rsa = blob("ssh-rsa", b"rsa");
         let file = line("git.example,10.0.0.1", &ours) + &line("[127.0.0.1]:2222", &ours);
-        assert_eq!(check(&file, "git.example", 22, &ours), HostKeyVerdict::Known);
+        assert_eq!(
+            check(&file, "git.example", 22, &ours),
+            HostKeyVerdict::Known
+        );
         assert_eq!(check(&file, "10.0.0.1", 22, &ours), HostKeyVerdict::Known);
-        assert_eq!(check(&file, "127.0.0.1", 2222, &ours), HostKeyVerdict::Known);
-        assert_eq!(check(&file, "127.0.0.1", 22, &ours), HostKeyVerdict::Unknown);
-        assert_eq!(check(&file, "git.example", 22, &other), HostKeyVerdict::Changed);
+        assert_eq!(
+            check(&file, "127.0.0.1", 2222, &ours),
+            HostKeyVerdict::Known
+        );
+        assert_eq!(
+            check(&file, "127.0.0.1", 22, &ours),
+            HostKeyVerdict::Unknown
+        );
+        assert_eq!(
+            check(&file, "git.example", 22, &other),
+            HostKeyVerdict::Changed
+        );
         assert_eq!(
             check(&file, "git.example", 22, &rsa),
             HostKeyVerdict::OtherType {
@@ -191,8 +203,14 @@ mod tests {
             b64.encode(mac.finalize().into_bytes())
         );
         let file = line(&hashed, &ours);
-        assert_eq!(check(&file, "127.0.0.1", 2222, &ours), HostKeyVerdict::Known);
-        assert_eq!(check(&file, "127.0.0.2", 2222, &ours), HostKeyVerdict::Unknown);
+        assert_eq!(
+            check(&file, "127.0.0.1", 2222, &ours),
+            HostKeyVerdict::Known
+        );
+        assert_eq!(
+            check(&file, "127.0.0.2", 2222, &ours),
+            HostKeyVerdict::Unknown
+        );
         let revoked = format!("@revoked {}", line("h", &ours));
         assert_eq!(check(&revoked, "h", 22, &ours), HostKeyVerdict::Revoked);
         let ca = format!("@cert-authority {}", line("h", &ours));

@@ -24,7 +24,9 @@ use std::time::Duration;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use crate::config::{check_url, warn_if_clear, NotifyConfig, NotifyKind, DEFAULT_HTTP_TIMEOUT_SECS};
+use crate::config::{
+    check_url, warn_if_clear, NotifyConfig, NotifyKind, DEFAULT_HTTP_TIMEOUT_SECS,
+};
 use crate::error::{excerpt, ExecError};
 use crate::forge::{status_retryable, transport_error};
 use crate::http::{HttpPost, HttpRequest, UreqPost};
@@ -115,7 +117,14 @@ pub fn send_with(
     message: &Message<'_>,
 ) -> Result<NotifyOutcome, ExecError> {
     let body = match endpoint.kind {
-        NotifyKind::Plain => return post(http, endpoint, message.text.as_bytes(), "text/plain; charset=utf-8"),
+        NotifyKind::Plain => {
+            return post(
+                http,
+                endpoint,
+                message.text.as_bytes(),
+                "text/plain; charset=utf-8",
+            )
+        }
         NotifyKind::Slack => serde_json::json!({ "text": message.text }),
         NotifyKind::Webhook => {
             let sent_at = time::OffsetDateTime::now_utc()
@@ -144,10 +153,7 @@ fn action(endpoint: &NotifyConfig) -> String {
     format!("posting a message to {}", endpoint.shown())
 }
 
-fn credential(
-    endpoint: &NotifyConfig,
-    path: &std::path::Path,
-) -> Result<Secret, ExecError> {
+fn credential(endpoint: &NotifyConfig, path: &std::path::Path) -> Result<Secret, ExecError> {
     Secret::read_file(path).map_err(|source| ExecError::Credential {
         destination: format!("endpoint {}", endpoint.shown()),
         path: path.to_path_buf(),
@@ -187,9 +193,10 @@ fn post(
         None => None,
     };
     let signed = match (&endpoint.kind, &endpoint.secret_file) {
-        (NotifyKind::Webhook, Some(path)) => {
-            Some(signature(credential(endpoint, path)?.expose().as_bytes(), body))
-        }
+        (NotifyKind::Webhook, Some(path)) => Some(signature(
+            credential(endpoint, path)?.expose().as_bytes(),
+            body,
+        )),
         (NotifyKind::Webhook, None) => {
             return Err(ExecError::InvalidRequest {
                 action,
@@ -245,10 +252,13 @@ mod tests {
     use crate::config::Readers;
     use crate::http::{HttpResponse, TransportError};
 
+    /// One post seen: url, headers, body, content type.
+    type Seen = (String, Vec<(String, String)>, Vec<u8>, String);
+
     /// Records url, headers and body; answers 200.
     #[derive(Default)]
     struct Recorder {
-        seen: RefCell<Vec<(String, Vec<(String, String)>, Vec<u8>, String)>>,
+        seen: RefCell<Vec<Seen>>,
     }
 
     impl HttpPost for Recorder {

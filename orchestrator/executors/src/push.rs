@@ -49,8 +49,7 @@ use git2::{
 };
 
 use crate::config::{
-    check_remote_url as check_url, warn_if_clear, Location, RemoteConfig,
-    DEFAULT_PUSH_TIMEOUT_SECS,
+    check_remote_url as check_url, warn_if_clear, Location, RemoteConfig, DEFAULT_PUSH_TIMEOUT_SECS,
 };
 use crate::error::ExecError;
 use crate::known_hosts::{self, HostKeyVerdict};
@@ -208,12 +207,10 @@ struct SshAccess {
 impl Access {
     fn of(remote: &RemoteConfig) -> Result<Access, ExecError> {
         let destination = format!("remote {}", remote.url);
-        let location = remote
-            .location()
-            .map_err(|why| ExecError::InvalidRequest {
-                action: format!("reaching {}", remote.url),
-                why: format!("url: {why}"),
-            })?;
+        let location = remote.location().map_err(|why| ExecError::InvalidRequest {
+            action: format!("reaching {}", remote.url),
+            why: format!("url: {why}"),
+        })?;
         let http = remote
             .credential()
             .map(|c| {
@@ -231,18 +228,19 @@ impl Access {
         }
         let ssh = match location {
             Location::Ssh { user, host, port } => {
-                let known_hosts = remote.known_hosts.clone().ok_or_else(|| {
-                    ExecError::InvalidRequest {
-                        action: format!("reaching {}", remote.url),
-                        why: "an ssh remote needs known_hosts".into(),
-                    }
-                })?;
-                let known_hosts_text = std::fs::read_to_string(&known_hosts).map_err(|e| {
-                    ExecError::HostKey {
+                let known_hosts =
+                    remote
+                        .known_hosts
+                        .clone()
+                        .ok_or_else(|| ExecError::InvalidRequest {
+                            action: format!("reaching {}", remote.url),
+                            why: "an ssh remote needs known_hosts".into(),
+                        })?;
+                let known_hosts_text =
+                    std::fs::read_to_string(&known_hosts).map_err(|e| ExecError::HostKey {
                         action: format!("reaching {}", remote.url),
                         why: format!("reading known_hosts {}: {e}", known_hosts.display()),
-                    }
-                })?;
+                    })?;
                 let key = remote
                     .ssh_key_file
                     .as_ref()
@@ -507,10 +505,16 @@ impl<'a> Auth<'a> {
         use git2::CertificateCheckStatus::{CertificateOk, CertificatePassthrough};
         if let Some(hostkey) = cert.as_hostkey() {
             let Some(ssh) = &self.access.ssh else {
-                return Err(refuse_host_key(self.access, "an ssh host key from a remote that is not ssh".into()));
+                return Err(refuse_host_key(
+                    self.access,
+                    "an ssh host key from a remote that is not ssh".into(),
+                ));
             };
             let Some(blob) = hostkey.hostkey() else {
-                return Err(refuse_host_key(self.access, format!("{} presented no raw host key to check", ssh.host)));
+                return Err(refuse_host_key(
+                    self.access,
+                    format!("{} presented no raw host key to check", ssh.host),
+                ));
             };
             let shown = format!(
                 "{} key {}",

@@ -91,10 +91,7 @@ impl Secret {
 
 /// Refuses a file that is not regular, not owned by `uid`, or open to group
 /// or others.
-pub(crate) fn check_owner_and_mode(
-    meta: &std::fs::Metadata,
-    uid: u32,
-) -> Result<(), SecretError> {
+pub(crate) fn check_owner_and_mode(meta: &std::fs::Metadata, uid: u32) -> Result<(), SecretError> {
     use std::os::unix::fs::MetadataExt;
     if !meta.is_file() {
         return Err(SecretError::NotAFile);
@@ -168,7 +165,10 @@ mod tests {
             let f = file(b"tok\n");
             std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(mode)).unwrap();
             let err = Secret::read_file(f.path()).unwrap_err();
-            assert!(matches!(err, SecretError::TooOpen { .. }), "{mode:o}: {err}");
+            assert!(
+                matches!(err, SecretError::TooOpen { .. }),
+                "{mode:o}: {err}"
+            );
             assert!(err.to_string().contains(&format!("{mode:04o}")), "{err}");
         }
         for mode in [0o600, 0o400] {

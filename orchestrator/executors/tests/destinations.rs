@@ -109,7 +109,10 @@ fn https_to_a_server_of_another_ca_or_with_an_expired_certificate_is_refused() {
         server.requests().is_empty(),
         "nothing was sent to an untrusted server"
     );
-    assert_eq!(remote_ref(&config, BRANCH).unwrap_err().class(), "tls_untrusted");
+    assert_eq!(
+        remote_ref(&config, BRANCH).unwrap_err().class(),
+        "tls_untrusted"
+    );
     // Without a ca_file only the system's roots count: refused too.
     let mut system_only = config.clone();
     system_only.ca_file = None;
@@ -118,12 +121,8 @@ fn https_to_a_server_of_another_ca_or_with_an_expired_certificate_is_refused() {
     drop(server);
 
     // The right CA, but the certificate expired.
-    let server = GitHttpServer::start_tls(
-        &repos.bare,
-        "x-access-token",
-        TOKEN,
-        ours.expired_server(),
-    );
+    let server =
+        GitHttpServer::start_tls(&repos.bare, "x-access-token", TOKEN, ours.expired_server());
     let config = https_remote(&repos, &server, &ours);
     let err = push(&config, &repos.host, &commit, BRANCH, None).unwrap_err();
     assert_eq!(err.class(), "tls_untrusted", "{err}");
@@ -194,23 +193,47 @@ fn forge_round(shape: ForgeShape, kind: ForgeKind) -> Vec<common::loopback::Reco
     let forge = ForgeServer::shaped(shape, FORGE_TOKEN, &repos.bare, ca.server());
     let config = forge_config(&repos, &forge, &ca, kind);
 
-    let out = open_pull_request(&config, BRANCH, "refs/heads/main", &commit, "Fix it", "Body").unwrap();
+    let out = open_pull_request(
+        &config,
+        BRANCH,
+        "refs/heads/main",
+        &commit,
+        "Fix it",
+        "Body",
+    )
+    .unwrap();
     assert_eq!((out.number, out.adopted), (1, false));
     assert!(out.url.starts_with("https://127.0.0.1:"), "{}", out.url);
     // The answer of the first was lost (a crash): the same request again
     // adopts the open one instead of making a second.
-    let again = open_pull_request(&config, BRANCH, "refs/heads/main", &commit, "Fix it", "Body").unwrap();
+    let again = open_pull_request(
+        &config,
+        BRANCH,
+        "refs/heads/main",
+        &commit,
+        "Fix it",
+        "Body",
+    )
+    .unwrap();
     assert_eq!((again.number, again.adopted), (1, true));
     assert_eq!(forge.pull_requests().len(), 1);
-    let found = find_pull_request(&config, BRANCH, "main", &commit).unwrap().unwrap();
+    let found = find_pull_request(&config, BRANCH, "main", &commit)
+        .unwrap()
+        .unwrap();
     assert_eq!(found.number, 1);
     // Another commit is not adopted.
     let other = "f".repeat(40);
-    assert_eq!(find_pull_request(&config, BRANCH, "main", &other).unwrap(), None);
+    assert_eq!(
+        find_pull_request(&config, BRANCH, "main", &other).unwrap(),
+        None
+    );
     // A head the forge does not have is refused as invalid, and said so.
     let err = open_pull_request(&config, "agent/absent", "main", &commit, "t", "b").unwrap_err();
     assert_eq!(err.class(), "invalid_at_destination", "{err}");
-    assert!(err.to_string().contains("refused the request as invalid"), "{err}");
+    assert!(
+        err.to_string().contains("refused the request as invalid"),
+        "{err}"
+    );
     let requests = forge.requests();
     for r in &requests {
         assert_eq!(
@@ -225,7 +248,10 @@ fn forge_round(shape: ForgeShape, kind: ForgeKind) -> Vec<common::loopback::Reco
 fn github_pull_requests_over_tls_in_its_exact_shape() {
     let requests = forge_round(ForgeShape::Github, ForgeKind::Github);
     let r = &requests[0];
-    assert_eq!((r.method.as_str(), r.path.as_str()), ("POST", "/repos/owner/name/pulls"));
+    assert_eq!(
+        (r.method.as_str(), r.path.as_str()),
+        ("POST", "/repos/owner/name/pulls")
+    );
     assert_eq!(
         r.json(),
         serde_json::json!({"title": "Fix it", "head": "agent/x", "base": "main", "body": "Body"})
@@ -270,7 +296,10 @@ fn gitea_pull_requests_over_tls_in_its_exact_shape() {
         r.json(),
         serde_json::json!({"title": "Fix it", "head": "agent/x", "base": "main", "body": "Body"})
     );
-    assert_eq!(requests[2].query.as_deref(), Some("state=open&page=1&limit=50"));
+    assert_eq!(
+        requests[2].query.as_deref(),
+        Some("state=open&page=1&limit=50")
+    );
 }
 
 #[test]
@@ -308,7 +337,12 @@ fn webhooks_are_signed_and_the_receiver_verifies_them() {
         ca_file: Some(ca.write(repos.dir.path(), "ca.pem")),
         ..NotifyConfig::new(hook.url(), Readers::Private)
     };
-    assert_eq!(notify(&config, b"the build is green", "text/plain").unwrap().status, 204);
+    assert_eq!(
+        notify(&config, b"the build is green", "text/plain")
+            .unwrap()
+            .status,
+        204
+    );
     let data = serde_json::json!({"runs": 2});
     send(
         &config,
@@ -325,7 +359,10 @@ fn webhooks_are_signed_and_the_receiver_verifies_them() {
     assert_eq!(requests[0].json()["text"], "the build is green");
     assert_eq!(requests[0].json()["event"], "message");
     assert_eq!(requests[1].json()["data"]["runs"], 2);
-    assert_eq!(requests[0].content_type.as_deref(), Some("application/json"));
+    assert_eq!(
+        requests[0].content_type.as_deref(),
+        Some("application/json")
+    );
 
     // A sender with another key is caught by the receiver.
     config.secret_file = Some(secret_file(repos.dir.path(), "wrong-key", "not-the-key"));
@@ -380,7 +417,12 @@ fn a_slack_compatible_hook_gets_text_and_its_url_stays_secret() {
 }
 
 /// An ssh remote to a bare repository behind a real sshd.
-fn ssh_remote(repos: &Repos, server: &SshServer, key: &std::path::Path, known_hosts: &str) -> RemoteConfig {
+fn ssh_remote(
+    repos: &Repos,
+    server: &SshServer,
+    key: &std::path::Path,
+    known_hosts: &str,
+) -> RemoteConfig {
     let kh = repos.dir.path().join("known_hosts");
     std::fs::write(&kh, known_hosts).unwrap();
     RemoteConfig {
@@ -424,9 +466,18 @@ fn ssh_push_with_a_key_lands_and_unknown_or_changed_host_keys_are_refused() {
     let err = push(&unknown, &repos.host, &ours, BRANCH, Some(&theirs)).unwrap_err();
     assert_eq!(err.class(), "host_key_refused", "{err}");
     let shown = err.to_string();
-    assert!(shown.contains("unknown host key") && shown.contains(&host), "{shown}");
-    assert!(shown.contains("ssh-ed25519") && shown.contains("SHA256:"), "{shown}");
-    assert_eq!(remote_ref(&unknown, BRANCH).unwrap_err().class(), "host_key_refused");
+    assert!(
+        shown.contains("unknown host key") && shown.contains(&host),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("ssh-ed25519") && shown.contains("SHA256:"),
+        "{shown}"
+    );
+    assert_eq!(
+        remote_ref(&unknown, BRANCH).unwrap_err().class(),
+        "host_key_refused"
+    );
 
     // Another key listed for it: changed, named.
     let other = keys.path().join("other");
