@@ -30,6 +30,12 @@ ensure_packages() {
   local missing=()
   command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
   command -v git >/dev/null 2>&1 || missing+=(git)
+  # libgit2's https (OpenSSL) and ssh (libssh2 over OpenSSL) build against
+  # Debian's libssl; the SSH destination tests run a real sshd on loopback.
+  [ -f /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
+  command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}" >&2
     apt_install "${missing[@]}"

@@ -1660,14 +1660,7 @@ mod label_tests {
         let mut dest = Destinations::default();
         dest.remotes.insert(
             "origin".into(),
-            orchestrator_executors::RemoteConfig {
-                url: "http://127.0.0.1:1/r.git".into(),
-                readers: Readers::Public,
-                username: None,
-                password_file: None,
-                token_file: None,
-                timeout_secs: None,
-            },
+            orchestrator_executors::RemoteConfig::new("http://127.0.0.1:1/r.git", Readers::Public),
         );
         let push = Request::Push {
             remote: "origin".into(),

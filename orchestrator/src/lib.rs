@@ -22,6 +22,7 @@ pub mod run;
 pub mod sandbox;
 pub mod scopes;
 pub mod store;
+pub mod summary;
 pub mod terminal;
 
 /// Exit codes of the `nightshift` binary (documented in README.md).

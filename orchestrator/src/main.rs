@@ -135,6 +135,25 @@ enum Command {
     Reconcile,
     /// Retry the import of a run whose import failed (its worktree was kept).
     Import { run: String },
+    /// List and check the destinations (STATE/destinations.toml): alias,
+    /// kind, URL (never a credential), readers. Exit 3 naming file, line and
+    /// alias of every problem.
+    Destinations {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The morning summary: print it, or send it to the configured notify
+    /// destination (counts and ids only).
+    Summary {
+        /// Send it now if runs ended since the last one sent.
+        #[arg(long, conflicts_with = "due")]
+        send: bool,
+        /// Send it if the configured `at` time (UTC) has passed (for a timer).
+        #[arg(long)]
+        due: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// End a freeze (needs the owner's credential).
     Thaw {
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
@@ -409,6 +428,8 @@ async fn dispatch(cli: Cli) -> i32 {
             owner_key_file,
         } => with_queue_config(&root, config.as_deref())
             .and_then(|()| rebind_cmd(&root, &acts, owner_key_file.as_deref())),
+        Command::Destinations { json } => destinations_cmd(&root, json),
+        Command::Summary { send, due, json } => summary_cmd(&root, send, due, json),
     };
     match result {
         Ok(code) | Err(code) => code,
@@ -1880,4 +1901,96 @@ fn decide_cmd(
         }
     }
     Ok(code)
+}
+
+fn destinations_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
+    use orchestrator_executors::{ConfigError, Destinations};
+    let path = root.join("destinations.toml");
+    if !path.exists() {
+        if json {
+            outln!("[]");
+        } else {
+            outln!("no destinations: {} does not exist", path.display());
+        }
+        return Ok(exit::OK);
+    }
+    match Destinations::load(&path) {
+        Ok(dest) => {
+            let listed = dest.listing();
+            if json {
+                outln!("{}", terminal::json(&listed, true));
+                return Ok(exit::OK);
+            }
+            outln!(
+                "{:<20}  {:<8}  {:<8}  {:<8}  URL",
+                "ALIAS",
+                "TABLE",
+                "KIND",
+                "READERS"
+            );
+            for l in listed {
+                outln!(
+                    "{:<20}  {:<8}  {:<8}  {:<8}  {}",
+                    terminal::line(&l.alias),
+                    l.table,
+                    terminal::line(&l.kind),
+                    format!("{:?}", l.readers).to_lowercase(),
+                    terminal::line(&l.url)
+                );
+            }
+            Ok(exit::OK)
+        }
+        Err(ConfigError::Invalid { origin, problems }) => {
+            for p in &problems {
+                errln!("nightshift: {origin}: {}", terminal::line(&p.to_string()));
+            }
+            Err(exit::BAD_INPUT)
+        }
+        Err(e) => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                text.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            errln!("nightshift: {}", terminal::line(&text));
+            Err(exit::BAD_INPUT)
+        }
+    }
+}
+
+fn summary_cmd(root: &std::path::Path, send: bool, due: bool, json: bool) -> Result<i32, i32> {
+    use orchestrator::summary::{self, Sending, Trigger};
+    if send || due {
+        let trigger = if due { Trigger::Due } else { Trigger::Now };
+        return match summary::send(root, trigger) {
+            Ok(Sending::Sent(s)) => {
+                outln!("summary sent: {} runs", s.run_ids.len());
+                Ok(exit::OK)
+            }
+            Ok(Sending::Skipped(why)) => {
+                outln!("summary not sent: {why}");
+                Ok(exit::OK)
+            }
+            Err(e) => {
+                errln!("nightshift: {}", terminal::line(&e));
+                Err(exit::FAILED)
+            }
+        };
+    }
+    let store = open_store(root)?;
+    let review = orchestrator_executors::Destinations::load(&root.join("destinations.toml"))
+        .ok()
+        .and_then(|d| d.summary)
+        .and_then(|s| s.review);
+    let s = summary::gather(&store, review.as_deref()).map_err(|e| {
+        errln!("nightshift: {}", terminal::line(&e));
+        exit::STATE
+    })?;
+    if json {
+        outln!("{}", terminal::json(&s, true));
+    } else {
+        outln!("{}", summary::render(&s).trim_end());
+    }
+    Ok(exit::OK)
 }

@@ -282,7 +282,18 @@ pub async fn execute(
         ..Default::default()
     };
     let outcome = steps(sup, &req, &image.env, &mut record, &mut held, stop).await;
-    finish(sup, &mut record, &mut held, outcome).await
+    let ended = finish(sup, &mut record, &mut held, outcome).await;
+    // The morning summary, when this was the night's last run (see
+    // summary.rs); it never changes how the run ended.
+    let root = sup
+        .store
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .paths()
+        .root
+        .clone();
+    let _ = tokio::task::spawn_blocking(move || crate::summary::after_run(&root)).await;
+    ended
 }
 
 /// How the agent phase ended, before the common ending.

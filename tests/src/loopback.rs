@@ -1,6 +1,8 @@
 //! Loopback servers that stand in for the outside systems the executors
 //! reach: a smart-HTTP git server (the real `git http-backend` behind HTTP
-//! Basic auth), a GitHub-shaped forge, and a webhook endpoint.
+//! Basic auth), forges in GitHub's, GitLab's and Gitea's shapes, and a
+//! webhook endpoint. Each can serve plain HTTP or TLS with a certificate of
+//! a test CA ([`TestCa`], made with rcgen; also expired ones).
 //!
 //! Each listens on 127.0.0.1 on a port of its own, serves from a background
 //! thread, records every request it gets, and stops when dropped (its port
@@ -83,16 +85,115 @@ impl Incoming {
     }
 }
 
+/// A certificate authority for tests, and the server certificates it signs.
+pub struct TestCa {
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl std::fmt::Debug for TestCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TestCa")
+    }
+}
+
+/// A server's TLS settings: its certificate chain and key.
+#[derive(Clone)]
+pub struct ServerTls(Arc<tokio_rustls::rustls::ServerConfig>);
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ServerTls")
+    }
+}
+
+impl TestCa {
+    /// A new self-signed CA named `name`.
+    pub fn new(name: &str) -> TestCa {
+        let key = rcgen::KeyPair::generate().expect("CA key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let cert = params.self_signed(&key).expect("CA certificate");
+        TestCa { cert, key }
+    }
+
+    /// The CA's certificate, PEM.
+    pub fn pem(&self) -> String {
+        self.cert.pem()
+    }
+
+    /// Writes the CA's certificate to `dir/name` and returns its path.
+    pub fn write(&self, dir: &Path, name: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, self.pem()).expect("writing the CA file");
+        p
+    }
+
+    /// A server certificate for 127.0.0.1 and localhost, valid now.
+    pub fn server(&self) -> ServerTls {
+        self.server_cert(false)
+    }
+
+    /// A server certificate for 127.0.0.1 and localhost that expired in 2021.
+    pub fn expired_server(&self) -> ServerTls {
+        self.server_cert(true)
+    }
+
+    fn server_cert(&self, expired: bool) -> ServerTls {
+        use tokio_rustls::rustls;
+        let key = rcgen::KeyPair::generate().expect("server key");
+        let mut params =
+            rcgen::CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+                .expect("server params");
+        if expired {
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        }
+        let cert = params
+            .signed_by(&key, &self.cert, &self.key)
+            .expect("server certificate");
+        let chain = vec![cert.der().clone(), self.cert.der().clone()];
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("server TLS config");
+        ServerTls(Arc::new(config))
+    }
+}
+
 /// The running part every server shares.
 #[derive(Debug)]
 struct Running {
     addr: SocketAddr,
+    tls: bool,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Running {
+    fn scheme(&self) -> &'static str {
+        if self.tls {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     fn start(handler: Handler) -> Running {
+        Self::start_with(handler, None)
+    }
+
+    fn start_with(handler: Handler, tls: Option<ServerTls>) -> Running {
+        let with_tls = tls.is_some();
+        let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.0));
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1");
         listener
             .set_nonblocking(true)
@@ -113,6 +214,7 @@ impl Running {
                         accepted = listener.accept() => {
                             let Ok((stream, _)) = accepted else { continue };
                             let handler = handler.clone();
+                            let acceptor = acceptor.clone();
                             tokio::spawn(async move {
                                 let service = hyper::service::service_fn(move |req| {
                                     let handler = handler.clone();
@@ -120,9 +222,21 @@ impl Running {
                                         Ok::<_, hyper::Error>(handler(read(req).await).await)
                                     }
                                 });
-                                let _ = hyper::server::conn::http1::Builder::new()
-                                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                                    .await;
+                                let http = hyper::server::conn::http1::Builder::new();
+                                match acceptor {
+                                    Some(acceptor) => {
+                                        // A client that refuses the certificate ends here.
+                                        let Ok(tls) = acceptor.accept(stream).await else { return };
+                                        let _ = http
+                                            .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                                            .await;
+                                    }
+                                    None => {
+                                        let _ = http
+                                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                                            .await;
+                                    }
+                                }
                             });
                         }
                     }
@@ -133,6 +247,7 @@ impl Running {
         });
         Running {
             addr,
+            tls: with_tls,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -204,6 +319,25 @@ impl GitHttpServer {
     /// Serves `bare_repo` at `/<its directory name>` to `username` with
     /// `password`; anything else gets a 401 with a Basic challenge.
     pub fn start(bare_repo: &Path, username: &str, password: &str) -> GitHttpServer {
+        Self::serve(bare_repo, username, password, None)
+    }
+
+    /// As [`GitHttpServer::start`], over TLS with `tls`.
+    pub fn start_tls(
+        bare_repo: &Path,
+        username: &str,
+        password: &str,
+        tls: ServerTls,
+    ) -> GitHttpServer {
+        Self::serve(bare_repo, username, password, Some(tls))
+    }
+
+    fn serve(
+        bare_repo: &Path,
+        username: &str,
+        password: &str,
+        tls: Option<ServerTls>,
+    ) -> GitHttpServer {
         let root = bare_repo
             .parent()
             .expect("bare repository has a parent directory")
@@ -238,7 +372,7 @@ impl GitHttpServer {
             })
         });
         GitHttpServer {
-            running: Running::start(handler),
+            running: Running::start_with(handler, tls),
             name,
             log,
         }
@@ -251,7 +385,12 @@ impl GitHttpServer {
 
     /// The repository's URL, without credentials.
     pub fn url(&self) -> String {
-        format!("http://{}/{}", self.running.addr, self.name)
+        format!(
+            "{}://{}/{}",
+            self.running.scheme(),
+            self.running.addr,
+            self.name
+        )
     }
 
     /// Every request so far, in order.
@@ -346,25 +485,42 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
 
-/// A GitHub-shaped forge: `POST /repos/{owner}/{repo}/pulls` with the right
-/// bearer token answers 201 with a new number; a wrong or missing token
-/// answers 401; anything else 404.
+/// A forge in GitHub's, GitLab's or Gitea's shape ([`ForgeShape`]), as
+/// their API documentation describes the calls nightshift makes:
 ///
-/// Backed by a bare repository ([`ForgeServer::with_repo`]) it behaves as
-/// GitHub does where it matters here: the head branch must exist in the
-/// repository (else 422), the pull request records the commit the branch
-/// holds at that moment (`head.sha`), a second open pull request for the
-/// same head and base is refused with 422 "A pull request already exists",
-/// and `GET .../pulls?head=OWNER:BRANCH&base=BASE&state=open` lists the open
-/// ones. It can hold its answer to a creation for a while after recording
-/// the pull request ([`ForgeServer::hold_answers`]), to stand for an answer
-/// lost in a crash.
+/// - GitHub: `POST /repos/{owner}/{repo}/pulls` `{title, head, base, body}`
+///   answers 201 `{number, html_url, head: {ref, sha}}`; a second open one
+///   for the same head and base is 422 "A pull request already exists";
+///   `GET .../pulls?head=OWNER:BRANCH&base=BASE&state=open` lists them.
+/// - GitLab: `POST /projects/{url-encoded path}/merge_requests`
+///   `{source_branch, target_branch, title, description}` answers 201
+///   `{id, iid, web_url, sha, ...}`; a second is 409 "Another open merge
+///   request already exists for this source branch"; `GET
+///   .../merge_requests?source_branch=&target_branch=&state=opened` lists.
+/// - Gitea (and Forgejo): as GitHub's paths and fields, a second is 409
+///   "pull request already exists for these targets", and `GET
+///   .../pulls?state=open&page=N&limit=M` lists every open one.
+///
+/// The token must come as `Authorization: Bearer` (else 401). Backed by a
+/// bare repository ([`ForgeServer::with_repo`]) the head branch must exist
+/// (else 422) and its commit is recorded as the request's head. It can hold
+/// its answer to a creation for a while after recording it
+/// ([`ForgeServer::hold_answers`]), to stand for an answer lost in a crash.
 #[derive(Debug)]
 pub struct ForgeServer {
     running: Running,
     log: Arc<Mutex<Vec<Recorded>>>,
     prs: Arc<Mutex<Vec<OpenPr>>>,
     hold: Arc<Mutex<Duration>>,
+    shape: ForgeShape,
+}
+
+/// Which forge's API a [`ForgeServer`] answers in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForgeShape {
+    Github,
+    Gitlab,
+    Gitea,
 }
 
 /// A pull request the forge holds.
@@ -378,17 +534,27 @@ pub struct OpenPr {
 }
 
 impl ForgeServer {
-    /// Starts a forge that accepts `token`, with no repository behind it.
+    /// Starts a GitHub-shaped forge that accepts `token`, with no repository behind it.
     pub fn start(token: &str) -> ForgeServer {
-        Self::serve(token, None)
+        Self::serve(ForgeShape::Github, token, None, None)
     }
 
-    /// Starts a forge that accepts `token`, whose repository is `bare`.
+    /// Starts a GitHub-shaped forge that accepts `token`, whose repository is `bare`.
     pub fn with_repo(token: &str, bare: &Path) -> ForgeServer {
-        Self::serve(token, Some(bare.to_path_buf()))
+        Self::serve(ForgeShape::Github, token, Some(bare.to_path_buf()), None)
     }
 
-    fn serve(token: &str, bare: Option<PathBuf>) -> ForgeServer {
+    /// Starts a forge of `shape` over TLS, whose repository is `bare`.
+    pub fn shaped(shape: ForgeShape, token: &str, bare: &Path, tls: ServerTls) -> ForgeServer {
+        Self::serve(shape, token, Some(bare.to_path_buf()), Some(tls))
+    }
+
+    fn serve(
+        shape: ForgeShape,
+        token: &str,
+        bare: Option<PathBuf>,
+        tls: Option<ServerTls>,
+    ) -> ForgeServer {
         let expected = format!("Bearer {token}");
         let log = log();
         let seen = log.clone();
@@ -396,94 +562,175 @@ impl ForgeServer {
         let held = prs.clone();
         let hold = Arc::new(Mutex::new(Duration::ZERO));
         let holding = hold.clone();
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let handler: Handler = Arc::new(move |req: Incoming| {
             let authorized = req.header(AUTHORIZATION).as_deref() == Some(expected.as_str());
             push_log(&seen, req.record(authorized));
-            let segments: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+            let mut segments: Vec<&str> = req.path.trim_matches('/').split('/').collect();
+            // GitLab's API lives under /api/v4, Gitea's under /api/v1.
+            if segments.len() > 2 && segments[0] == "api" {
+                segments.drain(..2);
+            }
             let host = req.header("host").unwrap_or_default();
+            let query = req.query.clone().unwrap_or_default();
+            let param = |k: &str| {
+                query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix(&format!("{k}=")).map(percent_decode))
+            };
+            let json = |status: StatusCode, body: String| respond(status, "application/json", body);
             let mut wait = Duration::ZERO;
-            let response = match (req.method.as_str(), segments.as_slice()) {
-                ("POST", ["repos", owner, repo, "pulls"]) if authorized => {
+            let create = |head: String,
+                          base: String,
+                          wait: &mut Duration|
+             -> Result<(OpenPr, u16), (StatusCode, String)> {
+                let sha = bare.as_ref().map(|b| branch_value(b, &head));
+                let mut open = held.lock().unwrap_or_else(|p| p.into_inner());
+                if matches!(sha, Some(None)) {
+                    return Err((StatusCode::UNPROCESSABLE_ENTITY, match shape {
+                        ForgeShape::Github => r#"{"message": "Validation Failed", "errors": [{"resource": "PullRequest", "field": "head", "code": "invalid"}]}"#.to_string(),
+                        ForgeShape::Gitlab => r#"{"message": ["Source branch does not exist"]}"#.to_string(),
+                        ForgeShape::Gitea => r#"{"message": "The target couldn't be found.", "errors": []}"#.to_string(),
+                    }));
+                }
+                if let Some(prior) = open.iter().find(|p| p.head == head && p.base == base) {
+                    return Err(match shape {
+                        ForgeShape::Github => (
+                            StatusCode::UNPROCESSABLE_ENTITY,
+                            format!(
+                                r#"{{"message": "Validation Failed", "errors": [{{"resource": "PullRequest", "code": "custom", "message": "A pull request already exists for owner:{head}."}}]}}"#
+                            ),
+                        ),
+                        ForgeShape::Gitlab => (
+                            StatusCode::CONFLICT,
+                            format!(
+                                r#"{{"message": ["Another open merge request already exists for this source branch: !{}"]}}"#,
+                                prior.number
+                            ),
+                        ),
+                        ForgeShape::Gitea => (
+                            StatusCode::CONFLICT,
+                            format!(
+                                r#"{{"message": "pull request already exists for these targets [id: {n}, issue_id: {n}, head_repo_id: 1, base_repo_id: 1, head_branch: {head}, base_branch: {base}]", "url": ""}}"#,
+                                n = prior.number
+                            ),
+                        ),
+                    });
+                }
+                let pr = OpenPr {
+                    number: open.len() as u64 + 1,
+                    head,
+                    base,
+                    sha: sha.flatten(),
+                };
+                open.push(pr.clone());
+                *wait = *holding.lock().unwrap_or_else(|p| p.into_inner());
+                Ok((pr, 201))
+            };
+            let listed = |head: Option<String>, base: Option<String>| -> Vec<OpenPr> {
+                held.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .filter(|p| head.as_ref().is_none_or(|h| *h == p.head))
+                    .filter(|p| base.as_ref().is_none_or(|b| *b == p.base))
+                    .cloned()
+                    .collect()
+            };
+            let github_pr = |owner: &str, repo: &str, p: &OpenPr| {
+                serde_json::json!({
+                    "id": 1000 + p.number,
+                    "number": p.number,
+                    "state": "open",
+                    "html_url": format!("{scheme}://{host}/{owner}/{repo}/pull/{}", p.number),
+                    "head": {"ref": p.head, "sha": p.sha.clone().unwrap_or_default()},
+                    "base": {"ref": p.base},
+                })
+            };
+            let gitlab_mr = |project: &str, p: &OpenPr| {
+                serde_json::json!({
+                    "id": 1000 + p.number,
+                    "iid": p.number,
+                    "state": "opened",
+                    "source_branch": p.head,
+                    "target_branch": p.base,
+                    "sha": p.sha.clone().unwrap_or_default(),
+                    "web_url": format!("{scheme}://{host}/{}/-/merge_requests/{}", percent_decode(project), p.number),
+                })
+            };
+            let response = match (shape, req.method.as_str(), segments.as_slice()) {
+                (_, _, _) if !authorized => json(
+                    StatusCode::UNAUTHORIZED,
+                    match shape {
+                        ForgeShape::Github => r#"{"message": "Bad credentials"}"#,
+                        ForgeShape::Gitlab => r#"{"message": "401 Unauthorized"}"#,
+                        ForgeShape::Gitea => r#"{"message": "token is required"}"#,
+                    }
+                    .into(),
+                ),
+                (
+                    ForgeShape::Github | ForgeShape::Gitea,
+                    "POST",
+                    ["repos", owner, repo, "pulls"],
+                ) => {
                     let asked: serde_json::Value =
                         serde_json::from_slice(&req.body).unwrap_or_default();
                     let head = asked["head"].as_str().unwrap_or_default().to_string();
                     let base = asked["base"].as_str().unwrap_or_default().to_string();
-                    let sha = bare.as_ref().map(|b| branch_value(b, &head));
-                    let mut open = held.lock().unwrap_or_else(|p| p.into_inner());
-                    if matches!(sha, Some(None)) {
-                        respond(
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            "application/json",
-                            r#"{"message": "Validation Failed", "errors": [{"resource": "PullRequest", "field": "head", "code": "invalid"}]}"#,
-                        )
-                    } else if open.iter().any(|p| p.head == head && p.base == base) {
-                        respond(
-                            StatusCode::UNPROCESSABLE_ENTITY,
-                            "application/json",
-                            format!(
-                                r#"{{"message": "Validation Failed", "errors": [{{"message": "A pull request already exists for {owner}:{head}."}}]}}"#
-                            ),
-                        )
-                    } else {
-                        let number = open.len() as u64 + 1;
-                        let sha = sha.flatten();
-                        open.push(OpenPr {
-                            number,
-                            head: head.clone(),
-                            base,
-                            sha: sha.clone(),
-                        });
-                        wait = *holding.lock().unwrap_or_else(|p| p.into_inner());
-                        let mut body = serde_json::json!({
-                            "number": number,
-                            "html_url": format!("http://{host}/{owner}/{repo}/pull/{number}"),
-                        });
-                        if let Some(sha) = sha {
-                            body["head"] = serde_json::json!({"ref": head, "sha": sha});
+                    match create(head, base, &mut wait) {
+                        Ok((pr, _)) => {
+                            json(StatusCode::CREATED, github_pr(owner, repo, &pr).to_string())
                         }
-                        respond(StatusCode::CREATED, "application/json", body.to_string())
+                        Err((status, body)) => json(status, body),
                     }
                 }
-                ("GET", ["repos", owner, repo, "pulls"]) if authorized => {
-                    let query = req.query.clone().unwrap_or_default();
-                    let param = |k: &str| {
-                        query
-                            .split('&')
-                            .find_map(|kv| kv.strip_prefix(&format!("{k}=")).map(percent_decode))
-                    };
+                (ForgeShape::Github, "GET", ["repos", owner, repo, "pulls"]) => {
                     let head = param("head")
                         .map(|h| h.split_once(':').map(|(_, b)| b.to_string()).unwrap_or(h));
-                    let base = param("base");
-                    let open = held.lock().unwrap_or_else(|p| p.into_inner());
-                    let listed: Vec<serde_json::Value> = open
+                    let list: Vec<_> = listed(head, param("base"))
                         .iter()
-                        .filter(|p| head.as_ref().is_none_or(|h| *h == p.head))
-                        .filter(|p| base.as_ref().is_none_or(|b| *b == p.base))
-                        .map(|p| {
-                            serde_json::json!({
-                                "number": p.number,
-                                "html_url": format!("http://{host}/{owner}/{repo}/pull/{}", p.number),
-                                "head": {"ref": p.head, "sha": p.sha.clone().unwrap_or_default()},
-                                "base": {"ref": p.base},
-                            })
-                        })
+                        .map(|p| github_pr(owner, repo, p))
                         .collect();
-                    respond(
-                        StatusCode::OK,
-                        "application/json",
-                        serde_json::Value::from(listed).to_string(),
-                    )
+                    json(StatusCode::OK, serde_json::Value::from(list).to_string())
                 }
-                ("POST" | "GET", ["repos", _, _, "pulls"]) => respond(
-                    StatusCode::UNAUTHORIZED,
-                    "application/json",
-                    r#"{"message": "Bad credentials"}"#,
-                ),
-                _ => respond(
-                    StatusCode::NOT_FOUND,
-                    "application/json",
-                    r#"{"message": "Not Found"}"#,
-                ),
+                (ForgeShape::Gitea, "GET", ["repos", owner, repo, "pulls"]) => {
+                    // Every open one on page 1: Gitea has no head filter.
+                    let page: u32 = param("page").and_then(|p| p.parse().ok()).unwrap_or(1);
+                    let list: Vec<_> = if page == 1 {
+                        listed(None, None)
+                            .iter()
+                            .map(|p| github_pr(owner, repo, p))
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    json(StatusCode::OK, serde_json::Value::from(list).to_string())
+                }
+                (ForgeShape::Gitlab, "POST", ["projects", project, "merge_requests"]) => {
+                    let asked: serde_json::Value =
+                        serde_json::from_slice(&req.body).unwrap_or_default();
+                    let head = asked["source_branch"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    let base = asked["target_branch"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    match create(head, base, &mut wait) {
+                        Ok((pr, _)) => {
+                            json(StatusCode::CREATED, gitlab_mr(project, &pr).to_string())
+                        }
+                        Err((status, body)) => json(status, body),
+                    }
+                }
+                (ForgeShape::Gitlab, "GET", ["projects", project, "merge_requests"]) => {
+                    let list: Vec<_> = listed(param("source_branch"), param("target_branch"))
+                        .iter()
+                        .map(|p| gitlab_mr(project, p))
+                        .collect();
+                    json(StatusCode::OK, serde_json::Value::from(list).to_string())
+                }
+                _ => json(StatusCode::NOT_FOUND, r#"{"message": "Not Found"}"#.into()),
             };
             Box::pin(async move {
                 if !wait.is_zero() {
@@ -493,11 +740,17 @@ impl ForgeServer {
             })
         });
         ForgeServer {
-            running: Running::start(handler),
+            running: Running::start_with(handler, tls),
             log,
             prs,
             hold,
+            shape,
         }
+    }
+
+    /// The shape it answers in.
+    pub fn shape(&self) -> ForgeShape {
+        self.shape
     }
 
     /// From now on, answer each creation only `wait` after recording it.
@@ -517,7 +770,7 @@ impl ForgeServer {
 
     /// The API base URL.
     pub fn url(&self) -> String {
-        format!("http://{}", self.running.addr)
+        format!("{}://{}", self.running.scheme(), self.running.addr)
     }
 
     /// Every request so far, in order.
@@ -566,6 +819,41 @@ pub struct NotifyServer {
 }
 
 impl NotifyServer {
+    /// A webhook receiver as a careful one is written: it computes
+    /// HMAC-SHA256 of the body with `key` and compares it (in constant time)
+    /// with the `X-Nightshift-Signature: sha256=<hex>` header; a post whose
+    /// signature is missing or wrong is recorded unauthorized and answered
+    /// 401. Over TLS when `tls` is given.
+    pub fn webhook(key: &str, tls: Option<ServerTls>) -> NotifyServer {
+        use hmac::Mac as _;
+        let log = log();
+        let seen = log.clone();
+        let key = key.as_bytes().to_vec();
+        let handler: Handler = Arc::new(move |req: Incoming| {
+            let verified = req
+                .header("x-nightshift-signature")
+                .and_then(|h| h.strip_prefix("sha256=").map(str::to_string))
+                .and_then(|h| hex::decode(h).ok())
+                .is_some_and(|given| {
+                    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key)
+                        .expect("HMAC takes any key");
+                    mac.update(&req.body);
+                    mac.verify_slice(&given).is_ok()
+                });
+            push_log(&seen, req.record(verified));
+            let status = match (req.method.as_str(), verified) {
+                ("POST", true) => StatusCode::NO_CONTENT,
+                ("POST", false) => StatusCode::UNAUTHORIZED,
+                _ => StatusCode::METHOD_NOT_ALLOWED,
+            };
+            Box::pin(async move { respond(status, "text/plain", Bytes::new()) })
+        });
+        NotifyServer {
+            running: Running::start_with(handler, tls),
+            log,
+        }
+    }
+
     /// Starts the endpoint.
     pub fn start() -> NotifyServer {
         let log = log();
@@ -592,11 +880,141 @@ impl NotifyServer {
 
     /// The endpoint's URL (`/hook`; any path is accepted).
     pub fn url(&self) -> String {
-        format!("http://{}/hook", self.running.addr)
+        format!("{}://{}/hook", self.running.scheme(), self.running.addr)
     }
 
     /// Every request so far, in order.
     pub fn requests(&self) -> Vec<Recorded> {
         read_log(&self.log)
     }
+}
+
+/// A real OpenSSH server (Debian's `/usr/sbin/sshd`) on a loopback port,
+/// with its own config, host key and authorized key under a temporary
+/// directory, serving git over SSH to the user the tests run as. Stopped
+/// (killed) when dropped.
+#[derive(Debug)]
+pub struct SshServer {
+    child: std::process::Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl SshServer {
+    /// Starts sshd accepting `authorized_key` (an OpenSSH public key line).
+    pub fn start(authorized_key: &str) -> SshServer {
+        let dir = tempfile::tempdir().expect("sshd dir");
+        let host_key = dir.path().join("host_ed25519");
+        ssh_keygen(&host_key);
+        std::fs::write(dir.path().join("authorized_keys"), authorized_key)
+            .expect("authorized_keys");
+        // sshd's privilege separation directory.
+        let _ = std::fs::create_dir_all("/run/sshd");
+        let user = login_name();
+        for _ in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let config = dir.path().join("sshd_config");
+            std::fs::write(
+                &config,
+                format!(
+                    "Port {port}\nListenAddress 127.0.0.1\nHostKey {}\nPidFile {}/sshd.pid\n\
+                     AuthorizedKeysFile {}/authorized_keys\nStrictModes no\nUsePAM no\n\
+                     PasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+                     PubkeyAuthentication yes\nPermitRootLogin prohibit-password\nAllowUsers {user}\n\
+                     LogLevel ERROR\n",
+                    host_key.display(),
+                    dir.path().display(),
+                    dir.path().display(),
+                ),
+            )
+            .expect("sshd_config");
+            let mut child = std::process::Command::new("/usr/sbin/sshd")
+                .arg("-D")
+                .arg("-e")
+                .arg("-f")
+                .arg(&config)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("starting /usr/sbin/sshd (Debian's openssh-server)");
+            for _ in 0..100 {
+                if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return SshServer { child, port, dir };
+                }
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("sshd did not start on loopback");
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Its host key, as a known_hosts line for `[127.0.0.1]:port`.
+    pub fn known_hosts_line(&self) -> String {
+        let public =
+            std::fs::read_to_string(self.dir.path().join("host_ed25519.pub")).expect("host key");
+        let mut fields = public.split_whitespace();
+        let (kind, key) = (
+            fields.next().unwrap_or_default(),
+            fields.next().unwrap_or_default(),
+        );
+        format!("[127.0.0.1]:{} {kind} {key}\n", self.port)
+    }
+
+    /// The `ssh://` URL of a repository at an absolute path.
+    pub fn url(&self, repo: &Path) -> String {
+        let user = login_name();
+        format!("ssh://{user}@127.0.0.1:{}{}", self.port, repo.display())
+    }
+}
+
+impl Drop for SshServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The name of the user the tests run as.
+pub fn login_name() -> String {
+    nix::unistd::User::from_uid(nix::unistd::geteuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .unwrap_or_else(|| "root".into())
+}
+
+/// Makes an ed25519 key pair at `path` and `path.pub` (no passphrase).
+pub fn ssh_keygen(path: &Path) {
+    let out = std::process::Command::new("ssh-keygen")
+        .args([
+            "-q",
+            "-t",
+            "ed25519",
+            "-N",
+            "",
+            "-C",
+            "nightshift-test",
+            "-f",
+        ])
+        .arg(path)
+        .output()
+        .expect("running ssh-keygen");
+    assert!(
+        out.status.success(),
+        "ssh-keygen: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

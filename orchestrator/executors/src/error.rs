@@ -53,6 +53,16 @@ pub enum ExecError {
     Auth { action: String },
     #[error("{action}: the remote refused the update: {reason}")]
     Rejected { action: String, reason: String },
+    #[error("{action}: {why}")]
+    Tls { action: String, why: String },
+    #[error("{action}: {why}")]
+    HostKey { action: String, why: String },
+    #[error("{action}: the destination refused the request as invalid ({status}): {excerpt:?}")]
+    Invalid {
+        action: String,
+        status: u16,
+        excerpt: String,
+    },
     #[error("{action}: could not reach the destination")]
     Unreachable {
         action: String,
@@ -104,7 +114,10 @@ impl ExecError {
             | ExecError::Rejected { .. }
             | ExecError::TimedOut { .. }
             | ExecError::Protocol { .. }
-            | ExecError::Internal { .. } => false,
+            | ExecError::Internal { .. }
+            | ExecError::Tls { .. }
+            | ExecError::HostKey { .. }
+            | ExecError::Invalid { .. } => false,
         }
     }
 
@@ -123,6 +136,9 @@ impl ExecError {
             ExecError::Protocol { .. } => "protocol",
             ExecError::Internal { .. } => "internal",
             ExecError::Git { .. } => "git",
+            ExecError::Tls { .. } => "tls_untrusted",
+            ExecError::HostKey { .. } => "host_key_refused",
+            ExecError::Invalid { .. } => "invalid_at_destination",
         }
     }
 
@@ -138,6 +154,7 @@ impl ExecError {
                 show_ref(found)
             ),
             ExecError::Status { status, .. } => format!("http_status: {status}"),
+            ExecError::Invalid { status, .. } => format!("invalid_at_destination: {status}"),
             ExecError::TimedOut { secs, .. } => format!("timed_out: {secs}s"),
             other => other.class().to_string(),
         }

@@ -1,37 +1,51 @@
-//! Opening a pull request through a forge's GitHub-shaped REST API.
+//! Opening a pull request (GitLab: a merge request) through a forge's REST
+//! API: GitHub's, GitLab's or Gitea's (Forgejo speaks Gitea's).
+//!
+//! | kind   | open                                         | look up (open ones, for a head and base)                              |
+//! |--------|----------------------------------------------|-----------------------------------------------------------------------|
+//! | github | `POST /repos/{o}/{r}/pulls`                  | `GET /repos/{o}/{r}/pulls?head={o}:{head}&base={base}&state=open`      |
+//! | gitlab | `POST /projects/{path}/merge_requests`       | `GET /projects/{path}/merge_requests?source_branch=..&target_branch=..&state=opened` |
+//! | gitea  | `POST /repos/{o}/{r}/pulls`                  | `GET /repos/{o}/{r}/pulls?state=open&page=N&limit=50`, filtered here   |
 //!
 //! Invariants:
-//! - One `POST {api}/repos/{owner}/{name}/pulls` per call, with the token as
-//!   `Authorization: Bearer`, read from its file at the moment of the call;
-//!   the JSON body holds exactly `title`, `head`, `base`, `body`.
-//! - The head commit is not sent (the API has no such field): the caller
+//! - One creation request per call, with the token as
+//!   `Authorization: Bearer` (accepted by all three), read from its file at
+//!   the moment of the call; the body holds exactly the title, the head and
+//!   base branches and the description, in the forge's field names.
+//! - The head commit is not sent (no API has such a field): the caller
 //!   must have verified, under its lock, that the remote head branch holds
 //!   the approved commit (the push executor's lease does that). When the
 //!   forge's answer names the head commit and it is another one, the call
 //!   fails (not retryable) naming the pull request, so a person can close it.
 //! - A 201 is the only success of a creation; nothing is retried after the
-//!   request may have left (see [`crate::ExecError::retryable`]). A 422 that
-//!   says a pull request already exists for the head is answered by looking
-//!   it up: one open for the same head, base and approved commit is adopted
-//!   (success), any other is an error saying so.
+//!   request may have left (see [`crate::ExecError::retryable`]). An answer
+//!   saying one already exists for the head (GitHub 422, GitLab and Gitea
+//!   409) is answered by looking it up: one open for the same head, base
+//!   and approved commit is adopted (success), any other is an error saying
+//!   so. Any other validation refusal (400, 409, 422) is
+//!   [`ExecError::Invalid`], reported as the forge's refusal.
 //! - [`find_pull_request`] finds an open pull request for a head, base and
-//!   commit (one `GET .../pulls?head=OWNER:BRANCH&base=BASE&state=open`), so
-//!   that after a crash an existing one is adopted instead of duplicated.
+//!   commit, so that after a crash an existing one is adopted instead of
+//!   duplicated.
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{ForgeConfig, DEFAULT_HTTP_TIMEOUT_SECS};
+use crate::config::{warn_if_clear, ForgeConfig, ForgeKind, DEFAULT_HTTP_TIMEOUT_SECS};
 use crate::error::{excerpt, ExecError};
 use crate::http::{HttpPost, HttpRequest, TransportError, UreqPost};
 use crate::push::check_oid;
 use crate::secret::Secret;
 
+/// Pages of open pull requests read on Gitea when looking one up.
+const GITEA_PAGES: u32 = 10;
+const GITEA_PAGE_SIZE: usize = 50;
+
 /// A pull request that was opened (or found open, when `adopted`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrOutcome {
-    /// Its number on the forge.
+    /// Its number on the forge (GitLab: the merge request's `iid`).
     pub number: u64,
     /// Its page.
     pub url: String,
@@ -61,6 +75,25 @@ pub fn open_pull_request(
     )
 }
 
+fn accept(kind: ForgeKind) -> &'static str {
+    match kind {
+        ForgeKind::Github => "application/vnd.github+json",
+        ForgeKind::Gitlab | ForgeKind::Gitea => "application/json",
+    }
+}
+
+fn api(forge: &ForgeConfig) -> &str {
+    forge.api.trim_end_matches('/')
+}
+
+fn read_token(forge: &ForgeConfig) -> Result<Secret, ExecError> {
+    Secret::read_file(&forge.token_file).map_err(|source| ExecError::Credential {
+        destination: format!("forge {}", forge.repo),
+        path: forge.token_file.clone(),
+        source,
+    })
+}
+
 /// As [`open_pull_request`], through the given HTTP client.
 pub fn open_pull_request_with(
     http: &dyn HttpPost,
@@ -71,7 +104,11 @@ pub fn open_pull_request_with(
     title: &str,
     body: &str,
 ) -> Result<PrOutcome, ExecError> {
-    let action = format!("opening a pull request on {}", forge.repo);
+    let noun = match forge.kind {
+        ForgeKind::Gitlab => "a merge request",
+        _ => "a pull request",
+    };
+    let action = format!("opening {noun} on {}", forge.repo);
     let invalid = |why: String| ExecError::InvalidRequest {
         action: action.clone(),
         why,
@@ -82,50 +119,77 @@ pub fn open_pull_request_with(
     if title.trim().is_empty() {
         return Err(invalid("the title is empty".into()));
     }
-    let token = Secret::read_file(&forge.token_file).map_err(|source| ExecError::Credential {
-        destination: format!("forge {}", forge.repo),
-        path: forge.token_file.clone(),
-        source,
-    })?;
-    let url = format!(
-        "{}/repos/{}/pulls",
-        forge.api.trim_end_matches('/'),
-        forge.repo
-    );
-    let payload = serde_json::json!({
-        "title": title,
-        "head": head,
-        "base": base,
-        "body": body,
-    });
+    let token = read_token(forge)?;
+    let (url, payload) = match forge.kind {
+        ForgeKind::Github | ForgeKind::Gitea => (
+            format!("{}/repos/{}/pulls", api(forge), forge.repo),
+            serde_json::json!({"title": title, "head": head, "base": base, "body": body}),
+        ),
+        ForgeKind::Gitlab => (
+            format!(
+                "{}/projects/{}/merge_requests",
+                api(forge),
+                query_escape(&forge.repo)
+            ),
+            serde_json::json!({
+                "source_branch": head,
+                "target_branch": base,
+                "title": title,
+                "description": body,
+            }),
+        ),
+    };
     let payload = serde_json::to_vec(&payload).map_err(|e| invalid(format!("encoding: {e}")))?;
     let secs = forge.timeout_secs.unwrap_or(DEFAULT_HTTP_TIMEOUT_SECS);
+    let github_version = [("X-GitHub-Api-Version", "2022-11-28")];
     let request = HttpRequest {
-        url: &url,
-        content_type: "application/json",
-        accept: Some("application/vnd.github+json"),
+        accept: Some(accept(forge.kind)),
         bearer: Some(&token),
-        body: &payload,
-        timeout: Duration::from_secs(secs),
+        ca_file: forge.ca_file.as_deref(),
+        headers: match forge.kind {
+            ForgeKind::Github => &github_version,
+            _ => &[],
+        },
+        ..HttpRequest::new(
+            &url,
+            "application/json",
+            &payload,
+            Duration::from_secs(secs),
+        )
     };
+    if forge.insecure {
+        warn_if_clear(&url, "forge");
+    }
     let response = http
         .post(&request)
         .map_err(|e| transport_error(action.clone(), secs, e))?;
+    let text = String::from_utf8_lossy(&response.body);
+    let exists = match (forge.kind, response.status) {
+        (ForgeKind::Github, 422) => text.contains("already exists"),
+        (ForgeKind::Gitlab | ForgeKind::Gitea, 409 | 422) => text.contains("already exists"),
+        _ => false,
+    };
     match response.status {
         201 => {}
         401 | 403 => return Err(ExecError::Auth { action }),
-        422 if String::from_utf8_lossy(&response.body).contains("already exists") => {
+        _ if exists => {
             // Opened before (by an attempt whose answer was lost, or by a
             // person): adopt it only if it is exactly what was approved.
             return match find_with(http, forge, &token, head, base, head_commit)? {
                 Some(found) => Ok(found),
-                None => Err(ExecError::Status {
+                None => Err(ExecError::Invalid {
                     action,
-                    status: 422,
-                    excerpt: "a pull request for this head already exists, but not open at the approved commit into the approved base".into(),
-                    retryable: false,
+                    status: response.status,
+                    excerpt: format!("{noun} for this head already exists, but not open at the approved commit into the approved base"),
                 }),
             };
+        }
+        400 | 409 | 422 => {
+            return Err(ExecError::Invalid {
+                action,
+                status: response.status,
+                excerpt: excerpt(&response.body, Some(token.expose())),
+            })
         }
         status => {
             return Err(ExecError::Status {
@@ -136,27 +200,54 @@ pub fn open_pull_request_with(
             })
         }
     }
-    let created: Created =
-        serde_json::from_slice(&response.body).map_err(|e| ExecError::Protocol {
-            action: action.clone(),
-            why: format!("the 201 answer is not a pull request: {e}"),
-        })?;
-    if let Some(sha) = created.head.and_then(|h| h.sha) {
+    let created = parse_created(forge.kind, &response.body).map_err(|why| ExecError::Protocol {
+        action: action.clone(),
+        why: format!("the 201 answer is not {noun}: {why}"),
+    })?;
+    if let Some(sha) = created.sha {
         if !sha.eq_ignore_ascii_case(head_commit) {
             return Err(ExecError::Protocol {
                 action,
                 why: format!(
-                    "pull request #{} ({}) was opened at head {sha}, not the approved {head_commit}",
-                    created.number, created.html_url
+                    "{noun} #{} ({}) was opened at head {sha}, not the approved {head_commit}",
+                    created.number, created.url
                 ),
             });
         }
     }
     Ok(PrOutcome {
         number: created.number,
-        url: created.html_url,
+        url: created.url,
         adopted: false,
     })
+}
+
+/// What a 201 says, in every forge's shape.
+struct Created {
+    number: u64,
+    url: String,
+    sha: Option<String>,
+}
+
+fn parse_created(kind: ForgeKind, body: &[u8]) -> Result<Created, String> {
+    match kind {
+        ForgeKind::Github | ForgeKind::Gitea => {
+            let c: GithubCreated = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+            Ok(Created {
+                number: c.number,
+                url: c.html_url,
+                sha: c.head.and_then(|h| h.sha).filter(|s| !s.is_empty()),
+            })
+        }
+        ForgeKind::Gitlab => {
+            let c: GitlabMr = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+            Ok(Created {
+                number: c.iid,
+                url: c.web_url,
+                sha: c.sha.filter(|s| !s.is_empty()),
+            })
+        }
+    }
 }
 
 /// The open pull request from `head_ref` into `base_ref` at `head_commit`,
@@ -186,12 +277,17 @@ pub fn find_pull_request_with(
     let head = branch_name(head_ref).map_err(|why| invalid(format!("head {head_ref:?}: {why}")))?;
     let base = branch_name(base_ref).map_err(|why| invalid(format!("base {base_ref:?}: {why}")))?;
     check_oid(head_commit).map_err(|why| invalid(format!("head commit: {why}")))?;
-    let token = Secret::read_file(&forge.token_file).map_err(|source| ExecError::Credential {
-        destination: format!("forge {}", forge.repo),
-        path: forge.token_file.clone(),
-        source,
-    })?;
+    let token = read_token(forge)?;
     find_with(http, forge, &token, head, base, head_commit)
+}
+
+/// One open pull request as a listing shows it, in every forge's shape.
+struct Open {
+    number: u64,
+    url: String,
+    head: String,
+    base: Option<String>,
+    sha: String,
 }
 
 fn find_with(
@@ -202,26 +298,75 @@ fn find_with(
     base: &str,
     head_commit: &str,
 ) -> Result<Option<PrOutcome>, ExecError> {
+    let pages = match forge.kind {
+        ForgeKind::Gitea => GITEA_PAGES,
+        _ => 1,
+    };
+    for page in 1..=pages {
+        let (listed, full) = list_page(http, forge, token, head, base, page)?;
+        let found = listed.into_iter().find(|pr| {
+            pr.sha.eq_ignore_ascii_case(head_commit)
+                && pr.head == head
+                && pr.base.as_ref().is_none_or(|b| b == base)
+        });
+        if let Some(pr) = found {
+            return Ok(Some(PrOutcome {
+                number: pr.number,
+                url: pr.url,
+                adopted: true,
+            }));
+        }
+        if !full {
+            break;
+        }
+    }
+    Ok(None)
+}
+
+/// One page of open pull requests, and whether it was full (more may follow).
+fn list_page(
+    http: &dyn HttpPost,
+    forge: &ForgeConfig,
+    token: &Secret,
+    head: &str,
+    base: &str,
+    page: u32,
+) -> Result<(Vec<Open>, bool), ExecError> {
     let action = format!("looking up pull requests on {}", forge.repo);
     let owner = forge.repo.split('/').next().unwrap_or_default();
     // Branch names passed `branch_name` (valid ref names): only `/` and a
     // few punctuation marks need escaping in a query value.
-    let url = format!(
-        "{}/repos/{}/pulls?head={}&base={}&state=open",
-        forge.api.trim_end_matches('/'),
-        forge.repo,
-        query_escape(&format!("{owner}:{head}")),
-        query_escape(base),
-    );
+    let url = match forge.kind {
+        ForgeKind::Github => format!(
+            "{}/repos/{}/pulls?head={}&base={}&state=open",
+            api(forge),
+            forge.repo,
+            query_escape(&format!("{owner}:{head}")),
+            query_escape(base),
+        ),
+        ForgeKind::Gitlab => format!(
+            "{}/projects/{}/merge_requests?source_branch={}&target_branch={}&state=opened",
+            api(forge),
+            query_escape(&forge.repo),
+            query_escape(head),
+            query_escape(base),
+        ),
+        ForgeKind::Gitea => format!(
+            "{}/repos/{}/pulls?state=open&page={page}&limit={GITEA_PAGE_SIZE}",
+            api(forge),
+            forge.repo,
+        ),
+    };
     let secs = forge.timeout_secs.unwrap_or(DEFAULT_HTTP_TIMEOUT_SECS);
     let request = HttpRequest {
-        url: &url,
-        content_type: "application/json",
-        accept: Some("application/vnd.github+json"),
+        accept: Some(accept(forge.kind)),
         bearer: Some(token),
-        body: b"",
-        timeout: Duration::from_secs(secs),
+        ca_file: forge.ca_file.as_deref(),
+        ..HttpRequest::new(&url, "application/json", b"", Duration::from_secs(secs))
     };
+    if forge.insecure {
+        warn_if_clear(&url, "forge");
+    }
     let response = http
         .get(&request)
         .map_err(|e| transport_error(action.clone(), secs, e))?;
@@ -237,23 +382,38 @@ fn find_with(
             })
         }
     }
-    let listed: Vec<Listed> =
-        serde_json::from_slice(&response.body).map_err(|e| ExecError::Protocol {
-            action: action.clone(),
-            why: format!("the answer is not a list of pull requests: {e}"),
-        })?;
-    Ok(listed
-        .into_iter()
-        .find(|pr| {
-            pr.head.sha.eq_ignore_ascii_case(head_commit)
-                && pr.head.r#ref == head
-                && pr.base.as_ref().is_none_or(|b| b.r#ref == base)
-        })
-        .map(|pr| PrOutcome {
-            number: pr.number,
-            url: pr.html_url,
-            adopted: true,
-        }))
+    let protocol = |e: serde_json::Error| ExecError::Protocol {
+        action: action.clone(),
+        why: format!("the answer is not a list of pull requests: {e}"),
+    };
+    let listed: Vec<Open> = match forge.kind {
+        ForgeKind::Github | ForgeKind::Gitea => {
+            serde_json::from_slice::<Vec<Listed>>(&response.body)
+                .map_err(protocol)?
+                .into_iter()
+                .map(|pr| Open {
+                    number: pr.number,
+                    url: pr.html_url,
+                    head: pr.head.r#ref,
+                    base: pr.base.map(|b| b.r#ref),
+                    sha: pr.head.sha,
+                })
+                .collect()
+        }
+        ForgeKind::Gitlab => serde_json::from_slice::<Vec<GitlabMr>>(&response.body)
+            .map_err(protocol)?
+            .into_iter()
+            .map(|mr| Open {
+                number: mr.iid,
+                url: mr.web_url,
+                head: mr.source_branch.unwrap_or_default(),
+                base: mr.target_branch,
+                sha: mr.sha.unwrap_or_default(),
+            })
+            .collect(),
+    };
+    let full = listed.len() >= GITEA_PAGE_SIZE;
+    Ok((listed, full))
 }
 
 fn query_escape(value: &str) -> String {
@@ -285,7 +445,7 @@ struct ListedRef {
 }
 
 #[derive(Deserialize)]
-struct Created {
+struct GithubCreated {
     number: u64,
     html_url: String,
     #[serde(default)]
@@ -296,6 +456,19 @@ struct Created {
 struct CreatedHead {
     #[serde(default)]
     sha: Option<String>,
+}
+
+/// A GitLab merge request, as created or listed.
+#[derive(Deserialize)]
+struct GitlabMr {
+    iid: u64,
+    web_url: String,
+    #[serde(default)]
+    sha: Option<String>,
+    #[serde(default)]
+    source_branch: Option<String>,
+    #[serde(default)]
+    target_branch: Option<String>,
 }
 
 /// The branch name the API wants: `refs/heads/x` and `x` both give `x`.
@@ -323,6 +496,7 @@ pub(crate) fn transport_error(action: String, secs: u64, e: TransportError) -> E
             retryable: true,
             source,
         },
+        TransportError::Tls(why) => ExecError::Tls { action, why },
         TransportError::TimedOut => ExecError::TimedOut { action, secs },
         TransportError::Failed(source) => ExecError::Unreachable {
             action,
@@ -402,14 +576,18 @@ mod tests {
     fn forge(dir: &tempfile::TempDir) -> ForgeConfig {
         let token_file = dir.path().join("token");
         std::fs::write(&token_file, "tok-SECRET\n").unwrap();
-        ForgeConfig {
-            api: "http://forge.test/".into(),
-            repo: "own/repo".into(),
-            remote: "origin".into(),
+        std::fs::set_permissions(
+            &token_file,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
+        ForgeConfig::new(
+            "http://forge.test/",
+            "own/repo",
+            "origin",
             token_file,
-            readers: Readers::Public,
-            timeout_secs: None,
-        }
+            Readers::Public,
+        )
     }
 
     fn open(fake: &Fake, f: &ForgeConfig) -> Result<PrOutcome, ExecError> {
@@ -457,7 +635,8 @@ mod tests {
         let echo = "bad request, you sent Bearer tok-SECRET";
         let cases = [
             (401, false, "auth_refused"),
-            (422, false, "http_status"),
+            (422, false, "invalid_at_destination"),
+            (400, false, "invalid_at_destination"),
             (500, false, "http_status"),
             (503, true, "http_status"),
         ];

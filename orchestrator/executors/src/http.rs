@@ -12,7 +12,11 @@
 //! - A transport error says whether the request certainly never left
 //!   ([`TransportError::NotSent`]): only then is a new attempt safe.
 //! - Responses are read up to [`MAX_RESPONSE_BYTES`]; more is an error.
+//! - TLS is rustls (ring) with the system's roots plus the request's
+//!   `ca_file` ([`crate::tls`]); a server that is not trusted is
+//!   [`TransportError::Tls`]: the request never left.
 
+use std::path::Path;
 use std::time::Duration;
 
 use crate::secret::Secret;
@@ -35,6 +39,26 @@ pub struct HttpRequest<'a> {
     pub body: &'a [u8],
     /// Time limit of the whole exchange.
     pub timeout: Duration,
+    /// Certificate authorities trusted besides the system's.
+    pub ca_file: Option<&'a Path>,
+    /// More headers (a signature): names and values the caller made.
+    pub headers: &'a [(&'a str, &'a str)],
+}
+
+impl<'a> HttpRequest<'a> {
+    /// A request with no accept, token, CA file or extra header.
+    pub fn new(url: &'a str, content_type: &'a str, body: &'a [u8], timeout: Duration) -> Self {
+        HttpRequest {
+            url,
+            content_type,
+            accept: None,
+            bearer: None,
+            body,
+            timeout,
+            ca_file: None,
+            headers: &[],
+        }
+    }
 }
 
 /// What came back.
@@ -52,6 +76,10 @@ pub enum TransportError {
     /// The request certainly never reached the destination (no connection).
     #[error("no connection was made")]
     NotSent(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The server's certificate was not trusted (or the trust store could
+    /// not be made): nothing was sent.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The time limit passed; the request may have been acted on.
     #[error("timed out")]
     TimedOut,
@@ -69,19 +97,22 @@ pub trait HttpPost {
     fn get(&self, request: &HttpRequest<'_>) -> Result<HttpResponse, TransportError>;
 }
 
-/// The real client: `ureq`, plain HTTP (no TLS is compiled in).
+/// The real client: `ureq` over rustls.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UreqPost;
 
 impl UreqPost {
-    fn agent(request: &HttpRequest<'_>) -> ureq::Agent {
-        ureq::Agent::config_builder()
+    fn agent(request: &HttpRequest<'_>) -> Result<ureq::Agent, TransportError> {
+        let tls = crate::tls::ureq_tls(request.ca_file)
+            .map_err(|e| TransportError::Tls(e.to_string()))?;
+        Ok(ureq::Agent::config_builder()
             .timeout_global(Some(request.timeout))
             .http_status_as_error(false)
             .max_redirects(0)
             .proxy(None)
+            .tls_config(tls)
             .build()
-            .into()
+            .into())
     }
 }
 
@@ -100,10 +131,13 @@ fn read_response(
 
 impl HttpPost for UreqPost {
     fn post(&self, request: &HttpRequest<'_>) -> Result<HttpResponse, TransportError> {
-        let mut builder = Self::agent(request)
+        let mut builder = Self::agent(request)?
             .post(request.url)
             .header("Content-Type", request.content_type)
             .header("User-Agent", "nightshift");
+        for (name, value) in request.headers {
+            builder = builder.header(*name, *value);
+        }
         if let Some(accept) = request.accept {
             builder = builder.header("Accept", accept);
         }
@@ -114,7 +148,7 @@ impl HttpPost for UreqPost {
     }
 
     fn get(&self, request: &HttpRequest<'_>) -> Result<HttpResponse, TransportError> {
-        let mut builder = Self::agent(request)
+        let mut builder = Self::agent(request)?
             .get(request.url)
             .header("User-Agent", "nightshift");
         if let Some(accept) = request.accept {
@@ -127,9 +161,25 @@ impl HttpPost for UreqPost {
     }
 }
 
+/// The rustls error behind a ureq error, if the handshake failed.
+fn tls_failure(e: &ureq::Error) -> Option<String> {
+    match e {
+        ureq::Error::Rustls(r) => Some(r.to_string()),
+        ureq::Error::Tls(why) => Some(why.to_string()),
+        ureq::Error::Io(io) => io
+            .get_ref()
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .map(|r| r.to_string()),
+        _ => None,
+    }
+}
+
 fn classify(e: ureq::Error) -> TransportError {
     use std::io::ErrorKind;
     use ureq::Timeout;
+    if let Some(why) = tls_failure(&e) {
+        return TransportError::Tls(why);
+    }
     match e {
         ureq::Error::Timeout(Timeout::Resolve | Timeout::Connect) => {
             TransportError::NotSent(Box::new(e))
@@ -161,12 +211,8 @@ mod tests {
     fn a_request_prints_no_token() {
         let token = Secret::new("tok-abc").unwrap();
         let r = HttpRequest {
-            url: "http://h/x",
-            content_type: "text/plain",
-            accept: None,
             bearer: Some(&token),
-            body: b"",
-            timeout: Duration::from_secs(1),
+            ..HttpRequest::new("http://h/x", "text/plain", b"", Duration::from_secs(1))
         };
         let shown = format!("{r:?}");
         assert!(!shown.contains("tok-abc"), "{shown}");
@@ -182,14 +228,7 @@ mod tests {
             .unwrap()
             .port();
         let url = format!("http://127.0.0.1:{port}/x");
-        let r = HttpRequest {
-            url: &url,
-            content_type: "text/plain",
-            accept: None,
-            bearer: None,
-            body: b"hi",
-            timeout: Duration::from_secs(5),
-        };
+        let r = HttpRequest::new(&url, "text/plain", b"hi", Duration::from_secs(5));
         let err = UreqPost.post(&r).unwrap_err();
         assert!(matches!(err, TransportError::NotSent(_)), "{err:?}");
     }

@@ -1,10 +1,13 @@
 //! Executors: the supervisor-side code that carries out an approved act,
 //! with credentials that live only here.
 //!
-//! - [`push`] a commit of the host repository to a configured git remote,
-//!   under a lease on the remote ref's old value ([`remote_ref`] reads it);
-//! - [`open_pull_request`] through a forge's GitHub-shaped REST API;
-//! - [`notify`]: an HTTP POST of a message body.
+//! - [`push`] a commit of the host repository to a configured git remote
+//!   (HTTPS, SSH, loopback HTTP, `file://`), under a lease on the remote
+//!   ref's old value that the push itself enforces ([`remote_ref`] reads it);
+//! - [`open_pull_request`] through a forge's REST API (GitHub, GitLab's
+//!   merge requests, Gitea/Forgejo);
+//! - [`notify`] / [`send`]: an HTTP POST of a message: plain, a signed JSON
+//!   webhook, or a Slack-compatible incoming webhook.
 //!
 //! Each takes the destination's config ([`Destinations`]), never a URL from
 //! an act: the caller resolves the act's alias and must have rechecked the
@@ -19,9 +22,9 @@
 //!   attempt cannot do anything that was not approved.
 //!
 //! The forge and notify executors reach HTTP through the [`HttpPost`] trait
-//! (real: [`UreqPost`]); the push executor is the crate's git2 adapter.
-//! Only `http://` is compiled in: TLS would be a feature of `ureq` (rustls)
-//! and of `git2` (`https`).
+//! (real: [`UreqPost`], rustls); the push executor is the crate's git2
+//! adapter (OpenSSL for HTTPS, libssh2 for SSH). [`tls`] says why two TLS
+//! stacks, and whom each trusts.
 
 #![forbid(unsafe_code)]
 
@@ -29,12 +32,15 @@ mod config;
 mod error;
 mod forge;
 mod http;
+pub mod known_hosts;
 mod notify;
 mod push;
 mod secret;
+pub mod tls;
 
 pub use config::{
-    ConfigError, Destinations, ForgeConfig, NotifyConfig, Readers, RemoteConfig, RemoteCredential,
+    parse_hhmm, ConfigError, Destinations, ForgeConfig, ForgeKind, Listed, Location, NotifyConfig,
+    NotifyKind, Problem, Readers, RemoteConfig, RemoteCredential, SummaryConfig,
     DEFAULT_HTTP_TIMEOUT_SECS, DEFAULT_PUSH_TIMEOUT_SECS, TOKEN_USERNAME,
 };
 pub use error::{ExecError, EXCERPT_CHARS};
@@ -42,6 +48,8 @@ pub use forge::{
     find_pull_request, find_pull_request_with, open_pull_request, open_pull_request_with, PrOutcome,
 };
 pub use http::{HttpPost, HttpRequest, HttpResponse, TransportError, UreqPost, MAX_RESPONSE_BYTES};
-pub use notify::{notify, notify_with, NotifyOutcome};
+pub use notify::{
+    notify, notify_with, send, send_with, signature, Message, NotifyOutcome, SIGNATURE_HEADER,
+};
 pub use push::{extends, push, remote_ref, PushOutcome};
 pub use secret::{Secret, SecretError};

@@ -1,13 +1,24 @@
-//! Pushing an approved commit to a configured remote over smart HTTP, with
-//! libgit2.
+//! Pushing an approved commit to a configured remote over HTTPS, plain HTTP
+//! (loopback), SSH or `file://`, with libgit2.
 //!
 //! Invariants:
-//! - The lease is exact: on one connection the remote's refs are listed,
-//!   `dst_ref` is compared with `expected_old` (`None`: must not exist), and
-//!   only if they are equal is the commit pushed, on that same connection.
-//!   The update libgit2 sends names the listed value as the old one, and the
-//!   remote applies it only if the ref still holds it; so a remote that
-//!   moved after the listing refuses the update rather than losing a commit.
+//! - The lease is enforced by the push itself, as `--force-with-lease`
+//!   does: libgit2's push negotiation hands over the update it is about to
+//!   send, and it is sent only if its old value (the remote's ref as
+//!   advertised on this connection) is `expected_old` (`None`: the ref must
+//!   not exist); otherwise the push stops before any object is sent
+//!   ([`ExecError::Stale`]). The update names that old value, and the
+//!   remote's receive-pack applies it only if the ref still holds it under
+//!   its lock; so a remote that moved at any moment refuses the update
+//!   rather than losing a commit.
+//! - TLS: OpenSSL verifies the server against the system's roots; a remote
+//!   with a `ca_file` also accepts a certificate that verifies against it
+//!   ([`crate::tls::verify_leaf`]). Nothing else is accepted.
+//! - SSH: the server's host key must be listed for it in the remote's
+//!   `known_hosts` ([`crate::known_hosts`]); unknown, changed or revoked
+//!   keys end the push before authenticating, naming the host and key. The
+//!   key file is read at use (owner and mode checked) or the supervisor's
+//!   ssh-agent is asked; `~/.ssh` plays no part.
 //! - A remote that already holds `commit` at `dst_ref` is success
 //!   (`already_there`): that makes repeating an attempt harmless, which is
 //!   why transport failures of a push may be retried.
@@ -37,8 +48,11 @@ use git2::{
     Repository, RepositoryOpenFlags,
 };
 
-use crate::config::{check_remote_url as check_url, RemoteConfig, DEFAULT_PUSH_TIMEOUT_SECS};
+use crate::config::{
+    check_remote_url as check_url, warn_if_clear, Location, RemoteConfig, DEFAULT_PUSH_TIMEOUT_SECS,
+};
 use crate::error::ExecError;
+use crate::known_hosts::{self, HostKeyVerdict};
 use crate::secret::Secret;
 
 /// A push that took effect (or had already).
@@ -75,7 +89,7 @@ pub fn push(
     let job = Job {
         action: action.clone(),
         url: remote.url.clone(),
-        credential: read_credential(remote)?,
+        access: Access::of(remote)?,
         source_repo: source_repo.to_path_buf(),
         commit,
         dst_ref: dst_ref.to_string(),
@@ -97,13 +111,13 @@ pub fn remote_ref(remote: &RemoteConfig, dst_ref: &str) -> Result<Option<String>
         action: action.clone(),
         why: format!("url: {why}"),
     })?;
-    let credential = read_credential(remote)?;
+    let access = Access::of(remote)?;
     let url = remote.url.clone();
     let dst_ref = dst_ref.to_string();
     let secs = remote.timeout_secs.unwrap_or(DEFAULT_PUSH_TIMEOUT_SECS);
     let inner_action = action.clone();
     with_deadline(action, secs, move || {
-        let auth = Auth::new(credential.as_ref());
+        let auth = Auth::new(&access);
         let mut detached = Remote::create_detached(url.as_str())
             .map_err(|e| git_error(&inner_action, &auth, e))?;
         let conn = detached
@@ -166,19 +180,101 @@ fn check_ref(r: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn read_credential(remote: &RemoteConfig) -> Result<Option<(String, Secret)>, ExecError> {
-    remote
-        .credential()
-        .map(|c| {
-            Secret::read_file(c.secret_file)
-                .map(|s| (c.username.to_string(), s))
-                .map_err(|source| ExecError::Credential {
-                    destination: format!("remote {}", remote.url),
-                    path: c.secret_file.to_path_buf(),
-                    source,
+/// Everything a connection to a remote needs besides its URL: the
+/// credential (read now, from its file), and whom to trust.
+struct Access {
+    /// HTTP Basic username and password or token.
+    http: Option<(String, Secret)>,
+    /// Extra certificate authorities of an https remote.
+    ca_file: Option<PathBuf>,
+    /// SSH: the login, and the key (None: the agent), and the known hosts.
+    ssh: Option<SshAccess>,
+    /// The TLS refusal of the remote's `ca_file`, kept to name it.
+    tls_refusal: RefCell<Option<String>>,
+    /// The host key refusal, kept to name it.
+    host_key_refusal: RefCell<Option<String>>,
+}
+
+struct SshAccess {
+    user: String,
+    key: Option<Secret>,
+    host: String,
+    port: u16,
+    known_hosts: PathBuf,
+    known_hosts_text: String,
+}
+
+impl Access {
+    fn of(remote: &RemoteConfig) -> Result<Access, ExecError> {
+        let destination = format!("remote {}", remote.url);
+        let location = remote.location().map_err(|why| ExecError::InvalidRequest {
+            action: format!("reaching {}", remote.url),
+            why: format!("url: {why}"),
+        })?;
+        let http = remote
+            .credential()
+            .map(|c| {
+                Secret::read_file(c.secret_file)
+                    .map(|s| (c.username.to_string(), s))
+                    .map_err(|source| ExecError::Credential {
+                        destination: destination.clone(),
+                        path: c.secret_file.to_path_buf(),
+                        source,
+                    })
+            })
+            .transpose()?;
+        if http.is_some() && remote.insecure {
+            warn_if_clear(&remote.url, "remote");
+        }
+        let ssh = match location {
+            Location::Ssh { user, host, port } => {
+                let known_hosts =
+                    remote
+                        .known_hosts
+                        .clone()
+                        .ok_or_else(|| ExecError::InvalidRequest {
+                            action: format!("reaching {}", remote.url),
+                            why: "an ssh remote needs known_hosts".into(),
+                        })?;
+                let known_hosts_text =
+                    std::fs::read_to_string(&known_hosts).map_err(|e| ExecError::HostKey {
+                        action: format!("reaching {}", remote.url),
+                        why: format!("reading known_hosts {}: {e}", known_hosts.display()),
+                    })?;
+                let key = remote
+                    .ssh_key_file
+                    .as_ref()
+                    .map(|path| {
+                        Secret::read_key_file(path).map_err(|source| ExecError::Credential {
+                            destination: destination.clone(),
+                            path: path.clone(),
+                            source,
+                        })
+                    })
+                    .transpose()?;
+                Some(SshAccess {
+                    user: remote
+                        .username
+                        .clone()
+                        .or(user)
+                        .unwrap_or_else(|| "git".into()),
+                    key,
+                    host,
+                    port,
+                    known_hosts,
+                    known_hosts_text,
                 })
+            }
+            _ => None,
+        };
+        Ok(Access {
+            http,
+            ca_file: remote.ca_file.clone(),
+            ssh,
+            tls_refusal: RefCell::new(None),
+            host_key_refusal: RefCell::new(None),
         })
-        .transpose()
+    }
 }
 
 /// Runs `f` on its own thread and waits at most `secs` for it.
@@ -211,7 +307,7 @@ fn with_deadline<T: Send + 'static>(
 struct Job {
     action: String,
     url: String,
-    credential: Option<(String, Secret)>,
+    access: Access,
     source_repo: PathBuf,
     commit: String,
     dst_ref: String,
@@ -268,7 +364,7 @@ impl Job {
                 retryable: false,
                 source,
             })?;
-        let listing = Auth::new(self.credential.as_ref());
+        let listing = Auth::new(&self.access);
         let mut conn = remote
             .connect_auth(Direction::Push, Some(listing.callbacks()), None)
             .map_err(|e| git_error(action, &listing, e))?;
@@ -280,17 +376,30 @@ impl Job {
                 already_there: true,
             });
         }
-        if found != self.expected_old {
-            return Err(ExecError::Stale {
-                action: action.to_string(),
-                expected: self.expected_old,
-                found,
-            });
-        }
+        // No comparison with the lease here: the push's own negotiation
+        // below holds it (see the module note), on the values it sends.
 
-        let pushing = Auth::new(self.credential.as_ref());
+        let pushing = Auth::new(&self.access);
         let status: RefCell<Option<Option<String>>> = RefCell::new(None);
+        let stale: RefCell<Option<Option<String>>> = RefCell::new(None);
         let mut callbacks = pushing.callbacks();
+        callbacks.push_negotiation(|updates| {
+            let expected = self.expected_old.as_deref();
+            for update in updates {
+                if update.dst_refname().ok() != Some(self.dst_ref.as_str()) {
+                    continue;
+                }
+                let old = update.src();
+                let old = (!old.is_zero()).then(|| old.to_string());
+                if old.as_deref() != expected {
+                    *stale.borrow_mut() = Some(old);
+                    return Err(git2::Error::from_str(
+                        "the remote ref is not at the approved lease",
+                    ));
+                }
+            }
+            Ok(())
+        });
         callbacks.push_update_reference(|name, refused| {
             if name == self.dst_ref {
                 *status.borrow_mut() = Some(refused.map(str::to_string));
@@ -300,10 +409,16 @@ impl Job {
         let mut options = PushOptions::new();
         options.remote_callbacks(callbacks);
         let spec = format!("{}:{}", self.commit, self.dst_ref);
-        conn.remote()
-            .push(&[spec.as_str()], Some(&mut options))
-            .map_err(|e| git_error(action, &pushing, e))?;
+        let pushed = conn.remote().push(&[spec.as_str()], Some(&mut options));
         drop(options);
+        if let Some(found) = stale.into_inner() {
+            return Err(ExecError::Stale {
+                action: action.to_string(),
+                expected: self.expected_old,
+                found,
+            });
+        }
+        pushed.map_err(|e| git_error(action, &pushing, e))?;
         match status.into_inner() {
             Some(None) => Ok(PushOutcome {
                 new: self.commit,
@@ -329,17 +444,18 @@ fn find(heads: &[git2::RemoteHead<'_>], dst_ref: &str) -> Option<String> {
         .map(|h| h.oid().to_string())
 }
 
-/// The credential offered to libgit2 during one request phase.
+/// The credential offered to libgit2 during one request phase, and the
+/// checks of the server's identity.
 struct Auth<'a> {
-    credential: Option<&'a (String, Secret)>,
+    access: &'a Access,
     asked: Cell<u32>,
     refused: Cell<bool>,
 }
 
 impl<'a> Auth<'a> {
-    fn new(credential: Option<&'a (String, Secret)>) -> Self {
+    fn new(access: &'a Access) -> Self {
         Auth {
-            credential,
+            access,
             asked: Cell::new(0),
             refused: Cell::new(false),
         }
@@ -348,28 +464,123 @@ impl<'a> Auth<'a> {
     fn callbacks(&self) -> RemoteCallbacks<'_> {
         let mut callbacks = RemoteCallbacks::new();
         callbacks.credentials(move |_url, _user, allowed| {
-            let asked = self.asked.get() + 1;
-            self.asked.set(asked);
-            match self.credential {
-                Some((user, secret))
-                    if asked == 1 && allowed.contains(CredentialType::USER_PASS_PLAINTEXT) =>
-                {
-                    git2::Cred::userpass_plaintext(user, secret.expose())
-                }
-                _ => {
-                    self.refused.set(true);
-                    Err(git2::Error::from_str("no credential left to offer"))
+            if let Some(ssh) = &self.access.ssh {
+                if allowed.contains(CredentialType::USERNAME) {
+                    return git2::Cred::username(&ssh.user);
                 }
             }
+            let asked = self.asked.get() + 1;
+            self.asked.set(asked);
+            let offer = match (&self.access.http, &self.access.ssh) {
+                (Some((user, secret)), _)
+                    if asked == 1 && allowed.contains(CredentialType::USER_PASS_PLAINTEXT) =>
+                {
+                    Some(git2::Cred::userpass_plaintext(user, secret.expose()))
+                }
+                (_, Some(ssh)) if asked == 1 && allowed.contains(CredentialType::SSH_KEY) => {
+                    Some(match &ssh.key {
+                        Some(key) => {
+                            git2::Cred::ssh_key_from_memory(&ssh.user, None, key.expose(), None)
+                        }
+                        None => git2::Cred::ssh_key_from_agent(&ssh.user),
+                    })
+                }
+                _ => None,
+            };
+            offer.unwrap_or_else(|| {
+                self.refused.set(true);
+                Err(git2::Error::from_str("no credential left to offer"))
+            })
         });
+        callbacks.certificate_check(move |cert, host| self.check_server(cert, host));
         callbacks
     }
+
+    /// Accepts the server only as the module note says.
+    fn check_server(
+        &self,
+        cert: &git2::cert::Cert<'_>,
+        host: &str,
+    ) -> Result<git2::CertificateCheckStatus, git2::Error> {
+        use git2::CertificateCheckStatus::{CertificateOk, CertificatePassthrough};
+        if let Some(hostkey) = cert.as_hostkey() {
+            let Some(ssh) = &self.access.ssh else {
+                return Err(refuse_host_key(
+                    self.access,
+                    "an ssh host key from a remote that is not ssh".into(),
+                ));
+            };
+            let Some(blob) = hostkey.hostkey() else {
+                return Err(refuse_host_key(
+                    self.access,
+                    format!("{} presented no raw host key to check", ssh.host),
+                ));
+            };
+            let shown = format!(
+                "{} key {}",
+                known_hosts::key_type(blob),
+                known_hosts::fingerprint(blob)
+            );
+            let at = known_hosts::host_pattern(&ssh.host, ssh.port);
+            let file = ssh.known_hosts.display();
+            let why = match known_hosts::check(&ssh.known_hosts_text, &ssh.host, ssh.port, blob) {
+                HostKeyVerdict::Known => return Ok(CertificateOk),
+                HostKeyVerdict::Unknown => {
+                    format!("unknown host key: {at} presented {shown}, and known_hosts {file} lists no key for {at}")
+                }
+                HostKeyVerdict::Changed => format!(
+                    "host key CHANGED: {at} presented {shown}, which is not the key known_hosts {file} lists for it"
+                ),
+                HostKeyVerdict::OtherType { listed } => format!(
+                    "{at} presented {shown}; known_hosts {file} lists only {} for it",
+                    listed.join(", ")
+                ),
+                HostKeyVerdict::Revoked => {
+                    format!("{at} presented {shown}, which known_hosts {file} marks revoked")
+                }
+            };
+            return Err(refuse_host_key(self.access, why));
+        }
+        if let Some(x509) = cert.as_x509() {
+            if let Some(ca_file) = &self.access.ca_file {
+                return match crate::tls::verify_leaf(
+                    x509.data(),
+                    host,
+                    ca_file,
+                    rustls_pki_types::UnixTime::now(),
+                ) {
+                    Ok(()) => Ok(CertificateOk),
+                    Err(e) => {
+                        // The system's roots may still trust it.
+                        *self.access.tls_refusal.borrow_mut() = Some(e.to_string());
+                        Ok(CertificatePassthrough)
+                    }
+                };
+            }
+        }
+        Ok(CertificatePassthrough)
+    }
+}
+
+fn refuse_host_key(access: &Access, why: String) -> git2::Error {
+    *access.host_key_refusal.borrow_mut() = Some(why.clone());
+    git2::Error::new(ErrorCode::Certificate, ErrorClass::Ssh, why)
 }
 
 /// Classifies a libgit2 failure. Transport failures are retryable: the
 /// lease check of the next attempt makes a repeat harmless.
 fn git_error(action: &str, auth: &Auth<'_>, e: git2::Error) -> ExecError {
     let action = action.to_string();
+    if let Some(why) = auth.access.host_key_refusal.borrow().clone() {
+        return ExecError::HostKey { action, why };
+    }
+    if e.code() == ErrorCode::Certificate || e.class() == ErrorClass::Ssl {
+        let why = match auth.access.tls_refusal.borrow().clone() {
+            Some(why) => format!("{why} (nor by the system's roots)"),
+            None => format!("the server's certificate is not trusted: {}", e.message()),
+        };
+        return ExecError::Tls { action, why };
+    }
     if auth.refused.get() || e.code() == ErrorCode::Auth {
         return ExecError::Auth { action };
     }

@@ -9,6 +9,11 @@
 //!   an HTTP header or a git credential, so a file cannot smuggle a second
 //!   header. One trailing line end is dropped, as editors add it.
 //! - Reading errors name the file, never its content.
+//! - A credential file must be a regular file owned by the user the
+//!   supervisor runs as and not readable or writable by group or others
+//!   (mode `0600` or tighter); any other is refused before a byte is read.
+//!   The check is made on the opened file, so a rename between check and
+//!   read cannot swap it.
 
 use std::fmt;
 use std::io::Read;
@@ -30,9 +35,12 @@ impl Secret {
         Ok(Secret(text))
     }
 
-    /// Reads a credential file: one line, at most 16 KiB.
+    /// Reads a credential file: one line, at most 16 KiB, owned by this
+    /// process's effective user, mode `0600` or tighter.
     pub fn read_file(path: &Path) -> Result<Secret, SecretError> {
         let file = std::fs::File::open(path).map_err(SecretError::Io)?;
+        let meta = file.metadata().map_err(SecretError::Io)?;
+        check_owner_and_mode(&meta, nix::unistd::geteuid().as_raw())?;
         let mut bytes = Vec::new();
         file.take(MAX_SECRET_BYTES + 1)
             .read_to_end(&mut bytes)
@@ -53,10 +61,52 @@ impl Secret {
         Ok(Secret(text))
     }
 
+    /// Reads a private key file (several lines, at most 16 KiB), with the
+    /// same owner and mode checks as [`Secret::read_file`].
+    pub fn read_key_file(path: &Path) -> Result<Secret, SecretError> {
+        let file = std::fs::File::open(path).map_err(SecretError::Io)?;
+        let meta = file.metadata().map_err(SecretError::Io)?;
+        check_owner_and_mode(&meta, nix::unistd::geteuid().as_raw())?;
+        let mut bytes = Vec::new();
+        file.take(MAX_SECRET_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(SecretError::Io)?;
+        if bytes.len() as u64 > MAX_SECRET_BYTES {
+            return Err(SecretError::TooLarge {
+                limit: MAX_SECRET_BYTES,
+            });
+        }
+        let text = String::from_utf8(bytes).map_err(|_| SecretError::NotText)?;
+        if text.trim().is_empty() {
+            return Err(SecretError::Empty);
+        }
+        Ok(Secret(text))
+    }
+
     /// The credential's text, to hand to the destination. Never log it.
     pub fn expose(&self) -> &str {
         &self.0
     }
+}
+
+/// Refuses a file that is not regular, not owned by `uid`, or open to group
+/// or others.
+pub(crate) fn check_owner_and_mode(meta: &std::fs::Metadata, uid: u32) -> Result<(), SecretError> {
+    use std::os::unix::fs::MetadataExt;
+    if !meta.is_file() {
+        return Err(SecretError::NotAFile);
+    }
+    if meta.uid() != uid {
+        return Err(SecretError::WrongOwner {
+            owner: meta.uid(),
+            expected: uid,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(SecretError::TooOpen { mode });
+    }
+    Ok(())
 }
 
 fn check(text: &str) -> Result<(), SecretError> {
@@ -80,6 +130,12 @@ impl fmt::Debug for Secret {
 pub enum SecretError {
     #[error("the file cannot be read")]
     Io(#[source] std::io::Error),
+    #[error("not a regular file")]
+    NotAFile,
+    #[error("the file is owned by uid {owner}, not by the supervisor's user (uid {expected})")]
+    WrongOwner { owner: u32, expected: u32 },
+    #[error("the file's mode is {mode:04o}: group or others may read or write it; make it 0600")]
+    TooOpen { mode: u32 },
     #[error("the file is over {limit} bytes")]
     TooLarge { limit: u64 },
     #[error("the file is not UTF-8 text")]
@@ -95,9 +151,48 @@ mod tests {
     use super::*;
 
     fn file(content: &[u8]) -> tempfile::NamedTempFile {
+        use std::os::unix::fs::PermissionsExt;
         let mut f = tempfile::NamedTempFile::new().unwrap();
         std::io::Write::write_all(&mut f, content).unwrap();
+        std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
         f
+    }
+
+    #[test]
+    fn a_file_open_to_group_or_others_is_refused_naming_its_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        for mode in [0o644, 0o604, 0o640, 0o620, 0o666] {
+            let f = file(b"tok\n");
+            std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+            let err = Secret::read_file(f.path()).unwrap_err();
+            assert!(
+                matches!(err, SecretError::TooOpen { .. }),
+                "{mode:o}: {err}"
+            );
+            assert!(err.to_string().contains(&format!("{mode:04o}")), "{err}");
+        }
+        for mode in [0o600, 0o400] {
+            let f = file(b"tok\n");
+            std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(Secret::read_file(f.path()).unwrap().expose(), "tok");
+        }
+    }
+
+    #[test]
+    fn a_file_of_another_user_or_not_a_file_is_refused() {
+        let f = file(b"tok\n");
+        let meta = std::fs::metadata(f.path()).unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        assert!(check_owner_and_mode(&meta, me).is_ok());
+        assert!(matches!(
+            check_owner_and_mode(&meta, me.wrapping_add(1)),
+            Err(SecretError::WrongOwner { .. })
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            Secret::read_file(dir.path()),
+            Err(SecretError::NotAFile)
+        ));
     }
 
     #[test]

@@ -41,12 +41,10 @@ fn assert_no_secret(err: &ExecError, secrets: &[&str]) {
 
 fn remote(repos: &Repos, server: &GitHttpServer, password: &str) -> RemoteConfig {
     RemoteConfig {
-        url: server.url(),
-        readers: Readers::Private,
         username: Some("nightshift".into()),
         password_file: Some(secret_file(repos.dir.path(), "password", password)),
-        token_file: None,
         timeout_secs: Some(60),
+        ..RemoteConfig::new(server.url(), Readers::Private)
     }
 }
 
@@ -235,21 +233,22 @@ fn servers_that_are_down_give_retryable_errors() {
 
 fn forge_config(repos: &Repos, api: &str) -> ForgeConfig {
     ForgeConfig {
-        api: api.to_string(),
-        repo: "own/repo".into(),
-        remote: "origin".into(),
-        token_file: secret_file(repos.dir.path(), "forge-token", FORGE_TOKEN),
-        readers: Readers::Public,
         timeout_secs: Some(30),
+        ..ForgeConfig::new(
+            api,
+            "own/repo",
+            "origin",
+            secret_file(repos.dir.path(), "forge-token", FORGE_TOKEN),
+            Readers::Public,
+        )
     }
 }
 
 fn notify_config(repos: &Repos, url: &str, with_token: bool) -> NotifyConfig {
     NotifyConfig {
-        url: url.to_string(),
-        readers: Readers::Private,
         token_file: with_token.then(|| secret_file(repos.dir.path(), "hook-token", HOOK_TOKEN)),
         timeout_secs: Some(30),
+        ..NotifyConfig::new(url, Readers::Private)
     }
 }
 

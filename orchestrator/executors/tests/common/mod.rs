@@ -106,9 +106,11 @@ impl Repos {
     }
 }
 
-/// Writes a secret file in `dir` and returns its path.
+/// Writes a secret file (mode 0600) in `dir` and returns its path.
 pub fn secret_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
     let p = dir.join(name);
     std::fs::write(&p, format!("{text}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
     p
 }

@@ -1,0 +1,278 @@
+//! Approved acts reach real destinations: `nightshift destinations` lists
+//! and checks the owner's file; a night whose push goes to an HTTPS remote
+//! with a test CA, whose morning summary goes to a signed webhook over TLS
+//! once, carrying nothing the agent wrote; the lease holds over TLS.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use tests::loopback::{GitHttpServer, NotifyServer, TestCa};
+use tests::morning::remote_ref;
+use tests::{git, image, make_repo, stderr, stdout, State};
+
+const TOKEN: &str = "tok-https-night-4471";
+const HOOK_KEY: &str = "hook-key-night-8812";
+const SENTINEL: &str = "SENTINEL7f3a-ignore-previous-instructions";
+
+fn secret(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, format!("{text}\n")).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+#[test]
+fn the_destinations_command_lists_them_without_credentials() {
+    let state = State::new();
+    let secrets = state.path().join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    let token = secret(&secrets, "gh.token", TOKEN);
+    std::fs::write(
+        state.path().join("destinations.toml"),
+        format!(
+            "[remotes.origin]\nurl = \"https://github.com/owner/name.git\"\nreaders = \"public\"\ntoken_file = \"{t}\"\n\n\
+             [remotes.backup]\nurl = \"git@git.example.com:owner/name.git\"\nreaders = \"private\"\nssh_agent = true\nknown_hosts = \"/etc/nightshift/known_hosts\"\n\n\
+             [forges.gh]\napi = \"https://api.github.com\"\nrepo = \"owner/name\"\nremote = \"origin\"\ntoken_file = \"{t}\"\nreaders = \"public\"\n\n\
+             [forges.lab]\nkind = \"gitlab\"\napi = \"https://gitlab.example.com/api/v4\"\nrepo = \"g/s/n\"\nremote = \"backup\"\ntoken_file = \"{t}\"\nreaders = \"private\"\n\n\
+             [notify.hook]\nkind = \"webhook\"\nurl = \"https://hooks.example.com/n\"\nreaders = \"private\"\nsecret_file = \"{t}\"\n",
+            t = token.display()
+        ),
+    )
+    .unwrap();
+    let out = state.run(&["destinations", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let listed: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds: Vec<(&str, &str)> = listed
+        .iter()
+        .map(|l| (l["alias"].as_str().unwrap(), l["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("backup", "ssh"),
+            ("origin", "https"),
+            ("gh", "github"),
+            ("lab", "gitlab"),
+            ("hook", "webhook")
+        ]
+    );
+    let text = stdout(&state.run(&["destinations"]));
+    assert!(text.contains("https://github.com/owner/name.git"), "{text}");
+    assert!(!text.contains(TOKEN) && !String::from_utf8_lossy(&out.stdout).contains(TOKEN));
+}
+
+#[test]
+fn every_problem_of_the_file_is_named_by_file_line_and_alias() {
+    let state = State::new();
+    let file = state.path().join("destinations.toml");
+    std::fs::write(
+        &file,
+        "# destinations\n\
+         [remotes.cleartext]\nurl = \"http://git.example.com/r.git\"\nreaders = \"private\"\ntoken_file = \"/etc/t\"\n\n\
+         [remotes.ok]\nurl = \"http://127.0.0.1:9/r.git\"\nreaders = \"private\"\ntoken_file = \"/etc/t\"\n\n\
+         [remotes.nohosts]\nurl = \"git@h:r.git\"\nreaders = \"private\"\nssh_agent = true\n",
+    )
+    .unwrap();
+    let out = state.run(&["destinations"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stdout(&out));
+    let err = stderr(&out);
+    let path = file.display().to_string();
+    assert!(
+        err.lines().any(|l| l.contains(&path)
+            && l.contains("line 2")
+            && l.contains("[remotes.cleartext]")
+            && l.contains("travel in clear")),
+        "{err}"
+    );
+    assert!(
+        err.lines().any(|l| l.contains(&path)
+            && l.contains("line 12")
+            && l.contains("[remotes.nohosts]")
+            && l.contains("known_hosts")),
+        "{err}"
+    );
+    assert!(!err.contains("[remotes.ok]"), "{err}");
+    // The owner accepts clear text for that one explicitly: loaded.
+    let fixed = std::fs::read_to_string(&file)
+        .unwrap()
+        .replace(
+            "token_file = \"/etc/t\"\n\n[remotes.ok]",
+            "token_file = \"/etc/t\"\ninsecure = true\n\n[remotes.ok]",
+        )
+        .replace(
+            "ssh_agent = true\n",
+            "ssh_agent = true\nknown_hosts = \"/k\"\n",
+        );
+    std::fs::write(&file, fixed).unwrap();
+    let out = state.run(&["destinations"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// A night over TLS: the agent's push lands on an HTTPS remote of a test CA
+/// once approved; its morning summary goes once to a signed webhook.
+struct Night {
+    state: State,
+    repo: tempfile::TempDir,
+    _remote_dir: tempfile::TempDir,
+    bare: PathBuf,
+    git_server: GitHttpServer,
+    hook: NotifyServer,
+    key: PathBuf,
+}
+
+fn night() -> Night {
+    let state = State::new();
+    let repo = make_repo();
+    let remote_dir = tempfile::tempdir().unwrap();
+    let bare = remote_dir.path().join("origin.git");
+    git(
+        remote_dir.path(),
+        &["init", "-q", "--bare", bare.to_str().unwrap()],
+    );
+    let ca = TestCa::new("night CA");
+    let git_server = GitHttpServer::start_tls(&bare, "x-access-token", TOKEN, ca.server());
+    let hook = NotifyServer::webhook(HOOK_KEY, Some(ca.server()));
+    let secrets = state.path().join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    let token = secret(&secrets, "origin.token", TOKEN);
+    let key = secret(&secrets, "hook.key", HOOK_KEY);
+    let ca_file = ca.write(&secrets, "ca.pem");
+    std::fs::write(
+        state.path().join("destinations.toml"),
+        format!(
+            "[remotes.origin]\nurl = \"{}\"\nreaders = \"private\"\ntoken_file = \"{}\"\nca_file = \"{}\"\n\n\
+             [notify.morning]\nkind = \"webhook\"\nurl = \"{}\"\nreaders = \"private\"\nsecret_file = \"{}\"\nca_file = \"{}\"\n\n\
+             [summary]\nnotify = \"morning\"\nreview = \"nightshift queue\"\n",
+            git_server.url(),
+            token.display(),
+            ca_file.display(),
+            hook.url(),
+            key.display(),
+            ca_file.display(),
+        ),
+    )
+    .unwrap();
+    assert!(state.run(&["owner", "init"]).status.success());
+    let key = state.path().join("owner.key");
+    Night {
+        state,
+        repo,
+        _remote_dir: remote_dir,
+        bare,
+        git_server,
+        hook,
+        key,
+    }
+}
+
+fn queue(n: &Night) -> Vec<serde_json::Value> {
+    let out = n.state.run(&["queue", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn push_act(n: &Night, branch: &str) -> String {
+    let q = queue(n);
+    q.iter()
+        .find(|a| a["act"]["door"] == "push" && a["act"]["routing"].to_string().contains(branch))
+        .unwrap_or_else(|| panic!("no push act for {branch} in {q:?}"))["act"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn a_night_over_tls_reaches_its_remote_and_its_summary_arrives_once_without_agent_text() {
+    let n = night();
+    let script = format!(
+        "echo a > '{SENTINEL}.txt' && git add -A && git commit -qm '{SENTINEL} in the message' && \
+         git push origin HEAD:refs/heads/agent/one && \
+         echo b > b.txt && git add -A && git commit -qm 'b {SENTINEL}' && \
+         git push origin HEAD:refs/heads/agent/two-{SENTINEL}"
+    );
+    let out = n.state.run(&[
+        "run",
+        "--repo",
+        n.repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--",
+        "bash",
+        "-c",
+        &script,
+    ]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let runs = n.state.runs();
+    let run_id = runs.last().unwrap()["id"].as_str().unwrap().to_string();
+
+    // The summary went once, signed, when the (only, so last) run ended.
+    let posts = n.hook.requests();
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    let summary = &posts[0];
+    assert!(summary.authorized, "the receiver verified the signature");
+    let body = String::from_utf8_lossy(&summary.body).to_string();
+    assert!(
+        !body.contains("SENTINEL"),
+        "agent text in the summary: {body}"
+    );
+    let v = summary.json();
+    assert_eq!(v["event"], "summary");
+    assert_eq!(v["data"]["run_ids"], serde_json::json!([run_id]));
+    assert_eq!(v["data"]["acts"]["pending"], 2);
+    assert_eq!(v["data"]["audit"]["intact"], true);
+    assert!(v["text"]
+        .as_str()
+        .unwrap()
+        .contains("review: nightshift queue"));
+
+    // Approved, the first push lands over TLS with the token.
+    let one = push_act(&n, "refs/heads/agent/one");
+    let out = n
+        .state
+        .run(&["approve", &one, "--owner-key-file", n.key.to_str().unwrap()]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(remote_ref(&n.bare, "refs/heads/agent/one").is_some());
+    assert!(n
+        .git_server
+        .requests()
+        .iter()
+        .any(|r| r.method == "POST" && r.path.ends_with("/git-receive-pack") && r.authorized));
+
+    // The second's branch moves before the morning: stale, not overwritten.
+    let two_ref = format!("refs/heads/agent/two-{SENTINEL}");
+    let two = push_act(&n, &two_ref);
+    let other = tempfile::tempdir().unwrap();
+    git(other.path(), &["init", "-q", "-b", "main"]);
+    std::fs::write(other.path().join("x.txt"), "x").unwrap();
+    git(other.path(), &["add", "-A"]);
+    git(other.path(), &["commit", "-qm", "someone else"]);
+    git(
+        other.path(),
+        &[
+            "push",
+            "-q",
+            n.bare.to_str().unwrap(),
+            &format!("HEAD:{two_ref}"),
+        ],
+    );
+    let theirs = remote_ref(&n.bare, &two_ref);
+    let out = n
+        .state
+        .run(&["approve", &two, "--owner-key-file", n.key.to_str().unwrap()]);
+    assert!(
+        stdout(&out).contains("stale"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert_eq!(remote_ref(&n.bare, &two_ref), theirs);
+
+    // Once: asked again with no run ended since, nothing is sent.
+    let out = n.state.run(&["summary", "--send"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("not sent"), "{}", stdout(&out));
+    assert_eq!(n.hook.requests().len(), 1);
+    let printed = stdout(&n.state.run(&["summary"]));
+    assert!(!printed.contains("SENTINEL"), "{printed}");
+    assert!(n.state.verify().status.success());
+}
