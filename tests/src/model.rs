@@ -17,7 +17,9 @@
 //! tool call: a Claude `tool_use`, an OpenAI chat `tool_calls` entry, a
 //! Responses `function_call` item) and a [`Mode`] (normal, or hostile:
 //! malformed, endless, oversized line, no usage, slow, an error status). An
-//! empty script answers the text `ok`. It records every request (method,
+//! empty script answers the text `ok`. The usage it reports never passes the
+//! request's output bound (`max_tokens`, ...), as a real endpoint's does not.
+//! It records every request (method,
 //! path, headers, body) for assertions. Nothing here is production code.
 
 use std::collections::VecDeque;
@@ -76,7 +78,7 @@ pub enum Mode {
     /// A body that is not what the API sends: a non-JSON body, or an SSE
     /// stream of garbage lines.
     Malformed,
-    /// A stream that never ends (a text delta every 10 ms), for caps.
+    /// A stream that never ends (a 1 KiB text delta every millisecond), for caps.
     Endless,
     /// A stream with one line of this many bytes before the end.
     OversizedLine(usize),
@@ -88,7 +90,9 @@ pub enum Mode {
     Status(u16, Value),
 }
 
-/// Token counts the server reports.
+/// Token counts the server reports. `input` counts every input token,
+/// cached ones included (Anthropic's `input_tokens` is reported as `input -
+/// cached`, beside `cache_read_input_tokens`, as its API does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Usage {
     pub input: u64,
@@ -295,9 +299,17 @@ async fn handle(shared: &Shared, req: Request<hyper::body::Incoming>) -> Respons
         }
     };
     let request = recorded.json();
-    let step = lock(&shared.script)
+    let mut step = lock(&shared.script)
         .pop_front()
         .unwrap_or_else(|| Step::text("ok"));
+    // As a real endpoint does, the output stops at the request's bound.
+    if let Some(bound) = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+        .iter()
+        .filter_map(|f| request[*f].as_u64())
+        .min()
+    {
+        step.usage.output = step.usage.output.min(bound);
+    }
     let model = request["model"].as_str().unwrap_or("unknown").to_string();
     let stream = request["stream"].as_bool().unwrap_or(false);
     if let Mode::Status(code, body) = &step.mode {
@@ -411,27 +423,29 @@ fn sse_response(shape: Shape, mode: Mode, events: Vec<Event>) -> Response<Body> 
                         return;
                     }
                 }
+                let more = "more ".repeat(205);
                 loop {
+                    let more = more.as_str();
                     let delta = match shape {
                         Shape::Chat => unnamed(json!({"object": "chat.completion.chunk",
-                            "choices": [{"index": 0, "delta": {"content": "more "}, "finish_reason": null}]})),
+                            "choices": [{"index": 0, "delta": {"content": more}, "finish_reason": null}]})),
                         Shape::Responses => named(
                             "response.output_text.delta",
                             json!({
                             "type": "response.output_text.delta", "item_id": "msg_1",
-                            "output_index": 0, "content_index": 0, "delta": "more "}),
+                            "output_index": 0, "content_index": 0, "delta": more}),
                         ),
                         Shape::Messages => named(
                             "content_block_delta",
                             json!({
                             "type": "content_block_delta", "index": 0,
-                            "delta": {"type": "text_delta", "text": "more "}}),
+                            "delta": {"type": "text_delta", "text": more}}),
                         ),
                     };
                     if !send(frame(&delta)).await {
                         return;
                     }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
                 }
             }
             Mode::OversizedLine(n) => {
@@ -741,7 +755,7 @@ fn messages_whole(model: &str, step: &Step, with_usage: bool) -> Value {
         "content": content, "stop_reason": stop, "stop_sequence": null
     });
     if with_usage {
-        v["usage"] = json!({"input_tokens": step.usage.input,
+        v["usage"] = json!({"input_tokens": step.usage.input.saturating_sub(step.usage.cached),
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": step.usage.cached,
             "output_tokens": step.usage.output, "service_tier": "standard"});
@@ -755,7 +769,8 @@ fn messages_events(model: &str, step: &Step) -> Vec<Event> {
         json!({"type": "message_start", "message": {
             "id": "msg_1", "type": "message", "role": "assistant", "model": model,
             "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": step.usage.input, "cache_creation_input_tokens": 0,
+            "usage": {"input_tokens": step.usage.input.saturating_sub(step.usage.cached),
+                "cache_creation_input_tokens": 0,
                 "cache_read_input_tokens": step.usage.cached, "output_tokens": 1,
                 "service_tier": "standard"}}}),
     )];

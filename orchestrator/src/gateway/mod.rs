@@ -38,7 +38,11 @@ pub mod sse;
 pub mod tokens;
 pub mod upstream;
 
-pub use serve::{open, GatewayHandle};
+pub use serve::{open, CapReached, GatewayHandle};
+
+/// How long a run whose token budget is spent lives on (its agent reads the
+/// refusal) before it is killed.
+pub const CAP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The model socket's name in the door.
 pub const SOCKET: &str = "model.sock";
@@ -68,4 +72,66 @@ pub fn sandbox_env(port: u16) -> Vec<(&'static str, String)> {
 /// The run's models configuration, when its state has one.
 pub fn load(root: &std::path::Path) -> Result<Option<models::Models>, models::ModelsError> {
     models::Models::load(&root.join(models::FILE))
+}
+
+/// A run's model calls, summed from its `model_call` audit entries.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CallsSummary {
+    pub calls: u64,
+    /// Calls refused by the gateway (never forwarded, or not answered).
+    pub refused: u64,
+    /// Forwarded calls whose response reported no usage (charged whole).
+    pub without_usage: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cached_tokens: u64,
+    /// Tokens charged against the run's cap.
+    pub charged_tokens: u64,
+    /// The run's cap, as the last call saw it.
+    pub token_cap: Option<u64>,
+}
+
+/// Sums the bodies of a run's `model_call` entries.
+pub fn summarize<'a>(bodies: impl IntoIterator<Item = &'a serde_json::Value>) -> CallsSummary {
+    let mut s = CallsSummary::default();
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+    for b in bodies {
+        s.calls += 1;
+        let outcome = b["outcome"].as_str().unwrap_or_default();
+        if outcome.starts_with("refused:") {
+            s.refused += 1;
+        }
+        if outcome == "no_usage" {
+            s.without_usage += 1;
+        }
+        s.input_tokens += n(&b["input_tokens"]);
+        s.output_tokens += n(&b["output_tokens"]);
+        s.cached_tokens += n(&b["cached_tokens"]);
+        s.charged_tokens += n(&b["charged_tokens"]);
+        if let Some(cap) = b["run_token_cap"].as_u64() {
+            s.token_cap = Some(cap);
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn summaries_add_up_calls_and_tokens() {
+        let calls = [
+            json!({"outcome": "ok", "input_tokens": 10, "output_tokens": 5, "cached_tokens": 2, "charged_tokens": 15, "run_token_cap": 100}),
+            json!({"outcome": "no_usage", "charged_tokens": 40, "run_token_cap": 100}),
+            json!({"outcome": "refused:model", "charged_tokens": 0, "run_token_cap": 100}),
+        ];
+        let s = super::summarize(&calls);
+        assert_eq!((s.calls, s.refused, s.without_usage), (3, 1, 1));
+        assert_eq!(
+            (s.input_tokens, s.output_tokens, s.cached_tokens),
+            (10, 5, 2)
+        );
+        assert_eq!((s.charged_tokens, s.token_cap), (55, Some(100)));
+    }
 }

@@ -56,6 +56,7 @@ struct RawLimits {
     idle_timeout: Option<crate::config::Span>,
     call_timeout: Option<crate::config::Span>,
     heartbeat: Option<crate::config::Span>,
+    request_timeout: Option<crate::config::Span>,
     concurrent: Option<u64>,
 }
 
@@ -85,6 +86,8 @@ pub struct Limits {
     pub call_timeout: std::time::Duration,
     /// A silence this long in a stream gets an SSE comment.
     pub heartbeat: std::time::Duration,
+    /// A request's body must arrive within this (its head within 10 s).
+    pub request_timeout: std::time::Duration,
     /// Calls served at once for one run.
     pub concurrent: usize,
 }
@@ -100,6 +103,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(300),
             call_timeout: Duration::from_secs(3600),
             heartbeat: Duration::from_secs(15),
+            request_timeout: Duration::from_secs(60),
             concurrent: 16,
         }
     }
@@ -254,6 +258,7 @@ impl Models {
             idle_timeout: l.idle_timeout.map(|s| s.0).unwrap_or(d.idle_timeout),
             call_timeout: l.call_timeout.map(|s| s.0).unwrap_or(d.call_timeout),
             heartbeat: l.heartbeat.map(|s| s.0).unwrap_or(d.heartbeat),
+            request_timeout: l.request_timeout.map(|s| s.0).unwrap_or(d.request_timeout),
             concurrent: l
                 .concurrent
                 .map(|n| n.clamp(1, 256) as usize)

@@ -5,7 +5,7 @@
 //! Invariants:
 //! - At most `Limits::concurrent` connections are served at once; a
 //!   request's head must arrive within [`HEAD_DEADLINE`] and its body within
-//!   [`BODY_DEADLINE`], at most `max_request` bytes: a slow or flooding
+//!   `Limits::request_timeout`, at most `max_request` bytes: a slow or flooding
 //!   client holds a bounded part of the supervisor for a bounded time.
 //! - Only the headers in [`FORWARDED`] reach the endpoint; the sandbox's
 //!   `Authorization` / `x-api-key` never do: the key is the endpoint's, read
@@ -40,8 +40,6 @@ use crate::store::{StatePaths, Store};
 
 /// A request's head must arrive within this.
 pub const HEAD_DEADLINE: Duration = Duration::from_secs(10);
-/// A request's body must arrive within this.
-pub const BODY_DEADLINE: Duration = Duration::from_secs(60);
 /// The request headers passed on to an endpoint (all others are dropped).
 pub const FORWARDED: [&str; 6] = [
     "accept",
@@ -64,9 +62,17 @@ type Body = BoxBody<Bytes, std::io::Error>;
 #[derive(Debug)]
 pub struct GatewayHandle {
     task: tokio::task::JoinHandle<()>,
-    /// Set to the kill's detail (`model token cap (used N of M)`) when a
-    /// budget of this run is spent.
-    pub cap_reached: watch::Receiver<Option<String>>,
+    /// Set when a budget of this run is spent.
+    pub cap_reached: watch::Receiver<Option<CapReached>>,
+}
+
+/// A spent budget: the run is to end for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapReached {
+    pub used: u64,
+    pub cap: u64,
+    /// The kill's detail: `model token cap (used N of M)`.
+    pub detail: String,
 }
 
 impl GatewayHandle {
@@ -86,7 +92,7 @@ struct Gateway {
     reserving: Mutex<Option<Store>>,
     /// Settlements and audit entries.
     auditing: Mutex<Option<Store>>,
-    cap: watch::Sender<Option<String>>,
+    cap: watch::Sender<Option<CapReached>>,
 }
 
 impl Gateway {
@@ -123,10 +129,14 @@ impl Gateway {
         .map_err(|e| e.to_string())?
     }
 
-    fn cap_spent(&self, detail: String) {
+    fn cap_spent(&self, scope: tokens::Scope, used: u64, cap: u64) {
         self.cap.send_if_modified(|v| {
             if v.is_none() {
-                *v = Some(detail);
+                *v = Some(CapReached {
+                    used,
+                    cap,
+                    detail: cap_detail(scope, used, cap),
+                });
                 true
             } else {
                 false
@@ -404,14 +414,14 @@ async fn forward(
         return Err(too_big().into());
     }
     let limited = Limited::new(body, limits.max_request as usize);
-    let body = match tokio::time::timeout(BODY_DEADLINE, limited.collect()).await {
+    let body = match tokio::time::timeout(limits.request_timeout, limited.collect()).await {
         Err(_) => {
             return Err(Refusal::new(
                 408,
                 "request_time",
                 format!(
                     "the request's body did not arrive within {} s",
-                    BODY_DEADLINE.as_secs()
+                    limits.request_timeout.as_secs()
                 ),
             )
             .into())
@@ -464,7 +474,7 @@ async fn forward(
         Err(refused) => {
             let status = match refused {
                 tokens::Refusal::Spent { scope, used, cap } => {
-                    gw.cap_spent(cap_detail(scope, used, cap));
+                    gw.cap_spent(scope, used, cap);
                     403
                 }
                 tokens::Refusal::Held { .. } => 429,
@@ -697,13 +707,9 @@ async fn settle(
     match settled {
         Ok((run_ledger, fleet_ledger)) => {
             if tokens::spent(run_ledger, run_cap) {
-                gw.cap_spent(cap_detail(tokens::Scope::Run, run_ledger.used, run_cap));
+                gw.cap_spent(tokens::Scope::Run, run_ledger.used, run_cap);
             } else if tokens::spent(fleet_ledger, fleet_cap) {
-                gw.cap_spent(cap_detail(
-                    tokens::Scope::Fleet,
-                    fleet_ledger.used,
-                    fleet_cap,
-                ));
+                gw.cap_spent(tokens::Scope::Fleet, fleet_ledger.used, fleet_cap);
             }
         }
         Err(e) => tracing::error!(error = %e, "settling a model call failed"),
