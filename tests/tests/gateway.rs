@@ -434,6 +434,7 @@ fn the_fleet_night_budget_holds_across_two_supervisors() {
             .cmd()
             .args([
                 "run",
+                "--json",
                 "--repo",
                 repo.path().to_str().unwrap(),
                 "--image",
@@ -531,7 +532,8 @@ show(call("chat", False, "gpt-5"))
 "#
             ),
         ])
-        .stdout(std::process::Stdio::piped())
+        // Not read until the end: the output log has it all.
+        .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -579,4 +581,78 @@ show(call("chat", False, "gpt-5"))
     assert!(peak_kib > 0);
     assert!(peak_kib < 200 * 1024, "supervisor peak {peak_kib} KiB");
     assert!(state.verify().status.success());
+}
+
+/// Opens a gateway in this process on `dir/model.sock` (no sandbox): for
+/// the cases that need no engine.
+fn direct_gateway(
+    state: &State,
+    run: &str,
+) -> (
+    tokio::runtime::Runtime,
+    orchestrator::gateway::GatewayHandle,
+    std::path::PathBuf,
+) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let models = orchestrator::gateway::load(state.path()).unwrap().unwrap();
+    let door = state.path().join("doors").join(run);
+    std::fs::create_dir_all(&door).unwrap();
+    let paths = orchestrator::store::StatePaths::new(state.path().to_path_buf());
+    let handle = rt.block_on(async {
+        orchestrator::gateway::open(&paths, &door, run, models, 1_000_000, 10_000_000).unwrap()
+    });
+    (rt, handle, door.join("model.sock"))
+}
+
+/// One HTTP/1.1 request over the socket; the raw response.
+fn raw_call(socket: &Path, path: &str, body: &Value) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let body = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn an_oversized_line_is_cut_directly() {
+    let server = ModelServer::start();
+    server.push(Step::text("x").mode(Mode::Endless));
+    server.push(Step::text("x").mode(Mode::OversizedLine(8 << 20)));
+    let state = state_with_models(
+        &server,
+        "[gateway]\nmax_line = \"64k\"\nmax_response = \"4m\"\n",
+    );
+    let (_rt, _gw, socket) = direct_gateway(&state, "r1");
+    let started = std::time::Instant::now();
+    let out = raw_call(
+        &socket,
+        "/v1/responses",
+        &json!({"model": "gpt-5", "stream": true}),
+    );
+    eprintln!("took {:?}: {}", started.elapsed(), out.len());
+    let started = std::time::Instant::now();
+    let out = raw_call(
+        &socket,
+        "/v1/chat/completions",
+        &json!({"model": "gpt-5", "stream": true}),
+    );
+    eprintln!(
+        "took {:?}: {}",
+        started.elapsed(),
+        &out[..out.len().min(300)]
+    );
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
 }

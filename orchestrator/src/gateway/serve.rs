@@ -355,6 +355,10 @@ fn error_response(refusal: &Refusal, body: Vec<u8>) -> Response<Body> {
     *r.status_mut() = StatusCode::from_u16(refusal.status).unwrap_or(StatusCode::BAD_GATEWAY);
     r.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    // The request may not have been read whole (too big, too slow): the
+    // connection ends with the answer, never waits for the rest.
+    r.headers_mut()
+        .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
     if refusal.status == 429 {
         r.headers_mut()
             .insert("retry-after", HeaderValue::from_static("1"));
