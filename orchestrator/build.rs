@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
-const CLIENTS: [&str; 3] = [
+const CLIENTS: [&str; 4] = [
     "nightshift-act",
     "git-remote-nightshift",
     "nightshift-lease",
+    "nightshift-relay",
 ];
 
 fn main() {

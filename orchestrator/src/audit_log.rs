@@ -191,6 +191,38 @@ pub enum Event {
         /// Rules a freeze suspended, by id.
         suspended: Vec<String>,
     },
+    /// One call through the run's model gateway (`crate::gateway`): where it
+    /// went and what it cost, never the request's or the response's text.
+    /// `model` is set only for a call routed to a configured endpoint (so it
+    /// matched one of the owner's globs); a refused request's model is not
+    /// recorded, being the agent's text.
+    ModelCall {
+        endpoint: Option<String>,
+        model: Option<String>,
+        /// `chat`, `responses` or `messages`.
+        shape: Option<String>,
+        stream: bool,
+        /// The HTTP status the sandbox got.
+        status: u16,
+        /// `ok`, `refused:<kind>`, `no_usage`, `idle_timeout`, `line_too_long`, ...
+        outcome: String,
+        input_tokens: Option<u64>,
+        output_tokens: Option<u64>,
+        cached_tokens: Option<u64>,
+        /// Reserved before forwarding, and charged after (the usage, or the
+        /// whole reservation when no usage came).
+        reserved_tokens: u64,
+        charged_tokens: u64,
+        /// The run's tokens after this call, and its cap.
+        run_tokens: u64,
+        run_token_cap: u64,
+        latency_ms: u64,
+        first_byte_ms: Option<u64>,
+        request_bytes: u64,
+        request_digest: String,
+        response_bytes: u64,
+        response_digest: String,
+    },
 }
 
 impl Event {

@@ -125,6 +125,8 @@ pub struct RunCaps {
     /// How long a sandbox outlives its supervisor's last heartbeat (in the
     /// configuration only: not a `run` flag).
     pub lease: Option<Span>,
+    /// Model tokens one run may spend through the gateway (`--max-tokens`).
+    pub max_tokens: Option<u64>,
 }
 
 /// Limits on all sandboxes together.
@@ -134,6 +136,8 @@ pub struct FleetCaps {
     pub memory: Option<Size>,
     pub cpus: Option<f64>,
     pub pids: Option<u64>,
+    /// Model tokens all runs together may spend per night (noon to noon UTC).
+    pub max_tokens_per_night: Option<u64>,
 }
 
 /// How long acts wait for a person, and approvals for their execution.
@@ -264,6 +268,11 @@ impl Config {
             max_worktree_bytes: c.max_worktree.map(|s| s.0).unwrap_or(d.max_worktree_bytes),
             tmpfs_bytes: d.tmpfs_bytes,
             lease: c.lease.map(|s| s.0).unwrap_or(d.lease),
+            max_tokens: c.max_tokens.unwrap_or(d.max_tokens),
+            fleet_max_tokens_per_night: self
+                .fleet
+                .max_tokens_per_night
+                .unwrap_or(d.fleet_max_tokens_per_night),
         }
     }
 
@@ -372,6 +381,20 @@ mod tests {
         assert_eq!(c.caps().lease, Duration::from_secs(120));
         let e = Config::parse(p, "[caps]\n\nlease = \"0s\"\n").unwrap_err();
         assert!(e.to_string().starts_with("x.toml: line 3:"), "{e}");
+    }
+
+    #[test]
+    fn token_caps_are_configurable() {
+        let p = Path::new("x.toml");
+        let c = Config::parse(
+            p,
+            "[caps]\nmax_tokens = 5000\n[fleet]\nmax_tokens_per_night = 90000\n",
+        )
+        .unwrap();
+        assert_eq!(c.caps().max_tokens, 5000);
+        assert_eq!(c.caps().fleet_max_tokens_per_night, 90000);
+        let e = Config::parse(p, "[fleet]\nmax_tokens_per_night = -1\n").unwrap_err();
+        assert!(e.to_string().starts_with("x.toml: line 2:"), "{e}");
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub const MAX_REQUESTS_PER_RUN: u64 = 1000;
 
 /// The static door clients and the lease wrapper (name, executable), built
 /// by `build.rs` from `sandbox-image/door` and carried in this binary.
-pub const CLIENTS: [(&str, &[u8]); 3] = [
+pub const CLIENTS: [(&str, &[u8]); 4] = [
     (
         "nightshift-act",
         include_bytes!(concat!(env!("OUT_DIR"), "/nightshift-act")),
@@ -70,6 +70,10 @@ pub const CLIENTS: [(&str, &[u8]); 3] = [
     (
         LEASE_WRAPPER,
         include_bytes!(concat!(env!("OUT_DIR"), "/nightshift-lease")),
+    ),
+    (
+        crate::gateway::RELAY,
+        include_bytes!(concat!(env!("OUT_DIR"), "/nightshift-relay")),
     ),
 ];
 /// The sandbox's main process (see `sandbox_image_door::lease`), written

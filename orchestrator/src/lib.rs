@@ -10,6 +10,7 @@ pub mod config;
 pub mod demo;
 pub mod door;
 pub mod engine;
+pub mod gateway;
 pub mod hostview;
 pub mod image;
 pub mod killswitch;

@@ -322,6 +322,9 @@ struct RunArgs {
     /// Open files per process.
     #[arg(long)]
     max_files: Option<u64>,
+    /// Model tokens the run may spend through the model gateway.
+    #[arg(long)]
+    max_tokens: Option<u64>,
     #[arg(long)]
     json: bool,
     /// Answer each act as it would have been and record it with its
@@ -573,6 +576,8 @@ async fn run_cmd(
         max_worktree_bytes: args.max_worktree.unwrap_or(defaults.max_worktree_bytes),
         tmpfs_bytes: defaults.tmpfs_bytes,
         lease: defaults.lease,
+        max_tokens: args.max_tokens.unwrap_or(defaults.max_tokens),
+        fleet_max_tokens_per_night: defaults.fleet_max_tokens_per_night,
     };
     let req = RunRequest {
         repo_confidentiality: config.repository_confidentiality(&args.repo),
@@ -956,9 +961,16 @@ fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
     let run = store.run(id).map_err(store_err)?;
     let entries = store.entries_for_run(id).map_err(store_err)?;
     let head = entries.last().map(|e| (e.seq, e.hash.clone()));
+    let model_calls: Vec<(u64, serde_json::Value)> = entries
+        .iter()
+        .filter(|e| e.kind == "model_call")
+        .map(|e| (e.seq, serde_json::Value::Object(e.body.clone())))
+        .collect();
+    let model = orchestrator::gateway::summarize(model_calls.iter().map(|(_, b)| b));
     if json {
         let doc = serde_json::json!({
             "run": run,
+            "model": model,
             "audit": entries.iter().map(|e| serde_json::json!({
                 "seq": e.seq, "time": e.time, "kind": e.kind, "body": e.body, "hash": e.hash,
             })).collect::<Vec<_>>(),
@@ -1009,6 +1021,49 @@ fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
         outln!("  refused door requests ({}):", refused.len());
         for r in &refused {
             outln!("    {}", refusal_line(r));
+        }
+    }
+    if model.calls > 0 {
+        outln!(
+            "  model calls: {} ({} refused, {} without usage); tokens {} of {} (input {}, output {}, cached {})",
+            model.calls,
+            model.refused,
+            model.without_usage,
+            model.charged_tokens,
+            model
+                .token_cap
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "-".into()),
+            model.input_tokens,
+            model.output_tokens,
+            model.cached_tokens
+        );
+        for (seq, b) in &model_calls {
+            let text = |k: &str| terminal::line(b[k].as_str().unwrap_or("-"));
+            let num = |k: &str| {
+                b[k].as_u64()
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|| "-".into())
+            };
+            outln!(
+                "    #{} {} {} {}{} {} {}: in {} out {} cached {}, charged {}, {} ms",
+                seq,
+                text("endpoint"),
+                text("model"),
+                text("shape"),
+                if b["stream"].as_bool() == Some(true) {
+                    " (stream)"
+                } else {
+                    ""
+                },
+                num("status"),
+                text("outcome"),
+                num("input_tokens"),
+                num("output_tokens"),
+                num("cached_tokens"),
+                num("charged_tokens"),
+                num("latency_ms")
+            );
         }
     }
     if let Some((seq, hash)) = head {

@@ -189,6 +189,8 @@ impl Supervisor {
 #[derive(Debug, Default)]
 struct Held {
     door: Option<crate::door::DoorHandle>,
+    /// The run's model gateway, when the state has a `models.toml`.
+    gateway: Option<crate::gateway::GatewayHandle>,
     /// Renews the sandbox's lease until the run is over.
     lease: Option<crate::lease::Heartbeat>,
     container: Option<String>,
@@ -378,6 +380,27 @@ async fn steps(
             .map_err(|e| RunError::Git(format!("starting the sandbox's lease: {e}")))?,
     );
 
+    // The model gateway, when the owner configured model endpoints.
+    let models =
+        crate::gateway::load(&paths.root).map_err(|e| RunError::BadInput(e.to_string()))?;
+    let gateway_port = match models {
+        Some(models) => {
+            held.gateway = Some(
+                crate::gateway::open(
+                    &paths,
+                    &door_dir,
+                    &id,
+                    models,
+                    req.caps.max_tokens,
+                    req.caps.fleet_max_tokens_per_night,
+                )
+                .map_err(|e| RunError::Git(format!("opening the run's model gateway: {e}")))?,
+            );
+            Some(crate::gateway::RELAY_PORT)
+        }
+        None => None,
+    };
+
     // Sandbox: create, inspect, attest.
     let spec = SandboxSpec::new(
         &id,
@@ -393,6 +416,10 @@ async fn steps(
     .with_door(door_dir)
     .with_base_commit(held.base_commit.as_deref().unwrap_or_default())
     .with_cgroup_parent(sup.fleet.as_ref().map(FleetHandle::cgroup_parent));
+    let spec = match gateway_port {
+        Some(port) => spec.with_model_gateway(port),
+        None => spec,
+    };
     // Remember the name before the call: if creation half-succeeds, the
     // ending still finds and removes it by its label.
     let container = sup.engine.create(&spec).await?;
@@ -494,11 +521,35 @@ async fn steps(
     let mut sample_tick = tokio::time::interval(monitor::SAMPLE_EVERY);
     let mut worktree_tick = tokio::time::interval(monitor::WORKTREE_EVERY);
     let mut audit_every = 0u32;
+    // A spent model token budget: the run ends after a short grace (its
+    // agent reads the refusal first), and ends for that cap however it ends.
+    let mut tokens_spent = held.gateway.as_ref().map(|g| g.cap_reached.clone());
+    let mut token_breach: Option<Breach> = None;
+    let grace = tokio::time::sleep(Duration::from_secs(86400 * 365));
+    tokio::pin!(grace);
     let ended = loop {
         tokio::select! {
             code = &mut wait => {
                 let _ = code?;
-                break Ended::Exited;
+                match token_breach.take() {
+                    Some(b) => break Ended::Breach(b),
+                    None => break Ended::Exited,
+                }
+            }
+            Some(reached) = token_cap(&mut tokens_spent), if token_breach.is_none() => {
+                token_breach = Some(Breach {
+                    cap: "model_tokens",
+                    limit: reached.cap,
+                    observed: reached.used,
+                    detail: reached.detail,
+                });
+                grace.as_mut().reset(tokio::time::Instant::now() + crate::gateway::CAP_GRACE);
+            }
+            _ = &mut grace, if token_breach.is_some() => {
+                sup.engine.kill(&container).await?;
+                if let Some(b) = token_breach.take() {
+                    break Ended::Breach(b);
+                }
             }
             _ = over_rx.changed() => {
                 if *over_rx.borrow() {
@@ -709,6 +760,19 @@ async fn steps(
         false,
     )?;
     Ok(ended)
+}
+
+/// The next spent budget the gateway reports (never, without a gateway).
+async fn token_cap(
+    rx: &mut Option<watch::Receiver<Option<crate::gateway::CapReached>>>,
+) -> Option<crate::gateway::CapReached> {
+    let Some(rx) = rx.as_mut() else {
+        return std::future::pending().await;
+    };
+    match rx.wait_for(Option::is_some).await {
+        Ok(v) => v.clone(),
+        Err(_) => std::future::pending().await,
+    }
 }
 
 fn id_of(record: &RunRecord) -> String {
@@ -1124,6 +1188,9 @@ async fn finish(
     let mut cleanup_errors: Vec<String> = Vec::new();
     if let Some(lease) = held.lease.take() {
         lease.stop();
+    }
+    if let Some(gateway) = held.gateway.take() {
+        gateway.close();
     }
     if let Some(door) = held.door.take() {
         door.close();

@@ -93,6 +93,21 @@ pub struct Caps {
     /// (`crate::lease`). Absent from records made before the lease.
     #[serde(default = "default_lease")]
     pub lease: Duration,
+    /// Model tokens the run may spend through the gateway.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u64,
+    /// The fleet's model token budget per night (all runs together), as it
+    /// stood when this run started.
+    #[serde(default = "default_fleet_tokens")]
+    pub fleet_max_tokens_per_night: u64,
+}
+
+fn default_max_tokens() -> u64 {
+    crate::gateway::tokens::DEFAULT_RUN_CAP
+}
+
+fn default_fleet_tokens() -> u64 {
+    crate::gateway::tokens::DEFAULT_FLEET_CAP
 }
 
 /// The lease's default bound: 30 s.
@@ -160,6 +175,8 @@ impl Default for Caps {
             max_worktree_bytes: 2 << 30,
             tmpfs_bytes: 256 << 20,
             lease: DEFAULT_LEASE,
+            max_tokens: default_max_tokens(),
+            fleet_max_tokens_per_night: default_fleet_tokens(),
         }
     }
 }
@@ -203,6 +220,21 @@ impl SandboxSpec {
         );
         self.env
             .insert("PATH".to_string(), format!("{DOOR_MOUNT}/bin:{PATH}"));
+        self
+    }
+
+    /// Gives the run the model gateway (after [`Self::with_door`]): the lease
+    /// wrapper starts the relay on `port` before the command, and the
+    /// environment points the usual clients at it with a placeholder key
+    /// (`crate::gateway::sandbox_env`).
+    pub fn with_model_gateway(mut self, port: u16) -> Self {
+        if self.command.first().map(String::as_str) == Some(LEASE_WRAPPER) {
+            self.command
+                .splice(1..1, ["--relay".to_string(), port.to_string()]);
+        }
+        for (k, v) in crate::gateway::sandbox_env(port) {
+            self.env.insert(k.to_string(), v);
+        }
         self
     }
 

@@ -256,4 +256,5 @@ pub fn wait_for_file(path: &Path) {
 }
 
 pub mod loopback;
+pub mod model;
 pub mod morning;

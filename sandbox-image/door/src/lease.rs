@@ -131,16 +131,20 @@ pub fn exit_status(code: Option<i32>, signal: Option<i32>) -> i32 {
 pub struct Invocation {
     pub bound: Duration,
     pub heartbeat: String,
+    /// The model gateway's relay port: when set, the wrapper starts
+    /// `nightshift-relay` on it and waits until it listens before the command.
+    pub relay: Option<u16>,
     pub command: Vec<String>,
 }
 
 pub const USAGE: &str =
-    "usage: nightshift-lease --bound-ms MILLISECONDS [--heartbeat PATH] -- COMMAND [ARG...]";
+    "usage: nightshift-lease --bound-ms MILLISECONDS [--heartbeat PATH] [--relay PORT] -- COMMAND [ARG...]";
 
 /// Parses the wrapper's arguments (after the program name).
 pub fn parse_args(args: &[String]) -> Result<Invocation, String> {
     let mut bound = None;
     let mut heartbeat = HEARTBEAT_IN_SANDBOX.to_string();
+    let mut relay = None;
     let mut rest = args.iter();
     loop {
         match rest.next().map(String::as_str) {
@@ -158,6 +162,15 @@ pub fn parse_args(args: &[String]) -> Result<Invocation, String> {
             Some("--heartbeat") => {
                 heartbeat = rest.next().ok_or("--heartbeat needs a path")?.clone();
             }
+            Some("--relay") => {
+                let v = rest.next().ok_or("--relay needs a port")?;
+                relay = Some(
+                    v.parse::<u16>()
+                        .ok()
+                        .filter(|p| *p > 0)
+                        .ok_or_else(|| format!("--relay {v:?} is not a port"))?,
+                );
+            }
             Some("--") => break,
             Some(other) => return Err(format!("unknown argument {other:?}")),
             None => return Err("no command given (after `--`)".into()),
@@ -170,6 +183,7 @@ pub fn parse_args(args: &[String]) -> Result<Invocation, String> {
     Ok(Invocation {
         bound: bound.ok_or("--bound-ms is required")?,
         heartbeat,
+        relay,
         command,
     })
 }
@@ -257,6 +271,11 @@ mod tests {
         assert_eq!(ok.bound, 30 * S);
         assert_eq!(ok.heartbeat, HEARTBEAT_IN_SANDBOX);
         assert_eq!(ok.command, ["bash", "-c", "x"]);
+        assert_eq!(ok.relay, None);
+        let relayed = a(&["--bound-ms", "30000", "--relay", "7878", "--", "x"]).unwrap();
+        assert_eq!(relayed.relay, Some(7878));
+        assert!(a(&["--bound-ms", "30000", "--relay", "0", "--", "x"]).is_err());
+        assert!(a(&["--bound-ms", "30000", "--relay", "http", "--", "x"]).is_err());
         assert!(a(&["--bound-ms", "999", "--", "x"]).is_err());
         assert!(a(&["--bound-ms", "30000", "--"]).is_err());
         assert!(a(&["--", "x"]).is_err());

@@ -52,6 +52,33 @@ fn read_heartbeat(path: &str) -> Option<u64> {
     lease::parse_heartbeat(&bytes)
 }
 
+/// Starts `nightshift-relay` (beside this executable) on `port` and waits
+/// until it listens. It ends with the sandbox: when this process exits, the
+/// kernel kills everything left in the sandbox's PID namespace.
+fn start_relay(port: u16) -> Result<std::process::Child, String> {
+    let me = std::env::current_exe().map_err(|e| format!("finding the door's bin/: {e}"))?;
+    let relay = me.with_file_name("nightshift-relay");
+    let mut child = Command::new(&relay)
+        .args(["--port", &port.to_string()])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("{}: {e}", relay.display()))?;
+    let started = Instant::now();
+    loop {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(child);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("it exited ({status}) before listening"));
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            return Err(format!("it did not listen on 127.0.0.1:{port} within 10 s"));
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn main() -> ExitCode {
     let args: Result<Vec<String>, _> = std::env::args_os()
         .skip(1)
@@ -76,6 +103,17 @@ fn main() -> ExitCode {
     // Read before the command starts: a sandbox whose lease is already gone
     // runs nothing past the grace.
     let _ = held.observe(Duration::ZERO, read_heartbeat(&invocation.heartbeat));
+    // The model gateway's relay first: the agent's clients find it listening.
+    let _relay = match invocation.relay {
+        Some(port) => match start_relay(port) {
+            Ok(child) => Some(child),
+            Err(why) => {
+                eprintln!("nightshift-lease: starting the model gateway's relay: {why}");
+                return exit(lease::EXIT_CANNOT_START);
+            }
+        },
+        None => None,
+    };
     let mut child = match Command::new(&invocation.command[0])
         .args(&invocation.command[1..])
         .spawn()

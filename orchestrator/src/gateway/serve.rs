@@ -1,0 +1,866 @@
+//! The gateway's adapter: an HTTP/1.1 server (hyper) on the run's model
+//! socket, forwarding each call to its endpoint (see the module note in
+//! `gateway`).
+//!
+//! Invariants:
+//! - At most `Limits::concurrent` connections are served at once; a
+//!   request's head must arrive within [`HEAD_DEADLINE`] and its body within
+//!   `Limits::request_timeout`, at most `max_request` bytes: a slow or flooding
+//!   client holds a bounded part of the supervisor for a bounded time.
+//! - Only the headers in [`FORWARDED`] reach the endpoint; the sandbox's
+//!   `Authorization` / `x-api-key` never do: the key is the endpoint's, read
+//!   from its file for this call.
+//! - A response is passed on as it arrives: whole events of a stream (at
+//!   most `max_line` bytes held), or the pieces of a JSON body (a copy of at
+//!   most `max_line` bytes kept to read its usage). Nothing else is held.
+//! - Every call, forwarded or refused, ends in one audit entry; a forwarded
+//!   call's settlement and its entry are one transaction.
+
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::{Request, Response, StatusCode};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, watch};
+
+use super::models::{Api, Endpoint, Limits, Models};
+use super::route::{self, Refusal, Shape};
+use super::sse::{self, Scanner, Usage};
+use super::tokens::{self, Ask};
+use crate::audit_log::Event;
+use crate::store::{StatePaths, Store};
+
+/// A request's head must arrive within this.
+pub const HEAD_DEADLINE: Duration = Duration::from_secs(10);
+/// The request headers passed on to an endpoint (all others are dropped).
+pub const FORWARDED: [&str; 6] = [
+    "accept",
+    "anthropic-version",
+    "anthropic-beta",
+    "openai-beta",
+    "user-agent",
+    "x-stainless-helper-method",
+];
+/// Response headers passed back to the sandbox.
+const RETURNED: [&str; 4] = ["content-type", "request-id", "x-request-id", "retry-after"];
+/// The Anthropic API version sent when the client names none.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// What a silence in a stream is filled with.
+const HEARTBEAT: &[u8] = b": nightshift gateway keep-alive\n\n";
+
+type Body = BoxBody<Bytes, std::io::Error>;
+
+/// A run's gateway, open while the run lasts.
+#[derive(Debug)]
+pub struct GatewayHandle {
+    task: tokio::task::JoinHandle<()>,
+    /// Set when a budget of this run is spent.
+    pub cap_reached: watch::Receiver<Option<CapReached>>,
+}
+
+/// A spent budget: the run is to end for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapReached {
+    pub used: u64,
+    pub cap: u64,
+    /// The kill's detail: `model token cap (used N of M)`.
+    pub detail: String,
+}
+
+impl GatewayHandle {
+    pub fn close(self) {
+        self.task.abort();
+    }
+}
+
+#[derive(Debug)]
+struct Gateway {
+    models: Models,
+    run: String,
+    run_cap: u64,
+    fleet_cap: u64,
+    paths: StatePaths,
+    /// Reservations (relaxed durability, see `Store::relax_sync`).
+    reserving: Mutex<Option<Store>>,
+    /// Settlements and audit entries.
+    auditing: Mutex<Option<Store>>,
+    cap: watch::Sender<Option<CapReached>>,
+}
+
+impl Gateway {
+    fn limits(&self) -> &Limits {
+        &self.models.limits
+    }
+
+    /// Runs `f` on one of the gateway's store connections (opened on first
+    /// use), off the async threads.
+    async fn with_store<T: Send + 'static>(
+        self: &Arc<Self>,
+        reserving: bool,
+        f: impl FnOnce(&mut Store) -> Result<T, crate::store::StoreError> + Send + 'static,
+    ) -> Result<T, String> {
+        let gw = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let slot = if reserving {
+                &gw.reserving
+            } else {
+                &gw.auditing
+            };
+            let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
+            if guard.is_none() {
+                let store = Store::open(gw.paths.clone()).map_err(|e| e.to_string())?;
+                if reserving {
+                    store.relax_sync().map_err(|e| e.to_string())?;
+                }
+                *guard = Some(store);
+            }
+            let store = guard.as_mut().ok_or("no store")?;
+            f(store).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+
+    fn cap_spent(&self, scope: tokens::Scope, used: u64, cap: u64) {
+        self.cap.send_if_modified(|v| {
+            if v.is_none() {
+                *v = Some(CapReached {
+                    used,
+                    cap,
+                    detail: cap_detail(scope, used, cap),
+                });
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
+/// The kill's detail for a spent budget.
+pub fn cap_detail(scope: tokens::Scope, used: u64, cap: u64) -> String {
+    match scope {
+        tokens::Scope::Run => format!("model token cap (used {used} of {cap})"),
+        tokens::Scope::Fleet => {
+            format!("model token cap of the fleet for the night (used {used} of {cap})")
+        }
+    }
+}
+
+/// Binds `door_dir/model.sock` and serves it until the handle is closed.
+pub fn open(
+    paths: &StatePaths,
+    door_dir: &Path,
+    run: &str,
+    models: Models,
+    run_cap: u64,
+    fleet_cap: u64,
+) -> std::io::Result<GatewayHandle> {
+    use std::os::unix::fs::PermissionsExt;
+    let socket = door_dir.join(super::SOCKET);
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket)?;
+    // The sandbox's user connects; the directory is read-only to it.
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))?;
+    let (cap, cap_reached) = watch::channel(None);
+    let limit = Arc::new(tokio::sync::Semaphore::new(models.limits.concurrent));
+    let gw = Arc::new(Gateway {
+        models,
+        run: run.to_string(),
+        run_cap,
+        fleet_cap,
+        paths: paths.clone(),
+        reserving: Mutex::new(None),
+        auditing: Mutex::new(None),
+        cap,
+    });
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok(permit) = limit.clone().acquire_owned().await else {
+                return;
+            };
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let gw = gw.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let gw = gw.clone();
+                    async move { Ok::<_, Infallible>(handle(gw, req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEAD_DEADLINE)
+                    .max_buf_size(64 * 1024)
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+                drop(permit);
+            });
+        }
+    });
+    Ok(GatewayHandle { task, cap_reached })
+}
+
+/// What the gateway knows of one call, for its audit entry.
+#[derive(Debug, Default, Clone)]
+struct Call {
+    endpoint: Option<String>,
+    model: Option<String>,
+    shape: Option<Shape>,
+    stream: bool,
+    request_bytes: u64,
+    request_digest: String,
+    night: String,
+    reserved: u64,
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u128::from(u64::MAX)) as u64
+}
+
+async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+    let started = Instant::now();
+    let mut call = Call {
+        night: tokens::night_of(now_unix()),
+        request_digest: crate::audit_log::digest(b""),
+        ..Default::default()
+    };
+    match forward(&gw, req, &mut call, started).await {
+        Ok(response) => response,
+        Err(Refused {
+            refusal,
+            audited: true,
+        }) => {
+            let body = error_body(&refusal);
+            error_response(&refusal, body)
+        }
+        Err(Refused { refusal, .. }) => {
+            let status = refusal.status;
+            let outcome = format!("refused:{}", refusal.kind);
+            let (run, entry) = (gw.run.clone(), call.clone());
+            let run_cap = gw.run_cap;
+            let body = error_body(&refusal);
+            let response_digest = crate::audit_log::digest(&body);
+            let response_bytes = body.len() as u64;
+            let _ = gw
+                .with_store(false, move |store| {
+                    let run_tokens = store.run_model_tokens(&run)?.used;
+                    store.append(
+                        Some(&run),
+                        &model_call(
+                            &entry,
+                            status,
+                            outcome,
+                            None,
+                            0,
+                            run_tokens,
+                            run_cap,
+                            started.elapsed(),
+                            None,
+                            response_bytes,
+                            response_digest,
+                        ),
+                        false,
+                    )
+                })
+                .await;
+            error_response(&refusal, body)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn model_call(
+    call: &Call,
+    status: u16,
+    outcome: String,
+    usage: Option<Usage>,
+    charged: u64,
+    run_tokens: u64,
+    run_cap: u64,
+    latency: Duration,
+    first_byte: Option<Duration>,
+    response_bytes: u64,
+    response_digest: String,
+) -> Event {
+    Event::ModelCall {
+        endpoint: call.endpoint.clone(),
+        model: call.model.clone(),
+        shape: call.shape.map(|s| {
+            match s {
+                Shape::Chat => "chat",
+                Shape::Responses => "responses",
+                Shape::Messages => "messages",
+            }
+            .to_string()
+        }),
+        stream: call.stream,
+        status,
+        outcome,
+        input_tokens: usage.map(|u| u.input),
+        output_tokens: usage.map(|u| u.output),
+        cached_tokens: usage.map(|u| u.cached),
+        reserved_tokens: call.reserved,
+        charged_tokens: charged,
+        run_tokens,
+        run_token_cap: run_cap,
+        latency_ms: ms(latency),
+        first_byte_ms: first_byte.map(ms),
+        request_bytes: call.request_bytes,
+        request_digest: call.request_digest.clone(),
+        response_bytes,
+        response_digest,
+    }
+}
+
+/// One JSON error body both API families' clients read (`error.message`,
+/// `error.type`).
+fn error_body(refusal: &Refusal) -> Vec<u8> {
+    let kind = match refusal.status {
+        400 | 413 => "invalid_request_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        _ => "api_error",
+    };
+    serde_json::json!({
+        "type": "error",
+        "error": {
+            "type": kind,
+            "code": format!("nightshift_{}", refusal.kind),
+            "message": refusal.message,
+        }
+    })
+    .to_string()
+    .into_bytes()
+}
+
+fn error_response(refusal: &Refusal, body: Vec<u8>) -> Response<Body> {
+    let mut r = Response::new(full(body));
+    *r.status_mut() = StatusCode::from_u16(refusal.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    // The request may not have been read whole (too big, too slow): the
+    // connection ends with the answer, never waits for the rest.
+    r.headers_mut()
+        .insert(hyper::header::CONNECTION, HeaderValue::from_static("close"));
+    if refusal.status == 429 {
+        r.headers_mut()
+            .insert("retry-after", HeaderValue::from_static("1"));
+    }
+    r
+}
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed()
+}
+
+/// A refusal, and whether its audit entry is written already.
+#[derive(Debug)]
+struct Refused {
+    refusal: Refusal,
+    audited: bool,
+}
+
+impl From<Refusal> for Refused {
+    fn from(refusal: Refusal) -> Self {
+        Refused {
+            refusal,
+            audited: false,
+        }
+    }
+}
+
+/// Forwards one call; a refusal for anything the gateway will not do.
+async fn forward(
+    gw: &Arc<Gateway>,
+    req: Request<Incoming>,
+    call: &mut Call,
+    started: Instant,
+) -> Result<Response<Body>, Refused> {
+    let limits = *gw.limits();
+    let (parts, body) = req.into_parts();
+    let shape = route::shape(parts.method.as_str(), parts.uri.path())?;
+    call.shape = Some(shape);
+    let declared = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let too_big = || {
+        Refusal::new(
+            413,
+            "request_size",
+            format!(
+                "the request is over the gateway's limit of {} bytes",
+                limits.max_request
+            ),
+        )
+    };
+    if declared.is_some_and(|n| n > limits.max_request) {
+        return Err(too_big().into());
+    }
+    let limited = Limited::new(body, limits.max_request as usize);
+    let body = match tokio::time::timeout(limits.request_timeout, limited.collect()).await {
+        Err(_) => {
+            return Err(Refusal::new(
+                408,
+                "request_time",
+                format!(
+                    "the request's body did not arrive within {} s",
+                    limits.request_timeout.as_secs()
+                ),
+            )
+            .into())
+        }
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return Err(too_big().into()),
+        Ok(Err(_)) => {
+            return Err(
+                Refusal::new(400, "request_read", "the request's body could not be read").into(),
+            )
+        }
+        Ok(Ok(b)) => b.to_bytes(),
+    };
+    call.request_bytes = body.len() as u64;
+    call.request_digest = crate::audit_log::digest(&body);
+    let mut json: Value = serde_json::from_slice(&body).map_err(|e| {
+        Refusal::new(
+            400,
+            "request_json",
+            format!("the request's body is not JSON: {e}"),
+        )
+    })?;
+    let endpoint: Endpoint = route::route(&gw.models, shape, &json)?.clone();
+    call.endpoint = Some(endpoint.alias.clone());
+    call.model = json
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+
+    // Reserve the worst case against the run's and the fleet's budgets.
+    let ask = Ask {
+        input_bound: body.len() as u64,
+        requested_output: sse::requested_output(shape, &json),
+    };
+    let (run, night, run_cap, fleet_cap) =
+        (gw.run.clone(), call.night.clone(), gw.run_cap, gw.fleet_cap);
+    let decision = gw
+        .with_store(true, move |store| {
+            store.reserve_model_tokens(&run, &night, run_cap, fleet_cap, ask)
+        })
+        .await
+        .map_err(|_| {
+            Refusal::new(
+                503,
+                "ledger",
+                "the supervisor's token ledger is unavailable; try again later",
+            )
+        })?;
+    let grant = match decision {
+        Ok(g) => g,
+        Err(refused) => {
+            let status = match refused {
+                tokens::Refusal::Spent { scope, used, cap } => {
+                    gw.cap_spent(scope, used, cap);
+                    403
+                }
+                tokens::Refusal::Held { .. } => 429,
+            };
+            return Err(Refusal::new(status, "token_cap", refused.message()).into());
+        }
+    };
+    call.reserved = grant.tokens;
+    let prepared = sse::prepare(shape, &mut json, grant.max_output);
+    call.stream = prepared.stream;
+    let forwarded = Bytes::from(serde_json::to_vec(&json).unwrap_or_default());
+
+    // From here on the reservation is held: every way out settles it.
+    let key = match super::key::read(&endpoint.key_file) {
+        Ok(k) => k,
+        Err(e) => {
+            tracing::error!(endpoint = %endpoint.alias, error = %e, "the model endpoint's key cannot be used");
+            return Err(settle_refused(
+                gw,
+                call,
+                started,
+                Some(0),
+                Refusal::new(
+                    502,
+                    "key",
+                    format!(
+                        "the supervisor cannot use endpoint {}'s key; the owner must fix it",
+                        endpoint.alias
+                    ),
+                ),
+            )
+            .await);
+        }
+    };
+    let built = Request::builder()
+        .method("POST")
+        .uri(format!(
+            "{}{}",
+            route::upstream_path(&endpoint, shape),
+            parts
+                .uri
+                .query()
+                .map(|q| format!("?{q}"))
+                .unwrap_or_default()
+        ))
+        .body(Full::new(forwarded));
+    let mut upstream = match built {
+        Ok(r) => r,
+        Err(_) => {
+            let r = Refusal::new(
+                400,
+                "request_query",
+                "the request's query string is not valid",
+            );
+            return Err(settle_refused(gw, call, started, Some(0), r).await);
+        }
+    };
+    let headers = upstream.headers_mut();
+    copy_allowed(&parts.headers, headers);
+    let set = |h: &mut HeaderMap, name: &'static str, value: &str| {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            h.insert(HeaderName::from_static(name), v);
+        }
+    };
+    set(headers, "host", &endpoint.base_url.authority());
+    set(headers, "content-type", "application/json");
+    match endpoint.api {
+        Api::Anthropic => {
+            set(headers, "x-api-key", &key);
+            if !headers.contains_key("anthropic-version") {
+                set(headers, "anthropic-version", ANTHROPIC_VERSION);
+            }
+        }
+        Api::Openai => set(headers, "authorization", &format!("Bearer {key}")),
+    }
+    drop(key);
+
+    let sent = Instant::now();
+    let response = match tokio::time::timeout(
+        limits.first_byte_timeout,
+        super::upstream::send(&endpoint.base_url, upstream),
+    )
+    .await
+    {
+        Err(_) => {
+            return Err(settle_refused(
+                gw,
+                call,
+                started,
+                None,
+                Refusal::new(
+                    504,
+                    "first_byte_timeout",
+                    format!(
+                        "endpoint {} did not answer within {} s",
+                        endpoint.alias,
+                        limits.first_byte_timeout.as_secs()
+                    ),
+                ),
+            )
+            .await)
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(endpoint = %endpoint.alias, error = %e, "model endpoint unreachable");
+            let charged = if e.maybe_sent() { None } else { Some(0) };
+            return Err(settle_refused(
+                gw,
+                call,
+                started,
+                charged,
+                Refusal::new(
+                    502,
+                    "upstream",
+                    format!("endpoint {} could not be reached", endpoint.alias),
+                ),
+            )
+            .await);
+        }
+        Ok(Ok(r)) => r,
+    };
+    let first_byte = sent.elapsed();
+    let (head, upstream_body) = response.into_parts();
+    let is_sse = head
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let (tx, rx) = mpsc::channel::<Bytes>(8);
+    let status = head.status.as_u16();
+    let pump = Pump {
+        gw: gw.clone(),
+        call: call.clone(),
+        shape,
+        status,
+        started,
+        first_byte,
+        scanner: is_sse.then(|| Scanner::new(shape, prepared, limits.max_line as usize)),
+    };
+    tokio::spawn(pump.run(upstream_body, tx));
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, std::io::Error>(Frame::data(b)), rx))
+    });
+    let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
+    *r.status_mut() = head.status;
+    for name in RETURNED {
+        if let Some(v) = head.headers.get(name) {
+            r.headers_mut()
+                .insert(HeaderName::from_static(name), v.clone());
+        }
+    }
+    Ok(r)
+}
+
+fn copy_allowed(from: &HeaderMap, to: &mut HeaderMap) {
+    for name in FORWARDED {
+        if let Some(v) = from.get(name) {
+            to.insert(HeaderName::from_static(name), v.clone());
+        }
+    }
+}
+
+/// Settles a reservation for a call that got no response, audits it, and
+/// returns the refusal to send.
+async fn settle_refused(
+    gw: &Arc<Gateway>,
+    call: &Call,
+    started: Instant,
+    charged: Option<u64>,
+    refusal: Refusal,
+) -> Refused {
+    let body = error_body(&refusal);
+    let digest = crate::audit_log::digest(&body);
+    let outcome = format!("refused:{}", refusal.kind);
+    settle(
+        gw,
+        call.clone(),
+        refusal.status,
+        outcome,
+        None,
+        charged,
+        started.elapsed(),
+        None,
+        body.len() as u64,
+        digest,
+    )
+    .await;
+    Refused {
+        refusal,
+        audited: true,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn settle(
+    gw: &Arc<Gateway>,
+    call: Call,
+    status: u16,
+    outcome: String,
+    usage: Option<Usage>,
+    charged: Option<u64>,
+    latency: Duration,
+    first_byte: Option<Duration>,
+    response_bytes: u64,
+    response_digest: String,
+) {
+    let (run, run_cap, fleet_cap) = (gw.run.clone(), gw.run_cap, gw.fleet_cap);
+    let reserved = call.reserved;
+    let charged_tokens = charged.unwrap_or(reserved);
+    let settled = gw
+        .with_store(false, move |store| {
+            store.settle_model_tokens(&run, &call.night, reserved, charged, |ledger| {
+                model_call(
+                    &call,
+                    status,
+                    outcome,
+                    usage,
+                    charged_tokens,
+                    ledger.used,
+                    run_cap,
+                    latency,
+                    first_byte,
+                    response_bytes,
+                    response_digest,
+                )
+            })
+        })
+        .await;
+    match settled {
+        Ok((run_ledger, fleet_ledger)) => {
+            if tokens::spent(run_ledger, run_cap) {
+                gw.cap_spent(tokens::Scope::Run, run_ledger.used, run_cap);
+            } else if tokens::spent(fleet_ledger, fleet_cap) {
+                gw.cap_spent(tokens::Scope::Fleet, fleet_ledger.used, fleet_cap);
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "settling a model call failed"),
+    }
+}
+
+/// Carries one response from the endpoint to the sandbox.
+struct Pump {
+    gw: Arc<Gateway>,
+    call: Call,
+    shape: Shape,
+    status: u16,
+    started: Instant,
+    first_byte: Duration,
+    /// Some for a stream of events; None for a body passed through.
+    scanner: Option<Scanner>,
+}
+
+impl Pump {
+    async fn run(mut self, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
+        let limits = *self.gw.limits();
+        let deadline = self.started + limits.call_timeout;
+        let mut hasher = Sha256::new();
+        let mut sent: u64 = 0;
+        let mut received: u64 = 0;
+        // A copy of a JSON body, to read its usage (at most `max_line`).
+        let mut copy: Option<Vec<u8>> = self.scanner.is_none().then(Vec::new);
+        let mut last_piece = Instant::now();
+        let mut outcome: &str = "ok";
+        let send = |bytes: Vec<u8>, hasher: &mut Sha256, sent: &mut u64| {
+            hasher.update(&bytes);
+            *sent += bytes.len() as u64;
+            let tx = tx.clone();
+            async move { tx.send(Bytes::from(bytes)).await.is_ok() }
+        };
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                outcome = "call_timeout";
+                break;
+            }
+            let idle_left = limits.idle_timeout.saturating_sub(now - last_piece);
+            if idle_left.is_zero() {
+                outcome = "idle_timeout";
+                break;
+            }
+            let wait = limits.heartbeat.min(idle_left).min(deadline - now);
+            match tokio::time::timeout(wait, body.frame()).await {
+                Err(_) => {
+                    // A silence: fill it between events so clients and
+                    // proxies keep the stream open.
+                    let quiet = Instant::now() - last_piece >= limits.heartbeat;
+                    if let Some(scanner) = &self.scanner {
+                        if quiet
+                            && scanner.between_events()
+                            && !send(HEARTBEAT.to_vec(), &mut hasher, &mut sent).await
+                        {
+                            outcome = "client_gone";
+                            break;
+                        }
+                    }
+                }
+                Ok(None) => {
+                    if let Some(scanner) = &mut self.scanner {
+                        let mut out = Vec::new();
+                        scanner.finish(&mut out);
+                        if !out.is_empty() {
+                            send(out, &mut hasher, &mut sent).await;
+                        }
+                    }
+                    break;
+                }
+                Ok(Some(Err(_))) => {
+                    outcome = "upstream_broken";
+                    break;
+                }
+                Ok(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else {
+                        continue;
+                    };
+                    last_piece = Instant::now();
+                    received += data.len() as u64;
+                    if received > limits.max_response {
+                        outcome = "response_too_large";
+                        break;
+                    }
+                    let out = match &mut self.scanner {
+                        Some(scanner) => {
+                            let mut out = Vec::new();
+                            if scanner.feed(&data, &mut out).is_err() {
+                                outcome = "line_too_long";
+                                break;
+                            }
+                            out
+                        }
+                        None => {
+                            if let Some(c) = &mut copy {
+                                if (c.len() + data.len()) as u64 <= limits.max_line {
+                                    c.extend_from_slice(&data);
+                                } else {
+                                    copy = None;
+                                }
+                            }
+                            data.to_vec()
+                        }
+                    };
+                    if !out.is_empty() && !send(out, &mut hasher, &mut sent).await {
+                        outcome = "client_gone";
+                        break;
+                    }
+                }
+            }
+        }
+        drop(body);
+        drop(tx);
+        let ok = (200..300).contains(&self.status);
+        let usage = match &self.scanner {
+            Some(scanner) => scanner.usage(),
+            None => copy
+                .as_deref()
+                .and_then(|c| serde_json::from_slice::<Value>(c).ok())
+                .and_then(|v| sse::usage_of_json(self.shape, &v)),
+        };
+        let charged = match usage {
+            Some(u) => Some(u.total()),
+            // An endpoint's refusal costs nothing; a success without usage
+            // keeps its whole reservation.
+            None if !ok && outcome == "ok" => Some(0),
+            None => None,
+        };
+        let outcome = match (outcome, usage) {
+            ("ok", None) if ok => "no_usage".to_string(),
+            ("ok", _) if !ok => format!("endpoint_status_{}", self.status),
+            (o, _) => o.to_string(),
+        };
+        settle(
+            &self.gw,
+            self.call.clone(),
+            self.status,
+            outcome,
+            usage,
+            charged,
+            self.started.elapsed(),
+            Some(self.first_byte),
+            sent,
+            hex::encode(hasher.finalize()),
+        )
+        .await;
+    }
+}

@@ -1,0 +1,658 @@
+//! The model gateway, end to end: a real sandbox (no network) reaches the
+//! scripted model server only through the relay, the door's model socket and
+//! the supervisor's gateway, in each of the three request shapes, streaming
+//! and not; the real key never enters the sandbox; anything not configured
+//! is refused; token caps hold under racing calls (one run, and the fleet
+//! across two supervisors) and kill the run with their reason; hostile
+//! responses and clients neither crash the supervisor nor grow it.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::{json, Value};
+use tests::model::{Mode, ModelServer, Step};
+use tests::{image, make_repo, stderr, stdout, State};
+
+const KEY: &str = "sk-real-model-key-7d41c0ffee";
+const ANTHROPIC_KEY: &str = "sk-ant-real-key-93be11";
+
+/// The client the agent runs: python3's urllib, through the environment the
+/// run was given (`OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL` and their
+/// placeholder keys). `call SHAPE STREAM MODEL [EXTRA-JSON]` prints one line
+/// `RESULT <json>` with the status and the body (or the streamed text).
+/// Eight threads calling until the budget is spent (a 403), waiting a
+/// moment when calls in flight hold it (a 429).
+const RACE: &str = r#"
+import time
+out = []
+def one():
+    for i in range(15):
+        r = call("messages" if SHAPE == "messages" else "chat", True, MODEL, {BOUND: 1000})
+        out.append(r)
+        if r["status"] == 403:
+            return
+        if r["status"] == 429:
+            time.sleep(0.3)
+ts = [threading.Thread(target=one) for _ in range(THREADS)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+for r in out:
+    show(r)
+time.sleep(30)
+print("SURVIVED", flush=True)
+"#;
+
+const CLIENT: &str = r#"
+import json, os, sys, threading, urllib.request, urllib.error
+
+def call(shape, stream, model, extra=None, method="POST", path=None):
+    if shape == "messages":
+        url = os.environ["ANTHROPIC_BASE_URL"] + "/v1/messages"
+        headers = {"x-api-key": os.environ["ANTHROPIC_API_KEY"], "anthropic-version": "2023-06-01"}
+        body = {"model": model, "max_tokens": 256, "messages": [{"role": "user", "content": "hi"}]}
+    elif shape == "chat":
+        url = os.environ["OPENAI_BASE_URL"] + "/chat/completions"
+        headers = {"authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+    else:
+        url = os.environ["OPENAI_BASE_URL"] + "/responses"
+        headers = {"authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+        body = {"model": model, "input": "hi"}
+    if path is not None:
+        url = os.environ["NIGHTSHIFT_MODEL_GATEWAY"] + path
+    if stream:
+        body["stream"] = True
+    body.update(extra or {})
+    headers["content-type"] = "application/json"
+    data = json.dumps(body).encode() if method == "POST" else None
+    req = urllib.request.Request(url, data=data, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            status, text = r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode("utf-8", "replace")
+    except Exception as e:
+        status, text = 0, repr(e)
+    return {"shape": shape, "stream": stream, "status": status, "body": text}
+
+def show(r):
+    print("RESULT " + json.dumps(r), flush=True)
+"#;
+
+/// A state whose `models.toml` points both families at `server`, with keys
+/// in private files; `extra` is appended (e.g. a `[gateway]` table).
+fn state_with_models(server: &ModelServer, extra: &str) -> State {
+    let state = State::new();
+    let secrets = state.path().join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    let key_file = |name: &str, key: &str| {
+        let p = secrets.join(name);
+        std::fs::write(&p, format!("{key}\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        p
+    };
+    let openai = key_file("openai.key", KEY);
+    let anthropic = key_file("anthropic.key", ANTHROPIC_KEY);
+    std::fs::write(
+        state.path().join("models.toml"),
+        format!(
+            "[endpoints.claude]\napi = \"anthropic\"\nbase_url = \"{url}\"\nkey_file = \"{}\"\nmodels = [\"claude-*\"]\n\n\
+             [endpoints.oai]\napi = \"openai\"\nbase_url = \"{url}/v1\"\nkey_file = \"{}\"\nmodels = [\"gpt-5*\"]\n\n{extra}",
+            anthropic.display(),
+            openai.display(),
+            url = server.url(),
+        ),
+    )
+    .unwrap();
+    state
+}
+
+fn run_python(state: &State, repo: &Path, args: &[&str], script: &str) -> Output {
+    let program = format!("{CLIENT}\n{script}");
+    let mut cmd = state.cmd();
+    cmd.args(["run", "--repo", repo.to_str().unwrap(), "--image", &image()])
+        .args(args)
+        .args(["--", "python3", "-c", &program]);
+    cmd.output().expect("running nightshift")
+}
+
+fn results(log: &str) -> Vec<Value> {
+    log.lines()
+        .filter_map(|l| l.strip_prefix("RESULT "))
+        .map(|l| serde_json::from_str(l).expect("RESULT line is JSON"))
+        .collect()
+}
+
+fn run_id(state: &State) -> String {
+    state.runs().last().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn model_calls(state: &State, run: &str) -> Vec<Value> {
+    state.show(run)["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "model_call")
+        .map(|e| e["body"].clone())
+        .collect()
+}
+
+#[test]
+fn three_shapes_stream_and_not_through_the_relay_and_the_key_stays_outside() {
+    let server = ModelServer::start();
+    for text in [
+        "chat whole",
+        "chat streamed",
+        "responses whole",
+        "responses streamed",
+        "messages whole",
+        "messages streamed",
+    ] {
+        server.push(Step::text(text).usage(20, 5).cached(3));
+    }
+    server.push(Step::tool("Bash", json!({"command": "ls -la"})));
+    let state = state_with_models(&server, "");
+    let repo = make_repo();
+    let out = run_python(
+        &state,
+        repo.path(),
+        &[],
+        &format!(
+            r#"
+for shape in ["chat", "responses", "messages"]:
+    model = "claude-sonnet-4-5" if shape == "messages" else "gpt-5-codex"
+    show(call(shape, False, model))
+    show(call(shape, True, model))
+show(call("messages", True, "claude-sonnet-4-5"))
+# The keys, reversed in this program's text so that its own command line
+# does not hold them.
+keys = [k[::-1].encode() for k in ["{KEY_REV}", "{ANTHROPIC_KEY_REV}"]]
+def holds(data):
+    return any(k in data for k in keys)
+env = "\n".join(k + "=" + v for k, v in os.environ.items()).encode()
+print("ENV-HAS-KEY=" + str(holds(env)))
+found = False
+for top in ["/run/nightshift", "/workspace", "/home", "/tmp", "/etc", "/usr/local"]:
+    for root, dirs, names in os.walk(top):
+        for n in names:
+            try:
+                with open(os.path.join(root, n), "rb") as f:
+                    found = found or holds(f.read())
+            except OSError:
+                pass
+print("FILES-HAVE-KEY=" + str(found))
+found = False
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        for part in ["environ", "cmdline"]:
+            try:
+                with open("/proc/%s/%s" % (pid, part), "rb") as f:
+                    found = found or holds(f.read())
+            except OSError:
+                pass
+print("PROC-HAS-KEY=" + str(found))
+print("DOOR=" + " ".join(sorted(os.listdir("/run/nightshift"))))
+"#,
+            KEY_REV = KEY.chars().rev().collect::<String>(),
+            ANTHROPIC_KEY_REV = ANTHROPIC_KEY.chars().rev().collect::<String>(),
+        ),
+    );
+    let log = state.output_log(&run_id(&state));
+    assert!(
+        out.status.success(),
+        "{}{}\n{log}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let got = results(&log);
+    assert_eq!(got.len(), 7, "{log}");
+    for (r, text) in got.iter().zip([
+        "chat whole",
+        "chat streamed",
+        "responses whole",
+        "responses streamed",
+        "messages whole",
+        "messages streamed",
+    ]) {
+        assert_eq!(r["status"], 200, "{r}");
+        let body = r["body"].as_str().unwrap();
+        // Streamed text arrives in pieces: compare the first piece.
+        assert!(body.contains(&text[..8]), "{text}: {body}");
+    }
+    // Streams arrive as the APIs frame them.
+    assert!(got[1]["body"].as_str().unwrap().contains("data: [DONE]"));
+    assert!(got[3]["body"]
+        .as_str()
+        .unwrap()
+        .contains("event: response.completed"));
+    assert!(got[5]["body"]
+        .as_str()
+        .unwrap()
+        .contains("event: message_stop"));
+    // The chat client did not ask for the usage chunk: the gateway forced it
+    // upstream and took it out again.
+    assert!(
+        !got[1]["body"].as_str().unwrap().contains("prompt_tokens"),
+        "{}",
+        got[1]["body"]
+    );
+    // A tool call comes through whole.
+    assert!(got[6]["body"]
+        .as_str()
+        .unwrap()
+        .contains("input_json_delta"));
+
+    // What the endpoint saw: the real key in place of the placeholder, the
+    // clamped output bound, the forced usage option.
+    let seen = server.requests();
+    assert_eq!(seen.len(), 7);
+    for r in &seen {
+        let all = format!("{:?}", r.headers);
+        assert!(
+            !all.contains(orchestrator::gateway::PLACEHOLDER_KEY),
+            "{all}"
+        );
+        if r.path == "/v1/messages" {
+            assert_eq!(r.header("x-api-key"), Some(ANTHROPIC_KEY));
+            assert_eq!(r.header("authorization"), None);
+            assert_eq!(r.header("anthropic-version"), Some("2023-06-01"));
+        } else {
+            assert_eq!(
+                r.header("authorization").map(str::to_string),
+                Some(format!("Bearer {KEY}"))
+            );
+            assert_eq!(r.header("x-api-key"), None);
+        }
+    }
+    assert_eq!(seen[0].path, "/v1/chat/completions");
+    assert!(seen[0].json()["max_completion_tokens"].as_u64().is_some());
+    assert_eq!(seen[1].json()["stream_options"]["include_usage"], true);
+    assert_eq!(seen[2].path, "/v1/responses");
+    assert!(seen[2].json()["max_output_tokens"].as_u64().is_some());
+    assert_eq!(seen[4].json()["max_tokens"], 256);
+
+    // The key is nowhere in the sandbox.
+    assert!(log.contains("ENV-HAS-KEY=False"), "{log}");
+    assert!(log.contains("FILES-HAVE-KEY=False"), "{log}");
+    assert!(log.contains("PROC-HAS-KEY=False"), "{log}");
+    assert!(log.contains("model.sock"), "{log}");
+
+    // Each call is audited with its tokens, content-free.
+    let run = run_id(&state);
+    let calls = model_calls(&state, &run);
+    assert_eq!(calls.len(), 7, "{calls:?}");
+    for c in &calls[..6] {
+        assert_eq!(c["outcome"], "ok", "{c}");
+        assert_eq!(c["input_tokens"], 20, "{c}");
+        assert_eq!(c["output_tokens"], 5, "{c}");
+        assert_eq!(c["cached_tokens"], 3, "{c}");
+        assert_eq!(c["charged_tokens"], 25, "{c}");
+        assert!(c["request_digest"].as_str().unwrap().len() == 64);
+        assert!(c["response_bytes"].as_u64().unwrap() > 0);
+    }
+    assert_eq!(calls[0]["endpoint"], "oai");
+    assert_eq!(calls[4]["endpoint"], "claude");
+    assert_eq!(calls[4]["model"], "claude-sonnet-4-5");
+    let shown = state.show(&run);
+    assert_eq!(shown["model"]["calls"], 7);
+    let text = stdout(&state.run(&["show", &run]));
+    assert!(text.contains("model calls: 7"), "{text}");
+    // Nor in the audit or the output log.
+    let audit = serde_json::to_string(&shown).unwrap();
+    for secret in [KEY, ANTHROPIC_KEY] {
+        assert!(!audit.contains(secret));
+        assert!(!log.contains(secret));
+    }
+    assert!(!audit.contains("chat whole"), "the audit holds no content");
+    assert!(state.verify().status.success());
+    assert!(state.containers().is_empty());
+}
+
+#[test]
+fn unconfigured_paths_methods_and_models_are_refused_readably() {
+    let server = ModelServer::start();
+    let state = state_with_models(&server, "");
+    let repo = make_repo();
+    let out = run_python(
+        &state,
+        repo.path(),
+        &[],
+        r#"
+show(call("chat", False, "gpt-4o"))
+show(call("messages", False, "gpt-5"))
+show(call("chat", False, "gpt-5", path="/v1/embeddings"))
+show(call("chat", False, "gpt-5", method="GET", path="/v1/chat/completions"))
+show(call("chat", False, "gpt-5", path="/v1/chat/completions/../../admin"))
+show(call("responses", False, "gpt-5-mini", {"model": 7}))
+"#,
+    );
+    let log = state.output_log(&run_id(&state));
+    assert!(out.status.success(), "{}{log}", stderr(&out));
+    let got = results(&log);
+    let statuses: Vec<u64> = got.iter().map(|r| r["status"].as_u64().unwrap()).collect();
+    assert_eq!(statuses, [403, 403, 404, 405, 404, 400], "{log}");
+    assert!(got[0]["body"].as_str().unwrap().contains("gpt-5*"), "{log}");
+    assert!(
+        got[1]["body"].as_str().unwrap().contains("claude-*"),
+        "{log}"
+    );
+    // Nothing reached the endpoint.
+    assert!(server.requests().is_empty());
+    let calls = model_calls(&state, &run_id(&state));
+    assert_eq!(calls.len(), 6);
+    assert!(calls
+        .iter()
+        .all(|c| c["outcome"].as_str().unwrap().starts_with("refused:")));
+    // A refused call's model is the agent's text: not recorded.
+    assert!(calls[0]["model"].is_null());
+}
+
+#[test]
+fn the_run_token_cap_kills_the_run_with_its_reason_even_when_eight_calls_race() {
+    let server = ModelServer::start();
+    for _ in 0..80 {
+        server.push(
+            Step::text("ok")
+                .usage(100, 300)
+                .mode(Mode::Slow(std::time::Duration::from_millis(100))),
+        );
+    }
+    let state = state_with_models(&server, "");
+    let repo = make_repo();
+    // Each call reserves its body's size (about 110 bytes) plus 1000 of
+    // output, and uses 400: eight threads race, calling until refused for
+    // the cap (or told to wait for calls in flight).
+    let out = run_python(
+        &state,
+        repo.path(),
+        &["--max-tokens", "4500"],
+        &format!("SHAPE, MODEL, BOUND, THREADS = 'messages', 'claude-x', 'max_tokens', 8\n{RACE}"),
+    );
+    let run = run_id(&state);
+    let log = state.output_log(&run);
+    let record = &state.runs()[0];
+    let status = record["status"].as_str().unwrap();
+    assert!(
+        status.starts_with("killed: model token cap (used ") && status.ends_with(" of 4500)"),
+        "{status}\n{}{log}",
+        stderr(&out)
+    );
+    assert!(!log.contains("SURVIVED"), "{log}");
+    let calls = model_calls(&state, &run);
+    let charged: u64 = calls
+        .iter()
+        .map(|c| c["charged_tokens"].as_u64().unwrap())
+        .sum();
+    assert!(charged <= 4500, "charged {charged} over the cap: {calls:?}");
+    // The budget was spent, not refused early: less than one more call was left.
+    assert!(charged > 4500 - 1200, "charged only {charged}: {calls:?}");
+    let refused: Vec<&Value> = calls
+        .iter()
+        .filter(|c| c["outcome"] == "refused:token_cap")
+        .collect();
+    assert!(!refused.is_empty(), "{calls:?}");
+    let got = results(&log);
+    assert!(
+        got.iter().any(|r| r["body"]
+            .as_str()
+            .unwrap()
+            .contains("this run's model token cap")),
+        "{log}"
+    );
+    let forwarded = calls.iter().filter(|c| c["outcome"] == "ok").count();
+    assert_eq!(server.requests().len(), forwarded);
+    assert!(state.containers().is_empty());
+}
+
+#[test]
+fn the_fleet_night_budget_holds_across_two_supervisors() {
+    let server = ModelServer::start();
+    for _ in 0..80 {
+        server.push(
+            Step::text("ok")
+                .usage(100, 500)
+                .mode(Mode::Slow(std::time::Duration::from_millis(100))),
+        );
+    }
+    let state = state_with_models(&server, "");
+    std::fs::write(
+        state.path().join("config.toml"),
+        "[fleet]\nmax_tokens_per_night = 5000\n",
+    )
+    .unwrap();
+    let repo = make_repo();
+    let script = format!(
+        "SHAPE, MODEL, BOUND, THREADS = 'chat', 'gpt-5', 'max_completion_tokens', 4\n{RACE}"
+    );
+    let program = format!("{CLIENT}\n{script}");
+    let spawn = || {
+        state
+            .cmd()
+            .args([
+                "run",
+                "--json",
+                "--repo",
+                repo.path().to_str().unwrap(),
+                "--image",
+                &image(),
+                "--",
+                "python3",
+                "-c",
+                &program,
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    let runs = state.runs();
+    assert_eq!(runs.len(), 2, "{}{}", stderr(&a), stderr(&b));
+    let mut charged = 0;
+    let mut forwarded = 0;
+    for r in &runs {
+        let id = r["id"].as_str().unwrap();
+        for c in model_calls(&state, id) {
+            charged += c["charged_tokens"].as_u64().unwrap();
+            if c["outcome"] == "ok" {
+                forwarded += 1;
+            }
+        }
+    }
+    assert!(charged <= 5000, "the fleet charged {charged} of 5000");
+    assert!(charged > 5000 - 1200, "the fleet charged only {charged}");
+    assert_eq!(server.requests().len(), forwarded);
+    // At least one run was ended for the fleet's budget.
+    assert!(
+        runs.iter().any(|r| r["status"]
+            .as_str()
+            .unwrap()
+            .starts_with("killed: model token cap of the fleet for the night (used ")),
+        "{runs:?}"
+    );
+}
+
+#[test]
+fn hostile_responses_and_a_slowloris_client_do_not_hurt_the_supervisor() {
+    let server = ModelServer::start();
+    server.push(Step::text("x").mode(Mode::Malformed));
+    server.push(Step::text("x").mode(Mode::Malformed));
+    server.push(Step::text("x").mode(Mode::Endless));
+    server.push(Step::text("x").mode(Mode::OversizedLine(8 << 20)));
+    server.push(Step::text("no usage here").mode(Mode::NoUsage));
+    server.push(Step::text("after all that").usage(10, 2));
+    let state = state_with_models(
+        &server,
+        "[gateway]\nmax_line = \"64k\"\nmax_response = \"4m\"\nidle_timeout = \"3s\"\ncall_timeout = \"20s\"\nrequest_timeout = \"3s\"\n",
+    );
+    let repo = make_repo();
+    let mut child = state
+        .cmd()
+        .args([
+            "run",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--image",
+            &image(),
+            "--",
+            "python3",
+            "-c",
+            &format!(
+                "{CLIENT}\n{}",
+                r#"
+import socket, time
+show(call("chat", False, "gpt-5"))
+show(call("messages", True, "claude-x"))
+show(call("responses", True, "gpt-5"))
+show(call("chat", True, "gpt-5"))
+show(call("messages", False, "claude-x"))
+# Slowloris: twenty connections that never finish their request.
+port = int(os.environ["ANTHROPIC_BASE_URL"].rsplit(":", 1)[1])
+slow = []
+for i in range(20):
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n{")
+    slow.append(s)
+cut = 0
+for s in slow:
+    s.settimeout(30)
+    try:
+        while s.recv(4096):
+            pass
+        cut += 1
+    except Exception as e:
+        print("SLOW-ERR " + repr(e))
+print("SLOW-CUT=%d" % cut, flush=True)
+show(call("chat", False, "gpt-5"))
+"#
+            ),
+        ])
+        // Not read until the end: the output log has it all.
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // The supervisor's peak memory, read while it runs.
+    let mut peak_kib = 0u64;
+    while child.try_wait().unwrap().is_none() {
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            if let Some(v) = s
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            {
+                peak_kib = peak_kib.max(v);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let run = run_id(&state);
+    let log = state.output_log(&run);
+    assert!(out.status.success(), "{}{log}", stderr(&out));
+    let got = results(&log);
+    assert_eq!(got.len(), 6, "{log}");
+    assert!(log.contains("SLOW-CUT=20"), "{log}");
+    // The last call, after everything, still works.
+    assert_eq!(got[5]["status"], 200, "{log}");
+    assert!(got[5]["body"].as_str().unwrap().contains("after all that"));
+    let calls = model_calls(&state, &run);
+    let outcomes: Vec<&str> = calls
+        .iter()
+        .map(|c| c["outcome"].as_str().unwrap())
+        .collect();
+    assert!(outcomes.contains(&"response_too_large"), "{outcomes:?}");
+    assert!(outcomes.contains(&"line_too_long"), "{outcomes:?}");
+    assert!(outcomes.contains(&"no_usage"), "{outcomes:?}");
+    // A response without usage is charged its whole reservation.
+    for c in calls.iter().filter(|c| c["outcome"] != "ok") {
+        if !c["outcome"].as_str().unwrap().starts_with("refused:") {
+            assert_eq!(c["charged_tokens"], c["reserved_tokens"], "{c}");
+        }
+    }
+    // An 8 MiB line and an endless stream never grew the supervisor past a
+    // bound far below them times the calls.
+    assert!(peak_kib > 0);
+    assert!(peak_kib < 200 * 1024, "supervisor peak {peak_kib} KiB");
+    assert!(state.verify().status.success());
+}
+
+/// Opens a gateway in this process on `dir/model.sock` (no sandbox): for
+/// the cases that need no engine.
+fn direct_gateway(
+    state: &State,
+    run: &str,
+) -> (
+    tokio::runtime::Runtime,
+    orchestrator::gateway::GatewayHandle,
+    std::path::PathBuf,
+) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let models = orchestrator::gateway::load(state.path()).unwrap().unwrap();
+    let door = state.path().join("doors").join(run);
+    std::fs::create_dir_all(&door).unwrap();
+    let paths = orchestrator::store::StatePaths::new(state.path().to_path_buf());
+    let handle = rt.block_on(async {
+        orchestrator::gateway::open(&paths, &door, run, models, 1_000_000, 10_000_000).unwrap()
+    });
+    (rt, handle, door.join("model.sock"))
+}
+
+/// One HTTP/1.1 request over the socket; the raw response.
+fn raw_call(socket: &Path, path: &str, body: &Value) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .unwrap();
+    let body = body.to_string();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn an_oversized_line_is_cut_directly() {
+    let server = ModelServer::start();
+    server.push(Step::text("x").mode(Mode::Endless));
+    server.push(Step::text("x").mode(Mode::OversizedLine(8 << 20)));
+    let state = state_with_models(
+        &server,
+        "[gateway]\nmax_line = \"64k\"\nmax_response = \"4m\"\n",
+    );
+    let (_rt, _gw, socket) = direct_gateway(&state, "r1");
+    let started = std::time::Instant::now();
+    let out = raw_call(
+        &socket,
+        "/v1/responses",
+        &json!({"model": "gpt-5", "stream": true}),
+    );
+    eprintln!("took {:?}: {}", started.elapsed(), out.len());
+    let started = std::time::Instant::now();
+    let out = raw_call(
+        &socket,
+        "/v1/chat/completions",
+        &json!({"model": "gpt-5", "stream": true}),
+    );
+    eprintln!(
+        "took {:?}: {}",
+        started.elapsed(),
+        &out[..out.len().min(300)]
+    );
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+}
