@@ -1382,7 +1382,7 @@ fn check_destination(dest: &Destinations, act: &Act) -> deferred_queue::Found {
 
 /// A door request the gate refused (or could not decide), as the audit
 /// recorded it: content-free.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Refusal {
     pub run: String,
     pub time: String,

@@ -5,6 +5,7 @@
 //! `orchestrator-git` (git2).
 
 pub mod acts;
+pub mod api;
 pub mod audit_log;
 pub mod config;
 pub mod demo;
@@ -18,6 +19,7 @@ pub mod monitor;
 pub mod owner;
 pub mod policy;
 pub mod run;
+pub mod run_queue;
 pub mod sandbox;
 pub mod store;
 pub mod terminal;
