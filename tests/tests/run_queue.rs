@@ -33,7 +33,7 @@ fn dispatcher(state: &State, max_parallel: &str) -> Child {
 }
 
 /// Waits until `pred` holds of the task list (polled, with a generous bound).
-fn wait_tasks(state: &State, what: &str, pred: impl Fn(&[serde_json::Value]) -> bool) {
+fn wait_tasks(state: &State, what: &str, mut pred: impl FnMut(&[serde_json::Value]) -> bool) {
     let started = Instant::now();
     loop {
         if pred(&tasks(state)) {
