@@ -135,7 +135,7 @@ pub async fn record_kill(sup: &Supervisor, stopped: &Stopped) -> Result<Killed, 
         let mut store = lock(sup);
         // Already frozen is fine for a kill switch; any other failure to
         // freeze is the caller's to report (new runs would still start).
-        let frozen = crate::policy::load(&store, None)
+        let frozen = crate::policy::load(&*store, None)
             .map_err(|e| RunError::Policy(e.to_string()))?
             .freeze()
             .is_some();

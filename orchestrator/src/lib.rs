@@ -21,6 +21,7 @@ pub mod policy;
 pub mod run;
 pub mod run_queue;
 pub mod sandbox;
+pub mod state_store;
 pub mod store;
 pub mod terminal;
 

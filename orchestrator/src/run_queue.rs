@@ -36,7 +36,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{Api, ApiError, ErrorKind};
-use crate::store::{RunRecord, Store, StoredTask};
+use crate::state_store::StateStore;
+use crate::store::{RunRecord, StoredTask};
 
 /// How many tasks one `enqueue` may add.
 pub const MAX_TASKS_PER_ENQUEUE: usize = 10_000;
@@ -291,8 +292,8 @@ pub fn resolve(
 }
 
 /// Adds tasks to the queue, all or none, in the order given; returns their ids.
-pub fn enqueue(
-    store: &Store,
+pub fn enqueue<S: StateStore + ?Sized>(
+    store: &mut S,
     config: &crate::config::Config,
     specs: &[TaskSpec],
 ) -> Result<Vec<String>, ApiError> {
@@ -313,8 +314,6 @@ pub fn enqueue(
             .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
         rows.push((id, text));
     }
-    // `insert_tasks` takes `&mut`; a second handle keeps this `&Store` API.
-    let mut store = Store::open(store.paths().clone())?;
     store.insert_tasks(&rows, TaskState::Queued.name())?;
     Ok(rows.into_iter().map(|(id, _)| id).collect())
 }
@@ -334,7 +333,7 @@ fn row(t: StoredTask) -> Result<TaskRow, ApiError> {
 }
 
 /// Every task, in the queue's order.
-pub fn list(store: &Store) -> Result<Vec<TaskRow>, ApiError> {
+pub fn list<S: StateStore + ?Sized>(store: &S) -> Result<Vec<TaskRow>, ApiError> {
     store.tasks()?.into_iter().map(row).collect()
 }
 
@@ -344,7 +343,7 @@ fn progress_json(p: &Progress) -> String {
 
 /// Cancels a queued task. A task already taken is not cancelled here: its
 /// run is stopped with `nightshift kill RUN`.
-pub fn cancel(store: &Store, id: &str) -> Result<(), ApiError> {
+pub fn cancel<S: StateStore + ?Sized>(store: &mut S, id: &str) -> Result<(), ApiError> {
     let tasks = list(store)?;
     let Some(task) = tasks.iter().find(|t| t.id == id) else {
         return Err(ApiError::new(
@@ -419,9 +418,8 @@ pub fn admit(queued: &[Need], running: &[Need], fleet: Need, max_parallel: usize
         },
         |a, b| a.plus(*b),
     );
-    let mut count = running.len();
     let mut started = 0;
-    for need in queued {
+    for (count, need) in (running.len()..).zip(queued) {
         if count >= max_parallel {
             break;
         }
@@ -430,7 +428,6 @@ pub fn admit(queued: &[Need], running: &[Need], fleet: Need, max_parallel: usize
             break;
         }
         used = after;
-        count += 1;
         started += 1;
     }
     started
@@ -587,8 +584,8 @@ fn last_line(path: &Path) -> Option<String> {
 /// Ends a task whose child has ended: from its result file (the run's
 /// record, as `run --json` prints it), else from the run whose supervisor
 /// was the child, else as failed with the child's last words.
-fn settle(
-    store: &Store,
+fn settle<S: StateStore + ?Sized>(
+    store: &mut S,
     root: &Path,
     task: &TaskRow,
     exit: Option<i32>,
@@ -707,8 +704,8 @@ fn run_args(
 /// spawned and the result file exists before the spawn, so a dispatcher
 /// killed at any point leaves what its successor needs to tell "never
 /// spawned" from "spawned".
-fn start(
-    store: &Store,
+fn start<S: StateStore + ?Sized>(
+    store: &mut S,
     api: &Api,
     opts: &DispatchOptions,
     me: &str,
@@ -775,27 +772,36 @@ fn start(
     Ok(Some(child))
 }
 
+/// The tasks adopted (by the identity of their child) and those settled.
+type Recovered = (HashMap<String, String>, Vec<(String, TaskState)>);
+
 /// Takes over what an earlier dispatcher left (see the module's note).
 /// Returns the tasks to watch, by the identity of their child.
-fn recover(
-    store: &Store,
+fn recover<S: StateStore + ?Sized>(
+    store: &mut S,
     root: &Path,
     me: &str,
-) -> Result<(HashMap<String, String>, Vec<(String, TaskState)>), ApiError> {
+) -> Result<Recovered, ApiError> {
     // An adopted task names its new dispatcher.
-    let adopt = |task: &TaskRow, child: &str, from: &str| -> Result<bool, ApiError> {
+    fn adopt<S: StateStore + ?Sized>(
+        store: &mut S,
+        me: &str,
+        task: &TaskRow,
+        child: &str,
+        from: &str,
+    ) -> Result<bool, ApiError> {
         let mut p = task.progress.clone();
         p.child = Some(child.to_string());
         p.dispatcher = Some(me.to_string());
         Ok(store.move_task(&task.id, &[from], "running", &progress_json(&p))?)
-    };
+    }
     let mut adopted = HashMap::new();
     let mut settled = Vec::new();
     for task in list(store)? {
         match task.state {
             TaskState::Starting => {
                 if let Some(child) = find_child(&task.id) {
-                    if adopt(&task, &child, "starting")? {
+                    if adopt(store, me, &task, &child, "starting")? {
                         adopted.insert(task.id.clone(), child);
                     }
                 } else if task_dir(root, &task.id).join("result.json").exists() {
@@ -809,7 +815,7 @@ fn recover(
             }
             TaskState::Running => match task.progress.child.clone() {
                 Some(child) if alive(&child) => {
-                    if adopt(&task, &child, "running")? {
+                    if adopt(store, me, &task, &child, "running")? {
                         adopted.insert(task.id.clone(), child);
                     }
                 }
@@ -827,7 +833,7 @@ fn recover(
 
 /// The freeze's reason, when nightshift is frozen; an unreadable policy is
 /// an error (nothing starts on a policy nobody can read).
-fn frozen(store: &Store) -> Result<Option<String>, ApiError> {
+fn frozen<S: StateStore + ?Sized>(store: &S) -> Result<Option<String>, ApiError> {
     let set = crate::policy::load(store, None)?;
     Ok(set.freeze().map(|f| f.reason.clone()))
 }
@@ -843,9 +849,9 @@ fn step(
     adopted: &mut HashMap<String, String>,
     summary: &mut DispatchSummary,
 ) -> Result<bool, ApiError> {
-    let store = api.open_store()?;
+    let mut store = api.open_store()?;
     let root = api.root();
-    let by_id = |store: &Store, id: &str| -> Result<Option<TaskRow>, ApiError> {
+    let by_id = |store: &crate::store::Store, id: &str| -> Result<Option<TaskRow>, ApiError> {
         Ok(list(store)?.into_iter().find(|t| t.id == id))
     };
     let mut ended = Vec::new();
@@ -857,7 +863,7 @@ fn step(
     for (id, code) in ended {
         own.remove(&id);
         if let Some(task) = by_id(&store, &id)? {
-            if let Some(s) = settle(&store, root, &task, code)? {
+            if let Some(s) = settle(&mut store, root, &task, code)? {
                 summary.settled.push((id, s));
             }
         }
@@ -870,7 +876,7 @@ fn step(
     for id in gone {
         adopted.remove(&id);
         if let Some(task) = by_id(&store, &id)? {
-            if let Some(s) = settle(&store, root, &task, None)? {
+            if let Some(s) = settle(&mut store, root, &task, None)? {
                 summary.settled.push((id, s));
             }
         }
@@ -897,7 +903,7 @@ fn step(
         let n = admit(&needs, &running, fleet_need(config), opts.max_parallel);
         for task in &queued[..n] {
             left -= 1;
-            if let Some(child) = start(&store, api, opts, me, task)? {
+            if let Some(child) = start(&mut store, api, opts, me, task)? {
                 own.insert(task.id.clone(), child);
                 summary.started.push(task.id.clone());
             }
@@ -933,8 +939,8 @@ pub async fn dispatch_loop(
     let mut summary = DispatchSummary::default();
     let mut own: HashMap<String, tokio::process::Child> = HashMap::new();
     let (mut adopted, settled) = {
-        let store = api.open_store()?;
-        recover(&store, api.root(), &me)?
+        let mut store = api.open_store()?;
+        recover(&mut store, api.root(), &me)?
     };
     summary.adopted = adopted.keys().cloned().collect();
     summary.adopted.sort();
@@ -966,7 +972,122 @@ pub async fn dispatch_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state_store::fake::MemStore;
     use proptest::prelude::*;
+
+    /// A fake state holding one task, moved to `state` with `progress`.
+    fn one_task(dir: &Path, state: &str, progress: &Progress) -> (MemStore, String) {
+        let mut store = MemStore::new(dir);
+        let config = crate::config::Config::default();
+        let id = enqueue(&mut store, &config, &[spec(dir)])
+            .unwrap()
+            .remove(0);
+        assert!(store
+            .move_task(&id, &["queued"], state, &progress_json(progress))
+            .unwrap());
+        (store, id)
+    }
+
+    fn the_task(store: &MemStore) -> TaskRow {
+        list(store).unwrap().remove(0)
+    }
+
+    /// A process identity that is certainly not alive.
+    const GONE: &str = "4194304:1";
+
+    fn record(id: &str, status: &str, supervisor: &str) -> RunRecord {
+        RunRecord {
+            id: id.into(),
+            status: status.into(),
+            exit_code: Some(0),
+            supervisor: Some(supervisor.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_task_caught_starting_before_its_spawn_goes_back_to_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = one_task(dir.path(), "starting", &Progress::default());
+        let (adopted, settled) = recover(&mut store, dir.path(), "me").unwrap();
+        assert!(adopted.is_empty() && settled.is_empty());
+        assert_eq!(the_task(&store).state, TaskState::Queued);
+    }
+
+    #[test]
+    fn a_task_whose_child_ended_unseen_is_settled_from_its_result_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let progress = Progress {
+            child: Some(GONE.into()),
+            ..Default::default()
+        };
+        let (mut store, id) = one_task(dir.path(), "running", &progress);
+        let tdir = task_dir(dir.path(), &id);
+        std::fs::create_dir_all(&tdir).unwrap();
+        std::fs::write(
+            tdir.join("result.json"),
+            serde_json::to_vec(&record("r1", "exited 0", GONE)).unwrap(),
+        )
+        .unwrap();
+        let (adopted, settled) = recover(&mut store, dir.path(), "me").unwrap();
+        assert!(adopted.is_empty());
+        assert_eq!(settled, [(id.clone(), TaskState::Done)]);
+        let t = the_task(&store);
+        assert_eq!(t.state, TaskState::Done);
+        assert_eq!(t.progress.run.as_deref(), Some("r1"));
+        assert_eq!(t.progress.exit_code, Some(0));
+        // A second dispatcher finds nothing left to do.
+        let (adopted, settled) = recover(&mut store, dir.path(), "other").unwrap();
+        assert!(adopted.is_empty() && settled.is_empty());
+    }
+
+    #[test]
+    fn a_run_left_unsettled_fails_its_task_naming_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let progress = Progress {
+            child: Some(GONE.into()),
+            ..Default::default()
+        };
+        let (mut store, _) = one_task(dir.path(), "running", &progress);
+        store.runs.push(record("r2", "running", GONE));
+        recover(&mut store, dir.path(), "me").unwrap();
+        let t = the_task(&store);
+        assert_eq!(t.state, TaskState::Failed);
+        assert_eq!(t.progress.run.as_deref(), Some("r2"));
+        assert!(t.progress.reason.unwrap().contains("reconcile"));
+    }
+
+    #[test]
+    fn a_start_refused_by_a_late_freeze_waits_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = one_task(dir.path(), "running", &Progress::default());
+        let task = the_task(&store);
+        let moved = settle(&mut store, dir.path(), &task, Some(crate::exit::DENIED)).unwrap();
+        assert_eq!(moved, Some(TaskState::Queued));
+        // Any other ending without a run fails the task.
+        let (mut store, _) = one_task(dir.path(), "running", &Progress::default());
+        let task = the_task(&store);
+        let moved = settle(&mut store, dir.path(), &task, Some(crate::exit::BAD_INPUT)).unwrap();
+        assert_eq!(moved, Some(TaskState::Failed));
+    }
+
+    #[test]
+    fn a_living_child_is_adopted_and_names_its_new_dispatcher() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = crate::api::process_identity();
+        let progress = Progress {
+            child: Some(me.clone()),
+            dispatcher: Some(GONE.into()),
+            ..Default::default()
+        };
+        let (mut store, id) = one_task(dir.path(), "running", &progress);
+        let (adopted, settled) = recover(&mut store, dir.path(), "new").unwrap();
+        assert!(settled.is_empty());
+        assert_eq!(adopted.get(&id), Some(&me));
+        let t = the_task(&store);
+        assert_eq!(t.state, TaskState::Running);
+        assert_eq!(t.progress.dispatcher.as_deref(), Some("new"));
+    }
 
     fn n(m: u64, c: u64, p: u64) -> Need {
         Need {
@@ -1044,19 +1165,24 @@ mod tests {
     #[test]
     fn a_queued_task_is_cancelled_once_and_a_started_one_never() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(crate::store::StatePaths::new(dir.path().join("s"))).unwrap();
+        // The real store: its compare-and-set is what makes this hold.
+        let mut store =
+            crate::store::Store::open(crate::store::StatePaths::new(dir.path().join("s"))).unwrap();
         let config = crate::config::Config::default();
-        let ids = enqueue(&store, &config, &[spec(dir.path()), spec(dir.path())]).unwrap();
-        cancel(&store, &ids[0]).unwrap();
-        let again = cancel(&store, &ids[0]).unwrap_err();
+        let ids = enqueue(&mut store, &config, &[spec(dir.path()), spec(dir.path())]).unwrap();
+        cancel(&mut store, &ids[0]).unwrap();
+        let again = cancel(&mut store, &ids[0]).unwrap_err();
         assert_eq!(again.kind, ErrorKind::Failed, "{again}");
         // Taken by a dispatcher first: the cancel loses, the start stands.
         assert!(store
             .move_task(&ids[1], &["queued"], "starting", "{}")
             .unwrap());
-        assert_eq!(cancel(&store, &ids[1]).unwrap_err().kind, ErrorKind::Failed);
         assert_eq!(
-            cancel(&store, "task-nope").unwrap_err().kind,
+            cancel(&mut store, &ids[1]).unwrap_err().kind,
+            ErrorKind::Failed
+        );
+        assert_eq!(
+            cancel(&mut store, "task-nope").unwrap_err().kind,
             ErrorKind::NotFound
         );
         let states: Vec<TaskState> = list(&store).unwrap().iter().map(|t| t.state).collect();
@@ -1066,11 +1192,11 @@ mod tests {
     #[test]
     fn enqueue_is_all_or_none_and_names_the_bad_task() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(crate::store::StatePaths::new(dir.path().join("s"))).unwrap();
+        let mut store = MemStore::new(dir.path());
         let config = crate::config::Config::default();
         let mut broken = spec(dir.path());
         broken.memory = Some("lots".into());
-        let e = enqueue(&store, &config, &[spec(dir.path()), broken]).unwrap_err();
+        let e = enqueue(&mut store, &config, &[spec(dir.path()), broken]).unwrap_err();
         assert_eq!(e.kind, ErrorKind::BadInput);
         assert!(e.message.starts_with("task 2: memory:"), "{e}");
         assert!(list(&store).unwrap().is_empty());

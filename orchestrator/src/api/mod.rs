@@ -295,15 +295,15 @@ impl Api {
             } => self.decide(&acts, owner_key_file.as_deref(), Decide::Rebind),
             Command::Enqueue { tasks } => {
                 let config = self.load_config()?;
-                let store = self.open_store()?;
-                let ids = run_queue::enqueue(&store, &config, &tasks)?;
+                let mut store = self.open_store()?;
+                let ids = run_queue::enqueue(&mut store, &config, &tasks)?;
                 Ok(Reply::Enqueued { tasks: ids })
             }
             Command::Tasks {} => Ok(Reply::Tasks {
                 tasks: run_queue::list(&self.open_store()?)?,
             }),
             Command::CancelTask { task } => {
-                run_queue::cancel(&self.open_store()?, &task)?;
+                run_queue::cancel(&mut self.open_store()?, &task)?;
                 Ok(Reply::Cancelled { task })
             }
         }
