@@ -8,6 +8,7 @@ pub mod acts;
 pub mod api;
 pub mod audit_log;
 pub mod config;
+pub mod container_engine;
 pub mod demo;
 pub mod door;
 pub mod engine;
