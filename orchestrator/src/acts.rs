@@ -47,14 +47,15 @@ use serde_json::json;
 
 use crate::audit_log::{digest, Event};
 use crate::owner;
+use crate::state_store::StateStore;
 use crate::store::{Store, StoreError};
 
 /// Where the owner's destinations are configured.
-pub fn destinations_path(store: &Store) -> PathBuf {
-    store.paths().root.join("destinations.toml")
+pub fn destinations_path<S: StateStore + ?Sized>(store: &S) -> PathBuf {
+    store.root().join("destinations.toml")
 }
 
-pub fn destinations(store: &Store) -> Result<Destinations, String> {
+pub fn destinations<S: StateStore + ?Sized>(store: &S) -> Result<Destinations, String> {
     let path = destinations_path(store);
     if !path.exists() {
         return Ok(Destinations::default());
@@ -78,7 +79,7 @@ pub fn use_queue_ttls(ttls: (i64, i64)) {
 /// (pending, approval) lifetimes: the process's configuration's, or the
 /// documented defaults of an absent configuration when none was set (a
 /// library user that loaded none).
-fn ttls(_store: &Store) -> (i64, i64) {
+fn ttls<S: StateStore + ?Sized>(_store: &S) -> (i64, i64) {
     *QUEUE_TTLS.get_or_init(|| crate::config::Config::default().queue_ttls())
 }
 
@@ -233,8 +234,8 @@ pub fn label_text(label: policies::Label) -> String {
 }
 
 /// Decides one door request and, when a person must decide, queues it.
-pub fn handle(
-    store: &mut Store,
+pub fn handle<S: StateStore + ?Sized>(
+    store: &mut S,
     door: &RunDoor,
     req: Request,
     received: Option<&Received>,
@@ -344,8 +345,8 @@ pub struct Seen {
     pub carried: Option<String>,
 }
 
-fn decide(
-    store: &mut Store,
+fn decide<S: StateStore + ?Sized>(
+    store: &mut S,
     door: &RunDoor,
     req: &Request,
     received: Option<&Received>,
@@ -1525,7 +1526,7 @@ fn check_destination(dest: &Destinations, act: &Act) -> deferred_queue::Found {
 
 /// A door request the gate refused (or could not decide), as the audit
 /// recorded it: content-free.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Refusal {
     pub run: String,
     pub time: String,
@@ -1729,5 +1730,165 @@ mod policy_args_tests {
             want.sort_unstable();
             assert_eq!(keys, want, "door {}", req.door());
         }
+    }
+}
+
+/// The door's gate on the in-memory fake store: each step that refuses is
+/// audited, a request that cannot be audited is never trusted, and a
+/// question is queued exactly once.
+#[cfg(test)]
+mod gate_tests {
+    use super::*;
+    use crate::state_store::fake::MemStore;
+
+    fn door() -> RunDoor {
+        RunDoor {
+            run: "r1".into(),
+            repo: PathBuf::from("/nonexistent"),
+            base_commit: "0".repeat(40),
+            content: run_content_label(policies::Confidentiality::Private),
+        }
+    }
+
+    fn ask() -> Request {
+        Request::Ask {
+            body: "may I?".into(),
+        }
+    }
+
+    /// (verdict, rule) of each door request the store audited.
+    fn audited(store: &MemStore) -> Vec<(String, Option<String>)> {
+        store
+            .audit
+            .iter()
+            .filter(|e| e.kind == "door_request")
+            .map(|e| {
+                (
+                    e.body["verdict"].as_str().unwrap_or_default().to_string(),
+                    e.body["rule"].as_str().map(str::to_string),
+                )
+            })
+            .collect()
+    }
+
+    fn refused_by(answer: &Response) -> &str {
+        match answer {
+            Response::Refused { rule, .. } => rule,
+            other => panic!("not refused: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_question_is_queued_once_and_audited() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MemStore::new(dir.path());
+        let answer = handle(&mut store, &door(), ask(), None);
+        let Response::Queued { act } = answer else {
+            panic!("not queued: {answer:?}");
+        };
+        assert_eq!(store.acts.len(), 1);
+        assert_eq!(store.acts[0].0, act);
+        assert_eq!(store.acts[0].4.as_deref(), Some(&b"may I?"[..]));
+        let door_requests = audited(&store);
+        assert_eq!(door_requests.len(), 1);
+        assert_eq!(door_requests[0].0, "queued");
+        assert!(store.kinds().contains(&"act"));
+        orchestrator_audit::verify(&store.log, &store.audit, &[]).unwrap();
+    }
+
+    #[test]
+    fn an_unconfigured_destination_is_refused_and_audited() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MemStore::new(dir.path());
+        // An alias the owner never configured: refused by routing.
+        let req = Request::Notify {
+            destination: "team-room".into(),
+            body: "hello".into(),
+        };
+        let answer = handle(&mut store, &door(), req, None);
+        assert_eq!(refused_by(&answer), "nightshift:routing");
+        // A raw URL: not even a well-formed request.
+        let req = Request::Notify {
+            destination: "https://evil.example/hook".into(),
+            body: "hello".into(),
+        };
+        let answer = handle(&mut store, &door(), req, None);
+        assert!(matches!(answer, Response::Error { .. }), "{answer:?}");
+        assert!(store.acts.is_empty());
+        let routing = Some("nightshift:routing".to_string());
+        assert_eq!(
+            audited(&store),
+            [
+                ("refused".to_string(), routing),
+                ("error".to_string(), None)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_freeze_refuses_and_is_audited() {
+        let dir = tempfile::tempdir().unwrap();
+        // The freeze's policy row, as the real store writes it.
+        let mut real = Store::open(crate::store::StatePaths::new(dir.path().join("real"))).unwrap();
+        crate::policy::freeze(&mut real, None, "night off").unwrap();
+        let mut store = MemStore::new(dir.path());
+        store.policy_rows = real.policy_rows().unwrap();
+        let answer = handle(&mut store, &door(), ask(), None);
+        assert_eq!(refused_by(&answer), "nightshift:freeze");
+        assert!(store.acts.is_empty());
+        assert_eq!(audited(&store)[0].0, "refused");
+    }
+
+    #[test]
+    fn an_unreadable_policy_refuses_and_is_audited() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MemStore::new(dir.path());
+        store.policy_rows = vec![serde_json::json!({"not": "a row"})];
+        let answer = handle(&mut store, &door(), ask(), None);
+        assert_eq!(refused_by(&answer), "nightshift:policy");
+        assert_eq!(audited(&store).len(), 1);
+        assert!(store.acts.is_empty());
+    }
+
+    #[test]
+    fn the_act_cap_refuses_and_is_audited() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MemStore::new(dir.path());
+        for n in 0..MAX_ACTS_PER_RUN {
+            store.acts.push((
+                format!("a{n}"),
+                "r1".into(),
+                serde_json::Value::Null,
+                serde_json::Value::Null,
+                None,
+            ));
+        }
+        let answer = handle(&mut store, &door(), ask(), None);
+        assert_eq!(refused_by(&answer), "nightshift:rate-cap");
+        assert_eq!(store.acts.len() as u64, MAX_ACTS_PER_RUN);
+        assert_eq!(audited(&store)[0].0, "refused");
+    }
+
+    #[test]
+    fn a_store_that_cannot_count_answers_an_error_that_is_audited() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MemStore::new(dir.path());
+        store.fail_counts = true;
+        let answer = handle(&mut store, &door(), ask(), None);
+        assert!(matches!(answer, Response::Error { .. }), "{answer:?}");
+        assert_eq!(audited(&store), [("error".to_string(), None)]);
+    }
+
+    #[test]
+    fn a_request_whose_audit_fails_is_answered_as_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MemStore::new(dir.path());
+        store.fail_appends = true;
+        let answer = handle(&mut store, &door(), ask(), None);
+        let Response::Error { reason } = answer else {
+            panic!("answered as if audited: {answer:?}");
+        };
+        assert!(reason.contains("could not record"), "{reason}");
+        assert!(audited(&store).is_empty());
     }
 }

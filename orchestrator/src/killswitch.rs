@@ -82,8 +82,8 @@ pub struct Stopped {
 /// sandbox of the state (of one run, when named) is stopped at once, a
 /// running one with SIGKILL, one not yet started by forced removal (a
 /// created container would otherwise still start).
-pub async fn stop_sandboxes(
-    engine: &crate::engine::Engine,
+pub async fn stop_sandboxes<E: crate::container_engine::ContainerEngine>(
+    engine: &E,
     state_tag: &str,
     run: Option<&str>,
     by: &str,
@@ -135,7 +135,7 @@ pub async fn record_kill(sup: &Supervisor, stopped: &Stopped) -> Result<Killed, 
         let mut store = lock(sup);
         // Already frozen is fine for a kill switch; any other failure to
         // freeze is the caller's to report (new runs would still start).
-        let frozen = crate::policy::load(&store, None)
+        let frozen = crate::policy::load(&*store, None)
             .map_err(|e| RunError::Policy(e.to_string()))?
             .freeze()
             .is_some();
@@ -452,5 +452,75 @@ pub async fn watchdog(sup: &Supervisor, watched: &str, poll: Duration) -> Result
             return Ok(());
         }
         tokio::time::sleep(poll).await;
+    }
+}
+
+/// The kill switch's first step on the fake engine.
+#[cfg(test)]
+mod stop_tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::container_engine::fake::FakeEngine;
+
+    fn sandbox(id: &str, state: &str, run: &str, running: bool) -> Managed {
+        Managed {
+            id: id.into(),
+            run: Some(run.into()),
+            labels: HashMap::from([
+                (LABEL_STATE.to_string(), state.to_string()),
+                (crate::sandbox::LABEL_RUN.to_string(), run.to_string()),
+            ]),
+            running,
+        }
+    }
+
+    fn engine() -> FakeEngine {
+        FakeEngine::with(vec![
+            sandbox("c1", "mine", "r1", true),
+            sandbox("c2", "mine", "r2", false),
+            sandbox("c3", "other", "r3", true),
+        ])
+    }
+
+    #[tokio::test]
+    async fn every_sandbox_of_the_state_is_stopped_and_no_other() {
+        let engine = engine();
+        let stopped = stop_sandboxes(&engine, "mine", None, "me", true)
+            .await
+            .unwrap();
+        // Running: SIGKILL; created and not started: removed, so it never starts.
+        assert_eq!(engine.calls(), ["kill c1", "remove c2"]);
+        assert_eq!(engine.ids(), ["c1", "c3"]);
+        assert_eq!(stopped.containers.len(), 2);
+        assert!(stopped.freeze);
+    }
+
+    #[tokio::test]
+    async fn a_named_run_stops_only_its_sandbox() {
+        let engine = engine();
+        let stopped = stop_sandboxes(&engine, "mine", Some("r2"), "me", false)
+            .await
+            .unwrap();
+        assert_eq!(engine.calls(), ["remove c2"]);
+        assert_eq!(
+            stopped.containers,
+            [("c2".to_string(), Some("r2".to_string()))]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_kill_is_followed_by_removal_and_a_refused_removal_is_an_error() {
+        let mut engine = engine();
+        engine.refuse_kill.insert("c1".into());
+        stop_sandboxes(&engine, "mine", Some("r1"), "me", false)
+            .await
+            .unwrap();
+        assert_eq!(engine.calls(), ["kill c1", "remove c1"]);
+        let mut engine = self::engine();
+        engine.refuse_kill.insert("c1".into());
+        engine.refuse_remove.insert("c1".into());
+        let e = stop_sandboxes(&engine, "mine", None, "me", false).await;
+        assert!(e.is_err(), "a sandbox left running was reported as stopped");
     }
 }

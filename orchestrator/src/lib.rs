@@ -5,8 +5,10 @@
 //! `orchestrator-git` (git2).
 
 pub mod acts;
+pub mod api;
 pub mod audit_log;
 pub mod config;
+pub mod container_engine;
 pub mod demo;
 pub mod door;
 pub mod engine;
@@ -20,8 +22,10 @@ pub mod owner;
 pub mod policy;
 pub mod report;
 pub mod run;
+pub mod run_queue;
 pub mod sandbox;
 pub mod scopes;
+pub mod state_store;
 pub mod store;
 pub mod summary;
 pub mod terminal;

@@ -7,9 +7,14 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 
 use clap::{Parser, Subcommand};
+use orchestrator::api::{
+    Api, ApiError, AuditState, Command as ApiCommand, KillRecord, KillTarget, Outcome, Reply,
+    RunView,
+};
 use orchestrator::engine::{Engine, EngineError};
 use orchestrator::exit;
 use orchestrator::run::{self, RunError, RunRequest, Stop, Supervisor};
+use orchestrator::run_queue::{self, TaskRow, TaskSpec};
 use orchestrator::sandbox::Caps;
 use orchestrator::store::{RunRecord, StatePaths, Store, StoreError};
 use orchestrator::terminal;
@@ -172,6 +177,75 @@ enum Command {
         #[command(subcommand)]
         command: orchestrator::scopes::Command,
     },
+    /// Add tasks to the run queue (one from the flags, or many from --file).
+    Enqueue(EnqueueArgs),
+    /// The run queue: list, cancel, or run the dispatcher in the foreground.
+    Tasks {
+        #[command(subcommand)]
+        command: Option<TasksCommand>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TasksCommand {
+    /// Cancel a queued task.
+    Cancel { task: String },
+    /// Start queued tasks in order until none is queued or running (or a
+    /// freeze keeps them queued); runs left going by an earlier dispatcher
+    /// are adopted.
+    Run {
+        /// At most this many runs at once.
+        #[arg(long, default_value_t = 2)]
+        max_parallel: usize,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct EnqueueArgs {
+    /// A tasks file: `[[task]]` tables (docs/api.md), started in order.
+    #[arg(long, conflicts_with_all = ["repo", "task", "task_file", "image", "command"])]
+    file: Option<PathBuf>,
+    /// The repository to work on.
+    #[arg(long, required_unless_present = "file")]
+    repo: Option<PathBuf>,
+    /// The base ref (branch, tag or commit).
+    #[arg(long = "ref", default_value = "HEAD")]
+    base_ref: String,
+    /// A local image (default: the built default image when it starts).
+    #[arg(long)]
+    image: Option<String>,
+    /// The task text given to the agent.
+    #[arg(long, conflicts_with = "task_file")]
+    task: Option<String>,
+    /// Read the task text from a file (now: it is stored with the task).
+    #[arg(long)]
+    task_file: Option<PathBuf>,
+    /// Memory cap (no swap), e.g. 256m, 2g.
+    #[arg(long)]
+    memory: Option<String>,
+    /// CPU cap, in cores.
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// Process (and thread) cap.
+    #[arg(long)]
+    pids: Option<u64>,
+    /// Wall-clock cap, e.g. 30s, 10m, 2h.
+    #[arg(long)]
+    timeout: Option<String>,
+    /// Bytes of output kept.
+    #[arg(long)]
+    max_output: Option<String>,
+    /// Disk the worktree may use.
+    #[arg(long)]
+    max_worktree: Option<String>,
+    /// Open files per process.
+    #[arg(long)]
+    max_files: Option<u64>,
+    /// The agent command and its arguments.
+    #[arg(last = true, required_unless_present = "file")]
+    command: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -390,52 +464,163 @@ async fn connect() -> Result<Engine, i32> {
 async fn dispatch(cli: Cli) -> i32 {
     let root = state_root(&cli);
     let config = cli.config.clone();
+    let api = Api::new(root.clone(), config.clone());
     let result = match cli.command {
         Command::Image { command } => image_cmd(&root, command).await,
         Command::Run(args) => run_cmd(&root, config.as_deref(), args).await,
-        Command::Runs { json } => runs_cmd(&root, json),
-        Command::Show { run, json } => show_cmd(&root, &run, json),
+        Command::Runs { json } => respond(&api, ApiCommand::Runs {}, json).await,
+        Command::Show { run, json } => respond(&api, ApiCommand::Show { run }, json).await,
         Command::Audit {
             command: AuditCommand::Verify { json },
-        } => verify_cmd(&root, json),
+        } => respond(&api, ApiCommand::AuditVerify {}, json).await,
         Command::Demo => demo_cmd(&root, config.as_deref()).await,
         Command::Owner {
             command: OwnerCommand::Init,
-        } => owner_init(&root),
+        } => respond(&api, ApiCommand::OwnerInit {}, false).await,
         Command::Policy(args) => policy_cmd(&root, args),
-        Command::Freeze { why } => freeze_cmd(&root, &why),
-        Command::Thaw { owner_key_file } => thaw_cmd(&root, owner_key_file.as_deref()),
-        Command::Kill { run, all, freeze } => kill_cmd(&root, run, all, freeze).await,
-        Command::Watchdog { supervisor } => {
-            watchdog_cmd(&root, config.as_deref(), &supervisor).await
+        Command::Freeze { why } => respond(&api, ApiCommand::Freeze { why }, false).await,
+        Command::Thaw { owner_key_file } => {
+            respond(&api, ApiCommand::Thaw { owner_key_file }, false).await
         }
-        Command::Reconcile => reconcile_cmd(&root, config.as_deref()).await,
+        Command::Kill { run, all, freeze } => {
+            let target = match (run, all) {
+                (Some(run), _) => KillTarget::Run(run),
+                (None, true) => KillTarget::All,
+                (None, false) => {
+                    errln!("nightshift: name a run, or --all");
+                    return exit::BAD_INPUT;
+                }
+            };
+            let by = format!(
+                "{} (nightshift kill)",
+                std::env::var("USER").unwrap_or_else(|_| "operator".into())
+            );
+            respond(&api, ApiCommand::Kill { target, freeze, by }, false).await
+        }
+        Command::Watchdog { supervisor } => watchdog_cmd(&api, &supervisor).await,
+        Command::Reconcile => respond(&api, ApiCommand::Reconcile {}, false).await,
+        Command::Import { run } => respond(&api, ApiCommand::Import { run }, false).await,
+        Command::Queue { command, json } => api
+            .load_config()
+            .map(|c| orchestrator::acts::use_queue_ttls(c.queue_ttls()))
+            .map_err(|e| fail(&e))
         Command::Report { runs, format } => orchestrator::report::cli(&root, &runs, format),
         Command::Scopes { command } => orchestrator::scopes::cli(&root, command),
-        Command::Import { run } => import_cmd(&root, &run).await,
-        Command::Queue { command, json } => with_queue_config(&root, config.as_deref())
             .and_then(|()| queue_cmd(&root, command, json)),
         Command::Approve {
             acts,
             owner_key_file,
-        } => with_queue_config(&root, config.as_deref())
-            .and_then(|()| decide_cmd(&root, &acts, owner_key_file.as_deref(), None)),
+        } => {
+            let command = ApiCommand::Approve {
+                acts,
+                owner_key_file,
+            };
+            respond(&api, command, false).await
+        }
         Command::Reject {
             acts,
             why,
             owner_key_file,
-        } => with_queue_config(&root, config.as_deref())
-            .and_then(|()| decide_cmd(&root, &acts, owner_key_file.as_deref(), Some(&why))),
+        } => {
+            let command = ApiCommand::Reject {
+                acts,
+                why,
+                owner_key_file,
+            };
+            respond(&api, command, false).await
+        }
         Command::Rebind {
             acts,
             owner_key_file,
-        } => with_queue_config(&root, config.as_deref())
-            .and_then(|()| rebind_cmd(&root, &acts, owner_key_file.as_deref())),
+        } => {
+            let command = ApiCommand::Rebind {
+                acts,
+                owner_key_file,
+            };
+            respond(&api, command, false).await
+        }
+        Command::Enqueue(args) => enqueue_cmd(&api, args).await,
+        Command::Tasks { command, json } => tasks_cmd(&api, command, json).await,
         Command::Destinations { json } => destinations_cmd(&root, json),
         Command::Summary { send, due, json } => summary_cmd(&root, send, due, json),
     };
     match result {
         Ok(code) | Err(code) => code,
+    }
+}
+
+/// Prints an error of the API and gives its exit code.
+fn fail(e: &ApiError) -> i32 {
+    errln!("nightshift: {e}");
+    e.exit_code()
+}
+
+/// One command through the API: its reply rendered, its exit code returned.
+async fn respond(api: &Api, command: ApiCommand, json: bool) -> Result<i32, i32> {
+    let reply = api.execute(command).await.map_err(|e| fail(&e))?;
+    render(&reply, json);
+    Ok(reply.exit_code())
+}
+
+/// What the command line prints for each reply.
+fn render(reply: &Reply, json: bool) {
+    match reply {
+        Reply::Runs { runs } => render_runs(runs, json),
+        Reply::Run(view) => render_show(view, json),
+        Reply::Audit(state) => render_verify(state, json),
+        Reply::OwnerKey {
+            path,
+            created: true,
+        } => outln!(
+            "owner key written to {} (mode 0600); keep it to yourself",
+            path.display()
+        ),
+        Reply::OwnerKey {
+            path,
+            created: false,
+        } => outln!("the owner key already exists: {}", path.display()),
+        Reply::Frozen => {
+            outln!("frozen: no run starts and every door refuses until `nightshift thaw`")
+        }
+        Reply::Thawed => outln!("thawed"),
+        Reply::Killed(report) => {
+            outln!("killed {} sandbox(es)", report.sandboxes);
+            match &report.record {
+                KillRecord::Recorded { runs } => {
+                    outln!("recorded the kill of {} run(s)", runs.len());
+                    for r in runs {
+                        outln!("  {r}");
+                    }
+                }
+                KillRecord::Pending { why, path } => errln!(
+                    "nightshift: the kill is not recorded yet ({why}); it was written to {} and the next `nightshift reconcile` (or run) records it",
+                    path.display()
+                ),
+                KillRecord::NotRecorded(e) => errln!("nightshift: {e}"),
+            }
+        }
+        Reply::Reconciled { settled } => {
+            outln!("settled {} run(s)", settled.len());
+            for r in settled {
+                outln!("  {r}");
+            }
+        }
+        Reply::Imported { run } => print_summary(run),
+        Reply::Decisions { decisions } => {
+            for d in decisions {
+                match &d.outcome {
+                    Outcome::Done { line, .. } => outln!("{line}"),
+                    Outcome::Error(e) => errln!("nightshift: {e}"),
+                }
+            }
+        }
+        Reply::Enqueued { tasks } => {
+            for t in tasks {
+                outln!("queued {}", terminal::line(t));
+            }
+        }
+        Reply::Tasks { tasks } => render_tasks(tasks, json),
+        Reply::Cancelled { task } => outln!("cancelled {}", terminal::line(task)),
     }
 }
 
@@ -488,14 +673,6 @@ fn load_config(
         errln!("nightshift: {e}");
         exit::BAD_INPUT
     })
-}
-
-/// Loads and checks the process's one configuration and gives the queue its
-/// lifetimes from it: a broken file is an error, never silently defaults.
-fn with_queue_config(root: &std::path::Path, path: Option<&std::path::Path>) -> Result<(), i32> {
-    let config = load_config(root, path)?;
-    orchestrator::acts::use_queue_ttls(config.queue_ttls());
-    Ok(())
 }
 
 /// Opens the state, the engine and the fleet cgroup: what every command
@@ -596,48 +773,7 @@ async fn run_cmd(
     } else {
         print_summary(&record);
     }
-    Ok(run_exit_code(&record))
-}
-
-/// A run's exit code: an import that failed or dropped the history says so
-/// before the agent's own ending does (never success when work is missing).
-fn run_exit_code(record: &RunRecord) -> i32 {
-    match run::import_state(record) {
-        run::ImportState::Failed => exit::IMPORT_FAILED,
-        run::ImportState::HistoryDropped => exit::NOT_WHOLE,
-        run::ImportState::Whole
-            if record.exit_code == Some(0) && record.status.starts_with("exited") =>
-        {
-            exit::OK
-        }
-        run::ImportState::Whole => exit::FAILED,
-    }
-}
-
-/// `nightshift import RUN`: retries a failed import (see `run::retry_import`).
-async fn import_cmd(root: &std::path::Path, id: &str) -> Result<i32, i32> {
-    let store = Mutex::new(open_store(root)?);
-    match run::retry_import(&store, id).await {
-        Ok(record) => {
-            print_summary(&record);
-            Ok(match run::import_state(&record) {
-                run::ImportState::HistoryDropped => exit::NOT_WHOLE,
-                _ => exit::OK,
-            })
-        }
-        Err(e) => {
-            errln!("nightshift: {e}");
-            Err(match e {
-                run::RetryError::NothingToRetry { .. } => exit::BAD_INPUT,
-                run::RetryError::Store(StoreError::NoSuchRun(_)) => exit::BAD_INPUT,
-                run::RetryError::Store(_) => exit::STATE,
-                run::RetryError::Failed { .. } => exit::IMPORT_FAILED,
-                run::RetryError::WorktreeGone { .. } | run::RetryError::Lock { .. } => {
-                    exit::INTERNAL
-                }
-            })
-        }
-    }
+    Ok(orchestrator::api::run_exit_code(&record))
 }
 
 /// Runs one request with signal handling; maps errors to exit codes.
@@ -724,112 +860,11 @@ fn spawn_watchdog(root: &std::path::Path, config: Option<&std::path::Path>, iden
     }
 }
 
-/// The kill switch. It depends on nothing that may be broken: the sandboxes
-/// are stopped first, with only the engine and the state's tag (no config,
-/// no database, no cgroup); then it is recorded, and when the store cannot
-/// be opened in time, what was done is written to `STATE/killswitch.pending`
-/// for the next reconciliation to record.
-async fn kill_cmd(
-    root: &std::path::Path,
-    run: Option<String>,
-    all: bool,
-    freeze: bool,
-) -> Result<i32, i32> {
-    if run.is_none() && !all {
-        errln!("nightshift: name a run, or --all");
-        return Err(exit::BAD_INPUT);
-    }
-    let who = format!(
-        "{} (nightshift kill)",
-        std::env::var("USER").unwrap_or_else(|_| "operator".into())
-    );
-    let engine = connect().await?;
-    let state_tag = orchestrator::state_tag(root);
-    let stopped =
-        orchestrator::killswitch::stop_sandboxes(&engine, &state_tag, run.as_deref(), &who, freeze)
-            .await
-            .map_err(|e| {
-                errln!("nightshift: {e}");
-                exit::ENGINE
-            })?;
-    outln!("killed {} sandbox(es)", stopped.containers.len());
-
-    // Now record it, if the store answers in time.
-    let paths = StatePaths::new(root.to_path_buf());
-    let opened = tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        tokio::task::spawn_blocking(move || Store::open(paths)),
-    )
-    .await;
-    let store = match opened {
-        Ok(Ok(Ok(store))) => Ok(store),
-        Ok(Ok(Err(e))) => Err(e.to_string()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("the state store did not answer within 5 s".to_string()),
-    };
-    let store = match store {
-        Ok(store) => store,
-        Err(why) => {
-            return match orchestrator::killswitch::write_pending(root, &stopped) {
-                Ok(()) => {
-                    errln!(
-                        "nightshift: the kill is not recorded yet ({why}); it was written to {} and the next `nightshift reconcile` (or run) records it",
-                        orchestrator::killswitch::pending_path(root).display()
-                    );
-                    Ok(exit::OK)
-                }
-                Err(e) => {
-                    errln!(
-                        "nightshift: the sandboxes were stopped, but the kill could not be recorded: {why}; writing {}: {e}",
-                        orchestrator::killswitch::pending_path(root).display()
-                    );
-                    Err(exit::STATE)
-                }
-            };
-        }
-    };
-    let identity = orchestrator::run::process_identity(std::process::id())
-        .unwrap_or_else(|| format!("{}:0", std::process::id()));
-    let sup = Supervisor {
-        engine,
-        store: Arc::new(Mutex::new(store)),
-        state_tag,
-        identity,
-        fleet: None,
-        // Only stops and settles: it creates no sandbox.
-        sandbox_user: Default::default(),
-    };
-    match orchestrator::killswitch::record_kill(&sup, &stopped).await {
-        Ok(k) => {
-            outln!("recorded the kill of {} run(s)", k.runs.len());
-            for r in k.runs {
-                outln!("  {r}");
-            }
-            Ok(exit::OK)
-        }
-        Err(e) => {
-            errln!("nightshift: {e}");
-            Err(match e {
-                RunError::Store(StoreError::NoSuchRun(_)) => exit::BAD_INPUT,
-                RunError::Store(_) => {
-                    let _ = orchestrator::killswitch::write_pending(root, &stopped);
-                    exit::STATE
-                }
-                _ => exit::INTERNAL,
-            })
-        }
-    }
-}
-
-async fn watchdog_cmd(
-    root: &std::path::Path,
-    config_path: Option<&std::path::Path>,
-    watched: &str,
-) -> Result<i32, i32> {
+async fn watchdog_cmd(api: &Api, watched: &str) -> Result<i32, i32> {
     // The supervisor's own config, checked; the watchdog creates nothing, so
     // it never touches the fleet's limits.
-    let _config = load_config(root, config_path)?;
-    let sup = stopping_supervisor(root).await?;
+    api.load_config().map_err(|e| fail(&e))?;
+    let sup = api.stopping_supervisor().await.map_err(|e| fail(&e))?;
     orchestrator::killswitch::watchdog(&sup, watched, std::time::Duration::from_millis(500))
         .await
         .map(|()| exit::OK)
@@ -837,46 +872,6 @@ async fn watchdog_cmd(
             errln!("nightshift: watchdog: {e}");
             exit::INTERNAL
         })
-}
-
-/// What commands that only stop and settle sandboxes need: the state and
-/// the engine, never the fleet cgroup (whose limits only the process that
-/// creates sandboxes writes, from its own config).
-async fn stopping_supervisor(root: &std::path::Path) -> Result<Supervisor, i32> {
-    let store = open_store(root)?;
-    let engine = connect().await?;
-    let identity = orchestrator::run::process_identity(std::process::id())
-        .unwrap_or_else(|| format!("{}:0", std::process::id()));
-    Ok(Supervisor {
-        engine,
-        store: Arc::new(Mutex::new(store)),
-        state_tag: orchestrator::state_tag(root),
-        identity,
-        fleet: None,
-        // Only stops and settles: it creates no sandbox.
-        sandbox_user: Default::default(),
-    })
-}
-
-async fn reconcile_cmd(
-    root: &std::path::Path,
-    config_path: Option<&std::path::Path>,
-) -> Result<i32, i32> {
-    let _config = load_config(root, config_path)?;
-    let sup = stopping_supervisor(root).await?;
-    match orchestrator::killswitch::reconcile(&sup, None, "nightshift reconcile").await {
-        Ok(settled) => {
-            outln!("settled {} run(s)", settled.len());
-            for r in settled {
-                outln!("  {r}");
-            }
-            Ok(exit::OK)
-        }
-        Err(e) => {
-            errln!("nightshift: {e}");
-            Err(exit::INTERNAL)
-        }
-    }
 }
 
 fn print_summary(r: &RunRecord) {
@@ -903,12 +898,10 @@ fn print_summary(r: &RunRecord) {
     }
 }
 
-fn runs_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
-    let store = open_store(root)?;
-    let runs = store.runs().map_err(store_err)?;
+fn render_runs(runs: &[RunRecord], json: bool) {
     if json {
         outln!("{}", terminal::json(&runs, true));
-        return Ok(exit::OK);
+        return;
     }
     outln!(
         "{:<26}  {:<24}  {:>4}  {:>8}  {:>14}  REPO",
@@ -937,30 +930,14 @@ fn runs_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
             terminal::line(&r.repo)
         );
     }
-    Ok(exit::OK)
 }
 
-fn truncate(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
-        s.to_string()
-    } else {
-        s.chars().take(n - 1).chain(std::iter::once('…')).collect()
-    }
-}
-
-fn store_err(e: StoreError) -> i32 {
-    errln!("nightshift: {e}");
-    match e {
-        StoreError::NoSuchRun(_) => exit::BAD_INPUT,
-        _ => exit::STATE,
-    }
-}
-
-fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
-    let store = open_store(root)?;
-    let run = store.run(id).map_err(store_err)?;
-    let entries = store.entries_for_run(id).map_err(store_err)?;
-    let head = entries.last().map(|e| (e.seq, e.hash.clone()));
+fn render_show(view: &RunView, json: bool) {
+    let RunView {
+        run,
+        audit: entries,
+        refusals: refused,
+    } = view;
     let model_calls: Vec<(u64, serde_json::Value)> = entries
         .iter()
         .filter(|e| e.kind == "model_call")
@@ -976,9 +953,9 @@ fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
             })).collect::<Vec<_>>(),
         });
         outln!("{}", terminal::json(&doc, true));
-        return Ok(exit::OK);
+        return;
     }
-    print_summary(&run);
+    print_summary(run);
     outln!(
         "  repo: {} at {} ({})",
         terminal::line(&run.repo),
@@ -1016,10 +993,9 @@ fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
             );
         }
     }
-    let refused = orchestrator::acts::refusals(&store, Some(id)).map_err(store_err)?;
     if !refused.is_empty() {
         outln!("  refused door requests ({}):", refused.len());
-        for r in &refused {
+        for r in refused {
             outln!("    {}", refusal_line(r));
         }
     }
@@ -1066,58 +1042,198 @@ fn show_cmd(root: &std::path::Path, id: &str, json: bool) -> Result<i32, i32> {
             );
         }
     }
-    if let Some((seq, hash)) = head {
+    if let Some(last) = entries.last() {
         outln!(
-            "  audit: {} entries, last #{seq} {}",
+            "  audit: {} entries, last #{} {}",
             entries.len(),
-            terminal::line(&hash)
+            last.seq,
+            terminal::line(&last.hash)
         );
     }
-    Ok(exit::OK)
 }
 
-fn verify_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
-    let store = open_store(root)?;
-    let snap = store.audit_snapshot().map_err(store_err)?;
-    match orchestrator_audit::verify_with_head(
-        store.log(),
-        &snap.entries,
-        &snap.checkpoints,
-        snap.head.as_ref(),
-    ) {
-        Ok(v) => {
+fn render_verify(state: &AuditState, json: bool) {
+    match state {
+        AuditState::Intact {
+            entries,
+            checkpoints,
+            head,
+        } => {
             if json {
                 outln!(
                     "{}",
                     terminal::json(
-                        &serde_json::json!({"intact": true, "entries": v.entries, "checkpoints": v.checkpoints, "head": v.head}),
+                        &serde_json::json!({"intact": true, "entries": entries, "checkpoints": checkpoints, "head": head}),
                         false
                     )
                 );
             } else {
                 outln!(
                     "audit chain intact: {} entries, {} checkpoints, head {}",
-                    v.entries,
-                    v.checkpoints,
-                    v.head
+                    entries,
+                    checkpoints,
+                    head
                 );
             }
-            Ok(exit::OK)
         }
-        Err(e) => {
+        AuditState::Broken {
+            first_bad_entry,
+            error,
+        } => {
             if json {
                 outln!(
                     "{}",
                     terminal::json(
-                        &serde_json::json!({"intact": false, "first_bad_entry": e.seq(), "error": e.to_string()}),
+                        &serde_json::json!({"intact": false, "first_bad_entry": first_bad_entry, "error": error}),
                         false
                     )
                 );
             } else {
-                outln!("audit chain broken: {}", terminal::line(&e.to_string()));
+                outln!("audit chain broken: {}", terminal::line(error));
             }
-            Ok(exit::FAILED)
         }
+    }
+}
+
+async fn enqueue_cmd(api: &Api, args: EnqueueArgs) -> Result<i32, i32> {
+    let tasks = match args.file {
+        Some(file) => run_queue::read_task_file(&file).map_err(|e| fail(&e))?,
+        None => vec![TaskSpec {
+            repo: args.repo.unwrap_or_default(),
+            base_ref: args.base_ref,
+            image: args.image,
+            task: args.task,
+            task_file: args.task_file,
+            memory: args.memory,
+            cpus: args.cpus,
+            pids: args.pids,
+            timeout: args.timeout,
+            max_output: args.max_output,
+            max_worktree: args.max_worktree,
+            max_files: args.max_files,
+            command: args.command,
+        }],
+    };
+    respond(api, ApiCommand::Enqueue { tasks }, false).await
+}
+
+async fn tasks_cmd(api: &Api, command: Option<TasksCommand>, json: bool) -> Result<i32, i32> {
+    match command {
+        None => respond(api, ApiCommand::Tasks {}, json).await,
+        Some(TasksCommand::Cancel { task }) => {
+            respond(api, ApiCommand::CancelTask { task }, false).await
+        }
+        Some(TasksCommand::Run { max_parallel }) => dispatch_cmd(api, max_parallel).await,
+    }
+}
+
+/// `tasks run`: the dispatcher in the foreground. SIGINT / SIGTERM stop it
+/// from starting more; the runs it started go on and the next dispatcher
+/// adopts them.
+async fn dispatch_cmd(api: &Api, max_parallel: usize) -> Result<i32, i32> {
+    let exe = std::env::current_exe().map_err(|e| {
+        errln!("nightshift: finding my own executable to start runs: {e}");
+        exit::INTERNAL
+    })?;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let signal = Arc::new(Mutex::new(None));
+    let seen = signal.clone();
+    let signals = tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return;
+        };
+        let code = tokio::select! {
+            _ = int.recv() => exit::SIGINT,
+            _ = term.recv() => exit::SIGTERM,
+        };
+        *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(code);
+        let _ = tx.send(true);
+    });
+    let options = run_queue::DispatchOptions {
+        max_parallel,
+        exe,
+        poll: std::time::Duration::from_millis(500),
+        until_empty: true,
+    };
+    let summary = run_queue::dispatch_loop(api, &options, rx).await;
+    signals.abort();
+    let summary = summary.map_err(|e| fail(&e))?;
+    for id in &summary.adopted {
+        outln!("adopted {}", terminal::line(id));
+    }
+    for id in &summary.started {
+        outln!("started {}", terminal::line(id));
+    }
+    for (id, state) in &summary.settled {
+        outln!("{} {}", terminal::line(state.name()), terminal::line(id));
+    }
+    if summary.stopped {
+        outln!(
+            "stopped: {} task(s) still queued; runs under way go on and the next `nightshift tasks run` adopts them",
+            summary.left_queued
+        );
+        let code = *signal.lock().unwrap_or_else(|p| p.into_inner());
+        return Ok(code.unwrap_or(exit::SIGINT));
+    }
+    if let Some(why) = &summary.frozen {
+        errln!(
+            "nightshift: frozen ({}): {} task(s) stay queued until `nightshift thaw`",
+            terminal::line(why),
+            summary.left_queued
+        );
+        return Ok(exit::DENIED);
+    }
+    Ok(exit::OK)
+}
+
+fn render_tasks(tasks: &[TaskRow], json: bool) {
+    if json {
+        outln!("{}", terminal::json(&tasks, true));
+        return;
+    }
+    outln!(
+        "{:<31}  {:<9}  {:<26}  {:<24}  REPO",
+        "ID",
+        "STATE",
+        "RUN",
+        "STATUS"
+    );
+    for t in tasks {
+        let status = t
+            .progress
+            .status
+            .as_deref()
+            .or(t.progress.reason.as_deref())
+            .unwrap_or("-");
+        outln!(
+            "{:<31}  {:<9}  {:<26}  {:<24}  {} at {}",
+            terminal::line(&t.id),
+            t.state.name(),
+            terminal::line(t.progress.run.as_deref().unwrap_or("-")),
+            truncate(&terminal::line(status), 24),
+            terminal::line(&t.spec.repo.to_string_lossy()),
+            terminal::line(&t.spec.base_ref)
+        );
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        s.chars().take(n - 1).chain(std::iter::once('…')).collect()
+    }
+}
+
+fn store_err(e: StoreError) -> i32 {
+    errln!("nightshift: {e}");
+    match e {
+        StoreError::NoSuchRun(_) => exit::BAD_INPUT,
+        _ => exit::STATE,
     }
 }
 
@@ -1209,28 +1325,7 @@ async fn demo_cmd(
     outln!();
     outln!("  nightshift --state-dir {state} show {}", record.id);
     outln!("  nightshift --state-dir {state} audit verify");
-    Ok(run_exit_code(&record))
-}
-
-fn owner_init(root: &std::path::Path) -> Result<i32, i32> {
-    let store = open_store(root)?;
-    match orchestrator::owner::init(&store) {
-        Ok((path, true)) => {
-            outln!(
-                "owner key written to {} (mode 0600); keep it to yourself",
-                path.display()
-            );
-            Ok(exit::OK)
-        }
-        Ok((path, false)) => {
-            outln!("the owner key already exists: {}", path.display());
-            Ok(exit::OK)
-        }
-        Err(e) => {
-            errln!("nightshift: {e}");
-            Err(exit::STATE)
-        }
-    }
+    Ok(orchestrator::api::run_exit_code(&record))
 }
 
 fn owner(
@@ -1518,21 +1613,6 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             Ok(exit::OK)
         }
     }
-}
-
-fn freeze_cmd(root: &std::path::Path, why: &str) -> Result<i32, i32> {
-    let mut store = open_store(root)?;
-    orchestrator::policy::freeze(&mut store, None, why).map_err(policy_err)?;
-    outln!("frozen: no run starts and every door refuses until `nightshift thaw`");
-    Ok(exit::OK)
-}
-
-fn thaw_cmd(root: &std::path::Path, key: Option<&std::path::Path>) -> Result<i32, i32> {
-    let mut store = open_store(root)?;
-    let who = owner(&store, key)?;
-    orchestrator::policy::thaw(&mut store, None, &who).map_err(policy_err)?;
-    outln!("thawed");
-    Ok(exit::OK)
 }
 
 fn queue_cmd(
@@ -1896,28 +1976,6 @@ fn print_diff(repo: &str, from: &str, to: &str) {
     }
 }
 
-fn rebind_cmd(
-    root: &std::path::Path,
-    acts: &[String],
-    key: Option<&std::path::Path>,
-) -> Result<i32, i32> {
-    let mut store = open_store(root)?;
-    let mut code = exit::OK;
-    for id in acts {
-        match orchestrator::acts::rebind(&mut store, id, key) {
-            Ok((_, line)) => outln!("{line}"),
-            Err(e) => {
-                errln!("nightshift: {e}");
-                code = if e.contains("credential") || e.contains("frozen") {
-                    exit::DENIED
-                } else {
-                    exit::FAILED
-                };
-            }
-        }
-    }
-    Ok(code)
-}
 
 fn decide_cmd(
     root: &std::path::Path,

@@ -10,6 +10,7 @@
 //!   in one transaction; every refuse and ask is audited with the request's
 //!   digest, never its arguments.
 
+use crate::state_store::StateStore;
 use std::path::{Path, PathBuf};
 
 use policies::{Author, Decision, Row, RuleSet, Timestamp, Verdict};
@@ -41,11 +42,14 @@ pub fn now() -> Timestamp {
 }
 
 /// The rule files in force: `dir`, else `STATE/rules/`, else the defaults.
-fn file_rules(store: &Store, dir: Option<&Path>) -> Result<RuleSet, PolicyError> {
+fn file_rules<S: StateStore + ?Sized>(
+    store: &S,
+    dir: Option<&Path>,
+) -> Result<RuleSet, PolicyError> {
     if let Some(dir) = dir {
         return Ok(policies::load_dir(dir)?);
     }
-    let configured = store.paths().root.join("rules");
+    let configured = store.root().join("rules");
     if configured.is_dir() {
         return Ok(policies::load_dir(&configured)?);
     }
@@ -56,7 +60,7 @@ fn file_rules(store: &Store, dir: Option<&Path>) -> Result<RuleSet, PolicyError>
 }
 
 /// Loads the whole rule set: files, then the stored rows.
-pub fn load(store: &Store, dir: Option<&Path>) -> Result<RuleSet, PolicyError> {
+pub fn load<S: StateStore + ?Sized>(store: &S, dir: Option<&Path>) -> Result<RuleSet, PolicyError> {
     let mut set = file_rules(store, dir)?;
     for (index, value) in store.policy_rows()?.into_iter().enumerate() {
         let row: Row = serde_json::from_value(value).map_err(|e| PolicyError::Replay {
@@ -72,8 +76,8 @@ pub fn load(store: &Store, dir: Option<&Path>) -> Result<RuleSet, PolicyError> {
 }
 
 /// Audits a decision when it refuses or asks.
-pub fn record_decision(
-    store: &mut Store,
+pub fn record_decision<S: StateStore + ?Sized>(
+    store: &mut S,
     run: Option<&str>,
     actor: Option<&str>,
     door: &str,

@@ -219,7 +219,8 @@ pub async fn execute(
     }
     {
         let store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
-        let set = crate::policy::load(&store, None).map_err(|e| RunError::Policy(e.to_string()))?;
+        let set =
+            crate::policy::load(&*store, None).map_err(|e| RunError::Policy(e.to_string()))?;
         if let Some(freeze) = set.freeze() {
             return Err(RunError::Frozen(freeze.reason.clone()));
         }
@@ -834,7 +835,7 @@ fn kill_or_freeze(sup: &Supervisor, run: &str) -> Result<Option<String>, RunErro
     if let Some(by) = store.kill_request(run)? {
         return Ok(Some(by));
     }
-    let rules = crate::policy::load(&store, None).map_err(|e| RunError::Policy(e.to_string()))?;
+    let rules = crate::policy::load(&*store, None).map_err(|e| RunError::Policy(e.to_string()))?;
     Ok(rules.freeze().map(|f| format!("the freeze ({})", f.reason)))
 }
 

@@ -238,6 +238,15 @@ CREATE TABLE IF NOT EXISTS model_tokens (
     PRIMARY KEY (run, night)
 );
 CREATE INDEX IF NOT EXISTS model_tokens_night ON model_tokens(night);
+CREATE TABLE IF NOT EXISTS tasks (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    state TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    progress TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS policy_rows (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at TEXT NOT NULL,
@@ -1424,6 +1433,97 @@ impl Store {
         tx.commit().map_err(sql("committing a run's ending"))?;
         self.write_checkpoint(&orchestrator_audit::checkpoint(&entry))?;
         Ok(Some(entry))
+    }
+}
+
+/// One row of the run queue (`run_queue.rs` owns what the columns mean).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredTask {
+    /// The queue's order: tasks start by ascending `seq`.
+    pub seq: i64,
+    pub id: String,
+    pub state: String,
+    pub spec: String,
+    pub progress: String,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+impl Store {
+    // ----- the run queue -----
+
+    /// Adds tasks `(id, spec)` in the given order, all or none, as `state`.
+    pub fn insert_tasks(
+        &mut self,
+        tasks: &[(String, String)],
+        state: &str,
+    ) -> Result<(), StoreError> {
+        let now = now_rfc3339();
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(sql("enqueueing tasks"))?;
+        for (id, spec) in tasks {
+            tx.execute(
+                "INSERT INTO tasks(id, state, spec, progress, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, '{}', ?4, ?4)",
+                params![id, state, spec, now],
+            )
+            .map_err(sql("enqueueing a task"))?;
+        }
+        tx.commit().map_err(sql("enqueueing tasks"))
+    }
+
+    /// Every task, in the queue's order.
+    pub fn tasks(&self) -> Result<Vec<StoredTask>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT seq, id, state, spec, progress, created_at, updated_at
+                 FROM tasks ORDER BY seq",
+            )
+            .map_err(sql("listing tasks"))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(StoredTask {
+                    seq: r.get(0)?,
+                    id: r.get(1)?,
+                    state: r.get(2)?,
+                    spec: r.get(3)?,
+                    progress: r.get(4)?,
+                    created_at: r.get(5)?,
+                    updated_at: r.get(6)?,
+                })
+            })
+            .map_err(sql("listing tasks"))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(sql("listing tasks"))
+    }
+
+    /// Moves task `id` from one of the states `from` to `to` with its new
+    /// progress, in one statement: true when it moved, false when the task
+    /// was not in any of `from` (another process moved it first), so each
+    /// move happens at most once.
+    pub fn move_task(
+        &self,
+        id: &str,
+        from: &[&str],
+        to: &str,
+        progress: &str,
+    ) -> Result<bool, StoreError> {
+        let from = serde_json::to_string(from).map_err(|e| StoreError::BadEntry {
+            seq: 0,
+            message: e.to_string(),
+        })?;
+        let n = self
+            .conn
+            .execute(
+                "UPDATE tasks SET state = ?1, progress = ?2, updated_at = ?3
+                 WHERE id = ?4 AND state IN (SELECT value FROM json_each(?5))",
+                params![to, progress, now_rfc3339(), id, from],
+            )
+            .map_err(sql("moving a task"))?;
+        Ok(n == 1)
     }
 }
 

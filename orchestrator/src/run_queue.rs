@@ -1,0 +1,1232 @@
+//! The run queue: tasks enqueued for the supervisor to run later, in order,
+//! at most `max_parallel` at once, honouring the freeze and the fleet caps.
+//!
+//! Each task becomes a run by starting `nightshift run` as a child process
+//! (in its own process group, its output to files under `STATE/tasks/<id>`):
+//! every run keeps the per-run supervisor, watchdog, lease and signal
+//! handling of a foreground `nightshift run`, and a crash of the dispatcher
+//! takes no run with it.
+//!
+//! Invariants:
+//! - A task moves `queued -> starting -> running -> done | failed`, or
+//!   `queued -> cancelled`; every move is one compare-and-set in the store
+//!   (`Store::move_task`), so a cancel and a start never both win, and no
+//!   move happens twice.
+//! - One dispatcher per state at a time (`STATE/dispatcher.lock`, released
+//!   by the kernel when the process dies, however it dies).
+//! - `kill -9` of the dispatcher loses nothing: queued tasks stay queued; a
+//!   task caught `starting` goes back to `queued` only when no child was
+//!   spawned for it (no result file, no process carrying its
+//!   `NIGHTSHIFT_TASK`), else it is adopted or settled; a `running` task
+//!   whose child still lives is adopted (watched until it ends), one whose
+//!   child is gone is settled from its result file (the run's record) or,
+//!   failing that, from the run whose supervisor was that child.
+//! - Which tasks start is decided by a pure function ([`admit`]): strictly
+//!   in order (the head waits rather than being overtaken), never more than
+//!   `max_parallel` running, and never more than the fleet's memory, CPUs
+//!   and processes in caps summed over the running tasks, except that a task
+//!   that alone exceeds the fleet may start when nothing else runs (the fleet
+//!   cgroup still bounds it), so the queue never stalls forever.
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::{Api, ApiError, ErrorKind};
+use crate::state_store::StateStore;
+use crate::store::{RunRecord, StoredTask};
+
+/// How many tasks one `enqueue` may add.
+pub const MAX_TASKS_PER_ENQUEUE: usize = 10_000;
+/// The largest task text (or task file) accepted.
+pub const MAX_TASK_TEXT: usize = 1 << 20;
+/// The largest tasks file accepted.
+pub const MAX_TASK_FILE: u64 = 16 << 20;
+
+/// One task, as enqueued (the command line's flags, a `[[task]]` table of a
+/// tasks file, or the JSON API). Caps left out take the configuration's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    /// The host repository.
+    pub repo: PathBuf,
+    /// The base ref (branch, tag or commit).
+    #[serde(rename = "ref", default = "head")]
+    pub base_ref: String,
+    /// A local image (default: the built default image when it starts).
+    #[serde(default)]
+    pub image: Option<String>,
+    /// The task text given to the agent.
+    #[serde(default)]
+    pub task: Option<String>,
+    /// Read the task text from this file when enqueued (it is stored then;
+    /// later changes to the file do not reach the task).
+    #[serde(default)]
+    pub task_file: Option<PathBuf>,
+    #[serde(default)]
+    pub memory: Option<String>,
+    #[serde(default)]
+    pub cpus: Option<f64>,
+    #[serde(default)]
+    pub pids: Option<u64>,
+    #[serde(default)]
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub max_output: Option<String>,
+    #[serde(default)]
+    pub max_worktree: Option<String>,
+    #[serde(default)]
+    pub max_files: Option<u64>,
+    /// The agent command and its arguments.
+    pub command: Vec<String>,
+}
+
+fn head() -> String {
+    "HEAD".into()
+}
+
+/// A tasks file: `[[task]]` tables, started in the order written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TaskFile {
+    task: Vec<TaskSpec>,
+}
+
+/// Where a task is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    Queued,
+    Starting,
+    Running,
+    Done,
+    Failed,
+    Cancelled,
+}
+
+impl TaskState {
+    pub fn name(self) -> &'static str {
+        match self {
+            TaskState::Queued => "queued",
+            TaskState::Starting => "starting",
+            TaskState::Running => "running",
+            TaskState::Done => "done",
+            TaskState::Failed => "failed",
+            TaskState::Cancelled => "cancelled",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        [
+            TaskState::Queued,
+            TaskState::Starting,
+            TaskState::Running,
+            TaskState::Done,
+            TaskState::Failed,
+            TaskState::Cancelled,
+        ]
+        .into_iter()
+        .find(|t| t.name() == s)
+    }
+}
+
+/// What happened to a task once taken from the queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Progress {
+    /// The dispatcher that took it (`pid:starttime`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatcher: Option<String>,
+    /// Its `nightshift run` process (`pid:starttime`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child: Option<String>,
+    /// The run it became.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    /// The run's status when it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// The exit code `nightshift run` gave (README.md's table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Why it failed or was cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+}
+
+/// One task as listed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRow {
+    pub id: String,
+    pub seq: i64,
+    pub state: TaskState,
+    pub spec: TaskSpec,
+    pub progress: Progress,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorKind::BadInput, message)
+}
+
+/// Reads a tasks file: `[[task]]` tables; paths in it are relative to the
+/// file's directory. Errors name the file and the line.
+pub fn read_task_file(path: &Path) -> Result<Vec<TaskSpec>, ApiError> {
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TASK_FILE + 1).read_to_string(&mut text))
+        .map_err(|e| bad(format!("reading the tasks file {}: {e}", path.display())))?;
+    if text.len() as u64 > MAX_TASK_FILE {
+        return Err(bad(format!(
+            "reading the tasks file {}: larger than {MAX_TASK_FILE} bytes",
+            path.display()
+        )));
+    }
+    let file: TaskFile = toml::from_str(&text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+            .unwrap_or(1);
+        bad(format!(
+            "reading the tasks file {}: line {line}: {}",
+            path.display(),
+            e.message()
+        ))
+    })?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    Ok(file
+        .task
+        .into_iter()
+        .map(|mut t| {
+            if t.repo.is_relative() {
+                t.repo = dir.join(&t.repo);
+            }
+            if let Some(f) = t.task_file.as_mut() {
+                if f.is_relative() {
+                    *f = dir.join(&*f);
+                }
+            }
+            t
+        })
+        .collect())
+}
+
+/// Checks one task and makes it self-contained: the repository's path made
+/// absolute, the task file read into the task text, every cap parsed.
+pub fn resolve(
+    spec: &TaskSpec,
+    config: &crate::config::Config,
+    which: usize,
+) -> Result<TaskSpec, ApiError> {
+    let at = |m: String| bad(format!("task {which}: {m}"));
+    let mut out = spec.clone();
+    if spec.command.is_empty() || spec.command[0].is_empty() {
+        return Err(at("no agent command".into()));
+    }
+    out.repo = spec
+        .repo
+        .canonicalize()
+        .map_err(|e| at(format!("the repository {}: {e}", spec.repo.display())))?;
+    if !out.repo.is_dir() {
+        return Err(at(format!("{} is not a directory", out.repo.display())));
+    }
+    if spec.base_ref.is_empty() || spec.base_ref.starts_with('-') {
+        return Err(at(format!("{:?} is not a ref", spec.base_ref)));
+    }
+    if let Some(image) = &spec.image {
+        if image.is_empty() || image.starts_with('-') {
+            return Err(at(format!("{image:?} is not an image")));
+        }
+    }
+    match (&spec.task, &spec.task_file) {
+        (Some(_), Some(_)) => return Err(at("give task or task_file, not both".into())),
+        (None, Some(f)) => {
+            let mut text = String::new();
+            std::fs::File::open(f)
+                .and_then(|h| h.take(MAX_TASK_TEXT as u64 + 1).read_to_string(&mut text))
+                .map_err(|e| at(format!("reading the task file {}: {e}", f.display())))?;
+            out.task = Some(text);
+            out.task_file = None;
+        }
+        _ => {}
+    }
+    if out.task.as_ref().is_some_and(|t| t.len() > MAX_TASK_TEXT) {
+        return Err(at(format!(
+            "the task text is larger than {MAX_TASK_TEXT} bytes"
+        )));
+    }
+    for (name, value) in [
+        ("memory", &spec.memory),
+        ("max_output", &spec.max_output),
+        ("max_worktree", &spec.max_worktree),
+    ] {
+        if let Some(v) = value {
+            crate::config::parse_size(v).map_err(|e| at(format!("{name}: {e}")))?;
+        }
+    }
+    if let Some(v) = &spec.timeout {
+        crate::config::parse_span(v).map_err(|e| at(format!("timeout: {e}")))?;
+    }
+    let fleet = config.fleet();
+    if let Some(cpus) = spec.cpus {
+        if !(cpus > 0.0 && cpus <= fleet.cpus) {
+            return Err(at(format!(
+                "cpus {cpus} must be above 0 and at most the fleet's {} cpus",
+                fleet.cpus
+            )));
+        }
+    }
+    for (name, value) in [("pids", spec.pids), ("max_files", spec.max_files)] {
+        if value == Some(0) || value.is_some_and(|v| v > i64::MAX as u64) {
+            return Err(at(format!("{name} must be a positive number")));
+        }
+    }
+    Ok(out)
+}
+
+/// Adds tasks to the queue, all or none, in the order given; returns their ids.
+pub fn enqueue<S: StateStore + ?Sized>(
+    store: &mut S,
+    config: &crate::config::Config,
+    specs: &[TaskSpec],
+) -> Result<Vec<String>, ApiError> {
+    if specs.is_empty() {
+        return Err(bad("no task to enqueue"));
+    }
+    if specs.len() > MAX_TASKS_PER_ENQUEUE {
+        return Err(bad(format!(
+            "{} tasks: at most {MAX_TASKS_PER_ENQUEUE} at once",
+            specs.len()
+        )));
+    }
+    let mut rows = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let resolved = resolve(spec, config, i + 1)?;
+        let id = format!("task-{}", ulid::Ulid::new().to_string().to_lowercase());
+        let text = serde_json::to_string(&resolved)
+            .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+        rows.push((id, text));
+    }
+    store.insert_tasks(&rows, TaskState::Queued.name())?;
+    Ok(rows.into_iter().map(|(id, _)| id).collect())
+}
+
+fn row(t: StoredTask) -> Result<TaskRow, ApiError> {
+    let broken = |m: String| ApiError::new(ErrorKind::State, format!("task {}: {m}", t.id));
+    Ok(TaskRow {
+        state: TaskState::parse(&t.state).ok_or_else(|| broken(format!("state {:?}", t.state)))?,
+        spec: serde_json::from_str(&t.spec).map_err(|e| broken(format!("spec: {e}")))?,
+        progress: serde_json::from_str(&t.progress)
+            .map_err(|e| broken(format!("progress: {e}")))?,
+        id: t.id,
+        seq: t.seq,
+        created_at: t.created_at,
+        updated_at: t.updated_at,
+    })
+}
+
+/// Every task, in the queue's order.
+pub fn list<S: StateStore + ?Sized>(store: &S) -> Result<Vec<TaskRow>, ApiError> {
+    store.tasks()?.into_iter().map(row).collect()
+}
+
+fn progress_json(p: &Progress) -> String {
+    serde_json::to_string(p).unwrap_or_else(|_| "{}".into())
+}
+
+/// Cancels a queued task. A task already taken is not cancelled here: its
+/// run is stopped with `nightshift kill RUN`.
+pub fn cancel<S: StateStore + ?Sized>(store: &mut S, id: &str) -> Result<(), ApiError> {
+    let tasks = list(store)?;
+    let Some(task) = tasks.iter().find(|t| t.id == id) else {
+        return Err(ApiError::new(
+            ErrorKind::NotFound,
+            format!("no task with id {id}"),
+        ));
+    };
+    let mut progress = task.progress.clone();
+    progress.reason = Some("cancelled".into());
+    progress.ended_at = Some(crate::store::now_rfc3339());
+    if store.move_task(id, &["queued"], "cancelled", &progress_json(&progress))? {
+        return Ok(());
+    }
+    let now = list(store)?
+        .into_iter()
+        .find(|t| t.id == id)
+        .map(|t| (t.state, t.progress.run))
+        .unwrap_or((task.state, None));
+    Err(ApiError::new(
+        ErrorKind::Failed,
+        match now {
+            (TaskState::Starting | TaskState::Running, Some(run)) => {
+                format!("task {id} is running as run {run}: stop it with `nightshift kill {run}`")
+            }
+            (TaskState::Starting | TaskState::Running, None) => {
+                format!(
+                    "task {id} is starting: stop its run with `nightshift kill` once it is listed"
+                )
+            }
+            (state, _) => format!(
+                "task {id} is {}: only a queued task can be cancelled",
+                state.name()
+            ),
+        },
+    ))
+}
+
+// ----- admission (pure) -----
+
+/// What a task takes from the fleet while it runs: its caps after defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need {
+    pub memory_bytes: u64,
+    pub milli_cpus: u64,
+    pub pids: u64,
+}
+
+impl Need {
+    fn plus(self, o: Need) -> Need {
+        Need {
+            memory_bytes: self.memory_bytes.saturating_add(o.memory_bytes),
+            milli_cpus: self.milli_cpus.saturating_add(o.milli_cpus),
+            pids: self.pids.saturating_add(o.pids),
+        }
+    }
+
+    fn within(self, fleet: Need) -> bool {
+        self.memory_bytes <= fleet.memory_bytes
+            && self.milli_cpus <= fleet.milli_cpus
+            && self.pids <= fleet.pids
+    }
+}
+
+/// How many tasks from the head of `queued` to start now, given what is
+/// `running` (see the module's note for the rule).
+pub fn admit(queued: &[Need], running: &[Need], fleet: Need, max_parallel: usize) -> usize {
+    let mut used = running.iter().fold(
+        Need {
+            memory_bytes: 0,
+            milli_cpus: 0,
+            pids: 0,
+        },
+        |a, b| a.plus(*b),
+    );
+    let mut started = 0;
+    for (count, need) in (running.len()..).zip(queued) {
+        if count >= max_parallel {
+            break;
+        }
+        let after = used.plus(*need);
+        if !after.within(fleet) && count > 0 {
+            break;
+        }
+        used = after;
+        started += 1;
+    }
+    started
+}
+
+/// A task's need, its caps after the configuration's defaults.
+pub fn need(spec: &TaskSpec, config: &crate::config::Config) -> Need {
+    let d = config.caps();
+    Need {
+        memory_bytes: spec
+            .memory
+            .as_deref()
+            .and_then(|m| crate::config::parse_size(m).ok())
+            .unwrap_or(d.memory_bytes.max(0) as u64),
+        milli_cpus: spec
+            .cpus
+            .map(|c| (c * 1000.0) as u64)
+            .unwrap_or((d.nano_cpus.max(0) / 1_000_000) as u64),
+        pids: spec.pids.unwrap_or(d.pids.max(0) as u64),
+    }
+}
+
+fn fleet_need(config: &crate::config::Config) -> Need {
+    let f = config.fleet();
+    Need {
+        memory_bytes: f.memory_bytes,
+        milli_cpus: (f.cpus * 1000.0) as u64,
+        pids: f.pids,
+    }
+}
+
+// ----- the dispatcher (adapter) -----
+
+/// How the dispatcher runs.
+#[derive(Debug, Clone)]
+pub struct DispatchOptions {
+    /// At most this many tasks running at once.
+    pub max_parallel: usize,
+    /// The `nightshift` binary that runs each task.
+    pub exe: PathBuf,
+    /// How often the queue and the children are looked at.
+    pub poll: Duration,
+    /// Return once nothing is queued and nothing runs (or only frozen tasks
+    /// wait); otherwise run until `stop`.
+    pub until_empty: bool,
+}
+
+/// What one dispatcher did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DispatchSummary {
+    /// Tasks it started.
+    pub started: Vec<String>,
+    /// Tasks found running from an earlier dispatcher, and watched.
+    pub adopted: Vec<String>,
+    /// Tasks it settled (ended), with their final state.
+    pub settled: Vec<(String, TaskState)>,
+    /// Tasks still queued when it returned.
+    pub left_queued: usize,
+    /// The freeze that kept tasks queued, when one did.
+    pub frozen: Option<String>,
+    /// It returned because it was asked to stop; children keep running and
+    /// the next dispatcher adopts them.
+    pub stopped: bool,
+}
+
+/// Held while a dispatcher runs: one per state.
+struct DispatcherLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+fn dispatcher_lock(root: &Path) -> Result<DispatcherLock, ApiError> {
+    let path = root.join("dispatcher.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| ApiError::new(ErrorKind::State, format!("opening {}: {e}", path.display())))?;
+    let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(
+        |(_, e)| {
+            ApiError::new(
+                ErrorKind::Failed,
+                format!(
+                    "another dispatcher runs for this state (it holds {}): {e}",
+                    path.display()
+                ),
+            )
+        },
+    )?;
+    Ok(DispatcherLock { _lock: lock })
+}
+
+fn task_dir(root: &Path, id: &str) -> PathBuf {
+    root.join("tasks").join(id)
+}
+
+/// Is the process `pid:starttime` alive (a zombie is not)?
+fn alive(identity: &str) -> bool {
+    if !crate::run::identity_alive(identity) {
+        return false;
+    }
+    let pid = identity.split(':').next().unwrap_or_default();
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = &s[s.rfind(')')? + 2..];
+            rest.chars().next()
+        })
+        .is_some_and(|state| state != 'Z' && state != 'X')
+}
+
+/// The process started for task `id`, found by the `NIGHTSHIFT_TASK` in
+/// its environment (for a dispatcher killed between spawn and record).
+fn find_child(id: &str) -> Option<String> {
+    let marker = format!("NIGHTSHIFT_TASK={id}");
+    let entries = std::fs::read_dir("/proc").ok()?;
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        // The run's own watchdog inherits the marker too: it is not the run.
+        let is_watchdog = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|c| c.split(|b| *b == 0).any(|a| a == b"watchdog"))
+            .unwrap_or(true);
+        if !is_watchdog && env.split(|b| *b == 0).any(|v| v == marker.as_bytes()) {
+            if let Some(identity) = crate::run::process_identity(pid) {
+                if alive(&identity) {
+                    return Some(identity);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The last non-empty line of a child's stderr, for a failure's reason.
+fn last_line(path: &Path) -> Option<String> {
+    let text = std::fs::read(path).ok()?;
+    let tail = &text[text.len().saturating_sub(4096)..];
+    String::from_utf8_lossy(tail)
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.chars().take(500).collect())
+}
+
+/// Ends a task whose child has ended: from its result file (the run's
+/// record, as `run --json` prints it), else from the run whose supervisor
+/// was the child, else as failed with the child's last words.
+fn settle<S: StateStore + ?Sized>(
+    store: &mut S,
+    root: &Path,
+    task: &TaskRow,
+    exit: Option<i32>,
+) -> Result<Option<TaskState>, ApiError> {
+    let dir = task_dir(root, &task.id);
+    let mut p = task.progress.clone();
+    p.ended_at = Some(crate::store::now_rfc3339());
+    let from = [TaskState::Starting.name(), TaskState::Running.name()];
+    let record: Option<RunRecord> = std::fs::read(dir.join("result.json"))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    let record = record.or_else(|| {
+        let child = p.child.clone()?;
+        store
+            .runs()
+            .ok()?
+            .into_iter()
+            .find(|r| r.supervisor.as_deref() == Some(child.as_str()))
+    });
+    let finished = record
+        .as_ref()
+        .filter(|r| crate::store::is_final(&r.status));
+    p.exit_code = exit.or_else(|| finished.map(crate::api::run_exit_code));
+    let state = match &record {
+        Some(r) if crate::store::is_final(&r.status) => {
+            p.run = Some(r.id.clone());
+            p.status = Some(r.status.clone());
+            TaskState::Done
+        }
+        Some(r) => {
+            // The run's supervisor died with the run unsettled: the next
+            // reconciliation settles the run; the task says where it is.
+            p.run = Some(r.id.clone());
+            p.status = Some(r.status.clone());
+            p.reason = Some(
+                "its run process ended without a result; `nightshift reconcile` settles the run"
+                    .into(),
+            );
+            TaskState::Failed
+        }
+        // A start refused by a freeze that came after the dispatcher looked:
+        // nothing ran, so the task waits again.
+        None if exit == Some(crate::exit::DENIED) => {
+            let mut q = task.progress.clone();
+            q.reason = last_line(&dir.join("stderr.log"));
+            return Ok(store
+                .move_task(
+                    &task.id,
+                    &from,
+                    TaskState::Queued.name(),
+                    &progress_json(&q),
+                )?
+                .then_some(TaskState::Queued));
+        }
+        None => {
+            p.reason = Some(
+                last_line(&dir.join("stderr.log"))
+                    .unwrap_or_else(|| "its run process ended without a result".into()),
+            );
+            TaskState::Failed
+        }
+    };
+    Ok(store
+        .move_task(&task.id, &from, state.name(), &progress_json(&p))?
+        .then_some(state))
+}
+
+/// The arguments of `nightshift run` for one task.
+fn run_args(
+    root: &Path,
+    config: Option<&Path>,
+    task: &TaskRow,
+    task_file: Option<&Path>,
+) -> Vec<std::ffi::OsString> {
+    let s = &task.spec;
+    let mut a: Vec<std::ffi::OsString> = vec!["--state-dir".into(), root.into()];
+    if let Some(c) = config {
+        a.push("--config".into());
+        a.push(c.into());
+    }
+    a.extend([
+        "run".into(),
+        "--repo".into(),
+        s.repo.clone().into_os_string(),
+    ]);
+    a.push("--ref".into());
+    a.push(s.base_ref.clone().into());
+    if let Some(i) = &s.image {
+        a.push("--image".into());
+        a.push(i.into());
+    }
+    if let Some(f) = task_file {
+        a.push("--task-file".into());
+        a.push(f.into());
+    }
+    let mut flag = |name: &str, v: Option<String>| {
+        if let Some(v) = v {
+            a.push(format!("--{name}").into());
+            a.push(v.into());
+        }
+    };
+    flag("memory", s.memory.clone());
+    flag("cpus", s.cpus.map(|c| c.to_string()));
+    flag("pids", s.pids.map(|c| c.to_string()));
+    flag("timeout", s.timeout.clone());
+    flag("max-output", s.max_output.clone());
+    flag("max-worktree", s.max_worktree.clone());
+    flag("max-files", s.max_files.map(|c| c.to_string()));
+    a.push("--json".into());
+    a.push("--".into());
+    a.extend(s.command.iter().map(Into::into));
+    a
+}
+
+/// Starts one task's child. The task is `starting` before anything is
+/// spawned and the result file exists before the spawn, so a dispatcher
+/// killed at any point leaves what its successor needs to tell "never
+/// spawned" from "spawned".
+fn start<S: StateStore + ?Sized>(
+    store: &mut S,
+    api: &Api,
+    opts: &DispatchOptions,
+    me: &str,
+    task: &TaskRow,
+) -> Result<Option<tokio::process::Child>, ApiError> {
+    let root = api.root();
+    let mut p = Progress {
+        dispatcher: Some(me.to_string()),
+        started_at: Some(crate::store::now_rfc3339()),
+        ..Default::default()
+    };
+    if !store.move_task(&task.id, &["queued"], "starting", &progress_json(&p))? {
+        return Ok(None); // cancelled meanwhile
+    }
+    let dir = task_dir(root, &task.id);
+    let state_err = |m: String| ApiError::new(ErrorKind::State, m);
+    crate::store::create_private_dir(&root.join("tasks"))?;
+    crate::store::create_private_dir(&dir)?;
+    let task_file = match &task.spec.task {
+        Some(text) => {
+            let f = dir.join("task.txt");
+            std::fs::write(&f, text)
+                .map_err(|e| state_err(format!("writing {}: {e}", f.display())))?;
+            Some(f)
+        }
+        None => None,
+    };
+    let open = |name: &str| {
+        let f = dir.join(name);
+        std::fs::File::create(&f).map_err(|e| state_err(format!("creating {}: {e}", f.display())))
+    };
+    let (stdout, stderr) = (open("result.json")?, open("stderr.log")?);
+    let mut command = tokio::process::Command::new(&opts.exe);
+    command
+        .args(run_args(
+            root,
+            api.config_path(),
+            task,
+            task_file.as_deref(),
+        ))
+        .env("NIGHTSHIFT_TASK", &task.id)
+        .env_remove("NIGHTSHIFT_STATE_DIR")
+        .env_remove("NIGHTSHIFT_CONFIG")
+        // A run never needs the owner's key.
+        .env_remove("NIGHTSHIFT_OWNER_KEY_FILE")
+        .stdin(std::process::Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        // Its own process group: a signal to the dispatcher's group (Ctrl-C)
+        // is not a signal to the runs, which the next dispatcher adopts.
+        .process_group(0)
+        .kill_on_drop(false);
+    let child = match command.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            p.reason = Some(format!("starting {}: {e}", opts.exe.display()));
+            p.ended_at = Some(crate::store::now_rfc3339());
+            store.move_task(&task.id, &["starting"], "failed", &progress_json(&p))?;
+            return Ok(None);
+        }
+    };
+    p.child = child.id().and_then(crate::run::process_identity);
+    store.move_task(&task.id, &["starting"], "running", &progress_json(&p))?;
+    Ok(Some(child))
+}
+
+/// The tasks adopted (by the identity of their child) and those settled.
+type Recovered = (HashMap<String, String>, Vec<(String, TaskState)>);
+
+/// Takes over what an earlier dispatcher left (see the module's note).
+/// Returns the tasks to watch, by the identity of their child.
+fn recover<S: StateStore + ?Sized>(
+    store: &mut S,
+    root: &Path,
+    me: &str,
+) -> Result<Recovered, ApiError> {
+    // An adopted task names its new dispatcher.
+    fn adopt<S: StateStore + ?Sized>(
+        store: &mut S,
+        me: &str,
+        task: &TaskRow,
+        child: &str,
+        from: &str,
+    ) -> Result<bool, ApiError> {
+        let mut p = task.progress.clone();
+        p.child = Some(child.to_string());
+        p.dispatcher = Some(me.to_string());
+        Ok(store.move_task(&task.id, &[from], "running", &progress_json(&p))?)
+    }
+    let mut adopted = HashMap::new();
+    let mut settled = Vec::new();
+    for task in list(store)? {
+        match task.state {
+            TaskState::Starting => {
+                if let Some(child) = find_child(&task.id) {
+                    if adopt(store, me, &task, &child, "starting")? {
+                        adopted.insert(task.id.clone(), child);
+                    }
+                } else if task_dir(root, &task.id).join("result.json").exists() {
+                    if let Some(s) = settle(store, root, &task, None)? {
+                        settled.push((task.id.clone(), s));
+                    }
+                } else {
+                    let p = Progress::default();
+                    store.move_task(&task.id, &["starting"], "queued", &progress_json(&p))?;
+                }
+            }
+            TaskState::Running => match task.progress.child.clone() {
+                Some(child) if alive(&child) => {
+                    if adopt(store, me, &task, &child, "running")? {
+                        adopted.insert(task.id.clone(), child);
+                    }
+                }
+                _ => {
+                    if let Some(s) = settle(store, root, &task, None)? {
+                        settled.push((task.id.clone(), s));
+                    }
+                }
+            },
+            _ => {}
+        }
+    }
+    Ok((adopted, settled))
+}
+
+/// The freeze's reason, when nightshift is frozen; an unreadable policy is
+/// an error (nothing starts on a policy nobody can read).
+fn frozen<S: StateStore + ?Sized>(store: &S) -> Result<Option<String>, ApiError> {
+    let set = crate::policy::load(store, None)?;
+    Ok(set.freeze().map(|f| f.reason.clone()))
+}
+
+/// One look at the queue: settle ended children, then start what [`admit`]
+/// allows. Synchronous: no store handle lives across an await.
+fn step(
+    api: &Api,
+    config: &crate::config::Config,
+    opts: &DispatchOptions,
+    me: &str,
+    own: &mut HashMap<String, tokio::process::Child>,
+    adopted: &mut HashMap<String, String>,
+    summary: &mut DispatchSummary,
+) -> Result<bool, ApiError> {
+    let mut store = api.open_store()?;
+    let root = api.root();
+    let by_id = |store: &crate::store::Store, id: &str| -> Result<Option<TaskRow>, ApiError> {
+        Ok(list(store)?.into_iter().find(|t| t.id == id))
+    };
+    let mut ended = Vec::new();
+    for (id, child) in own.iter_mut() {
+        if let Ok(Some(status)) = child.try_wait() {
+            ended.push((id.clone(), status.code().or(Some(128 + signal_of(&status)))));
+        }
+    }
+    for (id, code) in ended {
+        own.remove(&id);
+        if let Some(task) = by_id(&store, &id)? {
+            if let Some(s) = settle(&mut store, root, &task, code)? {
+                summary.settled.push((id, s));
+            }
+        }
+    }
+    let gone: Vec<String> = adopted
+        .iter()
+        .filter(|(_, child)| !alive(child))
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in gone {
+        adopted.remove(&id);
+        if let Some(task) = by_id(&store, &id)? {
+            if let Some(s) = settle(&mut store, root, &task, None)? {
+                summary.settled.push((id, s));
+            }
+        }
+    }
+    let tasks = list(&store)?;
+    let queued: Vec<&TaskRow> = tasks
+        .iter()
+        .filter(|t| t.state == TaskState::Queued)
+        .collect();
+    let running: Vec<Need> = tasks
+        .iter()
+        .filter(|t| own.contains_key(&t.id) || adopted.contains_key(&t.id))
+        .map(|t| need(&t.spec, config))
+        .collect();
+    let freeze = if queued.is_empty() {
+        None
+    } else {
+        frozen(&store)?
+    };
+    summary.frozen = freeze.clone();
+    let mut left = queued.len();
+    if freeze.is_none() {
+        let needs: Vec<Need> = queued.iter().map(|t| need(&t.spec, config)).collect();
+        let n = admit(&needs, &running, fleet_need(config), opts.max_parallel);
+        for task in &queued[..n] {
+            left -= 1;
+            if let Some(child) = start(&mut store, api, opts, me, task)? {
+                own.insert(task.id.clone(), child);
+                summary.started.push(task.id.clone());
+            }
+        }
+    }
+    summary.left_queued = left;
+    let idle = own.is_empty() && adopted.is_empty();
+    Ok(idle && (left == 0 || freeze.is_some()))
+}
+
+fn signal_of(status: &std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.signal().unwrap_or(0)
+}
+
+/// The dispatcher: starts queued tasks in order, at most
+/// `opts.max_parallel` at once, while not frozen and within the fleet's
+/// caps; watches them and records how each ended. Returns when `stop` turns
+/// true (runs keep going; the next dispatcher adopts them) or, with
+/// `until_empty`, once nothing is queued or running (or only a freeze keeps
+/// tasks queued).
+pub async fn dispatch_loop(
+    api: &Api,
+    opts: &DispatchOptions,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<DispatchSummary, ApiError> {
+    let config = api.load_config()?;
+    if opts.max_parallel == 0 {
+        return Err(bad("max_parallel must be at least 1"));
+    }
+    let _lock = dispatcher_lock(api.root())?;
+    let me = crate::api::process_identity();
+    let mut summary = DispatchSummary::default();
+    let mut own: HashMap<String, tokio::process::Child> = HashMap::new();
+    let (mut adopted, settled) = {
+        let mut store = api.open_store()?;
+        recover(&mut store, api.root(), &me)?
+    };
+    summary.adopted = adopted.keys().cloned().collect();
+    summary.adopted.sort();
+    summary.settled = settled;
+    loop {
+        if *stop.borrow() {
+            summary.stopped = true;
+            return Ok(summary);
+        }
+        let done = step(
+            api,
+            &config,
+            opts,
+            &me,
+            &mut own,
+            &mut adopted,
+            &mut summary,
+        )?;
+        if done && opts.until_empty {
+            return Ok(summary);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(opts.poll) => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state_store::fake::MemStore;
+    use proptest::prelude::*;
+
+    /// A fake state holding one task, moved to `state` with `progress`.
+    fn one_task(dir: &Path, state: &str, progress: &Progress) -> (MemStore, String) {
+        let mut store = MemStore::new(dir);
+        let config = crate::config::Config::default();
+        let id = enqueue(&mut store, &config, &[spec(dir)])
+            .unwrap()
+            .remove(0);
+        assert!(store
+            .move_task(&id, &["queued"], state, &progress_json(progress))
+            .unwrap());
+        (store, id)
+    }
+
+    fn the_task(store: &MemStore) -> TaskRow {
+        list(store).unwrap().remove(0)
+    }
+
+    /// A process identity that is certainly not alive.
+    const GONE: &str = "4194304:1";
+
+    fn record(id: &str, status: &str, supervisor: &str) -> RunRecord {
+        RunRecord {
+            id: id.into(),
+            status: status.into(),
+            exit_code: Some(0),
+            supervisor: Some(supervisor.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_task_caught_starting_before_its_spawn_goes_back_to_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = one_task(dir.path(), "starting", &Progress::default());
+        let (adopted, settled) = recover(&mut store, dir.path(), "me").unwrap();
+        assert!(adopted.is_empty() && settled.is_empty());
+        assert_eq!(the_task(&store).state, TaskState::Queued);
+    }
+
+    #[test]
+    fn a_task_whose_child_ended_unseen_is_settled_from_its_result_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let progress = Progress {
+            child: Some(GONE.into()),
+            ..Default::default()
+        };
+        let (mut store, id) = one_task(dir.path(), "running", &progress);
+        let tdir = task_dir(dir.path(), &id);
+        std::fs::create_dir_all(&tdir).unwrap();
+        std::fs::write(
+            tdir.join("result.json"),
+            serde_json::to_vec(&record("r1", "exited 0", GONE)).unwrap(),
+        )
+        .unwrap();
+        let (adopted, settled) = recover(&mut store, dir.path(), "me").unwrap();
+        assert!(adopted.is_empty());
+        assert_eq!(settled, [(id.clone(), TaskState::Done)]);
+        let t = the_task(&store);
+        assert_eq!(t.state, TaskState::Done);
+        assert_eq!(t.progress.run.as_deref(), Some("r1"));
+        assert_eq!(t.progress.exit_code, Some(0));
+        // A second dispatcher finds nothing left to do.
+        let (adopted, settled) = recover(&mut store, dir.path(), "other").unwrap();
+        assert!(adopted.is_empty() && settled.is_empty());
+    }
+
+    #[test]
+    fn a_run_left_unsettled_fails_its_task_naming_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let progress = Progress {
+            child: Some(GONE.into()),
+            ..Default::default()
+        };
+        let (mut store, _) = one_task(dir.path(), "running", &progress);
+        store.runs.push(record("r2", "running", GONE));
+        recover(&mut store, dir.path(), "me").unwrap();
+        let t = the_task(&store);
+        assert_eq!(t.state, TaskState::Failed);
+        assert_eq!(t.progress.run.as_deref(), Some("r2"));
+        assert!(t.progress.reason.unwrap().contains("reconcile"));
+    }
+
+    #[test]
+    fn a_start_refused_by_a_late_freeze_waits_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = one_task(dir.path(), "running", &Progress::default());
+        let task = the_task(&store);
+        let moved = settle(&mut store, dir.path(), &task, Some(crate::exit::DENIED)).unwrap();
+        assert_eq!(moved, Some(TaskState::Queued));
+        // Any other ending without a run fails the task.
+        let (mut store, _) = one_task(dir.path(), "running", &Progress::default());
+        let task = the_task(&store);
+        let moved = settle(&mut store, dir.path(), &task, Some(crate::exit::BAD_INPUT)).unwrap();
+        assert_eq!(moved, Some(TaskState::Failed));
+    }
+
+    #[test]
+    fn a_living_child_is_adopted_and_names_its_new_dispatcher() {
+        let dir = tempfile::tempdir().unwrap();
+        let me = crate::api::process_identity();
+        let progress = Progress {
+            child: Some(me.clone()),
+            dispatcher: Some(GONE.into()),
+            ..Default::default()
+        };
+        let (mut store, id) = one_task(dir.path(), "running", &progress);
+        let (adopted, settled) = recover(&mut store, dir.path(), "new").unwrap();
+        assert!(settled.is_empty());
+        assert_eq!(adopted.get(&id), Some(&me));
+        let t = the_task(&store);
+        assert_eq!(t.state, TaskState::Running);
+        assert_eq!(t.progress.dispatcher.as_deref(), Some("new"));
+    }
+
+    fn n(m: u64, c: u64, p: u64) -> Need {
+        Need {
+            memory_bytes: m,
+            milli_cpus: c,
+            pids: p,
+        }
+    }
+
+    fn sum(v: &[Need]) -> Need {
+        v.iter().fold(n(0, 0, 0), |a, b| a.plus(*b))
+    }
+
+    #[test]
+    fn the_head_waits_rather_than_being_overtaken() {
+        let fleet = n(10, 10, 10);
+        // The second does not fit beside the first; the small third waits too.
+        assert_eq!(
+            admit(&[n(6, 1, 1), n(6, 1, 1), n(1, 1, 1)], &[], fleet, 4),
+            1
+        );
+        assert_eq!(admit(&[n(1, 1, 1); 5], &[n(1, 1, 1)], fleet, 3), 2);
+        // Alone and too big: it starts when nothing runs, never beside another.
+        assert_eq!(admit(&[n(20, 1, 1)], &[], fleet, 2), 1);
+        assert_eq!(admit(&[n(20, 1, 1)], &[n(1, 1, 1)], fleet, 2), 0);
+    }
+
+    fn need_strategy() -> impl Strategy<Value = Need> {
+        (1u64..8, 1u64..8, 1u64..8).prop_map(|(m, c, p)| n(m, c, p))
+    }
+
+    proptest! {
+        #[test]
+        fn admission_keeps_order_parallelism_and_the_fleet(
+            queued in proptest::collection::vec(need_strategy(), 0..12),
+            running in proptest::collection::vec(need_strategy(), 0..5),
+            fleet in (1u64..30, 1u64..30, 1u64..30).prop_map(|(m, c, p)| n(m, c, p)),
+            max_parallel in 1usize..6,
+        ) {
+            let k = admit(&queued, &running, fleet, max_parallel);
+            prop_assert!(k <= queued.len());
+            if k > 0 {
+                prop_assert!(running.len() + k <= max_parallel);
+                let all: Vec<Need> = running.iter().chain(&queued[..k]).copied().collect();
+                // Within the fleet, or a single task alone.
+                prop_assert!(sum(&all).within(fleet) || (running.is_empty() && k == 1));
+            }
+            // Maximal: the next one in order would break a rule.
+            if k < queued.len() && running.len() + k < max_parallel {
+                let mut all: Vec<Need> = running.iter().chain(&queued[..=k]).copied().collect();
+                prop_assert!(!sum(&all).within(fleet) && !all.is_empty());
+                all.clear();
+            }
+        }
+    }
+
+    fn spec(repo: &Path) -> TaskSpec {
+        TaskSpec {
+            repo: repo.to_path_buf(),
+            base_ref: "HEAD".into(),
+            image: None,
+            task: None,
+            task_file: None,
+            memory: None,
+            cpus: None,
+            pids: None,
+            timeout: None,
+            max_output: None,
+            max_worktree: None,
+            max_files: None,
+            command: vec!["true".into()],
+        }
+    }
+
+    #[test]
+    fn a_queued_task_is_cancelled_once_and_a_started_one_never() {
+        let dir = tempfile::tempdir().unwrap();
+        // The real store: its compare-and-set is what makes this hold.
+        let mut store =
+            crate::store::Store::open(crate::store::StatePaths::new(dir.path().join("s"))).unwrap();
+        let config = crate::config::Config::default();
+        let ids = enqueue(&mut store, &config, &[spec(dir.path()), spec(dir.path())]).unwrap();
+        cancel(&mut store, &ids[0]).unwrap();
+        let again = cancel(&mut store, &ids[0]).unwrap_err();
+        assert_eq!(again.kind, ErrorKind::Failed, "{again}");
+        // Taken by a dispatcher first: the cancel loses, the start stands.
+        assert!(store
+            .move_task(&ids[1], &["queued"], "starting", "{}")
+            .unwrap());
+        assert_eq!(
+            cancel(&mut store, &ids[1]).unwrap_err().kind,
+            ErrorKind::Failed
+        );
+        assert_eq!(
+            cancel(&mut store, "task-nope").unwrap_err().kind,
+            ErrorKind::NotFound
+        );
+        let states: Vec<TaskState> = list(&store).unwrap().iter().map(|t| t.state).collect();
+        assert_eq!(states, [TaskState::Cancelled, TaskState::Starting]);
+    }
+
+    #[test]
+    fn enqueue_is_all_or_none_and_names_the_bad_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MemStore::new(dir.path());
+        let config = crate::config::Config::default();
+        let mut broken = spec(dir.path());
+        broken.memory = Some("lots".into());
+        let e = enqueue(&mut store, &config, &[spec(dir.path()), broken]).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::BadInput);
+        assert!(e.message.starts_with("task 2: memory:"), "{e}");
+        assert!(list(&store).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_tasks_file_names_the_line_and_refuses_unknown_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("tasks.toml");
+        std::fs::write(&f, "[[task]]\nrepo = \".\"\ncommand = [\"true\"]\n\n[[task]]\nrepo = \".\"\nmemroy = \"1g\"\ncommand = [\"true\"]\n").unwrap();
+        let e = read_task_file(&f).unwrap_err();
+        assert!(e.message.contains("line 7"), "{e}");
+        assert!(e.message.contains("memroy"), "{e}");
+        std::fs::write(
+            &f,
+            "[[task]]\nrepo = \"sub\"\ntask_file = \"t.txt\"\ncommand = [\"true\"]\n",
+        )
+        .unwrap();
+        let t = read_task_file(&f).unwrap();
+        assert_eq!(t[0].repo, dir.path().join("sub"));
+        assert_eq!(
+            t[0].task_file.as_deref(),
+            Some(dir.path().join("t.txt").as_path())
+        );
+    }
+
+    #[test]
+    fn the_example_tasks_file_parses() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/tasks.example.toml");
+        let tasks = read_task_file(&path).unwrap();
+        assert!(!tasks.is_empty());
+    }
+}

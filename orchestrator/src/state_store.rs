@@ -1,0 +1,352 @@
+//! The state store as the core sees it: a narrow trait owned by the core,
+//! implemented by the SQLite store (`store.rs`) and by [`fake::MemStore`], a
+//! hand-written in-memory fake for unit tests of the door's gate
+//! (`acts::handle`) and the run queue's adapter (`run_queue`).
+//!
+//! Invariants every implementation keeps (the fake too, so tests of the
+//! core mean something):
+//! - `append` seals each audit entry after the one before it (one chain);
+//!   an error means nothing was appended.
+//! - `put_act` stores the act and appends its event together or not at all;
+//!   `transition_act` moves an act only from the state it names (true when
+//!   it moved), with its event, together or not at all.
+//! - `move_task` is a compare-and-set: a task moves only from one of the
+//!   states named, so no move happens twice.
+//!
+//! A PostgreSQL store implements this trait without touching the core.
+
+use std::path::Path;
+
+use orchestrator_audit::Entry;
+
+use crate::audit_log::Event;
+use crate::store::{RunRecord, StoreError, StoredTask};
+
+/// An act as stored: the act, its queue state, its content.
+pub type StoredAct = (serde_json::Value, serde_json::Value, Option<Vec<u8>>);
+
+/// What the door's gate, the act queue and the run queue need of the state.
+pub trait StateStore {
+    /// The state directory: rule files, destinations, scratch space.
+    fn root(&self) -> &Path;
+    /// Appends one audit entry.
+    fn append(
+        &mut self,
+        run: Option<&str>,
+        event: &Event,
+        checkpoint: bool,
+    ) -> Result<Entry, StoreError>;
+    /// The stored policy rows, oldest first.
+    fn policy_rows(&self) -> Result<Vec<serde_json::Value>, StoreError>;
+    /// How many acts `run` has requested.
+    fn count_acts(&self, run: &str) -> Result<u64, StoreError>;
+    /// Stores a new act with its audit event.
+    fn put_act(
+        &mut self,
+        id: &str,
+        run: &str,
+        act: &serde_json::Value,
+        state: &serde_json::Value,
+        content: Option<&[u8]>,
+        event: &Event,
+    ) -> Result<(), StoreError>;
+    /// Acts (one, or all) oldest first.
+    fn acts(&self, id: Option<&str>) -> Result<Vec<StoredAct>, StoreError>;
+    /// Moves an act from `from` to `to` with its audit event.
+    fn transition_act(
+        &mut self,
+        id: &str,
+        run: &str,
+        from: &serde_json::Value,
+        to: &serde_json::Value,
+        event: &Event,
+    ) -> Result<bool, StoreError>;
+    /// Every run, oldest first.
+    fn runs(&self) -> Result<Vec<RunRecord>, StoreError>;
+    /// Adds tasks `(id, spec)` in order, all or none.
+    fn insert_tasks(&mut self, tasks: &[(String, String)], state: &str) -> Result<(), StoreError>;
+    /// Every task, in the queue's order.
+    fn tasks(&self) -> Result<Vec<StoredTask>, StoreError>;
+    /// Compare-and-set of a task's state.
+    fn move_task(
+        &mut self,
+        id: &str,
+        from: &[&str],
+        to: &str,
+        progress: &str,
+    ) -> Result<bool, StoreError>;
+}
+
+impl StateStore for crate::store::Store {
+    fn root(&self) -> &Path {
+        &self.paths().root
+    }
+    fn append(
+        &mut self,
+        run: Option<&str>,
+        event: &Event,
+        checkpoint: bool,
+    ) -> Result<Entry, StoreError> {
+        crate::store::Store::append(self, run, event, checkpoint)
+    }
+    fn policy_rows(&self) -> Result<Vec<serde_json::Value>, StoreError> {
+        crate::store::Store::policy_rows(self)
+    }
+    fn count_acts(&self, run: &str) -> Result<u64, StoreError> {
+        crate::store::Store::count_acts(self, run)
+    }
+    fn put_act(
+        &mut self,
+        id: &str,
+        run: &str,
+        act: &serde_json::Value,
+        state: &serde_json::Value,
+        content: Option<&[u8]>,
+        event: &Event,
+    ) -> Result<(), StoreError> {
+        crate::store::Store::put_act(self, id, run, act, state, content, event)
+    }
+    fn acts(&self, id: Option<&str>) -> Result<Vec<StoredAct>, StoreError> {
+        crate::store::Store::acts(self, id)
+    }
+    fn transition_act(
+        &mut self,
+        id: &str,
+        run: &str,
+        from: &serde_json::Value,
+        to: &serde_json::Value,
+        event: &Event,
+    ) -> Result<bool, StoreError> {
+        crate::store::Store::transition_act(self, id, run, from, to, event)
+    }
+    fn runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+        crate::store::Store::runs(self)
+    }
+    fn insert_tasks(&mut self, tasks: &[(String, String)], state: &str) -> Result<(), StoreError> {
+        crate::store::Store::insert_tasks(self, tasks, state)
+    }
+    fn tasks(&self) -> Result<Vec<StoredTask>, StoreError> {
+        crate::store::Store::tasks(self)
+    }
+    fn move_task(
+        &mut self,
+        id: &str,
+        from: &[&str],
+        to: &str,
+        progress: &str,
+    ) -> Result<bool, StoreError> {
+        crate::store::Store::move_task(self, id, from, to, progress)
+    }
+}
+
+pub mod fake {
+    //! An in-memory [`StateStore`] for unit tests: everything in vectors,
+    //! the audit chain sealed as the real store seals it, and switches that
+    //! make a write fail, to test what the core does then.
+
+    use std::path::{Path, PathBuf};
+
+    use orchestrator_audit::{Entry, LogId};
+
+    use super::{StateStore, StoredAct};
+    use crate::audit_log::Event;
+    use crate::store::{RunRecord, StoreError, StoredTask};
+
+    /// (id, run, act, state, content)
+    pub type FakeAct = (
+        String,
+        String,
+        serde_json::Value,
+        serde_json::Value,
+        Option<Vec<u8>>,
+    );
+
+    #[derive(Debug)]
+    pub struct MemStore {
+        pub root: PathBuf,
+        pub log: LogId,
+        pub audit: Vec<Entry>,
+        pub policy_rows: Vec<serde_json::Value>,
+        pub acts: Vec<FakeAct>,
+        pub runs: Vec<RunRecord>,
+        pub tasks: Vec<StoredTask>,
+        /// When true, every audit append of its own fails (`append`; an
+        /// act's writes with their event still succeed).
+        pub fail_appends: bool,
+        /// When true, counting acts fails.
+        pub fail_counts: bool,
+    }
+
+    impl MemStore {
+        /// An empty state whose files (rules, destinations) live in `root`.
+        pub fn new(root: &Path) -> Self {
+            Self {
+                root: root.to_path_buf(),
+                log: LogId("fake".into()),
+                audit: Vec::new(),
+                policy_rows: Vec::new(),
+                acts: Vec::new(),
+                runs: Vec::new(),
+                tasks: Vec::new(),
+                fail_appends: false,
+                fail_counts: false,
+            }
+        }
+
+        /// The kinds of the audit entries, in order.
+        pub fn kinds(&self) -> Vec<&str> {
+            self.audit.iter().map(|e| e.kind.as_str()).collect()
+        }
+
+        fn seal(&self, run: Option<&str>, event: &Event) -> Result<Entry, StoreError> {
+            let (kind, body) = event.kind_and_body();
+            let body = match body {
+                serde_json::Value::Object(map) => map,
+                other => serde_json::Map::from_iter([("value".to_string(), other)]),
+            };
+            orchestrator_audit::seal(
+                &self.log,
+                self.audit.last(),
+                &crate::store::now_rfc3339(),
+                &kind,
+                run,
+                body,
+            )
+            .map_err(|e| StoreError::BadEntry {
+                seq: self.audit.len() as i64 + 1,
+                message: e.to_string(),
+            })
+        }
+    }
+
+    impl StateStore for MemStore {
+        fn root(&self) -> &Path {
+            &self.root
+        }
+        fn append(
+            &mut self,
+            run: Option<&str>,
+            event: &Event,
+            _checkpoint: bool,
+        ) -> Result<Entry, StoreError> {
+            if self.fail_appends {
+                return Err(StoreError::BadEntry {
+                    seq: self.audit.len() as i64 + 1,
+                    message: "the fake store refuses this append".into(),
+                });
+            }
+            let entry = self.seal(run, event)?;
+            self.audit.push(entry.clone());
+            Ok(entry)
+        }
+        fn policy_rows(&self) -> Result<Vec<serde_json::Value>, StoreError> {
+            Ok(self.policy_rows.clone())
+        }
+        fn count_acts(&self, run: &str) -> Result<u64, StoreError> {
+            if self.fail_counts {
+                return Err(StoreError::BadEntry {
+                    seq: 0,
+                    message: "the fake store cannot count".into(),
+                });
+            }
+            Ok(self.acts.iter().filter(|a| a.1 == run).count() as u64)
+        }
+        fn put_act(
+            &mut self,
+            id: &str,
+            run: &str,
+            act: &serde_json::Value,
+            state: &serde_json::Value,
+            content: Option<&[u8]>,
+            event: &Event,
+        ) -> Result<(), StoreError> {
+            let entry = self.seal(Some(run), event)?;
+            self.audit.push(entry);
+            self.acts.push((
+                id.into(),
+                run.into(),
+                act.clone(),
+                state.clone(),
+                content.map(<[u8]>::to_vec),
+            ));
+            Ok(())
+        }
+        fn acts(&self, id: Option<&str>) -> Result<Vec<StoredAct>, StoreError> {
+            Ok(self
+                .acts
+                .iter()
+                .filter(|a| id.is_none_or(|id| a.0 == id))
+                .map(|a| (a.2.clone(), a.3.clone(), a.4.clone()))
+                .collect())
+        }
+        fn transition_act(
+            &mut self,
+            id: &str,
+            run: &str,
+            from: &serde_json::Value,
+            to: &serde_json::Value,
+            event: &Event,
+        ) -> Result<bool, StoreError> {
+            let Some(i) = self.acts.iter().position(|a| a.0 == id && &a.3 == from) else {
+                return Ok(false);
+            };
+            let entry = self.seal(Some(run), event)?;
+            self.audit.push(entry);
+            self.acts[i].3 = to.clone();
+            Ok(true)
+        }
+        fn runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+            Ok(self.runs.clone())
+        }
+        fn insert_tasks(
+            &mut self,
+            tasks: &[(String, String)],
+            state: &str,
+        ) -> Result<(), StoreError> {
+            let now = crate::store::now_rfc3339();
+            for (id, _) in tasks {
+                if self.tasks.iter().any(|t| &t.id == id) {
+                    return Err(StoreError::BadEntry {
+                        seq: 0,
+                        message: format!("task {id} exists"),
+                    });
+                }
+            }
+            for (id, spec) in tasks {
+                let seq = self.tasks.last().map(|t| t.seq + 1).unwrap_or(1);
+                self.tasks.push(StoredTask {
+                    seq,
+                    id: id.clone(),
+                    state: state.into(),
+                    spec: spec.clone(),
+                    progress: "{}".into(),
+                    created_at: now.clone(),
+                    updated_at: now.clone(),
+                });
+            }
+            Ok(())
+        }
+        fn tasks(&self) -> Result<Vec<StoredTask>, StoreError> {
+            Ok(self.tasks.clone())
+        }
+        fn move_task(
+            &mut self,
+            id: &str,
+            from: &[&str],
+            to: &str,
+            progress: &str,
+        ) -> Result<bool, StoreError> {
+            let Some(t) = self
+                .tasks
+                .iter_mut()
+                .find(|t| t.id == id && from.contains(&t.state.as_str()))
+            else {
+                return Ok(false);
+            };
+            t.state = to.into();
+            t.progress = progress.into();
+            t.updated_at = crate::store::now_rfc3339();
+            Ok(true)
+        }
+    }
+}
