@@ -30,6 +30,9 @@ ensure_packages() {
   local missing=()
   command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
   command -v git >/dev/null 2>&1 || missing+=(git)
+  # The dashboard's browser tests drive a real headless Chromium.
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}" >&2
     apt_install "${missing[@]}"

@@ -19,6 +19,7 @@ pub mod owner;
 pub mod policy;
 pub mod run;
 pub mod sandbox;
+pub mod serve;
 pub mod store;
 pub mod terminal;
 
