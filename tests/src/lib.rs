@@ -255,5 +255,6 @@ pub fn wait_for_file(path: &Path) {
     }
 }
 
+pub mod browser;
 pub mod loopback;
 pub mod morning;

@@ -347,8 +347,10 @@ async fn gate(State(app): State<App>, req: Request, next: Next) -> Response {
         sec_fetch_site: header_text("sec-fetch-site"),
     };
     let checked = match &session {
-        // Logging in has no session yet: the browser's word on the origin
-        // (and SameSite cookies) stand in for the token.
+        // Logging in has no session (or one about to be replaced): the
+        // browser's word on the origin (and SameSite cookies) stand in for
+        // the token.
+        _ if path == "/api/v1/login" => guard::same_origin(&provenance),
         None => guard::same_origin(&provenance),
         Some(s) => {
             let presented = header_text("x-csrf-token").or_else(|| params.get("csrf"));
