@@ -90,6 +90,8 @@ pub struct Diff {
     pub stat: Option<(u64, u64, u64)>,
     /// The patch as bytes (the page escapes it), cut at [`SHOWN_BYTES`].
     pub patch: Vec<u8>,
+    /// The commits from the base, one `commit ID` line and the subject each.
+    pub log: Vec<u8>,
     pub truncated: bool,
     pub error: Option<String>,
 }
@@ -196,9 +198,15 @@ fn compute_diff(repo: &str, from: &str, to: &str) -> Diff {
         .map(|o| o.stdout)
         .unwrap_or_default();
     let truncated = patch.len() > SHOWN_BYTES;
+    let log = host_git(repo)
+        .args(["log", "--no-decorate", "--no-color", "--format=commit %H%n    %s", &format!("{from}..{to}")])
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
     Diff {
         files,
         stat,
+        log: log[..log.len().min(SHOWN_BYTES)].to_vec(),
         patch: patch[..patch.len().min(SHOWN_BYTES)].to_vec(),
         truncated,
         error: None,

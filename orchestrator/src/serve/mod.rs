@@ -478,7 +478,8 @@ fn router(app: App) -> Router {
         .layer(header("content-security-policy", CSP))
         .layer(header("x-content-type-options", "nosniff"))
         .layer(header("x-frame-options", "DENY"))
-        .layer(header("referrer-policy", "no-referrer"))
+        // `no-referrer` would make browsers send `Origin: null` on form posts.
+        .layer(header("referrer-policy", "same-origin"))
         .layer(header("cache-control", "no-store"))
         .layer(header("cross-origin-opener-policy", "same-origin"))
         .layer(header("cross-origin-resource-policy", "same-origin"))

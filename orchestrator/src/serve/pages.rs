@@ -190,6 +190,7 @@ fn diff_block(d: &Diff) -> Markup {
     html! {
         @if let Some(e) = &d.error { p.error { (v(e)) } }
         @else {
+            @if !d.log.is_empty() { pre.log { (vb(&d.log)) } }
             @if let Some((f, i, del)) = d.stat { p.stat { (f) " files changed, +" (i) " -" (del) } }
             ul.files {
                 @for f in &d.files {
