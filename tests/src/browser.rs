@@ -18,7 +18,10 @@ pub const VIEWER_PASSWORD: &str = "viewer password of the test";
 
 /// Adds the test's owner and viewer accounts to `state`.
 pub fn add_accounts(state: &State) {
-    for (name, role, pw) in [(OWNER, "owner", OWNER_PASSWORD), (VIEWER, "viewer", VIEWER_PASSWORD)] {
+    for (name, role, pw) in [
+        (OWNER, "owner", OWNER_PASSWORD),
+        (VIEWER, "viewer", VIEWER_PASSWORD),
+    ] {
         let mut child = state
             .cmd()
             .args(["users", "add", name, "--role", role])
@@ -27,7 +30,12 @@ pub fn add_accounts(state: &State) {
             .stderr(Stdio::piped())
             .spawn()
             .expect("nightshift users add");
-        child.stdin.take().unwrap().write_all(pw.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(pw.as_bytes())
+            .unwrap();
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "users add: {}", crate::stderr(&out));
     }
@@ -107,8 +115,7 @@ impl Response {
     }
 
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 
     /// The session cookie's `name=value`, if one was set.
@@ -171,7 +178,10 @@ impl Client {
             serve.addr,
             "POST",
             "/api/v1/login",
-            &[("Host", &serve.host()), ("Content-Type", "application/json")],
+            &[
+                ("Host", &serve.host()),
+                ("Content-Type", "application/json"),
+            ],
             &body,
         );
         assert_eq!(r.status, 200, "login as {name}: {}", r.body);
@@ -188,7 +198,11 @@ impl Client {
             self.addr,
             "GET",
             path,
-            &[("Host", &host), ("Cookie", &self.cookie), ("Accept", "application/json")],
+            &[
+                ("Host", &host),
+                ("Cookie", &self.cookie),
+                ("Accept", "application/json"),
+            ],
             "",
         )
     }
@@ -233,7 +247,10 @@ impl Driver {
             .expect("chromedriver (Debian's chromium-driver; scripts/lib.sh installs it)");
         let started = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(started.elapsed() < Duration::from_secs(30), "chromedriver did not start");
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "chromedriver did not start"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Driver { child, port }
@@ -250,13 +267,11 @@ impl Driver {
                          "--window-size=1400,1000", "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>;127.0.0.1"],
             }),
         );
-        fantoccini::ClientBuilder::new(
-            hyper_util::client::legacy::connect::HttpConnector::new(),
-        )
-        .capabilities(caps)
-        .connect(&format!("http://127.0.0.1:{}", self.port))
-        .await
-        .expect("a WebDriver session")
+        fantoccini::ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&format!("http://127.0.0.1:{}", self.port))
+            .await
+            .expect("a WebDriver session")
     }
 }
 

@@ -23,9 +23,18 @@ fn setup() -> (State, Serve) {
 fn changing() -> Vec<(&'static str, serde_json::Value)> {
     vec![
         ("/api/v1/acts/approve", json!({"act": ["01ACT"]})),
-        ("/api/v1/acts/reject", json!({"act": ["01ACT"], "why": "no"})),
-        ("/api/v1/acts/approve-commit", json!({"commit": "0123456789012345678901234567890123456789"})),
-        ("/api/v1/kill", json!({"confirm": "yes", "why": "test", "freeze": "true"})),
+        (
+            "/api/v1/acts/reject",
+            json!({"act": ["01ACT"], "why": "no"}),
+        ),
+        (
+            "/api/v1/acts/approve-commit",
+            json!({"commit": "0123456789012345678901234567890123456789"}),
+        ),
+        (
+            "/api/v1/kill",
+            json!({"confirm": "yes", "why": "test", "freeze": "true"}),
+        ),
         ("/api/v1/freeze", json!({"why": "from a forged request"})),
         ("/api/v1/thaw", json!({})),
         ("/api/v1/policy/ratify", json!({"proposal": "p"})),
@@ -47,7 +56,8 @@ fn every_state_changing_endpoint_refuses_without_session_owner_or_token() {
     for (path, body) in changing() {
         let body = body.to_string();
         let send = |extra: &[(&str, &str)]| {
-            let mut h: Vec<(&str, &str)> = vec![("Host", &host), ("Content-Type", "application/json")];
+            let mut h: Vec<(&str, &str)> =
+                vec![("Host", &host), ("Content-Type", "application/json")];
             h.extend_from_slice(extra);
             request(serve.addr, "POST", path, &h, &body)
         };
@@ -59,7 +69,11 @@ fn every_state_changing_endpoint_refuses_without_session_owner_or_token() {
         assert_eq!(r.status, 403, "{path} without a token: {}", r.body);
         assert!(r.body.contains("CSRF"), "{}", r.body);
         let r = send(&[("Cookie", &owner.cookie), ("X-CSRF-Token", &viewer.csrf)]);
-        assert_eq!(r.status, 403, "{path} with another session's token: {}", r.body);
+        assert_eq!(
+            r.status, 403,
+            "{path} with another session's token: {}",
+            r.body
+        );
         let r = send(&[
             ("Cookie", &owner.cookie),
             ("X-CSRF-Token", &owner.csrf),
@@ -87,7 +101,10 @@ fn every_state_changing_endpoint_refuses_without_session_owner_or_token() {
         assert_eq!(r.status, 403, "{path} with a wrong form token: {}", r.body);
     }
     // Nothing of it happened.
-    assert!(frozen(&state).is_null(), "a refused request froze nightshift");
+    assert!(
+        frozen(&state).is_null(),
+        "a refused request froze nightshift"
+    );
     // And the owner, with the token, from this origin, can: freeze and thaw.
     let r = owner.post("/api/v1/freeze", &json!({"why": "owner's freeze"}));
     assert_eq!(r.status, 200, "{}", r.body);
@@ -157,11 +174,22 @@ fn unauthenticated_visits_go_to_the_login_page() {
     let (_state, serve) = setup();
     let host = serve.host();
     for path in ["/", "/runs", "/queue", "/policy", "/stop", "/runs/01X"] {
-        let r = request(serve.addr, "GET", path, &[("Host", &host), ("Accept", "text/html")], "");
+        let r = request(
+            serve.addr,
+            "GET",
+            path,
+            &[("Host", &host), ("Accept", "text/html")],
+            "",
+        );
         assert_eq!(r.status, 303, "{path}");
         assert_eq!(r.header("location"), Some("/login"), "{path}");
     }
-    for path in ["/api/v1/runs", "/api/v1/queue", "/api/v1/morning", "/api/v1/session"] {
+    for path in [
+        "/api/v1/runs",
+        "/api/v1/queue",
+        "/api/v1/morning",
+        "/api/v1/session",
+    ] {
         let r = request(serve.addr, "GET", path, &[("Host", &host)], "");
         assert_eq!(r.status, 401, "{path}: {}", r.body);
     }
@@ -170,7 +198,10 @@ fn unauthenticated_visits_go_to_the_login_page() {
         serve.addr,
         "GET",
         "/api/v1/runs",
-        &[("Host", &host), ("Cookie", &format!("nightshift_session={}", "a".repeat(64)))],
+        &[
+            ("Host", &host),
+            ("Cookie", &format!("nightshift_session={}", "a".repeat(64))),
+        ],
         "",
     );
     assert_eq!(r.status, 401);
@@ -198,14 +229,24 @@ fn sessions_are_strict_cookies_rotated_at_login_and_ended_at_logout() {
         serve.addr,
         "POST",
         "/api/v1/login",
-        &[("Host", &host), ("Content-Type", "application/json"), ("Cookie", &old)],
+        &[
+            ("Host", &host),
+            ("Content-Type", "application/json"),
+            ("Cookie", &old),
+        ],
         &body,
     );
     assert_eq!(second.status, 200, "{}", second.body);
     let new = second.session_cookie().unwrap();
     assert_ne!(old, new);
     let with = |cookie: &str| {
-        request(serve.addr, "GET", "/api/v1/session", &[("Host", &host), ("Cookie", cookie)], "")
+        request(
+            serve.addr,
+            "GET",
+            "/api/v1/session",
+            &[("Host", &host), ("Cookie", cookie)],
+            "",
+        )
     };
     assert_eq!(with(&old).status, 401, "the old session survived the login");
     assert_eq!(with(&new).status, 200);
@@ -215,7 +256,12 @@ fn sessions_are_strict_cookies_rotated_at_login_and_ended_at_logout() {
         serve.addr,
         "POST",
         "/api/v1/logout",
-        &[("Host", &host), ("Cookie", &new), ("X-CSRF-Token", &csrf), ("Content-Type", "application/json")],
+        &[
+            ("Host", &host),
+            ("Cookie", &new),
+            ("X-CSRF-Token", &csrf),
+            ("Content-Type", "application/json"),
+        ],
         "{}",
     );
     assert_eq!(out.status, 200, "{}", out.body);
@@ -246,8 +292,14 @@ fn logins_are_rate_limited() {
         );
         statuses.push(r.status);
     }
-    assert!(statuses.iter().all(|s| *s == 401 || *s == 429), "{statuses:?}");
-    assert!(statuses.contains(&429), "12 wrong logins in a row were never limited: {statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 401 || *s == 429),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.contains(&429),
+        "12 wrong logins in a row were never limited: {statuses:?}"
+    );
     // While limited, even the right password does not get in.
     let r = request(
         serve.addr,
@@ -266,11 +318,16 @@ fn every_response_carries_a_strict_content_security_policy() {
     let owner = Client::login(&serve, OWNER, OWNER_PASSWORD);
     for path in ["/login", "/", "/queue", "/api/v1/runs", "/nowhere"] {
         let r = owner.get(path);
-        let csp = r.header("content-security-policy").unwrap_or_else(|| panic!("{path}: no CSP"));
+        let csp = r
+            .header("content-security-policy")
+            .unwrap_or_else(|| panic!("{path}: no CSP"));
         assert!(csp.contains("default-src 'none'"), "{csp}");
         assert!(csp.contains("script-src 'self'"), "{csp}");
         assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
-        assert!(!csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"), "{csp}");
+        assert!(
+            !csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"),
+            "{csp}"
+        );
         assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
     }
 }
@@ -280,7 +337,11 @@ fn plain_http_off_loopback_is_refused_and_passwords_come_from_stdin() {
     let state = State::new();
     let out = state.run(&["serve", "--bind", "0.0.0.0:0"]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("not a loopback address"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a loopback address"),
+        "{}",
+        stderr(&out)
+    );
     // No password argument exists.
     let out = state.run(&["users", "add", "x", "--role", "owner", "--password", "p"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));

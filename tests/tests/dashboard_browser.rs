@@ -32,9 +32,12 @@ true
 "#;
 
 async fn pwned(c: &Client) -> serde_json::Value {
-    c.execute("return typeof window.__pwned === 'undefined' ? null : window.__pwned;", vec![])
-        .await
-        .unwrap()
+    c.execute(
+        "return typeof window.__pwned === 'undefined' ? null : window.__pwned;",
+        vec![],
+    )
+    .await
+    .unwrap()
 }
 
 /// Every resource the page loaded came from the dashboard itself.
@@ -130,7 +133,11 @@ async fn the_morning_review_in_a_real_browser() {
         two_acts[1]["act"]["id"].as_str().unwrap().to_string(),
     );
     let single_commit = commit_of(&two_acts[0]);
-    assert_eq!(acts_of(&m, &hostile).len(), 2, "the hostile run's push and message are queued");
+    assert_eq!(
+        acts_of(&m, &hostile).len(),
+        2,
+        "the hostile run's push and message are queued"
+    );
 
     add_accounts(&m.state);
     let serve = Serve::start(&m.state, &["--owner-key-file", m.key.to_str().unwrap()]);
@@ -141,10 +148,30 @@ async fn the_morning_review_in_a_real_browser() {
     // Not logged in: the login page.
     c.goto(&serve.url("/queue")).await.unwrap();
     assert!(c.current_url().await.unwrap().as_str().ends_with("/login"));
-    c.find(Locator::Id("name")).await.unwrap().send_keys(OWNER).await.unwrap();
-    c.find(Locator::Id("password")).await.unwrap().send_keys(OWNER_PASSWORD).await.unwrap();
-    c.find(Locator::Id("login-submit")).await.unwrap().click().await.unwrap();
-    if c.wait().at_most(Duration::from_secs(30)).for_element(Locator::Css("section#runs")).await.is_err() {
+    c.find(Locator::Id("name"))
+        .await
+        .unwrap()
+        .send_keys(OWNER)
+        .await
+        .unwrap();
+    c.find(Locator::Id("password"))
+        .await
+        .unwrap()
+        .send_keys(OWNER_PASSWORD)
+        .await
+        .unwrap();
+    c.find(Locator::Id("login-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    if c.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("section#runs"))
+        .await
+        .is_err()
+    {
         panic!(
             "no Morning page after logging in: {} {}",
             c.current_url().await.unwrap(),
@@ -156,25 +183,62 @@ async fn the_morning_review_in_a_real_browser() {
     let morning = text_of(&c, "main").await;
     assert!(morning.contains("finished: 3"), "{morning}");
     assert!(text_of(&c, "#chain").await.contains("verified"));
-    assert_eq!(pwned(&c).await, serde_json::Value::Null, "a payload ran on Morning");
+    assert_eq!(
+        pwned(&c).await,
+        serde_json::Value::Null,
+        "a payload ran on Morning"
+    );
     screenshot(&c, "morning.png").await;
 
     // The hostile run: its diff, commit message, file names and output literally.
-    c.goto(&serve.url(&format!("/runs/{hostile}"))).await.unwrap();
+    c.goto(&serve.url(&format!("/runs/{hostile}")))
+        .await
+        .unwrap();
     let changes = text_of(&c, "#changes").await;
-    assert!(changes.contains("<script>window.__pwned=1</script>"), "{changes}");
-    assert!(changes.contains("<img src=x onerror=window.__pwned=2>.txt"), "{changes}");
-    assert!(changes.contains("\\u{202e}gnp.exe"), "the bidi override is not shown visibly: {changes}");
-    assert!(!changes.contains('\u{202e}'), "a raw bidi override reached the page");
-    assert!(!changes.contains('\u{1b}'), "a raw terminal escape reached the page");
-    assert!(changes.contains("RUNS ON THE HOST"), "the workflow file is not flagged: {changes}");
+    assert!(
+        changes.contains("<script>window.__pwned=1</script>"),
+        "{changes}"
+    );
+    assert!(
+        changes.contains("<img src=x onerror=window.__pwned=2>.txt"),
+        "{changes}"
+    );
+    assert!(
+        changes.contains("\\u{202e}gnp.exe"),
+        "the bidi override is not shown visibly: {changes}"
+    );
+    assert!(
+        !changes.contains('\u{202e}'),
+        "a raw bidi override reached the page"
+    );
+    assert!(
+        !changes.contains('\u{1b}'),
+        "a raw terminal escape reached the page"
+    );
+    assert!(
+        changes.contains("RUNS ON THE HOST"),
+        "the workflow file is not flagged: {changes}"
+    );
     let output = text_of(&c, "#live-output").await;
-    assert!(output.contains("<script>window.__pwned=3</script>"), "{output}");
-    assert!(output.contains("\\x1b[31m") || output.contains("\\u{1b}[31m"), "{output}");
-    assert_eq!(pwned(&c).await, serde_json::Value::Null, "a payload ran on Run");
+    assert!(
+        output.contains("<script>window.__pwned=3</script>"),
+        "{output}"
+    );
+    assert!(
+        output.contains("\\x1b[31m") || output.contains("\\u{1b}[31m"),
+        "{output}"
+    );
+    assert_eq!(
+        pwned(&c).await,
+        serde_json::Value::Null,
+        "a payload ran on Run"
+    );
     // No link anywhere points where an agent said.
     let hrefs = c
-        .execute("return [...document.querySelectorAll('a')].map(a => a.getAttribute('href'));", vec![])
+        .execute(
+            "return [...document.querySelectorAll('a')].map(a => a.getAttribute('href'));",
+            vec![],
+        )
         .await
         .unwrap();
     for h in hrefs.as_array().unwrap() {
@@ -186,43 +250,65 @@ async fn the_morning_review_in_a_real_browser() {
     // The finished run with an ordinary diff.
     c.goto(&serve.url(&format!("/runs/{two}"))).await.unwrap();
     let changes = text_of(&c, "#changes").await;
-    assert!(changes.contains("a.txt") && changes.contains("b.txt") && changes.contains("+a"), "{changes}");
+    assert!(
+        changes.contains("a.txt") && changes.contains("b.txt") && changes.contains("+a"),
+        "{changes}"
+    );
 
     // Queue: everything on one page; the hostile act body as text.
     c.goto(&serve.url("/queue")).await.unwrap();
     let queue = text_of(&c, "main").await;
-    assert!(queue.contains("<script>window.__pwned=5</script>"), "{queue}");
-    assert!(queue.contains("agent/\"><svg/onload=window.__pwned=4>"), "{queue}");
+    assert!(
+        queue.contains("<script>window.__pwned=5</script>"),
+        "{queue}"
+    );
+    assert!(
+        queue.contains("agent/\"><svg/onload=window.__pwned=4>"),
+        "{queue}"
+    );
     assert!(queue.contains("changes files the host may run"), "{queue}");
-    assert_eq!(pwned(&c).await, serde_json::Value::Null, "a payload ran on Queue");
+    assert_eq!(
+        pwned(&c).await,
+        serde_json::Value::Null,
+        "a payload ran on Queue"
+    );
     let elsewhere = fetched_elsewhere(&c, &origin).await;
-    assert!(elsewhere.is_empty(), "fetched from elsewhere: {elsewhere:?}");
+    assert!(
+        elsewhere.is_empty(),
+        "fetched from elsewhere: {elsewhere:?}"
+    );
     screenshot(&c, "queue.png").await;
 
     // Approve one act: carried out against the loopback git server, shown without a reload.
     c.execute("window.__same_page = 1;", vec![]).await.unwrap();
-    c.find(Locator::Css(&format!(".act[data-act=\"{single}\"] button.approve")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    c.find(Locator::Css(&format!(
+        ".act[data-act=\"{single}\"] button.approve"
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
     wait_state(&c, &single, "done").await;
     assert_eq!(m.remote_ref("refs/heads/agent/single"), Some(single_commit));
 
     // Reject one with a reason.
-    c.find(Locator::Css(&format!(".act[data-act=\"{reject}\"] input.why")))
-        .await
-        .unwrap()
-        .send_keys("not this one: b.txt is wrong")
-        .await
-        .unwrap();
-    c.find(Locator::Css(&format!(".act[data-act=\"{reject}\"] button.reject")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    c.find(Locator::Css(&format!(
+        ".act[data-act=\"{reject}\"] input.why"
+    )))
+    .await
+    .unwrap()
+    .send_keys("not this one: b.txt is wrong")
+    .await
+    .unwrap();
+    c.find(Locator::Css(&format!(
+        ".act[data-act=\"{reject}\"] button.reject"
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
     wait_state(&c, &reject, "rejected").await;
     assert_eq!(
         m.act(&reject)["state"]["why"],
@@ -232,36 +318,74 @@ async fn the_morning_review_in_a_real_browser() {
     assert_eq!(m.remote_ref("refs/heads/agent/reject"), None);
 
     // One decision for one content: every act carrying the commit.
-    c.find(Locator::Css(&format!("button.approve-commit[data-commit=\"{shared_commit}\"]")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    c.find(Locator::Css(&format!(
+        "button.approve-commit[data-commit=\"{shared_commit}\"]"
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
     for a in &same_acts {
         wait_state(&c, a["act"]["id"].as_str().unwrap(), "done").await;
     }
-    assert_eq!(m.remote_ref("refs/heads/agent/one").as_deref(), Some(shared_commit.as_str()));
-    assert_eq!(m.remote_ref("refs/heads/agent/two").as_deref(), Some(shared_commit.as_str()));
-    let same_page = c.execute("return window.__same_page;", vec![]).await.unwrap();
+    assert_eq!(
+        m.remote_ref("refs/heads/agent/one").as_deref(),
+        Some(shared_commit.as_str())
+    );
+    assert_eq!(
+        m.remote_ref("refs/heads/agent/two").as_deref(),
+        Some(shared_commit.as_str())
+    );
+    let same_page = c
+        .execute("return window.__same_page;", vec![])
+        .await
+        .unwrap();
     assert_eq!(same_page, 1, "the page reloaded to show the outcomes");
 
     // The kill switch, from the Stop page: a running run dies, nightshift freezes.
     let mut child = m
         .state
         .cmd()
-        .args(["run", "--repo", m.repo.path().to_str().unwrap(), "--image", &image(), "--"])
+        .args([
+            "run",
+            "--repo",
+            m.repo.path().to_str().unwrap(),
+            "--image",
+            &image(),
+            "--",
+        ])
         .args(["bash", "-c", &format!("{WAIT_AT_GATE} sleep 600")])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let running = wait_running(&m.state, &mut child, 1);
-    c.find(Locator::Css("nav a.stop")).await.unwrap().click().await.unwrap();
+    c.find(Locator::Css("nav a.stop"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     c.wait().for_element(Locator::Id("stop-why")).await.unwrap();
-    c.find(Locator::Id("stop-why")).await.unwrap().send_keys("stop everything").await.unwrap();
-    c.find(Locator::Id("stop-confirm")).await.unwrap().click().await.unwrap();
-    c.find(Locator::Id("stop-submit")).await.unwrap().click().await.unwrap();
+    c.find(Locator::Id("stop-why"))
+        .await
+        .unwrap()
+        .send_keys("stop everything")
+        .await
+        .unwrap();
+    c.find(Locator::Id("stop-confirm"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.find(Locator::Id("stop-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     c.wait().for_element(Locator::Id("frozen")).await.unwrap();
     assert!(text_of(&c, "#frozen").await.contains("stop everything"));
     let started = Instant::now();
@@ -269,7 +393,10 @@ async fn the_morning_review_in_a_real_browser() {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
         }
-        assert!(started.elapsed() < Duration::from_secs(60), "the run survived the kill switch");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the run survived the kill switch"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert!(!status.success());
@@ -282,7 +409,12 @@ async fn the_morning_review_in_a_real_browser() {
     assert!(m.state.containers().is_empty(), "a sandbox survived");
 
     // Log out: the login page, and the pages are closed again.
-    c.find(Locator::Id("logout")).await.unwrap().click().await.unwrap();
+    c.find(Locator::Id("logout"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     c.wait().for_element(Locator::Id("login")).await.unwrap();
     c.goto(&serve.url("/")).await.unwrap();
     assert!(c.current_url().await.unwrap().as_str().ends_with("/login"));

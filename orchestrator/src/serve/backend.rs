@@ -50,6 +50,9 @@ pub fn require_owner(role: Role, what: &'static str) -> Result<(), BackendError>
     }
 }
 
+/// Diffs by (repository, from, to).
+type DiffCache = HashMap<(String, String, String), Arc<Diff>>;
+
 /// The process's one connection to the state, and where the owner key is.
 #[derive(Debug, Clone)]
 pub struct Backend {
@@ -57,7 +60,7 @@ pub struct Backend {
     pub store: Arc<Mutex<Store>>,
     pub owner_key: PathBuf,
     /// Diffs by (repo, from, to): commits never change, so neither do they.
-    diffs: Arc<Mutex<HashMap<(String, String, String), Arc<Diff>>>>,
+    diffs: Arc<Mutex<DiffCache>>,
 }
 
 impl Backend {
@@ -199,7 +202,13 @@ fn compute_diff(repo: &str, from: &str, to: &str) -> Diff {
         .unwrap_or_default();
     let truncated = patch.len() > SHOWN_BYTES;
     let log = host_git(repo)
-        .args(["log", "--no-decorate", "--no-color", "--format=commit %H%n    %s", &format!("{from}..{to}")])
+        .args([
+            "log",
+            "--no-decorate",
+            "--no-color",
+            "--format=commit %H%n    %s",
+            &format!("{from}..{to}"),
+        ])
         .output()
         .map(|o| o.stdout)
         .unwrap_or_default();
@@ -251,7 +260,7 @@ pub fn chain_state(store: &Store) -> ChainState {
             ) {
                 Ok(v) => ChainState {
                     intact: true,
-                    entries: v.entries as u64,
+                    entries: v.entries,
                     head: Some(v.head.to_string()),
                     last_checkpoint,
                     error: None,
