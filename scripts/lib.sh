@@ -36,6 +36,9 @@ ensure_packages() {
   command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
   [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
   command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
+  # The dashboard's browser tests drive a real headless Chromium.
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}" >&2
     apt_install "${missing[@]}"

@@ -26,6 +26,7 @@ pub mod run_queue;
 pub mod sandbox;
 pub mod scopes;
 pub mod state_store;
+pub mod serve;
 pub mod store;
 pub mod summary;
 pub mod terminal;

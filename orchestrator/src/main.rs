@@ -186,6 +186,13 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The dashboard and the JSON API (/api/v1), in one long-running process.
+    Serve(ServeArgs),
+    /// Dashboard accounts (managed here, on the supervisor's side).
+    Users {
+        #[command(subcommand)]
+        command: UsersCommand,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -246,6 +253,39 @@ struct EnqueueArgs {
     /// The agent command and its arguments.
     #[arg(last = true, required_unless_present = "file")]
     command: Vec<String>,
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// The address to listen on; anything but loopback needs --insecure-network.
+    #[arg(long, default_value = "127.0.0.1:8470")]
+    bind: std::net::SocketAddr,
+    /// Another Host name the dashboard answers to (repeatable); others are refused.
+    #[arg(long = "allow-host")]
+    allow_hosts: Vec<String>,
+    /// Serve plain HTTP on a non-loopback address (a proxy in front provides TLS).
+    #[arg(long)]
+    insecure_network: bool,
+    /// The owner's key, used only for an owner's decisions (default: STATE/owner.key).
+    #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
+    owner_key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum UsersCommand {
+    /// Add an account (or replace its role and password); the password is read from stdin.
+    Add {
+        name: String,
+        #[arg(long, value_parser = ["owner", "viewer"])]
+        role: String,
+    },
+    /// List the accounts.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an account (its sessions end).
+    Remove { name: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -543,6 +583,8 @@ async fn dispatch(cli: Cli) -> i32 {
         Command::Tasks { command, json } => tasks_cmd(&api, command, json).await,
         Command::Destinations { json } => destinations_cmd(&root, json),
         Command::Summary { send, due, json } => summary_cmd(&root, send, due, json),
+        Command::Serve(args) => serve_cmd(&root, config.as_deref(), args).await,
+        Command::Users { command } => users_cmd(&root, command),
     };
     match result {
         Ok(code) | Err(code) => code,
@@ -2106,4 +2148,93 @@ fn summary_cmd(root: &std::path::Path, send: bool, due: bool, json: bool) -> Res
         outln!("{}", summary::render(&s).trim_end());
     }
     Ok(exit::OK)
+}
+
+/// `nightshift serve`: the dashboard and JSON API (orchestrator::serve),
+/// with one watchdog for the whole process.
+async fn serve_cmd(
+    root: &std::path::Path,
+    config_path: Option<&std::path::Path>,
+    args: ServeArgs,
+) -> Result<i32, i32> {
+    with_queue_config(root, config_path)?;
+    open_store(root)?;
+    let identity = orchestrator::run::process_identity(std::process::id())
+        .unwrap_or_else(|| format!("{}:0", std::process::id()));
+    spawn_watchdog(root, config_path, &identity);
+    let opts = orchestrator::serve::ServeOptions {
+        bind: args.bind,
+        allow_hosts: args.allow_hosts,
+        insecure_network: args.insecure_network,
+        owner_key: args
+            .owner_key_file
+            .unwrap_or_else(|| root.join("owner.key")),
+    };
+    orchestrator::serve::serve(root.to_path_buf(), opts, |addr| {
+        outln!("nightshift serve: listening on http://{addr}")
+    })
+    .await
+    .map(|()| exit::OK)
+    .map_err(|e| {
+        errln!("nightshift: {e}");
+        match e {
+            orchestrator::serve::ServeError::Bind(_) => exit::BAD_INPUT,
+            orchestrator::serve::ServeError::Store(_) => exit::STATE,
+            _ => exit::INTERNAL,
+        }
+    })
+}
+
+/// `nightshift users`: dashboard accounts; a password only ever from stdin.
+fn users_cmd(root: &std::path::Path, command: UsersCommand) -> Result<i32, i32> {
+    use orchestrator::serve::users;
+    let store = open_store(root)?;
+    match command {
+        UsersCommand::Add { name, role } => {
+            let mut password = String::new();
+            std::io::stdin()
+                .read_to_string(&mut password)
+                .map_err(|e| {
+                    errln!("nightshift: reading the password from stdin: {e}");
+                    exit::BAD_INPUT
+                })?;
+            let password = password
+                .strip_suffix('\n')
+                .map(|p| p.strip_suffix('\r').unwrap_or(p))
+                .unwrap_or(&password);
+            users::add(&store, &name, &role, password).map_err(|e| {
+                errln!("nightshift: {e}");
+                match e {
+                    users::UserError::Store(_) => exit::STATE,
+                    _ => exit::BAD_INPUT,
+                }
+            })?;
+            outln!("account {} ({role}) saved", terminal::line(&name));
+            Ok(exit::OK)
+        }
+        UsersCommand::List { json } => {
+            let list = store.users().map_err(store_err)?;
+            if json {
+                let doc: Vec<_> = list
+                    .iter()
+                    .map(|(n, r, c)| serde_json::json!({"name": n, "role": r, "created_at": c}))
+                    .collect();
+                outln!("{}", terminal::json(&doc, true));
+            } else {
+                for (n, r, c) in list {
+                    outln!("{:<24} {:<7} {}", terminal::line(&n), r, terminal::line(&c));
+                }
+            }
+            Ok(exit::OK)
+        }
+        UsersCommand::Remove { name } => {
+            if store.remove_user(&name).map_err(store_err)? {
+                outln!("account {} removed", terminal::line(&name));
+                Ok(exit::OK)
+            } else {
+                errln!("nightshift: no account named {}", terminal::line(&name));
+                Err(exit::BAD_INPUT)
+            }
+        }
+    }
 }

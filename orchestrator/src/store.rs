@@ -247,6 +247,20 @@ CREATE TABLE IF NOT EXISTS tasks (
     created_at TEXT NOT NULL,
     updated_at TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS users (
+    name TEXT PRIMARY KEY,
+    role TEXT NOT NULL,
+    phc TEXT NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    id_sha256 TEXT PRIMARY KEY,
+    user TEXT NOT NULL,
+    csrf TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS acts_created ON acts(created_at, id);
 CREATE TABLE IF NOT EXISTS policy_rows (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     at TEXT NOT NULL,
@@ -599,6 +613,162 @@ impl Store {
             out.push((parse(&act)?, parse(&state)?, content));
         }
         Ok(out)
+    }
+
+    /// One page of the acts whose state is one of `states`, oldest first,
+    /// and how many there are in all: (act, state, content) as [`Self::acts`].
+    #[allow(clippy::type_complexity)]
+    pub fn acts_in_states(
+        &self,
+        states: &[&str],
+        offset: u64,
+        limit: u64,
+    ) -> Result<
+        (
+            Vec<(serde_json::Value, serde_json::Value, Option<Vec<u8>>)>,
+            u64,
+        ),
+        StoreError,
+    > {
+        let wanted = serde_json::to_string(states).unwrap_or_else(|_| "[]".into());
+        let total: i64 = self
+            .conn
+            .query_row(
+                "SELECT count(*) FROM acts WHERE json_extract(state, '$.state') IN (SELECT value FROM json_each(?1))",
+                params![wanted],
+                |r| r.get(0),
+            )
+            .map_err(sql("counting the act queue"))?;
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT act, state, content FROM acts WHERE json_extract(state, '$.state') IN (SELECT value FROM json_each(?1)) ORDER BY created_at, id LIMIT ?2 OFFSET ?3",
+            )
+            .map_err(sql("reading the act queue"))?;
+        let rows = stmt
+            .query_map(params![wanted, limit as i64, offset as i64], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, Option<Vec<u8>>>(2)?,
+                ))
+            })
+            .map_err(sql("reading the act queue"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (act, state, content) = row.map_err(sql("reading the act queue"))?;
+            let parse = |t: &str| {
+                serde_json::from_str(t).map_err(|e| StoreError::BadEntry {
+                    seq: 0,
+                    message: format!("act row: {e}"),
+                })
+            };
+            out.push((parse(&act)?, parse(&state)?, content));
+        }
+        Ok((out, total as u64))
+    }
+
+    // ----- dashboard accounts and sessions -----
+
+    /// Adds an account or replaces its role and password hash.
+    pub fn put_user(&self, name: &str, role: &str, phc: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "INSERT INTO users(name, role, phc, created_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT(name) DO UPDATE SET role = excluded.role, phc = excluded.phc",
+                params![name, role, phc, now_rfc3339()],
+            )
+            .map_err(sql("writing an account"))?;
+        // A changed password or role ends the account's sessions.
+        self.conn
+            .execute("DELETE FROM sessions WHERE user = ?1", params![name])
+            .map_err(sql("ending an account's sessions"))?;
+        Ok(())
+    }
+
+    /// (name, role, PHC hash, created) of one account.
+    pub fn user(&self, name: &str) -> Result<Option<(String, String, String, String)>, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT name, role, phc, created_at FROM users WHERE name = ?1",
+                params![name],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()
+            .map_err(sql("reading an account"))
+    }
+
+    /// (name, role, created) of every account, by name.
+    pub fn users(&self) -> Result<Vec<(String, String, String)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT name, role, created_at FROM users ORDER BY name")
+            .map_err(sql("reading the accounts"))?;
+        let rows = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .map_err(sql("reading the accounts"))?;
+        rows.collect::<Result<Vec<_>, _>>()
+            .map_err(sql("reading the accounts"))
+    }
+
+    /// Removes an account and ends its sessions; false when there was none.
+    pub fn remove_user(&self, name: &str) -> Result<bool, StoreError> {
+        self.conn
+            .execute("DELETE FROM sessions WHERE user = ?1", params![name])
+            .map_err(sql("ending an account's sessions"))?;
+        let n = self
+            .conn
+            .execute("DELETE FROM users WHERE name = ?1", params![name])
+            .map_err(sql("removing an account"))?;
+        Ok(n > 0)
+    }
+
+    /// Stores a session by the digest of its id (the id itself is never stored).
+    pub fn put_session(
+        &self,
+        id_sha256: &str,
+        user: &str,
+        csrf: &str,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<(), StoreError> {
+        self.conn
+            .execute("DELETE FROM sessions WHERE expires_at <= ?1", params![now])
+            .map_err(sql("ending expired sessions"))?;
+        self.conn
+            .execute(
+                "INSERT INTO sessions(id_sha256, user, csrf, created_at, expires_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![id_sha256, user, csrf, now, expires_at],
+            )
+            .map_err(sql("writing a session"))?;
+        Ok(())
+    }
+
+    /// (user, role, csrf token, expires) of a live session, its account still present.
+    pub fn session(
+        &self,
+        id_sha256: &str,
+        now: i64,
+    ) -> Result<Option<(String, String, String, i64)>, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT s.user, u.role, s.csrf, s.expires_at FROM sessions s JOIN users u ON u.name = s.user
+                 WHERE s.id_sha256 = ?1 AND s.expires_at > ?2",
+                params![id_sha256, now],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            )
+            .optional()
+            .map_err(sql("reading a session"))
+    }
+
+    pub fn delete_session(&self, id_sha256: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute(
+                "DELETE FROM sessions WHERE id_sha256 = ?1",
+                params![id_sha256],
+            )
+            .map_err(sql("ending a session"))?;
+        Ok(())
     }
 
     /// A run's acts, queued or (in a dry run) recorded.

@@ -1,0 +1,760 @@
+//! What the dashboard asks of the supervisor, as one narrow module over the
+//! library (`store`, `acts`, `policy`, `killswitch`, `owner`). The HTTP
+//! layer calls only this; when the typed command API lands, these functions
+//! become translations into it and nothing above them changes.
+//!
+//! Invariants:
+//! - Nothing here decides who may do what: the caller passes a [`Role`]
+//!   already checked, and every owner act passes through
+//!   [`require_owner`] again (defence in depth).
+//! - The owner's key file is read only here, only for an owner's request,
+//!   and only at the path fixed when `serve` started; its content is never
+//!   returned or shown.
+//! - Everything returned is raw data: the pages escape it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use deferred_queue::{Content, State, Target};
+
+use super::guard::Role;
+use super::risky::risky_path;
+use crate::acts::{self, Row};
+use crate::store::{RunRecord, Store, StoreError};
+
+/// Most bytes of a diff or of a run's output shown on a page.
+pub const SHOWN_BYTES: usize = 256 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("only the owner may {0}")]
+    NotOwner(&'static str),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Refused(String),
+    #[error("{0}")]
+    BadInput(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Failed(String),
+}
+
+pub fn require_owner(role: Role, what: &'static str) -> Result<(), BackendError> {
+    if role == Role::Owner {
+        Ok(())
+    } else {
+        Err(BackendError::NotOwner(what))
+    }
+}
+
+/// Diffs by (repository, from, to).
+type DiffCache = HashMap<(String, String, String), Arc<Diff>>;
+
+/// The process's one connection to the state, and where the owner key is.
+#[derive(Debug, Clone)]
+pub struct Backend {
+    pub root: PathBuf,
+    pub store: Arc<Mutex<Store>>,
+    pub owner_key: PathBuf,
+    /// Diffs by (repo, from, to): commits never change, so neither do they.
+    diffs: Arc<Mutex<DiffCache>>,
+}
+
+impl Backend {
+    pub fn new(root: PathBuf, store: Store, owner_key: PathBuf) -> Self {
+        Backend {
+            root,
+            store: Arc::new(Mutex::new(store)),
+            owner_key,
+            diffs: Arc::default(),
+        }
+    }
+
+    pub fn with_store<T>(&self, f: impl FnOnce(&mut Store) -> T) -> T {
+        let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut store)
+    }
+}
+
+/// One changed file, with why something on the host might run it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ChangedFile {
+    pub path: String,
+    pub risky: Option<&'static str>,
+}
+
+/// The diff from a run's base to a commit: files, diffstat, patch text.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Diff {
+    pub files: Vec<ChangedFile>,
+    pub stat: Option<(u64, u64, u64)>,
+    /// The patch as bytes (the page escapes it), cut at [`SHOWN_BYTES`].
+    pub patch: Vec<u8>,
+    /// The commits from the base, one `commit ID` line and the subject each.
+    pub log: Vec<u8>,
+    pub truncated: bool,
+    pub error: Option<String>,
+}
+
+fn host_git(repo: &str) -> std::process::Command {
+    let mut c = std::process::Command::new("git");
+    c.arg("-C")
+        .arg(repo)
+        .args(["-c", "core.pager=cat", "-c", "core.quotepath=off"])
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .stdin(std::process::Stdio::null());
+    c
+}
+
+/// The diff in the host repository (the host's git: no pager, no external
+/// diff, no textconv; the ids are full commit ids the supervisor stored).
+pub fn diff(backend: &Backend, repo: &str, from: &str, to: &str) -> Arc<Diff> {
+    let key = (repo.to_string(), from.to_string(), to.to_string());
+    if let Some(d) = backend
+        .diffs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(&key)
+    {
+        return d.clone();
+    }
+    let d = Arc::new(compute_diff(repo, from, to));
+    if d.error.is_none() {
+        let mut cache = backend.diffs.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() > 4096 {
+            cache.clear();
+        }
+        cache.insert(key, d.clone());
+    }
+    d
+}
+
+fn is_full_id(s: &str) -> bool {
+    s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+fn compute_diff(repo: &str, from: &str, to: &str) -> Diff {
+    if !is_full_id(from) || !is_full_id(to) {
+        return Diff {
+            error: Some("no commit to compare".into()),
+            ..Diff::default()
+        };
+    }
+    let names = host_git(repo)
+        .args([
+            "diff",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-renames",
+            "-z",
+            "--name-only",
+            from,
+            to,
+        ])
+        .output();
+    let files = match names {
+        Ok(out) if out.status.success() => out
+            .stdout
+            .split(|b| *b == 0)
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let path = String::from_utf8_lossy(p).into_owned();
+                ChangedFile {
+                    risky: risky_path(&path),
+                    path,
+                }
+            })
+            .collect(),
+        Ok(out) => {
+            return Diff {
+                error: Some(format!(
+                    "git diff failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )),
+                ..Diff::default()
+            }
+        }
+        Err(e) => {
+            return Diff {
+                error: Some(format!("running git: {e}")),
+                ..Diff::default()
+            }
+        }
+    };
+    let stat = orchestrator_git::diffstat_between(Path::new(repo), from, to).ok();
+    let patch = host_git(repo)
+        .args([
+            "diff",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-renames",
+            "-p",
+            from,
+            to,
+        ])
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    let truncated = patch.len() > SHOWN_BYTES;
+    let log = host_git(repo)
+        .args([
+            "log",
+            "--no-decorate",
+            "--no-color",
+            "--format=commit %H%n    %s",
+            &format!("{from}..{to}"),
+        ])
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    Diff {
+        files,
+        stat,
+        log: log[..log.len().min(SHOWN_BYTES)].to_vec(),
+        patch: patch[..patch.len().min(SHOWN_BYTES)].to_vec(),
+        truncated,
+        error: None,
+    }
+}
+
+/// The outcome groups of the Morning page.
+pub fn outcome(r: &RunRecord) -> &'static str {
+    let s = r.status.as_str();
+    if !crate::store::is_final(s) {
+        "running"
+    } else if matches!(crate::run::import_state(r), crate::run::ImportState::Failed) {
+        "import failed"
+    } else if s.starts_with("killed") || s.contains("cap") || s.starts_with("timed out") {
+        "killed"
+    } else if s.starts_with("exited") && r.exit_code == Some(0) {
+        "finished"
+    } else {
+        "failed"
+    }
+}
+
+/// The audit chain's state, as the Morning page shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ChainState {
+    pub intact: bool,
+    pub entries: u64,
+    pub head: Option<String>,
+    pub last_checkpoint: Option<u64>,
+    pub error: Option<String>,
+}
+
+pub fn chain_state(store: &Store) -> ChainState {
+    match store.audit_snapshot() {
+        Ok(snap) => {
+            let last_checkpoint = snap.checkpoints.last().map(|c| c.seq);
+            match orchestrator_audit::verify_with_head(
+                store.log(),
+                &snap.entries,
+                &snap.checkpoints,
+                snap.head.as_ref(),
+            ) {
+                Ok(v) => ChainState {
+                    intact: true,
+                    entries: v.entries,
+                    head: Some(v.head.to_string()),
+                    last_checkpoint,
+                    error: None,
+                },
+                Err(e) => ChainState {
+                    intact: false,
+                    entries: snap.entries.len() as u64,
+                    head: None,
+                    last_checkpoint,
+                    error: Some(e.to_string()),
+                },
+            }
+        }
+        Err(e) => ChainState {
+            intact: false,
+            entries: 0,
+            head: None,
+            last_checkpoint: None,
+            error: Some(e.to_string()),
+        },
+    }
+}
+
+/// The freeze in force, if any: its reason.
+pub fn freeze_state(store: &Store) -> Result<Option<String>, BackendError> {
+    acts::frozen(store).map_err(BackendError::Failed)
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Morning {
+    pub since: String,
+    pub runs: Vec<(String, RunRecord)>,
+    pub by_outcome: Vec<(String, usize)>,
+    pub acts_waiting: u64,
+    pub acts_done: usize,
+    pub refusals: Vec<RefusalView>,
+    pub chain: ChainState,
+    pub frozen: Option<String>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RefusalView {
+    pub run: String,
+    pub time: String,
+    pub door: String,
+    pub destination: Option<String>,
+    pub verdict: String,
+    pub rule: Option<String>,
+}
+
+fn refusal_views(
+    store: &Store,
+    run: Option<&str>,
+    since: &str,
+) -> Result<Vec<RefusalView>, BackendError> {
+    Ok(acts::refusals(store, run)?
+        .into_iter()
+        .filter(|r| r.time.as_str() >= since)
+        .map(|r| RefusalView {
+            run: r.run,
+            time: r.time,
+            door: r.door,
+            destination: r.destination,
+            verdict: r.verdict,
+            rule: r.rule,
+        })
+        .collect())
+}
+
+/// RFC 3339 of `hours` ago.
+pub fn hours_ago(hours: i64) -> String {
+    let t = time::OffsetDateTime::now_utc() - time::Duration::hours(hours);
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+pub fn morning(store: &Store, since: &str) -> Result<Morning, BackendError> {
+    let runs: Vec<RunRecord> = store
+        .runs()?
+        .into_iter()
+        .filter(|r| r.created_at.as_str() >= since || !crate::store::is_final(&r.status))
+        .collect();
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for r in &runs {
+        let o = outcome(r);
+        match counts.iter_mut().find(|(k, _)| k == o) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((o.to_string(), 1)),
+        }
+    }
+    let (_, waiting) = store.acts_in_states(&["pending", "stale"], 0, 0)?;
+    let (_, done) = store.acts_in_states(&["done"], 0, 0)?;
+    Ok(Morning {
+        since: since.to_string(),
+        runs: runs
+            .into_iter()
+            .map(|r| (outcome(&r).to_string(), r))
+            .collect(),
+        by_outcome: counts,
+        acts_waiting: waiting,
+        acts_done: done as usize,
+        refusals: refusal_views(store, None, since)?,
+        chain: chain_state(store),
+        frozen: freeze_state(store)?,
+    })
+}
+
+/// One act as the Queue and Run pages show it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ActView {
+    pub id: String,
+    pub run: String,
+    pub door: &'static str,
+    pub state: String,
+    /// The state's detail: why stale, rejected (and by whom), the outcome.
+    pub detail: Option<String>,
+    pub destination: String,
+    pub target: String,
+    pub commit: Option<String>,
+    pub rules: Vec<String>,
+    pub label: Option<String>,
+    /// Pull request title and body, or a message body: shown whole.
+    pub text: Option<String>,
+    #[serde(skip)]
+    pub diff: Option<Arc<Diff>>,
+}
+
+fn state_detail(s: &State) -> Option<String> {
+    match s {
+        State::Stale { why } => Some(why.clone()),
+        State::Rejected { why, by } => Some(format!("{why} (by {by})")),
+        State::Expired { why } => Some(why.clone()),
+        State::Done { outcome, .. } => Some(outcome.clone()),
+        State::Failed { reason, .. } => Some(reason.clone()),
+        State::AwaitingRetry { last_failure, .. } => Some(last_failure.clone()),
+        _ => None,
+    }
+}
+
+pub fn act_view(backend: &Backend, store: &Store, row: &Row, with_diff: bool) -> ActView {
+    let (target, commit) = match (&row.act.routing.target, &row.act.content) {
+        (Target::Push { target_ref, .. }, Content::Commit { commit }) => {
+            (target_ref.clone(), Some(commit.clone()))
+        }
+        (Target::PullRequest { base_ref, head_ref }, Content::PullRequest { head_commit, .. }) => (
+            format!("{head_ref} into {base_ref}"),
+            Some(head_commit.clone()),
+        ),
+        (Target::Message { endpoint }, _) => (endpoint.clone(), None),
+        _ => (String::new(), None),
+    };
+    let text = match &row.act.content {
+        Content::PullRequest { .. } => {
+            let v: serde_json::Value =
+                serde_json::from_slice(row.content.as_deref().unwrap_or_default())
+                    .unwrap_or_default();
+            Some(format!(
+                "title: {}\n\n{}",
+                v["title"].as_str().unwrap_or_default(),
+                v["body"].as_str().unwrap_or_default()
+            ))
+        }
+        Content::Message { .. } => {
+            let view = acts::body_view(row.content.as_deref().unwrap_or_default());
+            Some(view.shown.join("\n"))
+        }
+        Content::Commit { .. } => None,
+    };
+    let diff = match (&commit, with_diff) {
+        (Some(c), true) => store
+            .run(&row.act.run)
+            .ok()
+            .and_then(|run| run.base_commit.clone().map(|b| (run.repo, b)))
+            .map(|(repo, base)| diff(backend, &repo, &base, c)),
+        _ => None,
+    };
+    ActView {
+        id: row.act.id.clone(),
+        run: row.act.run.clone(),
+        door: row.act.door.name(),
+        state: row.state.name().to_string(),
+        detail: state_detail(&row.state),
+        destination: row.act.routing.destination.clone(),
+        target,
+        commit,
+        rules: row.act.deciding_rules.clone(),
+        label: None,
+        text,
+        diff,
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QueuePage {
+    pub page: u64,
+    pub per_page: u64,
+    pub total: u64,
+    pub acts: Vec<ActView>,
+}
+
+/// Pending and stale acts, oldest first, one page.
+pub fn queue(
+    backend: &Backend,
+    store: &Store,
+    page: u64,
+    per_page: u64,
+) -> Result<QueuePage, BackendError> {
+    let per_page = per_page.clamp(1, 200);
+    let (rows, total) = store.acts_in_states(&["pending", "stale"], page * per_page, per_page)?;
+    let mut acts = Vec::new();
+    for (act, state, content) in rows {
+        let row = Row {
+            act: serde_json::from_value(act)
+                .map_err(|e| BackendError::Failed(format!("act: {e}")))?,
+            state: serde_json::from_value(state)
+                .map_err(|e| BackendError::Failed(format!("act state: {e}")))?,
+            content,
+        };
+        acts.push(act_view(backend, store, &row, true));
+    }
+    Ok(QueuePage {
+        page,
+        per_page,
+        total,
+        acts,
+    })
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunView {
+    pub run: RunRecord,
+    pub acts: Vec<ActView>,
+    pub refusals: Vec<RefusalView>,
+    pub audit: Vec<serde_json::Value>,
+    #[serde(skip)]
+    pub diff: Option<Arc<Diff>>,
+    #[serde(skip)]
+    pub output: Vec<u8>,
+    pub output_truncated: bool,
+}
+
+pub fn output_path(store: &Store, run: &str) -> PathBuf {
+    store.paths().run_dir(run).join("output.log")
+}
+
+/// The last [`SHOWN_BYTES`] of a run's output, and whether there was more.
+pub fn output_tail(path: &Path) -> (Vec<u8>, bool) {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return (Vec::new(), false);
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(SHOWN_BYTES as u64);
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(start)).is_ok() {
+        let _ = f.take(SHOWN_BYTES as u64).read_to_end(&mut buf);
+    }
+    (buf, start > 0)
+}
+
+pub fn run_view(backend: &Backend, store: &Store, id: &str) -> Result<RunView, BackendError> {
+    let run = match store.run(id) {
+        Ok(r) => r,
+        Err(StoreError::NoSuchRun(_)) => {
+            return Err(BackendError::NotFound(format!("no run with id {id}")))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let acts = acts::rows(store, None)?
+        .iter()
+        .filter(|r| r.act.run == id)
+        .map(|r| act_view(backend, store, r, false))
+        .collect();
+    let audit = store
+        .entries_for_run(id)?
+        .iter()
+        .map(|e| serde_json::json!({"seq": e.seq, "time": e.time, "kind": e.kind, "body": e.body, "hash": e.hash}))
+        .collect();
+    let diff = match (&run.base_commit, &run.result_commit) {
+        (Some(b), Some(c)) => Some(diff(backend, &run.repo, b, c)),
+        _ => None,
+    };
+    let (output, output_truncated) = output_tail(&output_path(store, id));
+    Ok(RunView {
+        refusals: refusal_views(store, Some(id), "")?,
+        run,
+        acts,
+        audit,
+        diff,
+        output,
+        output_truncated,
+    })
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PolicyView {
+    pub generation: String,
+    pub frozen: Option<String>,
+    pub active: Vec<serde_json::Value>,
+    pub pending: Vec<(String, String)>,
+}
+
+pub fn policy_view(store: &Store) -> Result<PolicyView, BackendError> {
+    let set = crate::policy::load(store, None).map_err(|e| BackendError::Failed(e.to_string()))?;
+    let now = crate::policy::now();
+    let active = set
+        .active(now)
+        .map(|r| {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            if let Some(entry) = set.entries().get(r.id()) {
+                v["locked"] = entry.locked.into();
+            }
+            v
+        })
+        .collect();
+    Ok(PolicyView {
+        generation: set.generation().to_string(),
+        frozen: set.freeze().map(|f| f.reason.clone()),
+        active,
+        pending: set
+            .pending()
+            .iter()
+            .map(|(id, p)| (id.to_string(), format!("{:?}", p.author)))
+            .collect(),
+    })
+}
+
+/// The result of one decision, as the page shows it without reloading.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Outcome {
+    pub act: String,
+    pub ok: bool,
+    pub state: String,
+    pub line: String,
+}
+
+fn state_of(store: &Store, id: &str) -> String {
+    acts::rows(store, Some(id))
+        .ok()
+        .and_then(|mut r| r.pop())
+        .map(|r| r.state.name().to_string())
+        .unwrap_or_default()
+}
+
+pub fn approve(
+    backend: &Backend,
+    store: &mut Store,
+    role: Role,
+    id: &str,
+) -> Result<Outcome, BackendError> {
+    require_owner(role, "approve acts")?;
+    let r = acts::approve(store, id, Some(&backend.owner_key));
+    Ok(match r {
+        Ok(d) => Outcome {
+            act: id.to_string(),
+            ok: d.carried_out,
+            state: state_of(store, id),
+            line: d.line,
+        },
+        Err(e) => Outcome {
+            act: id.to_string(),
+            ok: false,
+            state: state_of(store, id),
+            line: e,
+        },
+    })
+}
+
+pub fn reject(
+    backend: &Backend,
+    store: &mut Store,
+    role: Role,
+    id: &str,
+    why: &str,
+) -> Result<Outcome, BackendError> {
+    require_owner(role, "reject acts")?;
+    if why.trim().is_empty() {
+        return Err(BackendError::BadInput("a rejection needs a reason".into()));
+    }
+    let r = acts::reject(store, id, why, Some(&backend.owner_key));
+    Ok(Outcome {
+        act: id.to_string(),
+        ok: r.is_ok(),
+        state: state_of(store, id),
+        line: match r {
+            Ok(()) => format!("act {id}: rejected"),
+            Err(e) => e,
+        },
+    })
+}
+
+/// Approves every pending act that carries exactly `commit`.
+pub fn approve_commit(
+    backend: &Backend,
+    store: &mut Store,
+    role: Role,
+    commit: &str,
+) -> Result<Vec<Outcome>, BackendError> {
+    require_owner(role, "approve acts")?;
+    if !is_full_id(commit) {
+        return Err(BackendError::BadInput(
+            "give the commit's full 40-character id".into(),
+        ));
+    }
+    let ids: Vec<String> = acts::rows(store, None)?
+        .into_iter()
+        .filter(|r| matches!(r.state, State::Pending))
+        .filter(|r| match &r.act.content {
+            Content::Commit { commit: c } => c.eq_ignore_ascii_case(commit),
+            Content::PullRequest { head_commit, .. } => head_commit.eq_ignore_ascii_case(commit),
+            Content::Message { .. } => false,
+        })
+        .map(|r| r.act.id)
+        .collect();
+    ids.iter()
+        .map(|id| approve(backend, store, role, id))
+        .collect()
+}
+
+pub fn freeze(store: &mut Store, role: Role, user: &str, why: &str) -> Result<(), BackendError> {
+    require_owner(role, "freeze")?;
+    let why = if why.trim().is_empty() {
+        "frozen from the dashboard"
+    } else {
+        why
+    };
+    crate::policy::write_row(
+        store,
+        None,
+        policies::Row::Freeze {
+            authority: format!("dashboard owner {user}"),
+            reason: why.to_string(),
+        },
+    )
+    .map(|_| ())
+    .map_err(|e| BackendError::Failed(e.to_string()))
+}
+
+pub fn thaw(backend: &Backend, store: &mut Store, role: Role) -> Result<(), BackendError> {
+    require_owner(role, "thaw")?;
+    let owner = crate::owner::verify(store, Some(&backend.owner_key))
+        .map_err(|e| BackendError::Refused(e.to_string()))?;
+    crate::policy::thaw(store, None, &owner).map_err(|e| BackendError::Refused(e.to_string()))
+}
+
+pub fn ratify(
+    backend: &Backend,
+    store: &mut Store,
+    role: Role,
+    proposal: &str,
+) -> Result<(), BackendError> {
+    require_owner(role, "ratify rules")?;
+    let owner = crate::owner::verify(store, Some(&backend.owner_key))
+        .map_err(|e| BackendError::Refused(e.to_string()))?;
+    crate::policy::ratify(store, None, proposal, &owner)
+        .map_err(|e| BackendError::Refused(e.to_string()))
+}
+
+/// The kill switch from the dashboard: every sandbox of this state (or one
+/// run's) stopped through the engine, then recorded; with `freeze`, no new
+/// run starts. Its own engine connection and store handle, like `nightshift kill`.
+pub async fn kill(
+    backend: &Backend,
+    role: Role,
+    user: &str,
+    run: Option<&str>,
+    freeze_too: bool,
+    why: &str,
+) -> Result<Vec<String>, BackendError> {
+    require_owner(role, "use the kill switch")?;
+    let engine = crate::engine::Engine::connect()
+        .await
+        .map_err(|e| BackendError::Failed(e.to_string()))?;
+    let state_tag = crate::state_tag(&backend.root);
+    let who = format!("dashboard owner {user}: {why}");
+    let stopped = crate::killswitch::stop_sandboxes(&engine, &state_tag, run, &who, false)
+        .await
+        .map_err(|e| BackendError::Failed(e.to_string()))?;
+    if freeze_too {
+        backend.with_store(|s| freeze(s, role, user, why))?;
+    }
+    let store = Store::open(crate::store::StatePaths::new(backend.root.clone()))?;
+    let identity = crate::run::process_identity(std::process::id())
+        .unwrap_or_else(|| format!("{}:0", std::process::id()));
+    let sup = crate::run::Supervisor {
+        engine,
+        store: Arc::new(Mutex::new(store)),
+        state_tag,
+        identity,
+        fleet: None,
+        sandbox_user: Default::default(),
+    };
+    let killed = crate::killswitch::record_kill(&sup, &stopped)
+        .await
+        .map_err(|e| BackendError::Failed(e.to_string()))?;
+    Ok(killed.runs)
+}

@@ -1,0 +1,1023 @@
+//! `nightshift serve`: the dashboard and the JSON API (`/api/v1`) of one
+//! long-running supervisor process (axum).
+//!
+//! Invariants (guarantee 9):
+//! - Layers, outermost first: security headers on every response (a
+//!   Content-Security-Policy with no inline script and no other origin,
+//!   `frame-ancestors 'none'`); the `Host` allowlist (no DNS rebinding);
+//!   then [`gate`], which every route passes: a session is needed for
+//!   everything but the login page, the login call and the embedded assets;
+//!   every state-changing request needs the session's CSRF token and, when
+//!   the browser names its origin, this origin; and only an owner's session
+//!   may make one (login and logout aside). No route can forget a check:
+//!   they are made here, once, before any handler runs.
+//! - Sessions: a random 256-bit id in an `HttpOnly`, `SameSite=Strict`
+//!   cookie (`Secure` and `__Host-` under TLS), stored only as its SHA-256;
+//!   a login always makes a new id and ends the one presented (rotation).
+//! - Login attempts are rate-limited per client address and per account.
+//! - Agent-written text is data: see `pages.rs`; the JSON escapes every
+//!   non-ASCII character (`terminal::json`).
+
+pub mod backend;
+pub mod guard;
+pub mod pages;
+pub mod risky;
+pub mod users;
+
+use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use tower_http::set_header::SetResponseHeaderLayer;
+
+use backend::{Backend, BackendError};
+use guard::{Provenance, Role};
+use pages::Viewer;
+
+use crate::store::{StatePaths, Store};
+
+/// Largest request body read (forms and JSON are small).
+const BODY_LIMIT: usize = 64 * 1024;
+/// How long a session lives.
+const SESSION_SECS: i64 = 12 * 3600;
+/// Acts per Queue page.
+pub const PER_PAGE: u64 = 50;
+/// Most bytes one live-output stream sends.
+const STREAM_CAP: u64 = 1 << 20;
+
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    Bind(String),
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error("serving: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// How `serve` listens.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub bind: SocketAddr,
+    /// More `Host` names to answer to (besides the bind address).
+    pub allow_hosts: Vec<String>,
+    /// Serve plain HTTP on a non-loopback address (something in front does TLS).
+    pub insecure_network: bool,
+    /// The owner's key file, used only for an owner's session's decisions.
+    pub owner_key: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+struct App {
+    backend: Backend,
+    hosts: Arc<Vec<String>>,
+    tls: bool,
+    by_address: Arc<DefaultKeyedRateLimiter<IpAddr>>,
+    by_account: Arc<DefaultKeyedRateLimiter<String>>,
+}
+
+/// A resolved session, put into the request by [`gate`].
+#[derive(Debug, Clone)]
+struct Session {
+    id_sha256: String,
+    user: String,
+    role: Role,
+    csrf: String,
+}
+
+impl Session {
+    fn viewer(&self) -> Viewer {
+        Viewer {
+            user: self.user.clone(),
+            role: self.role,
+            csrf: self.csrf.clone(),
+        }
+    }
+}
+
+/// A request's parameters, from a form or a JSON object (read by [`gate`]).
+#[derive(Debug, Clone, Default)]
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    fn parse(headers: &HeaderMap, body: &[u8]) -> Result<Params, String> {
+        if body.is_empty() {
+            return Ok(Params::default());
+        }
+        let json = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("application/json"));
+        if json {
+            let v: serde_json::Value =
+                serde_json::from_slice(body).map_err(|e| format!("the JSON body: {e}"))?;
+            let obj = v.as_object().ok_or("the JSON body must be an object")?;
+            let mut out = Vec::new();
+            for (k, v) in obj {
+                match v {
+                    serde_json::Value::Array(items) => {
+                        for i in items {
+                            out.push((k.clone(), scalar(i)?));
+                        }
+                    }
+                    other => out.push((k.clone(), scalar(other)?)),
+                }
+            }
+            Ok(Params(out))
+        } else {
+            serde_urlencoded::from_bytes::<Vec<(String, String)>>(body)
+                .map(Params)
+                .map_err(|e| format!("the form: {e}"))
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn all(&self, name: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+}
+
+fn scalar(v: &serde_json::Value) -> Result<String, String> {
+    match v {
+        serde_json::Value::String(s) => Ok(s.clone()),
+        serde_json::Value::Bool(b) => Ok(b.to_string()),
+        serde_json::Value::Number(n) => Ok(n.to_string()),
+        _ => {
+            Err("the JSON body's values must be strings, numbers, booleans or lists of them".into())
+        }
+    }
+}
+
+fn now_secs() -> i64 {
+    time::OffsetDateTime::now_utc().unix_timestamp()
+}
+
+fn cookie_name(tls: bool) -> &'static str {
+    if tls {
+        "__Host-nightshift_session"
+    } else {
+        "nightshift_session"
+    }
+}
+
+fn session_cookie(headers: &HeaderMap, tls: bool) -> Option<String> {
+    let name = cookie_name(tls);
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string())
+        .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+fn set_cookie(tls: bool, value: &str, max_age: i64) -> HeaderValue {
+    let secure = if tls { "; Secure" } else { "" };
+    HeaderValue::from_str(&format!(
+        "{}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}",
+        cookie_name(tls)
+    ))
+    .unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+fn digest(s: &str) -> String {
+    crate::audit_log::digest(s.as_bytes())
+}
+
+/// Is this request one a page script or a program makes for JSON?
+fn wants_json(headers: &HeaderMap, path: &str) -> bool {
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let ctype = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    accept.contains("application/json")
+        || ctype.starts_with("application/json")
+        || (path.starts_with("/api/") && !accept.contains("text/html"))
+}
+
+fn json_response(status: StatusCode, value: &serde_json::Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::terminal::json(value, false),
+    )
+        .into_response()
+}
+
+fn html_response(status: StatusCode, markup: maud::Markup) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        markup.into_string(),
+    )
+        .into_response()
+}
+
+fn refuse(json: bool, status: StatusCode, message: &str) -> Response {
+    if json {
+        json_response(status, &serde_json::json!({ "error": message }))
+    } else {
+        html_response(status, pages::error(None, status.as_u16(), message))
+    }
+}
+
+/// Requests that need no session.
+fn public(method: &Method, path: &str) -> bool {
+    (method == Method::GET && (path == "/login" || path.starts_with("/assets/")))
+        || (method == Method::POST && path == "/api/v1/login")
+}
+
+fn changes_state(method: &Method) -> bool {
+    !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+async fn host_check(State(app): State<App>, req: Request, next: Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok());
+    if !guard::host_allowed(host, &app.hosts) {
+        return refuse(
+            wants_json(req.headers(), req.uri().path()),
+            StatusCode::MISDIRECTED_REQUEST,
+            "this Host is not served here",
+        );
+    }
+    next.run(req).await
+}
+
+/// Authentication, CSRF and the owner's role, for every route (see the note).
+async fn gate(State(app): State<App>, req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let json = wants_json(req.headers(), &path);
+    let session = match session_cookie(req.headers(), app.tls) {
+        Some(id) => {
+            let id_sha256 = digest(&id);
+            let b = app.backend.clone();
+            let key = id_sha256.clone();
+            let found =
+                tokio::task::spawn_blocking(move || b.with_store(|s| s.session(&key, now_secs())))
+                    .await;
+            match found {
+                Ok(Ok(Some((user, role, csrf, _)))) => Role::parse(&role).map(|role| Session {
+                    id_sha256,
+                    user,
+                    role,
+                    csrf,
+                }),
+                Ok(Ok(None)) => None,
+                Ok(Err(e)) => {
+                    return refuse(json, StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())
+                }
+                Err(e) => return refuse(json, StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+            }
+        }
+        None => None,
+    };
+    if session.is_none() && !public(&method, &path) {
+        return if json {
+            refuse(true, StatusCode::UNAUTHORIZED, "log in first")
+        } else {
+            Redirect::to("/login").into_response()
+        };
+    }
+    if !changes_state(&method) {
+        let mut req = req;
+        if let Some(s) = session {
+            req.extensions_mut().insert(s);
+        }
+        return next.run(req).await;
+    }
+    // A state-changing request: read its parameters once, here.
+    let (mut parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, BODY_LIMIT).await {
+        Ok(b) => b,
+        Err(_) => {
+            return refuse(
+                json,
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "the request body is too large",
+            )
+        }
+    };
+    let params = match Params::parse(&parts.headers, &bytes) {
+        Ok(p) => p,
+        Err(e) => return refuse(json, StatusCode::BAD_REQUEST, &e),
+    };
+    let header_text = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+    let provenance = Provenance {
+        host: header_text("host").unwrap_or(""),
+        tls: app.tls,
+        origin: header_text("origin"),
+        sec_fetch_site: header_text("sec-fetch-site"),
+    };
+    let checked = match &session {
+        // Logging in has no session (or one about to be replaced): the
+        // browser's word on the origin (and SameSite cookies) stand in for
+        // the token.
+        _ if path == "/api/v1/login" => guard::same_origin(&provenance),
+        None => guard::same_origin(&provenance),
+        Some(s) => {
+            let presented = header_text("x-csrf-token").or_else(|| params.get("csrf"));
+            guard::state_change_allowed(&provenance, presented, &s.csrf)
+        }
+    };
+    if let Err(e) = checked {
+        return refuse(json, StatusCode::FORBIDDEN, &format!("refused: {e}"));
+    }
+    if let Some(s) = &session {
+        let own_session = path == "/api/v1/logout" || path == "/api/v1/login";
+        if !own_session && s.role != Role::Owner {
+            return refuse(
+                json,
+                StatusCode::FORBIDDEN,
+                "only the owner may change anything",
+            );
+        }
+        parts.extensions.insert(s.clone());
+    }
+    parts.extensions.insert(params);
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+/// Serves until SIGINT or SIGTERM; `ready` is told the address bound.
+pub async fn serve(
+    root: PathBuf,
+    opts: ServeOptions,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServeError> {
+    let tls = false;
+    guard::bind_allowed(opts.bind, tls, opts.insecure_network).map_err(ServeError::Bind)?;
+    let store = Store::open(StatePaths::new(root.clone()))?;
+    let listener = tokio::net::TcpListener::bind(opts.bind)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: opts.bind,
+            source,
+        })?;
+    let bound = listener.local_addr().map_err(|source| ServeError::Listen {
+        addr: opts.bind,
+        source,
+    })?;
+    let app = App {
+        backend: Backend::new(root, store, opts.owner_key),
+        hosts: Arc::new(guard::default_hosts(bound, &opts.allow_hosts)),
+        tls,
+        // Ten attempts at once from one address, then one every 6 s;
+        // five per account, then one every 12 s.
+        by_address: Arc::new(RateLimiter::keyed(
+            Quota::with_period(Duration::from_secs(6))
+                .unwrap_or_else(|| Quota::per_minute(NonZeroU32::MIN))
+                .allow_burst(NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN)),
+        )),
+        by_account: Arc::new(RateLimiter::keyed(
+            Quota::with_period(Duration::from_secs(12))
+                .unwrap_or_else(|| Quota::per_minute(NonZeroU32::MIN))
+                .allow_burst(NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN)),
+        )),
+    };
+    // SEAM(dispatcher): the run queue's dispatcher (enqueue / tasks, built
+    // beside the command API) is started here, on this runtime, with
+    // `app.backend`'s state; the door servers and executors run under it.
+    let router = router(app);
+    ready(bound);
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            tokio::select! {
+                _ = int.recv() => {},
+                _ = term.recv() => {},
+            }
+        } else {
+            std::future::pending::<()>().await;
+        }
+    })
+    .await
+    .map_err(ServeError::Serve)
+}
+
+fn router(app: App) -> Router {
+    let header = |name: &'static str, value: &'static str| {
+        SetResponseHeaderLayer::overriding(
+            header::HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        )
+    };
+    Router::new()
+        .route("/", get(page_morning))
+        .route("/runs", get(page_runs))
+        .route("/runs/{id}", get(page_run))
+        .route("/queue", get(page_queue))
+        .route("/policy", get(page_policy))
+        .route("/stop", get(page_stop))
+        .route("/login", get(page_login))
+        .route("/assets/app.js", get(asset_js))
+        .route("/assets/app.css", get(asset_css))
+        .route("/api/v1/login", post(api_login))
+        .route("/api/v1/logout", post(api_logout))
+        .route("/api/v1/session", get(api_session))
+        .route("/api/v1/morning", get(api_morning))
+        .route("/api/v1/runs", get(api_runs))
+        .route("/api/v1/runs/{id}", get(api_run))
+        .route("/api/v1/runs/{id}/output", get(api_output))
+        .route("/api/v1/queue", get(api_queue))
+        .route("/api/v1/policy", get(api_policy))
+        .route("/api/v1/acts/approve", post(api_approve))
+        .route("/api/v1/acts/reject", post(api_reject))
+        .route("/api/v1/acts/approve-commit", post(api_approve_commit))
+        .route("/api/v1/kill", post(api_kill))
+        .route("/api/v1/freeze", post(api_freeze))
+        .route("/api/v1/thaw", post(api_thaw))
+        .route("/api/v1/policy/ratify", post(api_ratify))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(app.clone(), gate))
+        .layer(middleware::from_fn_with_state(app.clone(), host_check))
+        .layer(header("content-security-policy", CSP))
+        .layer(header("x-content-type-options", "nosniff"))
+        .layer(header("x-frame-options", "DENY"))
+        // `no-referrer` would make browsers send `Origin: null` on form posts.
+        .layer(header("referrer-policy", "same-origin"))
+        .layer(header("cache-control", "no-store"))
+        .layer(header("cross-origin-opener-policy", "same-origin"))
+        .layer(header("cross-origin-resource-policy", "same-origin"))
+        .with_state(app)
+}
+
+// ----- reading -----
+
+fn backend_status(e: &BackendError) -> StatusCode {
+    match e {
+        BackendError::NotOwner(_) => StatusCode::FORBIDDEN,
+        BackendError::NotFound(_) => StatusCode::NOT_FOUND,
+        BackendError::Refused(_) => StatusCode::CONFLICT,
+        BackendError::BadInput(_) => StatusCode::BAD_REQUEST,
+        BackendError::Store(_) | BackendError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// Runs `f` on the blocking pool with the state.
+async fn blocking<T: Send + 'static>(
+    app: &App,
+    f: impl FnOnce(&Backend, &mut Store) -> Result<T, BackendError> + Send + 'static,
+) -> Result<T, BackendError> {
+    let b = app.backend.clone();
+    tokio::task::spawn_blocking(move || {
+        let b2 = b.clone();
+        b.with_store(|s| f(&b2, s))
+    })
+    .await
+    .map_err(|e| BackendError::Failed(e.to_string()))?
+}
+
+fn page<T>(
+    who: Option<&Viewer>,
+    r: Result<T, BackendError>,
+    render: impl FnOnce(T) -> maud::Markup,
+) -> Response {
+    match r {
+        Ok(v) => html_response(StatusCode::OK, render(v)),
+        Err(e) => {
+            let status = backend_status(&e);
+            html_response(status, pages::error(who, status.as_u16(), &e.to_string()))
+        }
+    }
+}
+
+fn api<T: serde::Serialize>(r: Result<T, BackendError>) -> Response {
+    match r {
+        Ok(v) => json_response(StatusCode::OK, &serde_json::to_value(v).unwrap_or_default()),
+        Err(e) => json_response(
+            backend_status(&e),
+            &serde_json::json!({"error": e.to_string()}),
+        ),
+    }
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct SinceQuery {
+    since: Option<String>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PageQuery {
+    page: Option<u64>,
+}
+
+fn since_or_default(q: &SinceQuery) -> Result<String, BackendError> {
+    match q.since.as_deref().filter(|s| !s.is_empty()) {
+        None => Ok(backend::hours_ago(16)),
+        Some(s) => time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+            .map(|_| s.to_string())
+            .map_err(|e| {
+                BackendError::BadInput(format!("since {s:?}: give an RFC 3339 time: {e}"))
+            }),
+    }
+}
+
+async fn page_morning(
+    State(app): State<App>,
+    s: axum::Extension<Session>,
+    Query(q): Query<SinceQuery>,
+) -> Response {
+    let since = since_or_default(&q);
+    let r = blocking(&app, move |_, st| backend::morning(st, &since?)).await;
+    let who = s.viewer();
+    page(Some(&who), r, |m| pages::morning(&who, &m))
+}
+
+async fn api_morning(State(app): State<App>, Query(q): Query<SinceQuery>) -> Response {
+    let since = since_or_default(&q);
+    api(blocking(&app, move |_, st| backend::morning(st, &since?)).await)
+}
+
+fn all_runs(st: &Store) -> Result<Vec<(String, crate::store::RunRecord)>, BackendError> {
+    Ok(st
+        .runs()?
+        .into_iter()
+        .map(|r| (backend::outcome(&r).to_string(), r))
+        .collect())
+}
+
+async fn page_runs(State(app): State<App>, s: axum::Extension<Session>) -> Response {
+    let r = blocking(&app, |_, st| {
+        Ok((all_runs(st)?, backend::freeze_state(st)?))
+    })
+    .await;
+    let who = s.viewer();
+    page(Some(&who), r, |(runs, frozen)| {
+        pages::runs(&who, frozen.as_deref(), &runs)
+    })
+}
+
+async fn api_runs(State(app): State<App>) -> Response {
+    api(blocking(&app, |_, st| all_runs(st)).await)
+}
+
+async fn page_run(
+    State(app): State<App>,
+    s: axum::Extension<Session>,
+    Path(id): Path<String>,
+) -> Response {
+    let r = blocking(&app, move |b, st| {
+        Ok((backend::run_view(b, st, &id)?, backend::freeze_state(st)?))
+    })
+    .await;
+    let who = s.viewer();
+    page(Some(&who), r, |(run, frozen)| {
+        pages::run(&who, frozen.as_deref(), &run)
+    })
+}
+
+async fn api_run(State(app): State<App>, Path(id): Path<String>) -> Response {
+    let r = blocking(&app, move |b, st| {
+        let view = backend::run_view(b, st, &id)?;
+        let mut doc = serde_json::to_value(&view).unwrap_or_default();
+        doc["diff"] = serde_json::to_value(view.diff.as_deref().map(|d| {
+            serde_json::json!({
+                "files": d.files, "stat": d.stat, "truncated": d.truncated, "error": d.error,
+                "patch": String::from_utf8_lossy(&d.patch),
+            })
+        }))
+        .unwrap_or_default();
+        doc["output"] = String::from_utf8_lossy(&view.output).into();
+        Ok(doc)
+    })
+    .await;
+    api(r)
+}
+
+async fn page_queue(
+    State(app): State<App>,
+    s: axum::Extension<Session>,
+    Query(q): Query<PageQuery>,
+) -> Response {
+    let pg = q.page.unwrap_or(0);
+    let r = blocking(&app, move |b, st| {
+        Ok((
+            backend::queue(b, st, pg, PER_PAGE)?,
+            backend::freeze_state(st)?,
+        ))
+    })
+    .await;
+    let who = s.viewer();
+    page(Some(&who), r, |(q, frozen)| {
+        pages::queue(&who, frozen.as_deref(), &q)
+    })
+}
+
+async fn api_queue(State(app): State<App>, Query(q): Query<PageQuery>) -> Response {
+    let pg = q.page.unwrap_or(0);
+    let r = blocking(&app, move |b, st| {
+        let page = backend::queue(b, st, pg, PER_PAGE)?;
+        let mut doc = serde_json::to_value(&page).unwrap_or_default();
+        for (i, a) in page.acts.iter().enumerate() {
+            if let Some(d) = &a.diff {
+                doc["acts"][i]["files"] = serde_json::to_value(&d.files).unwrap_or_default();
+                doc["acts"][i]["stat"] = serde_json::to_value(d.stat).unwrap_or_default();
+            }
+        }
+        Ok(doc)
+    })
+    .await;
+    api(r)
+}
+
+async fn page_policy(State(app): State<App>, s: axum::Extension<Session>) -> Response {
+    let r = blocking(&app, |_, st| backend::policy_view(st)).await;
+    let who = s.viewer();
+    page(Some(&who), r, |p| pages::policy(&who, &p))
+}
+
+async fn api_policy(State(app): State<App>) -> Response {
+    api(blocking(&app, |_, st| backend::policy_view(st)).await)
+}
+
+async fn page_stop(State(app): State<App>, s: axum::Extension<Session>) -> Response {
+    let r = blocking(&app, |_, st| backend::freeze_state(st)).await;
+    let who = s.viewer();
+    page(Some(&who), r, |frozen| pages::stop(&who, frozen.as_deref()))
+}
+
+async fn page_login(session: Option<axum::Extension<Session>>) -> Response {
+    if session.is_some() {
+        return Redirect::to("/").into_response();
+    }
+    html_response(StatusCode::OK, pages::login(None))
+}
+
+async fn asset_js() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("assets/app.js"),
+    )
+        .into_response()
+}
+
+async fn asset_css() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("assets/app.css"),
+    )
+        .into_response()
+}
+
+async fn not_found(headers: HeaderMap, uri: axum::http::Uri) -> Response {
+    refuse(
+        wants_json(&headers, uri.path()),
+        StatusCode::NOT_FOUND,
+        "no such page",
+    )
+}
+
+async fn api_session(s: axum::Extension<Session>) -> Response {
+    json_response(
+        StatusCode::OK,
+        &serde_json::json!({"user": s.user, "role": s.role, "csrf": s.csrf}),
+    )
+}
+
+/// Live output of a running run: what its log gains from now on, escaped,
+/// at most [`STREAM_CAP`] bytes; an `end` event when the run has ended.
+async fn api_output(State(app): State<App>, Path(id): Path<String>) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let path = app.backend.with_store(|s| backend::output_path(s, &id));
+    let start = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    let state = (app, id, path, start, 0u64, false);
+    let stream =
+        futures_util::stream::unfold(state, |(app, id, path, offset, sent, ended)| async move {
+            if ended {
+                return None;
+            }
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(offset);
+                if len > offset && sent < STREAM_CAP {
+                    let want = (len - offset).min(64 * 1024).min(STREAM_CAP - sent);
+                    let mut buf = vec![0u8; want as usize];
+                    let read = std::fs::File::open(&path).and_then(|f| {
+                        use std::os::unix::fs::FileExt;
+                        f.read_at(&mut buf, offset)
+                    });
+                    let n = read.unwrap_or(0) as u64;
+                    buf.truncate(n as usize);
+                    let text = crate::terminal::block(&buf);
+                    let ev = Event::default().data(text.trim_end_matches('\n'));
+                    return Some((
+                        Ok::<_, std::convert::Infallible>(ev),
+                        (app, id, path, offset + n, sent + n, false),
+                    ));
+                }
+                let id2 = id.clone();
+                let b = app.backend.clone();
+                let done = tokio::task::spawn_blocking(move || {
+                    b.with_store(|s| {
+                        s.run(&id2)
+                            .map(|r| crate::store::is_final(&r.status))
+                            .unwrap_or(true)
+                    })
+                })
+                .await
+                .unwrap_or(true);
+                if done || sent >= STREAM_CAP {
+                    let ev = Event::default().event("end").data(if done {
+                        "the run ended"
+                    } else {
+                        "output cap reached"
+                    });
+                    return Some((Ok(ev), (app, id, path, offset, sent, true)));
+                }
+            }
+        });
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+// ----- sessions -----
+
+async fn api_login(
+    State(app): State<App>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    old: Option<axum::Extension<Session>>,
+    axum::Extension(params): axum::Extension<Params>,
+) -> Response {
+    let json = wants_json(&headers, "/api/v1/login");
+    let name = params.get("name").unwrap_or("").to_string();
+    let password = params.get("password").unwrap_or("").to_string();
+    let fail = |status: StatusCode, msg: &str| {
+        if json {
+            refuse(true, status, msg)
+        } else {
+            html_response(status, pages::login(Some(msg)))
+        }
+    };
+    if app.by_address.check_key(&peer.ip()).is_err() || app.by_account.check_key(&name).is_err() {
+        return fail(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many login attempts; wait a minute",
+        );
+    }
+    let b = app.backend.clone();
+    let old_id = old.map(|s| s.id_sha256.clone());
+    let result = tokio::task::spawn_blocking(move || {
+        b.with_store(|st| -> Result<Option<(String, String, Role)>, String> {
+            let role = users::authenticate(st, &name, &password).map_err(|e| e.to_string())?;
+            let Some(role) = role else { return Ok(None) };
+            // Rotation: the session presented (if any) ends; a new id is made.
+            if let Some(old) = old_id {
+                st.delete_session(&old).map_err(|e| e.to_string())?;
+            }
+            let id = hex::encode(users::random_bytes::<32>().map_err(|e| e.to_string())?);
+            let csrf = hex::encode(users::random_bytes::<32>().map_err(|e| e.to_string())?);
+            let now = now_secs();
+            st.put_session(&digest(&id), &name, &csrf, now, now + SESSION_SECS)
+                .map_err(|e| e.to_string())?;
+            Ok(Some((id, csrf, role)))
+        })
+    })
+    .await;
+    match result {
+        Ok(Ok(Some((id, csrf, role)))) => {
+            let cookie = set_cookie(app.tls, &id, SESSION_SECS);
+            let mut resp = if json {
+                json_response(
+                    StatusCode::OK,
+                    &serde_json::json!({"csrf": csrf, "role": role}),
+                )
+            } else {
+                Redirect::to("/").into_response()
+            };
+            resp.headers_mut().insert(header::SET_COOKIE, cookie);
+            resp
+        }
+        Ok(Ok(None)) => fail(StatusCode::UNAUTHORIZED, "wrong name or password"),
+        Ok(Err(e)) => fail(StatusCode::INTERNAL_SERVER_ERROR, &e),
+        Err(e) => fail(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
+}
+
+async fn api_logout(
+    State(app): State<App>,
+    headers: HeaderMap,
+    s: axum::Extension<Session>,
+) -> Response {
+    let b = app.backend.clone();
+    let id = s.id_sha256.clone();
+    let _ = tokio::task::spawn_blocking(move || b.with_store(|st| st.delete_session(&id))).await;
+    let mut resp = if wants_json(&headers, "/api/v1/logout") {
+        json_response(StatusCode::OK, &serde_json::json!({"logged_out": true}))
+    } else {
+        Redirect::to("/login").into_response()
+    };
+    resp.headers_mut()
+        .insert(header::SET_COOKIE, set_cookie(app.tls, "", 0));
+    resp
+}
+
+// ----- deciding (the owner; checked in `gate` and again in `backend`) -----
+
+fn decided(
+    json: bool,
+    back: &'static str,
+    r: Result<Vec<backend::Outcome>, BackendError>,
+) -> Response {
+    match r {
+        Ok(outcomes) => {
+            if json {
+                let ok = outcomes.iter().all(|o| o.ok);
+                json_response(
+                    StatusCode::OK,
+                    &serde_json::json!({"ok": ok, "outcomes": outcomes}),
+                )
+            } else {
+                Redirect::to(back).into_response()
+            }
+        }
+        Err(e) => refuse(json, backend_status(&e), &e.to_string()),
+    }
+}
+
+async fn api_approve(
+    State(app): State<App>,
+    headers: HeaderMap,
+    s: axum::Extension<Session>,
+    axum::Extension(p): axum::Extension<Params>,
+) -> Response {
+    let ids: Vec<String> = p.all("act").into_iter().map(str::to_string).collect();
+    let role = s.role;
+    let r = blocking(&app, move |b, st| {
+        if ids.is_empty() {
+            return Err(BackendError::BadInput("name at least one act".into()));
+        }
+        ids.iter()
+            .map(|id| backend::approve(b, st, role, id))
+            .collect()
+    })
+    .await;
+    decided(wants_json(&headers, "/api/"), "/queue", r)
+}
+
+async fn api_reject(
+    State(app): State<App>,
+    headers: HeaderMap,
+    s: axum::Extension<Session>,
+    axum::Extension(p): axum::Extension<Params>,
+) -> Response {
+    let ids: Vec<String> = p.all("act").into_iter().map(str::to_string).collect();
+    let why = p.get("why").unwrap_or("").to_string();
+    let role = s.role;
+    let r = blocking(&app, move |b, st| {
+        if ids.is_empty() {
+            return Err(BackendError::BadInput("name at least one act".into()));
+        }
+        ids.iter()
+            .map(|id| backend::reject(b, st, role, id, &why))
+            .collect()
+    })
+    .await;
+    decided(wants_json(&headers, "/api/"), "/queue", r)
+}
+
+async fn api_approve_commit(
+    State(app): State<App>,
+    headers: HeaderMap,
+    s: axum::Extension<Session>,
+    axum::Extension(p): axum::Extension<Params>,
+) -> Response {
+    let commit = p.get("commit").unwrap_or("").to_string();
+    let role = s.role;
+    let r = blocking(&app, move |b, st| {
+        backend::approve_commit(b, st, role, &commit)
+    })
+    .await;
+    decided(wants_json(&headers, "/api/"), "/queue", r)
+}
+
+fn done(json: bool, back: &'static str, r: Result<serde_json::Value, BackendError>) -> Response {
+    match r {
+        Ok(v) if json => json_response(StatusCode::OK, &v),
+        Ok(_) => Redirect::to(back).into_response(),
+        Err(e) => refuse(json, backend_status(&e), &e.to_string()),
+    }
+}
+
+async fn api_kill(
+    State(app): State<App>,
+    headers: HeaderMap,
+    s: axum::Extension<Session>,
+    axum::Extension(p): axum::Extension<Params>,
+) -> Response {
+    let json = wants_json(&headers, "/api/");
+    if p.get("confirm") != Some("yes") {
+        return refuse(
+            json,
+            StatusCode::BAD_REQUEST,
+            "the kill switch needs confirm=yes",
+        );
+    }
+    let why = p.get("why").unwrap_or("").trim().to_string();
+    if why.is_empty() {
+        return refuse(
+            json,
+            StatusCode::BAD_REQUEST,
+            "the kill switch needs a reason",
+        );
+    }
+    let run = p.get("run").filter(|r| !r.is_empty()).map(str::to_string);
+    let freeze = p.get("freeze") == Some("true");
+    // The kill switch's futures hold the store across awaits: run on a
+    // blocking thread with its own executor so the handler stays `Send`.
+    let (b, role, user) = (app.backend.clone(), s.role, s.user.clone());
+    let handle = tokio::runtime::Handle::current();
+    let r = tokio::task::spawn_blocking(move || {
+        handle.block_on(backend::kill(&b, role, &user, run.as_deref(), freeze, &why))
+    })
+    .await
+    .unwrap_or_else(|e| Err(BackendError::Failed(e.to_string())))
+    .map(|runs| serde_json::json!({"killed": runs, "frozen": freeze}));
+    done(json, "/", r)
+}
+
+async fn api_freeze(
+    State(app): State<App>,
+    headers: HeaderMap,
+    s: axum::Extension<Session>,
+    axum::Extension(p): axum::Extension<Params>,
+) -> Response {
+    let why = p.get("why").unwrap_or("").to_string();
+    let (role, user) = (s.role, s.user.clone());
+    let r = blocking(&app, move |_, st| backend::freeze(st, role, &user, &why))
+        .await
+        .map(|()| serde_json::json!({"frozen": true}));
+    done(wants_json(&headers, "/api/"), "/", r)
+}
+
+async fn api_thaw(
+    State(app): State<App>,
+    headers: HeaderMap,
+    s: axum::Extension<Session>,
+) -> Response {
+    let role = s.role;
+    let r = blocking(&app, move |b, st| backend::thaw(b, st, role))
+        .await
+        .map(|()| serde_json::json!({"frozen": false}));
+    done(wants_json(&headers, "/api/"), "/policy", r)
+}
+
+async fn api_ratify(
+    State(app): State<App>,
+    headers: HeaderMap,
+    s: axum::Extension<Session>,
+    axum::Extension(p): axum::Extension<Params>,
+) -> Response {
+    let proposal = p.get("proposal").unwrap_or("").to_string();
+    let role = s.role;
+    let r = blocking(&app, move |b, st| backend::ratify(b, st, role, &proposal))
+        .await
+        .map(|()| serde_json::json!({"ratified": true}));
+    done(wants_json(&headers, "/api/"), "/policy", r)
+}

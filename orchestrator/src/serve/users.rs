@@ -1,0 +1,169 @@
+//! Dashboard accounts: names, roles and Argon2id password hashes, kept in
+//! the state store (`users`), managed only on the supervisor's side
+//! (`nightshift users add|list|remove`).
+//!
+//! Invariants:
+//! - A password is never stored, logged or taken from the command line:
+//!   only its Argon2id hash (a PHC string with its own random salt).
+//! - A failed login costs the same whether or not the account exists (a
+//!   dummy hash is verified), so the timing does not list accounts.
+//! - Changing or removing an account ends its sessions.
+
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::Argon2;
+
+use super::guard::Role;
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    #[error("account name {0:?}: use 1 to 64 of a-z, 0-9, '.', '_', '-', starting with a letter or digit")]
+    BadName(String),
+    #[error("role {0:?}: use owner or viewer")]
+    BadRole(String),
+    #[error("the password must be at least 12 characters (it was {0})")]
+    ShortPassword(usize),
+    #[error("the password must be at most 1024 bytes")]
+    LongPassword,
+    #[error("hashing the password: {0}")]
+    Hash(String),
+    #[error("reading random bytes: {0}")]
+    Random(#[source] std::io::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+}
+
+/// Random bytes from the kernel.
+pub fn random_bytes<const N: usize>() -> std::io::Result<[u8; N]> {
+    use std::io::Read;
+    let mut buf = [0u8; N];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+/// The Argon2id PHC string of `password` (argon2's defaults: 19 MiB, 2 passes).
+pub fn hash_password(password: &str) -> Result<String, UserError> {
+    let salt = random_bytes::<16>().map_err(UserError::Random)?;
+    let salt = SaltString::encode_b64(&salt).map_err(|e| UserError::Hash(e.to_string()))?;
+    Argon2::default()
+        .hash_password(password.as_bytes(), &salt)
+        .map(|h| h.to_string())
+        .map_err(|e| UserError::Hash(e.to_string()))
+}
+
+fn verify_hash(phc: &str, password: &str) -> bool {
+    PasswordHash::new(phc).is_ok_and(|h| {
+        Argon2::default()
+            .verify_password(password.as_bytes(), &h)
+            .is_ok()
+    })
+}
+
+/// Adds (or replaces) an account.
+pub fn add(store: &Store, name: &str, role: &str, password: &str) -> Result<(), UserError> {
+    if !valid_name(name) {
+        return Err(UserError::BadName(name.to_string()));
+    }
+    let role = Role::parse(role).ok_or_else(|| UserError::BadRole(role.to_string()))?;
+    let chars = password.chars().count();
+    if chars < 12 {
+        return Err(UserError::ShortPassword(chars));
+    }
+    if password.len() > 1024 {
+        return Err(UserError::LongPassword);
+    }
+    store.put_user(name, role.name(), &hash_password(password)?)?;
+    Ok(())
+}
+
+/// The account's role when `password` is its password.
+pub fn authenticate(store: &Store, name: &str, password: &str) -> Result<Option<Role>, UserError> {
+    // Hashed once per process: verified in place of a missing account.
+    static DUMMY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if password.len() > 1024 {
+        return Ok(None);
+    }
+    let found = if valid_name(name) {
+        store.user(name)?
+    } else {
+        None
+    };
+    match found {
+        Some((_, role, phc, _)) => Ok(verify_hash(&phc, password)
+            .then(|| Role::parse(&role))
+            .flatten()),
+        None => {
+            let dummy = match DUMMY.get() {
+                Some(d) => d.clone(),
+                None => {
+                    let d = hash_password("not a password of anyone")?;
+                    DUMMY.get_or_init(|| d).clone()
+                }
+            };
+            let _ = verify_hash(&dummy, password);
+            Ok(None)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StatePaths;
+
+    #[test]
+    fn an_account_logs_in_with_its_password_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(StatePaths::new(dir.path().to_path_buf())).unwrap();
+        add(&store, "alice", "owner", "correct horse battery").unwrap();
+        add(&store, "bob", "viewer", "another long password").unwrap();
+        assert_eq!(
+            authenticate(&store, "alice", "correct horse battery").unwrap(),
+            Some(Role::Owner)
+        );
+        assert_eq!(
+            authenticate(&store, "bob", "another long password").unwrap(),
+            Some(Role::Viewer)
+        );
+        assert_eq!(
+            authenticate(&store, "alice", "another long password").unwrap(),
+            None
+        );
+        assert_eq!(
+            authenticate(&store, "carol", "correct horse battery").unwrap(),
+            None
+        );
+        let (_, _, phc, _) = store.user("alice").unwrap().unwrap();
+        assert!(phc.starts_with("$argon2id$"), "{phc}");
+        assert!(!phc.contains("correct horse"));
+        assert!(matches!(
+            add(&store, "Alice", "owner", "correct horse battery"),
+            Err(UserError::BadName(_))
+        ));
+        assert!(matches!(
+            add(&store, "x", "admin", "correct horse battery"),
+            Err(UserError::BadRole(_))
+        ));
+        assert!(matches!(
+            add(&store, "x", "owner", "short"),
+            Err(UserError::ShortPassword(5))
+        ));
+        assert!(store.remove_user("bob").unwrap());
+        assert_eq!(
+            authenticate(&store, "bob", "another long password").unwrap(),
+            None
+        );
+    }
+}

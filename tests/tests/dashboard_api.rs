@@ -1,0 +1,367 @@
+//! Guarantee 9 at the HTTP layer, against the real `nightshift serve`:
+//! every state-changing endpoint refuses without a session, without the
+//! owner's role, without the session's CSRF token, and from another origin;
+//! a forged `Host` is refused; sessions are strict cookies, rotated at
+//! login and ended at logout; logins are rate-limited; every page carries a
+//! Content-Security-Policy without inline script.
+
+use serde_json::json;
+use tests::browser::{
+    add_accounts, request, Client, Serve, OWNER, OWNER_PASSWORD, VIEWER, VIEWER_PASSWORD,
+};
+use tests::{stderr, State};
+
+fn setup() -> (State, Serve) {
+    let state = State::new();
+    assert!(state.run(&["owner", "init"]).status.success());
+    add_accounts(&state);
+    let serve = Serve::start(&state, &[]);
+    (state, serve)
+}
+
+/// Every state-changing endpoint, with a body that would do something.
+fn changing() -> Vec<(&'static str, serde_json::Value)> {
+    vec![
+        ("/api/v1/acts/approve", json!({"act": ["01ACT"]})),
+        (
+            "/api/v1/acts/reject",
+            json!({"act": ["01ACT"], "why": "no"}),
+        ),
+        (
+            "/api/v1/acts/approve-commit",
+            json!({"commit": "0123456789012345678901234567890123456789"}),
+        ),
+        (
+            "/api/v1/kill",
+            json!({"confirm": "yes", "why": "test", "freeze": "true"}),
+        ),
+        ("/api/v1/freeze", json!({"why": "from a forged request"})),
+        ("/api/v1/thaw", json!({})),
+        ("/api/v1/policy/ratify", json!({"proposal": "p"})),
+    ]
+}
+
+fn frozen(state: &State) -> serde_json::Value {
+    let out = state.run(&["policy", "list", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["frozen"].clone()
+}
+
+#[test]
+fn every_state_changing_endpoint_refuses_without_session_owner_or_token() {
+    let (state, serve) = setup();
+    let owner = Client::login(&serve, OWNER, OWNER_PASSWORD);
+    let viewer = Client::login(&serve, VIEWER, VIEWER_PASSWORD);
+    let host = serve.host();
+    for (path, body) in changing() {
+        let body = body.to_string();
+        let send = |extra: &[(&str, &str)]| {
+            let mut h: Vec<(&str, &str)> =
+                vec![("Host", &host), ("Content-Type", "application/json")];
+            h.extend_from_slice(extra);
+            request(serve.addr, "POST", path, &h, &body)
+        };
+        let r = send(&[]);
+        assert_eq!(r.status, 401, "{path} without a session: {}", r.body);
+        let r = send(&[("Cookie", &viewer.cookie), ("X-CSRF-Token", &viewer.csrf)]);
+        assert_eq!(r.status, 403, "{path} as a viewer: {}", r.body);
+        let r = send(&[("Cookie", &owner.cookie)]);
+        assert_eq!(r.status, 403, "{path} without a token: {}", r.body);
+        assert!(r.body.contains("CSRF"), "{}", r.body);
+        let r = send(&[("Cookie", &owner.cookie), ("X-CSRF-Token", &viewer.csrf)]);
+        assert_eq!(
+            r.status, 403,
+            "{path} with another session's token: {}",
+            r.body
+        );
+        let r = send(&[
+            ("Cookie", &owner.cookie),
+            ("X-CSRF-Token", &owner.csrf),
+            ("Origin", "http://evil.example"),
+        ]);
+        assert_eq!(r.status, 403, "{path} from another origin: {}", r.body);
+        let r = send(&[
+            ("Cookie", &owner.cookie),
+            ("X-CSRF-Token", &owner.csrf),
+            ("Sec-Fetch-Site", "cross-site"),
+        ]);
+        assert_eq!(r.status, 403, "{path} cross-site: {}", r.body);
+        // A form post carries the token in the body: the same checks.
+        let r = request(
+            serve.addr,
+            "POST",
+            path,
+            &[
+                ("Host", &host),
+                ("Cookie", &owner.cookie),
+                ("Content-Type", "application/x-www-form-urlencoded"),
+            ],
+            "csrf=wrong&why=x",
+        );
+        assert_eq!(r.status, 403, "{path} with a wrong form token: {}", r.body);
+    }
+    // Nothing of it happened.
+    assert!(
+        frozen(&state).is_null(),
+        "a refused request froze nightshift"
+    );
+    // And the owner, with the token, from this origin, can: freeze and thaw.
+    let r = owner.post("/api/v1/freeze", &json!({"why": "owner's freeze"}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(frozen(&state), "owner's freeze");
+    let r = request(
+        serve.addr,
+        "POST",
+        "/api/v1/thaw",
+        &[
+            ("Host", &host),
+            ("Cookie", &owner.cookie),
+            ("X-CSRF-Token", &owner.csrf),
+            ("Origin", &format!("http://{host}")),
+            ("Sec-Fetch-Site", "same-origin"),
+            ("Content-Type", "application/json"),
+        ],
+        "{}",
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(frozen(&state).is_null());
+}
+
+#[test]
+fn a_forged_host_is_refused() {
+    let (_state, serve) = setup();
+    let port = serve.addr.port();
+    let evil = format!("evil.example:{port}");
+    let ok = request(serve.addr, "GET", "/login", &[("Host", &serve.host())], "");
+    assert_eq!(ok.status, 200);
+    let local = format!("localhost:{port}");
+    let ok = request(serve.addr, "GET", "/login", &[("Host", &local)], "");
+    assert_eq!(ok.status, 200);
+    for path in ["/login", "/", "/api/v1/runs", "/assets/app.js"] {
+        let r = request(serve.addr, "GET", path, &[("Host", &evil)], "");
+        assert_eq!(r.status, 421, "{path}: {}", r.body);
+    }
+    let r = request(serve.addr, "GET", "/login", &[], "");
+    assert_eq!(r.status, 421, "no Host at all: {}", r.body);
+    // A rebinding page that learnt a session still gets nothing.
+    let owner = Client::login(&serve, OWNER, OWNER_PASSWORD);
+    let r = request(
+        serve.addr,
+        "POST",
+        "/api/v1/freeze",
+        &[
+            ("Host", &evil),
+            ("Cookie", &owner.cookie),
+            ("X-CSRF-Token", &owner.csrf),
+            ("Content-Type", "application/json"),
+        ],
+        "{\"why\":\"x\"}",
+    );
+    assert_eq!(r.status, 421, "{}", r.body);
+    let r = request(
+        serve.addr,
+        "POST",
+        "/api/v1/login",
+        &[("Host", &evil), ("Content-Type", "application/json")],
+        &json!({"name": OWNER, "password": OWNER_PASSWORD}).to_string(),
+    );
+    assert_eq!(r.status, 421);
+    assert!(r.session_cookie().is_none());
+}
+
+#[test]
+fn unauthenticated_visits_go_to_the_login_page() {
+    let (_state, serve) = setup();
+    let host = serve.host();
+    for path in ["/", "/runs", "/queue", "/policy", "/stop", "/runs/01X"] {
+        let r = request(
+            serve.addr,
+            "GET",
+            path,
+            &[("Host", &host), ("Accept", "text/html")],
+            "",
+        );
+        assert_eq!(r.status, 303, "{path}");
+        assert_eq!(r.header("location"), Some("/login"), "{path}");
+    }
+    for path in [
+        "/api/v1/runs",
+        "/api/v1/queue",
+        "/api/v1/morning",
+        "/api/v1/session",
+    ] {
+        let r = request(serve.addr, "GET", path, &[("Host", &host)], "");
+        assert_eq!(r.status, 401, "{path}: {}", r.body);
+    }
+    // A made-up cookie is no session.
+    let r = request(
+        serve.addr,
+        "GET",
+        "/api/v1/runs",
+        &[
+            ("Host", &host),
+            ("Cookie", &format!("nightshift_session={}", "a".repeat(64))),
+        ],
+        "",
+    );
+    assert_eq!(r.status, 401);
+}
+
+#[test]
+fn sessions_are_strict_cookies_rotated_at_login_and_ended_at_logout() {
+    let (_state, serve) = setup();
+    let host = serve.host();
+    let body = json!({"name": OWNER, "password": OWNER_PASSWORD}).to_string();
+    let first = request(
+        serve.addr,
+        "POST",
+        "/api/v1/login",
+        &[("Host", &host), ("Content-Type", "application/json")],
+        &body,
+    );
+    let set = first.header("set-cookie").unwrap().to_string();
+    assert!(set.contains("HttpOnly"), "{set}");
+    assert!(set.contains("SameSite=Strict"), "{set}");
+    assert!(!set.contains("Secure"), "plain HTTP on loopback: {set}");
+    let old = first.session_cookie().unwrap();
+    // Logging in again while presenting the old session rotates it.
+    let second = request(
+        serve.addr,
+        "POST",
+        "/api/v1/login",
+        &[
+            ("Host", &host),
+            ("Content-Type", "application/json"),
+            ("Cookie", &old),
+        ],
+        &body,
+    );
+    assert_eq!(second.status, 200, "{}", second.body);
+    let new = second.session_cookie().unwrap();
+    assert_ne!(old, new);
+    let with = |cookie: &str| {
+        request(
+            serve.addr,
+            "GET",
+            "/api/v1/session",
+            &[("Host", &host), ("Cookie", cookie)],
+            "",
+        )
+    };
+    assert_eq!(with(&old).status, 401, "the old session survived the login");
+    assert_eq!(with(&new).status, 200);
+    assert_eq!(with(&new).json()["role"], "owner");
+    let csrf = second.json()["csrf"].as_str().unwrap().to_string();
+    let out = request(
+        serve.addr,
+        "POST",
+        "/api/v1/logout",
+        &[
+            ("Host", &host),
+            ("Cookie", &new),
+            ("X-CSRF-Token", &csrf),
+            ("Content-Type", "application/json"),
+        ],
+        "{}",
+    );
+    assert_eq!(out.status, 200, "{}", out.body);
+    assert_eq!(with(&new).status, 401, "the session survived the logout");
+}
+
+#[test]
+fn a_removed_account_loses_its_sessions() {
+    let (state, serve) = setup();
+    let viewer = Client::login(&serve, VIEWER, VIEWER_PASSWORD);
+    assert_eq!(viewer.get("/api/v1/runs").status, 200);
+    assert!(state.run(&["users", "remove", VIEWER]).status.success());
+    assert_eq!(viewer.get("/api/v1/runs").status, 401);
+}
+
+#[test]
+fn logins_are_rate_limited() {
+    let (_state, serve) = setup();
+    let host = serve.host();
+    let mut statuses = Vec::new();
+    for _ in 0..12 {
+        let r = request(
+            serve.addr,
+            "POST",
+            "/api/v1/login",
+            &[("Host", &host), ("Content-Type", "application/json")],
+            &json!({"name": OWNER, "password": "guess guess guess"}).to_string(),
+        );
+        statuses.push(r.status);
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 401 || *s == 429),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.contains(&429),
+        "12 wrong logins in a row were never limited: {statuses:?}"
+    );
+    // While limited, even the right password does not get in.
+    let r = request(
+        serve.addr,
+        "POST",
+        "/api/v1/login",
+        &[("Host", &host), ("Content-Type", "application/json")],
+        &json!({"name": OWNER, "password": OWNER_PASSWORD}).to_string(),
+    );
+    assert_eq!(r.status, 429, "{}", r.body);
+    assert!(r.session_cookie().is_none());
+}
+
+#[test]
+fn every_response_carries_a_strict_content_security_policy() {
+    let (_state, serve) = setup();
+    let owner = Client::login(&serve, OWNER, OWNER_PASSWORD);
+    for path in ["/login", "/", "/queue", "/api/v1/runs", "/nowhere"] {
+        let r = owner.get(path);
+        let csp = r
+            .header("content-security-policy")
+            .unwrap_or_else(|| panic!("{path}: no CSP"));
+        assert!(csp.contains("default-src 'none'"), "{csp}");
+        assert!(csp.contains("script-src 'self'"), "{csp}");
+        assert!(csp.contains("frame-ancestors 'none'"), "{csp}");
+        assert!(
+            !csp.contains("unsafe-inline") && !csp.contains("unsafe-eval"),
+            "{csp}"
+        );
+        assert_eq!(r.header("x-content-type-options"), Some("nosniff"));
+    }
+}
+
+#[test]
+fn plain_http_off_loopback_is_refused_and_passwords_come_from_stdin() {
+    let state = State::new();
+    let out = state.run(&["serve", "--bind", "0.0.0.0:0"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a loopback address"),
+        "{}",
+        stderr(&out)
+    );
+    // No password argument exists.
+    let out = state.run(&["users", "add", "x", "--role", "owner", "--password", "p"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    // Too short a password from stdin is refused.
+    let mut child = state
+        .cmd()
+        .args(["users", "add", "x", "--role", "owner"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"short\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    add_accounts(&state);
+    let out = state.run(&["users", "list", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list[0]["name"], OWNER);
+    assert_eq!(list[0]["role"], "owner");
+    assert_eq!(list[1]["role"], "viewer");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("argon2"));
+}

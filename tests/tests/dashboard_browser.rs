@@ -1,0 +1,425 @@
+//! The morning's review in a real headless Chromium (WebDriver, fantoccini)
+//! against the real `nightshift serve`, real sandboxes and the loopback git
+//! server: log in; see finished runs and their diffs; approve an act and
+//! see it carried out without a reload; reject one with a reason; approve
+//! every act that carries one commit; pull the kill switch and see the run
+//! die; log out. A hostile run's commit messages, file names, branch name,
+//! output and act body carry script tags, event handlers, `javascript:`
+//! links, SVG, CSS and terminal escapes: no script runs (a global the
+//! payloads would set stays unset), nothing is fetched from anywhere else,
+//! and the text is shown literally. Screenshots of Morning, Run and Queue
+//! are saved in `target/screenshots/`.
+
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, Locator};
+use tests::browser::{add_accounts, screenshot_dir, Driver, Serve, OWNER, OWNER_PASSWORD};
+use tests::morning::Morning;
+use tests::{image, stderr, wait_running, WAIT_AT_GATE};
+
+const HOSTILE_SCRIPT: &str = r#"
+RLO=$(printf '\342\200\256')
+ESC=$(printf '\033')
+printf '<script>window.__pwned=3</script> %s[31mred%s[0m %sevil\n' "$ESC" "$ESC" "$RLO"
+mkdir -p .github/workflows && echo 'on: push' > .github/workflows/evil.yml
+echo x > '<img src=x onerror=window.__pwned=2>.txt'
+git add -A
+git commit -qm "<script>window.__pwned=1</script> ${ESC}[2J ${RLO}gnp.exe <a href=javascript:window.__pwned=8>x</a>"
+git push -q origin 'HEAD:refs/heads/agent/"><svg/onload=window.__pwned=4>'
+printf '<script>window.__pwned=5</script><img src=http://evil.example/x.png><a href="javascript:window.__pwned=7">click</a><style>body{display:none}</style><svg onload="window.__pwned=6"></svg>' > m.txt
+nightshift-act notify team --file m.txt
+true
+"#;
+
+async fn pwned(c: &Client) -> serde_json::Value {
+    c.execute(
+        "return typeof window.__pwned === 'undefined' ? null : window.__pwned;",
+        vec![],
+    )
+    .await
+    .unwrap()
+}
+
+/// Every resource the page loaded came from the dashboard itself.
+async fn fetched_elsewhere(c: &Client, origin: &str) -> Vec<String> {
+    let v = c
+        .execute(
+            "return performance.getEntriesByType('resource').map(e => e.name);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n.as_str())
+        .filter(|n| !n.starts_with(origin))
+        .map(str::to_string)
+        .collect()
+}
+
+async fn text_of(c: &Client, css: &str) -> String {
+    c.execute(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent : null;",
+        vec![serde_json::json!(css)],
+    )
+    .await
+    .unwrap()
+    .as_str()
+    .unwrap_or_else(|| panic!("nothing matches {css}"))
+    .to_string()
+}
+
+async fn wait_state(c: &Client, act: &str, want: &str) {
+    let css = format!(".act[data-act=\"{act}\"] .state");
+    let started = Instant::now();
+    loop {
+        let now = text_of(c, &css).await;
+        if now == want {
+            return;
+        }
+        let line = text_of(c, &format!(".act[data-act=\"{act}\"] .outcome")).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "act {act} is {now}, not {want}: {line}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn screenshot(c: &Client, name: &str) {
+    let png = c.screenshot().await.unwrap();
+    std::fs::write(screenshot_dir().join(name), png).unwrap();
+}
+
+fn acts_of(m: &Morning, run: &str) -> Vec<serde_json::Value> {
+    m.queue()
+        .into_iter()
+        .filter(|a| a["act"]["run"] == run)
+        .collect()
+}
+
+fn commit_of(a: &serde_json::Value) -> String {
+    a["act"]["content"]["commit"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_morning_review_in_a_real_browser() {
+    let m = Morning::new();
+    std::fs::write(
+        m.state.path().join("destinations.toml"),
+        std::fs::read_to_string(m.state.path().join("destinations.toml")).unwrap()
+            + "\n[notify.team]\nurl = \"http://127.0.0.1:9/hook\"\nreaders = \"private\"\n",
+    )
+    .unwrap();
+    // The night: three runs and their acts.
+    let same = m.run_agent(
+        "echo one > one.txt && git add one.txt && git commit -qm one && \
+         git push -q origin HEAD:refs/heads/agent/one; git push -q origin HEAD:refs/heads/agent/two; true",
+    );
+    let two = m.run_agent(
+        "echo a > a.txt && git add a.txt && git commit -qm a && git push -q origin HEAD:refs/heads/agent/single; \
+         echo b > b.txt && git add b.txt && git commit -qm b && git push -q origin HEAD:refs/heads/agent/reject; true",
+    );
+    let hostile = m.run_agent(HOSTILE_SCRIPT);
+    let same_acts = acts_of(&m, &same);
+    assert_eq!(same_acts.len(), 2, "{same_acts:?}");
+    let shared_commit = commit_of(&same_acts[0]);
+    assert_eq!(shared_commit, commit_of(&same_acts[1]));
+    let two_acts = acts_of(&m, &two);
+    assert_eq!(two_acts.len(), 2, "{two_acts:?}");
+    let (single, reject) = (
+        two_acts[0]["act"]["id"].as_str().unwrap().to_string(),
+        two_acts[1]["act"]["id"].as_str().unwrap().to_string(),
+    );
+    let single_commit = commit_of(&two_acts[0]);
+    assert_eq!(
+        acts_of(&m, &hostile).len(),
+        2,
+        "the hostile run's push and message are queued"
+    );
+
+    add_accounts(&m.state);
+    let serve = Serve::start(&m.state, &["--owner-key-file", m.key.to_str().unwrap()]);
+    let origin = format!("http://{}", serve.addr);
+    let driver = Driver::start();
+    let c = driver.browser().await;
+
+    // Not logged in: the login page.
+    c.goto(&serve.url("/queue")).await.unwrap();
+    assert!(c.current_url().await.unwrap().as_str().ends_with("/login"));
+    c.find(Locator::Id("name"))
+        .await
+        .unwrap()
+        .send_keys(OWNER)
+        .await
+        .unwrap();
+    c.find(Locator::Id("password"))
+        .await
+        .unwrap()
+        .send_keys(OWNER_PASSWORD)
+        .await
+        .unwrap();
+    c.find(Locator::Id("login-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    if c.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("section#runs"))
+        .await
+        .is_err()
+    {
+        panic!(
+            "no Morning page after logging in: {} {}",
+            c.current_url().await.unwrap(),
+            c.source().await.unwrap()
+        );
+    }
+
+    // Morning: the runs by outcome, the chain verified.
+    let morning = text_of(&c, "main").await;
+    assert!(morning.contains("finished: 3"), "{morning}");
+    assert!(text_of(&c, "#chain").await.contains("verified"));
+    assert_eq!(
+        pwned(&c).await,
+        serde_json::Value::Null,
+        "a payload ran on Morning"
+    );
+    screenshot(&c, "morning.png").await;
+
+    // The hostile run: its diff, commit message, file names and output literally.
+    c.goto(&serve.url(&format!("/runs/{hostile}")))
+        .await
+        .unwrap();
+    let changes = text_of(&c, "#changes").await;
+    assert!(
+        changes.contains("<script>window.__pwned=1</script>"),
+        "{changes}"
+    );
+    assert!(
+        changes.contains("<img src=x onerror=window.__pwned=2>.txt"),
+        "{changes}"
+    );
+    assert!(
+        changes.contains("\\u{202e}gnp.exe"),
+        "the bidi override is not shown visibly: {changes}"
+    );
+    assert!(
+        !changes.contains('\u{202e}'),
+        "a raw bidi override reached the page"
+    );
+    assert!(
+        !changes.contains('\u{1b}'),
+        "a raw terminal escape reached the page"
+    );
+    assert!(
+        changes.contains("RUNS ON THE HOST"),
+        "the workflow file is not flagged: {changes}"
+    );
+    let output = text_of(&c, "#live-output").await;
+    assert!(
+        output.contains("<script>window.__pwned=3</script>"),
+        "{output}"
+    );
+    assert!(
+        output.contains("\\x1b[31m") || output.contains("\\u{1b}[31m"),
+        "{output}"
+    );
+    assert_eq!(
+        pwned(&c).await,
+        serde_json::Value::Null,
+        "a payload ran on Run"
+    );
+    // No link anywhere points where an agent said.
+    let hrefs = c
+        .execute(
+            "return [...document.querySelectorAll('a')].map(a => a.getAttribute('href'));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    for h in hrefs.as_array().unwrap() {
+        let h = h.as_str().unwrap_or("");
+        assert!(h.starts_with('/'), "a link the page did not make: {h}");
+    }
+    screenshot(&c, "run.png").await;
+
+    // The finished run with an ordinary diff.
+    c.goto(&serve.url(&format!("/runs/{two}"))).await.unwrap();
+    let changes = text_of(&c, "#changes").await;
+    assert!(
+        changes.contains("a.txt") && changes.contains("b.txt") && changes.contains("+a"),
+        "{changes}"
+    );
+
+    // Queue: everything on one page; the hostile act body as text.
+    c.goto(&serve.url("/queue")).await.unwrap();
+    let queue = text_of(&c, "main").await;
+    assert!(
+        queue.contains("<script>window.__pwned=5</script>"),
+        "{queue}"
+    );
+    assert!(
+        queue.contains("agent/\"><svg/onload=window.__pwned=4>"),
+        "{queue}"
+    );
+    assert!(queue.contains("changes files the host may run"), "{queue}");
+    assert_eq!(
+        pwned(&c).await,
+        serde_json::Value::Null,
+        "a payload ran on Queue"
+    );
+    let elsewhere = fetched_elsewhere(&c, &origin).await;
+    assert!(
+        elsewhere.is_empty(),
+        "fetched from elsewhere: {elsewhere:?}"
+    );
+    screenshot(&c, "queue.png").await;
+
+    // Approve one act: carried out against the loopback git server, shown without a reload.
+    c.execute("window.__same_page = 1;", vec![]).await.unwrap();
+    c.find(Locator::Css(&format!(
+        ".act[data-act=\"{single}\"] button.approve"
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    wait_state(&c, &single, "done").await;
+    assert_eq!(m.remote_ref("refs/heads/agent/single"), Some(single_commit));
+
+    // Reject one with a reason.
+    c.find(Locator::Css(&format!(
+        ".act[data-act=\"{reject}\"] input.why"
+    )))
+    .await
+    .unwrap()
+    .send_keys("not this one: b.txt is wrong")
+    .await
+    .unwrap();
+    c.find(Locator::Css(&format!(
+        ".act[data-act=\"{reject}\"] button.reject"
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    wait_state(&c, &reject, "rejected").await;
+    assert_eq!(
+        m.act(&reject)["state"]["why"],
+        "not this one: b.txt is wrong",
+        "the reason was not kept"
+    );
+    assert_eq!(m.remote_ref("refs/heads/agent/reject"), None);
+
+    // One decision for one content: every act carrying the commit.
+    c.find(Locator::Css(&format!(
+        "button.approve-commit[data-commit=\"{shared_commit}\"]"
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    for a in &same_acts {
+        wait_state(&c, a["act"]["id"].as_str().unwrap(), "done").await;
+    }
+    assert_eq!(
+        m.remote_ref("refs/heads/agent/one").as_deref(),
+        Some(shared_commit.as_str())
+    );
+    assert_eq!(
+        m.remote_ref("refs/heads/agent/two").as_deref(),
+        Some(shared_commit.as_str())
+    );
+    let same_page = c
+        .execute("return window.__same_page;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(same_page, 1, "the page reloaded to show the outcomes");
+
+    // The kill switch, from the Stop page: a running run dies, nightshift freezes.
+    let mut child = m
+        .state
+        .cmd()
+        .args([
+            "run",
+            "--repo",
+            m.repo.path().to_str().unwrap(),
+            "--image",
+            &image(),
+            "--",
+        ])
+        .args(["bash", "-c", &format!("{WAIT_AT_GATE} sleep 600")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let running = wait_running(&m.state, &mut child, 1);
+    c.find(Locator::Css("nav a.stop"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait().for_element(Locator::Id("stop-why")).await.unwrap();
+    c.find(Locator::Id("stop-why"))
+        .await
+        .unwrap()
+        .send_keys("stop everything")
+        .await
+        .unwrap();
+    c.find(Locator::Id("stop-confirm"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.find(Locator::Id("stop-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait().for_element(Locator::Id("frozen")).await.unwrap();
+    assert!(text_of(&c, "#frozen").await.contains("stop everything"));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the run survived the kill switch"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(!status.success());
+    let run = m.state.show(&running[0]);
+    assert!(
+        run["run"]["status"].as_str().unwrap().contains("kill"),
+        "{}",
+        run["run"]["status"]
+    );
+    assert!(m.state.containers().is_empty(), "a sandbox survived");
+
+    // Log out: the login page, and the pages are closed again.
+    c.find(Locator::Id("logout"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait().for_element(Locator::Id("login")).await.unwrap();
+    c.goto(&serve.url("/")).await.unwrap();
+    assert!(c.current_url().await.unwrap().as_str().ends_with("/login"));
+    c.close().await.unwrap();
+
+    let out = m.state.verify();
+    assert!(out.status.success(), "{}", stderr(&out));
+}
