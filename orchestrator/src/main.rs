@@ -241,9 +241,15 @@ enum ImageCommand {
         /// Debian mirror to take packages from.
         #[arg(long, env = "NIGHTSHIFT_DEBIAN_MIRROR", default_value = image::DEFAULT_MIRROR)]
         mirror: String,
+        /// Build an agent image instead: claude-code, codex, mini-swe-agent, aider, python-sdks.
+        #[arg(long)]
+        agent: Option<String>,
     },
-    /// Print the default image's reference.
-    Ref,
+    /// Print the default image's reference (or an agent image's, with --agent).
+    Ref {
+        #[arg(long)]
+        agent: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -401,17 +407,50 @@ async fn dispatch(cli: Cli) -> i32 {
 
 async fn image_cmd(root: &std::path::Path, command: ImageCommand) -> Result<i32, i32> {
     match command {
-        ImageCommand::Ref => {
+        ImageCommand::Ref { agent: None } => {
             outln!("{}", image::default_reference());
             Ok(exit::OK)
         }
-        ImageCommand::Build { mirror } => {
+        ImageCommand::Ref { agent: Some(name) } => {
+            outln!("{}", agent_preset(&name)?.reference());
+            Ok(exit::OK)
+        }
+        ImageCommand::Build {
+            mirror,
+            agent: None,
+        } => {
             let engine = connect().await?;
             let reference = build_image(&engine, root, &mirror).await?;
             outln!("{reference}");
             Ok(exit::OK)
         }
+        ImageCommand::Build {
+            mirror,
+            agent: Some(name),
+        } => {
+            let agent = agent_preset(&name)?;
+            let engine = connect().await?;
+            let paths = StatePaths::new(root.to_path_buf());
+            let reference =
+                image::build_agent(&engine, &paths.image_build(), &mirror, agent, |line| {
+                    errln!("image: {line}")
+                })
+                .await
+                .map_err(|e| {
+                    errln!("nightshift: building the {} image: {e}", agent.name());
+                    exit::INTERNAL
+                })?;
+            outln!("{reference}");
+            Ok(exit::OK)
+        }
     }
+}
+
+fn agent_preset(name: &str) -> Result<image::Agent, i32> {
+    image::Agent::from_name(name).map_err(|e| {
+        errln!("nightshift: {e}");
+        exit::USAGE
+    })
 }
 
 async fn build_image(engine: &Engine, root: &std::path::Path, mirror: &str) -> Result<String, i32> {
