@@ -97,6 +97,11 @@ fn main() {
             fail(&format!("{}: {why}", built.display()));
         }
         let dest = out_dir.join(name);
+        // A new file, never a write into the old one: a target directory
+        // seeded as a hard-link copy of another (`cp -al`) shares its
+        // inodes, and writing through them would change the other build's
+        // embedded clients.
+        let _ = std::fs::remove_file(&dest);
         std::fs::write(&dest, &bytes)
             .unwrap_or_else(|e| fail(&format!("writing {}: {e}", dest.display())));
     }

@@ -48,7 +48,7 @@ use serde_json::json;
 use crate::audit_log::{digest, Event};
 use crate::owner;
 use crate::state_store::StateStore;
-use crate::store::{Store, StoreError};
+use crate::store::{StatePaths, Store, StoreError};
 
 /// Where the owner's destinations are configured.
 pub fn destinations_path<S: StateStore + ?Sized>(store: &S) -> PathBuf {
@@ -155,7 +155,7 @@ fn destination_of(req: &Request) -> Option<&str> {
     match req {
         Request::Push { remote, .. } | Request::PullRequest { remote, .. } => Some(remote),
         Request::Notify { destination, .. } => Some(destination),
-        Request::Ask { .. } => None,
+        Request::Ask { .. } | Request::PolicyCheck { .. } => None,
     }
 }
 
@@ -176,6 +176,7 @@ fn destination_readers(dest: &Destinations, req: &Request) -> Option<Readers> {
         }
         Request::Notify { destination, .. } => dest.notify.get(destination).map(|n| n.readers),
         Request::Ask { .. } => Some(Readers::Private),
+        Request::PolicyCheck { .. } => None,
     }
 }
 
@@ -260,6 +261,7 @@ pub fn handle<S: StateStore + ?Sized>(
     }
     let (verdict, rule, act) = match &answer {
         Response::Refused { rule, .. } => ("refused", Some(rule.clone()), None),
+        Response::Asks { rule, .. } => ("asks", Some(rule.clone()), None),
         Response::Queued { act } => ("queued", seen.deciding_rule.clone(), Some(act.clone())),
         Response::Done { .. } => (
             "done",
@@ -319,7 +321,7 @@ pub fn policy_args(req: &Request, repository: &str) -> serde_json::Value {
             ..
         } => json!({"remote": remote, "base": base, "head": head, "commit": head_commit}),
         Request::Notify { destination, .. } => json!({"destination": destination}),
-        Request::Ask { .. } => json!({}),
+        Request::Ask { .. } | Request::PolicyCheck { .. } => json!({}),
     };
     if let (Some(o), true) = (args.as_object_mut(), !matches!(req, Request::Ask { .. })) {
         o.insert("repository".into(), repository.into());
@@ -355,6 +357,12 @@ fn decide<S: StateStore + ?Sized>(
     if let Err(e) = req.validate() {
         return Response::Error {
             reason: e.to_string(),
+        };
+    }
+    if matches!(req, Request::PolicyCheck { .. }) {
+        // The door answers these itself (`policy_check`); never an act.
+        return Response::Error {
+            reason: "a policy check is a question, not an act".into(),
         };
     }
     let rules = match crate::policy::load(store, None) {
@@ -712,7 +720,103 @@ fn bind(
             },
             Some(body.as_bytes().to_vec()),
         )),
+        Request::PolicyCheck { .. } => Err(Response::Error {
+            reason: "a policy check is a question, not an act".into(),
+        }),
     }
+}
+
+/// The answer to a policy check, and whether it wrote an audit entry.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub response: Response,
+    pub audited: bool,
+}
+
+/// Answers a harness's pre-tool hook asked through the door (a question,
+/// not an act): the run's rules decide the payload exactly as `nightshift
+/// policy check --tool -` would (`policies::hook_decide`), with the run as
+/// the actor (`run-<id>`, as for its acts). Allow: `done`, nothing written.
+/// Refuse and ask: audited (`policy_decision`, with the run, the tool's
+/// name and the request's digest; bad input with the payload's digest)
+/// before the answer. Any failure is a refusal naming
+/// `nightshift:hook-internal`: the hook fails closed.
+pub fn policy_check(paths: &StatePaths, door: &RunDoor, payload: &serde_json::Value) -> Checked {
+    let internal = |reason: String| Checked {
+        response: refused("nightshift:hook-internal", reason),
+        audited: false,
+    };
+    let mut store = match Store::open(paths.clone()) {
+        Ok(s) => s,
+        Err(_) => return internal("the supervisor's state is unavailable".into()),
+    };
+    let rules = match crate::policy::load(&store, None) {
+        Ok(r) => r,
+        Err(e) => return internal(format!("the policy could not be read: {e}")),
+    };
+    let bytes = serde_json::to_vec(payload).unwrap_or_default();
+    let actor = format!("run-{}", door.run);
+    let outcome = policies::hook_decide(
+        &rules,
+        Some(&actor),
+        "-",
+        &bytes,
+        crate::policy::now(),
+        false,
+    );
+    let tool = outcome.tool.clone().unwrap_or_else(|| "-".into());
+    let written = match &outcome.decision {
+        Some(decision) => {
+            crate::policy::record_decision(&mut store, Some(&door.run), Some(&actor), &tool, decision)
+        }
+        None => store
+            .append(
+                Some(&door.run),
+                &Event::PolicyDecision {
+                    actor: Some(actor.clone()),
+                    door: tool,
+                    verdict: "refuse".into(),
+                    rule: policies::hook::INPUT_ID.into(),
+                    escalated: false,
+                    stood_aside: Vec::new(),
+                    generation: rules.generation().to_string(),
+                    digest: digest(&bytes),
+                },
+                false,
+            )
+            .map(|_| ())
+            .map_err(crate::policy::PolicyError::from),
+    };
+    if let Err(e) = written {
+        return internal(format!("the decision could not be recorded: {e}"));
+    }
+    let audited = outcome.verdict != policies::Verdict::Allow;
+    let response = match (&outcome.decision, outcome.verdict) {
+        (_, policies::Verdict::Allow) => Response::Done {
+            detail: String::new(),
+        },
+        (Some(d), policies::Verdict::Ask) => Response::Asks {
+            rule: d.rule.to_string(),
+            reason: d.reason.clone(),
+        },
+        (Some(d), policies::Verdict::Refuse) => Response::Refused {
+            rule: match &d.rule {
+                policies::Decider::NoRule => policies::hook::INPUT_ID.to_string(),
+                other => other.to_string(),
+            },
+            reason: d.reason.clone(),
+        },
+        // Refused before any rule: the hook's own line says why.
+        (None, _) => Response::Refused {
+            rule: policies::hook::INPUT_ID.into(),
+            reason: outcome
+                .stderr
+                .strip_prefix(&format!("refused by rule {}: ", policies::hook::INPUT_ID))
+                .unwrap_or(&outcome.stderr)
+                .to_string(),
+        },
+    };
+    Checked { response, audited }
 }
 
 /// One queued act as stored.

@@ -13,8 +13,13 @@
 //!   frame limit, read within a deadline; at most a few connections are
 //!   served at once; a malformed, oversized or slow request gets an error
 //!   reply (when the peer is still there) and never stalls the supervisor.
+//! - A policy check (a harness's pre-tool hook, protocol version 3) is a
+//!   question answered at once under the run's rules, never an act: an
+//!   allow writes nothing; each refusal and ask is audited and counts
+//!   against [`MAX_REQUESTS_PER_RUN`], so an agent cannot grow the audit
+//!   without bound, while allowed checks do not use up the run's requests.
 //! - The objects of a push or pull request arrive as a pack after the
-//!   request (protocol version 2): its declared size is refused over
+//!   request (protocol version 2 on): its declared size is refused over
 //!   [`MAX_PACK_BYTES`] per request or [`MAX_PACK_BYTES_PER_RUN`] per run
 //!   before a byte of it is read; it is read within a deadline that grows
 //!   with its size, into a scratch directory the supervisor owns
@@ -154,12 +159,7 @@ pub fn open(paths: &StatePaths, door: RunDoor) -> std::io::Result<DoorHandle> {
             let (paths, door, served, packed) =
                 (paths.clone(), door.clone(), served.clone(), packed.clone());
             tokio::spawn(async move {
-                let n = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                let _ = if n > MAX_REQUESTS_PER_RUN {
-                    flooded(stream, &paths, &door.run, n == MAX_REQUESTS_PER_RUN + 1).await
-                } else {
-                    serve(stream, &paths, door, n, &packed).await
-                };
+                let _ = serve(stream, &paths, door, &served, &packed).await;
                 drop(permit);
             });
         }
@@ -167,13 +167,8 @@ pub fn open(paths: &StatePaths, door: RunDoor) -> std::io::Result<DoorHandle> {
     Ok(DoorHandle { dir, scratch, task })
 }
 
-/// Past the request cap: refused without reading, the first time audited.
-async fn flooded(
-    mut stream: UnixStream,
-    paths: &StatePaths,
-    run: &str,
-    first: bool,
-) -> std::io::Result<()> {
+/// Past the request cap: refused, the first time audited.
+async fn flooded(paths: &StatePaths, run: &str, door: &str, first: bool) -> Response {
     let response = Response::Refused {
         rule: "nightshift:rate-cap".into(),
         reason: format!(
@@ -181,17 +176,16 @@ async fn flooded(
         ),
     };
     if first {
-        audit_protocol_error(paths, run, None, &response, "flood").await;
+        audit_protocol_error(paths, run, Some(door), &response, "flood").await;
     }
-    stream.write_all(&encode_response(&response)).await?;
-    stream.shutdown().await
+    response
 }
 
 async fn serve(
     mut stream: UnixStream,
     paths: &StatePaths,
     door: Arc<RunDoor>,
-    n: u64,
+    served: &std::sync::atomic::AtomicU64,
     packed: &std::sync::atomic::AtomicU64,
 ) -> std::io::Result<()> {
     let mut reader = RequestReader::new();
@@ -224,7 +218,42 @@ async fn serve(
             audit_protocol_error(paths, &door.run, None, &response, "error").await;
             response
         }
+        // A policy check is a question, answered at once; only its refusals
+        // and asks are audited, and count against the run's cap.
+        Ok(Ok(Ok(Request::PolicyCheck { payload }))) => {
+            let (paths2, door2) = (paths.clone(), door.clone());
+            let checked = tokio::task::spawn_blocking(move || {
+                crate::acts::policy_check(&paths2, &door2, &payload)
+            })
+            .await
+            .unwrap_or(crate::acts::Checked {
+                response: Response::Refused {
+                    rule: "nightshift:hook-internal".into(),
+                    reason: "the supervisor failed to decide".into(),
+                },
+                audited: false,
+            });
+            if checked.audited {
+                let n = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                if n > MAX_REQUESTS_PER_RUN {
+                    flooded(paths, &door.run, "policy_check", n == MAX_REQUESTS_PER_RUN + 1)
+                        .await
+                } else {
+                    checked.response
+                }
+            } else {
+                checked.response
+            }
+        }
         Ok(Ok(Ok(request))) => {
+            let n = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            if n > MAX_REQUESTS_PER_RUN {
+                let response =
+                    flooded(paths, &door.run, request.door(), n == MAX_REQUESTS_PER_RUN + 1).await;
+                let response = without_host_paths(&response, &[&paths.root, &door.repo]);
+                stream.write_all(&encode_response(&response)).await?;
+                return stream.shutdown().await;
+            }
             let scratch = paths
                 .root
                 .join("scratch")
@@ -281,7 +310,7 @@ async fn receive(
     let carries_objects = match request {
         Request::Push { delete, .. } => !delete,
         Request::PullRequest { .. } => true,
-        Request::Notify { .. } | Request::Ask { .. } => false,
+        Request::Notify { .. } | Request::Ask { .. } | Request::PolicyCheck { .. } => false,
     };
     if !carries_objects {
         return Ok(None);
@@ -381,6 +410,10 @@ pub fn without_host_paths(response: &Response, hidden: &[&Path]) -> Response {
             reason: scrub(reason),
         },
         Response::Queued { act } => Response::Queued { act: scrub(act) },
+        Response::Asks { rule, reason } => Response::Asks {
+            rule: scrub(rule),
+            reason: scrub(reason),
+        },
         Response::Done { detail } => Response::Done {
             detail: scrub(detail),
         },

@@ -37,6 +37,8 @@ pub enum ImageError {
     },
     #[error("the root filesystem recipe failed ({status}); its last lines:\n{tail}")]
     Recipe { status: String, tail: String },
+    #[error("the {preset} preset's lock file pins a version known to have been malicious: {pins}")]
+    Malicious { preset: &'static str, pins: String },
     #[error("the engine holds image {reference} with id {found}, expected {expected}")]
     IdMismatch {
         reference: String,
@@ -97,15 +99,204 @@ pub fn default_reference() -> String {
     format!("{REPOSITORY}:{}", &inputs_digest()[..16])
 }
 
+/// The recipe that installs an agent preset over the default root filesystem.
+pub const AGENT_RECIPE: &str = include_str!("../../sandbox-image/agents/install-agent.sh");
+/// Package versions known to have been malicious; no lock file pins one.
+pub const KNOWN_MALICIOUS: &str = include_str!("../../sandbox-image/agents/known-malicious.txt");
+/// Where agent images are kept: `nightshift-agent-<preset>:<digest>`.
+pub const AGENT_REPOSITORY: &str = "nightshift-agent";
+
+/// An agent image: the default image plus a real agent installed from
+/// PyPI at build time, pinned with hashes (`sandbox-image/agents/<preset>/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Agent {
+    ClaudeCode,
+    Codex,
+    MiniSweAgent,
+    Aider,
+    /// The official `openai` and `anthropic` Python SDKs (for tests).
+    PythonSdks,
+}
+
+macro_rules! preset_file {
+    ($preset:literal, $file:literal) => {
+        include_str!(concat!("../../sandbox-image/agents/", $preset, "/", $file))
+    };
+}
+
+impl Agent {
+    pub const ALL: [Agent; 5] = [
+        Agent::ClaudeCode,
+        Agent::Codex,
+        Agent::MiniSweAgent,
+        Agent::Aider,
+        Agent::PythonSdks,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Agent::ClaudeCode => "claude-code",
+            Agent::Codex => "codex",
+            Agent::MiniSweAgent => "mini-swe-agent",
+            Agent::Aider => "aider",
+            Agent::PythonSdks => "python-sdks",
+        }
+    }
+
+    /// The preset named `name`, or the error listing them.
+    pub fn from_name(name: &str) -> Result<Agent, String> {
+        Agent::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| {
+                format!(
+                    "no agent preset {name:?}; the presets are {}",
+                    Agent::ALL.map(Agent::name).join(", ")
+                )
+            })
+    }
+
+    /// The lock file: every package with `==` and `--hash=sha256:`.
+    pub fn requirements(self) -> &'static str {
+        match self {
+            Agent::ClaudeCode => preset_file!("claude-code", "requirements.txt"),
+            Agent::Codex => preset_file!("codex", "requirements.txt"),
+            Agent::MiniSweAgent => preset_file!("mini-swe-agent", "requirements.txt"),
+            Agent::Aider => preset_file!("aider", "requirements.txt"),
+            Agent::PythonSdks => preset_file!("python-sdks", "requirements.txt"),
+        }
+    }
+
+    /// Debian packages added to the default image's.
+    pub fn packages(self) -> &'static str {
+        match self {
+            Agent::ClaudeCode => preset_file!("claude-code", "packages.txt"),
+            Agent::Codex => preset_file!("codex", "packages.txt"),
+            Agent::MiniSweAgent => preset_file!("mini-swe-agent", "packages.txt"),
+            Agent::Aider => preset_file!("aider", "packages.txt"),
+            Agent::PythonSdks => preset_file!("python-sdks", "packages.txt"),
+        }
+    }
+
+    /// The command the preset runs (`/usr/local/bin/nightshift-agent`).
+    pub fn run_script(self) -> &'static str {
+        match self {
+            Agent::ClaudeCode => preset_file!("claude-code", "run.sh"),
+            Agent::Codex => preset_file!("codex", "run.sh"),
+            Agent::MiniSweAgent => preset_file!("mini-swe-agent", "run.sh"),
+            Agent::Aider => preset_file!("aider", "run.sh"),
+            Agent::PythonSdks => preset_file!("python-sdks", "run.sh"),
+        }
+    }
+
+    /// The digest of every input: the default image's, the install
+    /// recipe, the preset's packages, lock file and run script.
+    pub fn inputs_digest(self) -> String {
+        let mut h = Sha256::new();
+        for part in [
+            "nightshift-agent/v1",
+            &inputs_digest(),
+            self.name(),
+            AGENT_RECIPE,
+            self.packages(),
+            self.requirements(),
+            self.run_script(),
+        ] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part.as_bytes());
+        }
+        hex::encode(h.finalize())
+    }
+
+    pub fn reference(self) -> String {
+        format!(
+            "{AGENT_REPOSITORY}-{}:{}",
+            self.name(),
+            &self.inputs_digest()[..16]
+        )
+    }
+}
+
+/// The pins of a lock file (`name==version`, lowercased) that
+/// [`KNOWN_MALICIOUS`] lists.
+pub fn malicious_pins(requirements: &str) -> Vec<String> {
+    let known: Vec<String> = KNOWN_MALICIOUS
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_lowercase)
+        .collect();
+    requirements
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_lowercase)
+        .filter(|pin| known.contains(pin))
+        .collect()
+}
+
+/// What one image build takes: its reference and digest, the Debian
+/// packages, and the agent preset installed over them, if any.
+struct Recipe {
+    reference: String,
+    digest: String,
+    packages: String,
+    agent: Option<Agent>,
+}
+
 /// Builds the default image unless the engine already has it; returns its reference.
 pub async fn build(
     engine: &Engine,
     scratch_root: &Path,
     mirror: &str,
+    progress: impl FnMut(&str),
+) -> Result<String, ImageError> {
+    let recipe = Recipe {
+        reference: default_reference(),
+        digest: inputs_digest(),
+        packages: PACKAGES.to_string(),
+        agent: None,
+    };
+    build_recipe(engine, scratch_root, mirror, recipe, progress).await
+}
+
+/// Builds an agent image unless the engine already has it (the same
+/// inputs give the same reference: a no-op); returns its reference.
+pub async fn build_agent(
+    engine: &Engine,
+    scratch_root: &Path,
+    mirror: &str,
+    agent: Agent,
+    progress: impl FnMut(&str),
+) -> Result<String, ImageError> {
+    let bad = malicious_pins(agent.requirements());
+    if !bad.is_empty() {
+        return Err(ImageError::Malicious {
+            preset: agent.name(),
+            pins: bad.join(", "),
+        });
+    }
+    let recipe = Recipe {
+        reference: agent.reference(),
+        digest: agent.inputs_digest(),
+        packages: format!("{PACKAGES}\n{}", agent.packages()),
+        agent: Some(agent),
+    };
+    build_recipe(engine, scratch_root, mirror, recipe, progress).await
+}
+
+async fn build_recipe(
+    engine: &Engine,
+    scratch_root: &Path,
+    mirror: &str,
+    recipe: Recipe,
     mut progress: impl FnMut(&str),
 ) -> Result<String, ImageError> {
-    let digest = inputs_digest();
-    let reference = default_reference();
+    let Recipe {
+        reference,
+        digest,
+        packages: package_list,
+        agent,
+    } = recipe;
     if let Some(found) = engine.image(&reference).await? {
         progress(&format!("up to date: {reference} ({})", found.id));
         return Ok(reference);
@@ -119,51 +310,53 @@ pub async fn build(
     let packages = scratch.join("packages.txt");
     let rootfs = scratch.join("rootfs.tar");
     std::fs::write(&recipe, RECIPE).map_err(io("writing", &recipe))?;
-    std::fs::write(&packages, PACKAGES).map_err(io("writing", &packages))?;
+    std::fs::write(&packages, &package_list).map_err(io("writing", &packages))?;
 
     progress(&format!(
         "building {reference} from Debian {SUITE} packages"
     ));
-    let mut child = tokio::process::Command::new("bash")
-        .arg(&recipe)
-        .arg(&rootfs)
-        .arg(&packages)
-        .arg(SUITE)
-        .arg(mirror)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(io("running", &recipe))?;
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    let err_task = tokio::spawn(async move {
-        let mut tail = Vec::new();
-        if let Some(stderr) = stderr {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                tail.push(line);
-                if tail.len() > 20 {
-                    tail.remove(0);
-                }
+    run_script(
+        &recipe,
+        &[
+            rootfs.as_os_str(),
+            packages.as_os_str(),
+            SUITE.as_ref(),
+            mirror.as_ref(),
+        ],
+        &mut progress,
+    )
+    .await?;
+    let rootfs = match agent {
+        None => rootfs,
+        Some(agent) => {
+            let dir = scratch.join("preset");
+            std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+            for (name, text) in [
+                ("requirements.txt", agent.requirements()),
+                ("run.sh", agent.run_script()),
+            ] {
+                let path = dir.join(name);
+                std::fs::write(&path, text).map_err(io("writing", &path))?;
             }
+            let install = scratch.join("install-agent.sh");
+            std::fs::write(&install, AGENT_RECIPE).map_err(io("writing", &install))?;
+            let out = scratch.join("agent-rootfs.tar");
+            progress(&format!("installing the {} preset", agent.name()));
+            run_script(
+                &install,
+                &[
+                    rootfs.as_os_str(),
+                    out.as_os_str(),
+                    dir.as_os_str(),
+                    agent.name().as_ref(),
+                ],
+                &mut progress,
+            )
+            .await?;
+            let _ = std::fs::remove_file(&rootfs);
+            out
         }
-        tail
-    });
-    if let Some(stdout) = stdout {
-        let mut lines = BufReader::new(stdout).lines();
-        while let Ok(Some(line)) = lines.next_line().await {
-            progress(line.trim_start_matches("image: "));
-        }
-    }
-    let status = child.wait().await.map_err(io("running", &recipe))?;
-    let tail = err_task.await.unwrap_or_default();
-    if !status.success() {
-        return Err(ImageError::Recipe {
-            status: status.to_string(),
-            tail: tail.join("\n"),
-        });
-    }
+    };
 
     progress("assembling the image (one layer, fixed time)");
     let archive = scratch.join("image.tar");
@@ -193,6 +386,53 @@ pub async fn build(
     }
     progress(&format!("built {reference} ({expected_id})"));
     Ok(reference)
+}
+
+/// Runs one of the recipe scripts with `args`, passing its `image:` lines
+/// to `progress`; its last lines of stderr name a failure.
+async fn run_script(
+    script: &Path,
+    args: &[&std::ffi::OsStr],
+    progress: &mut impl FnMut(&str),
+) -> Result<(), ImageError> {
+    let mut child = tokio::process::Command::new("bash")
+        .arg(script)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(io("running", script))?;
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let err_task = tokio::spawn(async move {
+        let mut tail = Vec::new();
+        if let Some(stderr) = stderr {
+            let mut lines = BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                tail.push(line);
+                if tail.len() > 20 {
+                    tail.remove(0);
+                }
+            }
+        }
+        tail
+    });
+    if let Some(stdout) = stdout {
+        let mut lines = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            progress(line.trim_start_matches("image: "));
+        }
+    }
+    let status = child.wait().await.map_err(io("running", script))?;
+    let tail = err_task.await.unwrap_or_default();
+    if !status.success() {
+        return Err(ImageError::Recipe {
+            status: status.to_string(),
+            tail: tail.join("\n"),
+        });
+    }
+    Ok(())
 }
 
 /// Writes a `docker save`-layout archive holding the root filesystem as its
@@ -252,6 +492,46 @@ fn assemble(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_agent_lock_pins_each_package_with_a_hash_and_none_known_malicious() {
+        for agent in Agent::ALL {
+            let lock = agent.requirements();
+            let mut pins = 0;
+            let lines: Vec<&str> = lock.lines().filter(|l| !l.starts_with('#')).collect();
+            for pair in lines.chunks(2) {
+                let [pin, hash] = pair else {
+                    panic!("{}: a pin without its hash: {pair:?}", agent.name())
+                };
+                assert!(pin.contains("==") && pin.ends_with(" \\"), "{}: {pin}", agent.name());
+                let hash = hash.trim().strip_prefix("--hash=sha256:").unwrap_or("");
+                assert_eq!(hash.len(), 64, "{}: {pin}", agent.name());
+                pins += 1;
+            }
+            assert!(pins > 0, "{}", agent.name());
+            assert!(malicious_pins(lock).is_empty(), "{}", agent.name());
+            assert_eq!(Agent::from_name(agent.name()), Ok(agent));
+        }
+        // The check finds a known-malicious pin.
+        assert_eq!(
+            malicious_pins("LiteLLM==1.82.8 \\\n    --hash=sha256:00\n"),
+            ["litellm==1.82.8"]
+        );
+        assert!(Agent::from_name("cursor").unwrap_err().contains("claude-code"));
+    }
+
+    #[test]
+    fn agent_references_are_distinct_and_follow_their_inputs() {
+        let refs: std::collections::BTreeSet<String> =
+            Agent::ALL.iter().map(|a| a.reference()).collect();
+        assert_eq!(refs.len(), Agent::ALL.len());
+        assert!(!refs.contains(&default_reference()));
+        assert_eq!(
+            Agent::ClaudeCode.reference(),
+            Agent::ClaudeCode.reference()
+        );
+        assert!(Agent::Codex.reference().starts_with("nightshift-agent-codex:"));
+    }
 
     #[test]
     fn reference_is_stable_and_names_the_inputs() {

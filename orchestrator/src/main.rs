@@ -319,6 +319,9 @@ enum PolicyCommand {
     List {
         #[arg(long)]
         json: bool,
+        /// Also say which rules bind this actor's tool calls (the hook's `--actor`).
+        #[arg(long)]
+        actor: Option<String>,
     },
     /// Declare the rules of FILE: as an agent (tier 1: tighten-only, on itself) or as the owner.
     Declare {
@@ -384,9 +387,15 @@ enum ImageCommand {
         /// Debian mirror to take packages from.
         #[arg(long, env = "NIGHTSHIFT_DEBIAN_MIRROR", default_value = image::DEFAULT_MIRROR)]
         mirror: String,
+        /// Build an agent image instead: claude-code, codex, mini-swe-agent, aider, python-sdks.
+        #[arg(long)]
+        agent: Option<String>,
     },
-    /// Print the default image's reference.
-    Ref,
+    /// Print the default image's reference (or an agent image's, with --agent).
+    Ref {
+        #[arg(long)]
+        agent: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -668,17 +677,50 @@ fn render(reply: &Reply, json: bool) {
 
 async fn image_cmd(root: &std::path::Path, command: ImageCommand) -> Result<i32, i32> {
     match command {
-        ImageCommand::Ref => {
+        ImageCommand::Ref { agent: None } => {
             outln!("{}", image::default_reference());
             Ok(exit::OK)
         }
-        ImageCommand::Build { mirror } => {
+        ImageCommand::Ref { agent: Some(name) } => {
+            outln!("{}", agent_preset(&name)?.reference());
+            Ok(exit::OK)
+        }
+        ImageCommand::Build {
+            mirror,
+            agent: None,
+        } => {
             let engine = connect().await?;
             let reference = build_image(&engine, root, &mirror).await?;
             outln!("{reference}");
             Ok(exit::OK)
         }
+        ImageCommand::Build {
+            mirror,
+            agent: Some(name),
+        } => {
+            let agent = agent_preset(&name)?;
+            let engine = connect().await?;
+            let paths = StatePaths::new(root.to_path_buf());
+            let reference =
+                image::build_agent(&engine, &paths.image_build(), &mirror, agent, |line| {
+                    errln!("image: {line}")
+                })
+                .await
+                .map_err(|e| {
+                    errln!("nightshift: building the {} image: {e}", agent.name());
+                    exit::INTERNAL
+                })?;
+            outln!("{reference}");
+            Ok(exit::OK)
+        }
     }
+}
+
+fn agent_preset(name: &str) -> Result<image::Agent, i32> {
+    image::Agent::from_name(name).map_err(|e| {
+        errln!("nightshift: {e}");
+        exit::USAGE
+    })
 }
 
 async fn build_image(engine: &Engine, root: &std::path::Path, mirror: &str) -> Result<String, i32> {
@@ -1398,66 +1440,53 @@ fn read_stdin_bytes() -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// What `policy check` decided, printed once the answer is claimed.
+struct CheckAnswer {
+    code: i32,
+    line: Option<String>,
+    warning: Option<String>,
+}
+
 /// `policy check`: fails closed. Any failure, including a panic, is exit 2
-/// with the reason on stderr.
+/// with the reason on stderr; so is no answer within
+/// [`orchestrator::policy::HOOK_BOUND`] (a locked or slow state): a timer
+/// thread claims the answer and exits 2 unless the check claimed it first.
+/// It never makes a state: without one it refuses, naming how to make one.
 fn policy_check(root: &std::path::Path, rules: Option<&std::path::Path>, args: &CheckArgs) -> i32 {
-    let result =
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<i32, String> {
-            if args.args_json != "-" {
-                return Err(format!(
-                    "--args-json {}: only - (stdin) is supported",
-                    args.args_json
-                ));
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let answered = Arc::new(AtomicBool::new(false));
+    {
+        let answered = answered.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(orchestrator::policy::HOOK_BOUND);
+            if !answered.swap(true, Ordering::SeqCst) {
+                errln!(
+                    "refused by rule nightshift:hook-internal: no answer within {} s (the state is busy or slow): refused rather than answered late",
+                    orchestrator::policy::HOOK_BOUND.as_secs()
+                );
+                std::process::exit(policies::hook::EXIT_BLOCK);
             }
-            let stdin = read_stdin_bytes().map_err(|e| format!("reading stdin: {e}"))?;
-            let mut store =
-                Store::open(StatePaths::new(root.to_path_buf())).map_err(|e| e.to_string())?;
-            let set = orchestrator::policy::load(&store, rules).map_err(|e| e.to_string())?;
-            let outcome = policies::hook_decide(
-                &set,
-                args.actor.as_deref(),
-                &args.tool,
-                &stdin,
-                orchestrator::policy::now(),
-                false,
-            );
-            match &outcome.decision {
-                Some(decision) => orchestrator::policy::record_decision(
-                    &mut store,
-                    None,
-                    args.actor.as_deref(),
-                    &args.tool,
-                    decision,
-                )
-                .map_err(|e| format!("auditing the decision: {e}"))?,
-                // Refused before any rule was consulted (bad input): audited
-                // too, with the digest of the bytes received.
-                None => {
-                    store
-                        .append(
-                            None,
-                            &orchestrator::audit_log::Event::PolicyDecision {
-                                actor: args.actor.clone(),
-                                door: args.tool.clone(),
-                                verdict: "refuse".into(),
-                                rule: "nightshift:hook-input".into(),
-                                escalated: false,
-                                stood_aside: Vec::new(),
-                                generation: set.generation().to_string(),
-                                digest: orchestrator::audit_log::digest(&stdin),
-                            },
-                            false,
-                        )
-                        .map_err(|e| format!("auditing the refusal: {e}"))?;
-                }
-            }
-            if outcome.exit_code != 0 {
-                errln!("{}", outcome.stderr);
-            }
-            Ok(outcome.exit_code)
-        }));
+        });
+    }
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        check_decide(root, rules, args)
+    }));
+    if answered.swap(true, Ordering::SeqCst) {
+        // The timer answered (and is ending the process).
+        loop {
+            std::thread::park();
+        }
+    }
     match result {
-        Ok(Ok(code)) => code,
+        Ok(Ok(answer)) => {
+            if let Some(warning) = answer.warning {
+                errln!("{warning}");
+            }
+            if let Some(line) = answer.line {
+                errln!("{line}");
+            }
+            answer.code
+        }
         Ok(Err(reason)) => {
             errln!(
                 "refused by rule nightshift:hook-internal: {}",
@@ -1470,6 +1499,106 @@ fn policy_check(root: &std::path::Path, rules: Option<&std::path::Path>, args: &
             policies::hook::EXIT_BLOCK
         }
     }
+}
+
+fn check_decide(
+    root: &std::path::Path,
+    rules: Option<&std::path::Path>,
+    args: &CheckArgs,
+) -> Result<CheckAnswer, String> {
+    if args.args_json != "-" {
+        return Err(format!(
+            "--args-json {}: only - (stdin) is supported",
+            args.args_json
+        ));
+    }
+    let stdin = read_stdin_bytes().map_err(|e| format!("reading stdin: {e}"))?;
+    let busy = |e: &orchestrator::store::StoreError| {
+        if Store::is_busy(e) {
+            format!(
+                "the state at {} is locked by another process past the hook's wait of {} ms: {e}",
+                root.display(),
+                orchestrator::policy::HOOK_BUSY.as_millis()
+            )
+        } else {
+            e.to_string()
+        }
+    };
+    let mut store = Store::open_existing(
+        StatePaths::new(root.to_path_buf()),
+        orchestrator::policy::HOOK_BUSY,
+    )
+    .map_err(|e| busy(&e))?
+    .ok_or_else(|| {
+        format!(
+            "no nightshift state at {}: a hook never makes its own; set NIGHTSHIFT_STATE_DIR (or --state-dir) in the harness's environment to the supervisor's state, or make one with `nightshift --state-dir DIR owner init`",
+            root.display()
+        )
+    })?;
+    let set = orchestrator::policy::load(&store, rules).map_err(|e| e.to_string())?;
+    let now = orchestrator::policy::now();
+    let outcome =
+        policies::hook_decide(&set, args.actor.as_deref(), &args.tool, &stdin, now, false);
+    // The tool the call was for: the payload's `tool_name` with `--tool -`.
+    let tool = outcome.tool.clone().unwrap_or_else(|| args.tool.clone());
+    match &outcome.decision {
+        Some(decision) => orchestrator::policy::record_decision(
+            &mut store,
+            None,
+            args.actor.as_deref(),
+            &tool,
+            decision,
+        )
+        .map_err(|e| match e {
+            orchestrator::policy::PolicyError::Store(e) => {
+                format!("auditing the decision: {}", busy(&e))
+            }
+            e => format!("auditing the decision: {e}"),
+        })?,
+        // Refused before any rule was consulted (bad input): audited
+        // too, with the digest of the bytes received.
+        None => {
+            store
+                .append(
+                    None,
+                    &orchestrator::audit_log::Event::PolicyDecision {
+                        actor: args.actor.clone(),
+                        door: tool,
+                        verdict: "refuse".into(),
+                        rule: "nightshift:hook-input".into(),
+                        escalated: false,
+                        stood_aside: Vec::new(),
+                        generation: set.generation().to_string(),
+                        digest: orchestrator::audit_log::digest(&stdin),
+                    },
+                    false,
+                )
+                .map_err(|e| format!("auditing the refusal: {}", busy(&e)))?;
+        }
+    }
+    // No rule in force at all (an empty rules directory): every call is
+    // allowed. Said once per state, so the harness's log is not flooded.
+    let warning = if set.active(now).next().is_none() && set.freeze().is_none() {
+        let marker = root.join("hook-no-rules.warned");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&marker)
+            .ok()
+            .map(|_| {
+                format!(
+                    "nightshift policy check: no rule is in force ({} holds none): every tool call is allowed; `nightshift policy list` shows the rules (said once per state)",
+                    orchestrator::policy::rules_source(&store, rules)
+                )
+            })
+    } else {
+        None
+    };
+    Ok(CheckAnswer {
+        code: outcome.exit_code,
+        line: (outcome.exit_code != 0).then_some(outcome.stderr),
+        warning,
+    })
 }
 
 fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
@@ -1514,11 +1643,17 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
             }
             Ok(exit::OK)
         }
-        PolicyCommand::List { json } => {
+        PolicyCommand::List { json, actor } => {
             let store = open_store(root)?;
             let set = orchestrator::policy::load(&store, rules).map_err(policy_err)?;
             let now = orchestrator::policy::now();
             let active: Vec<_> = set.active(now).collect();
+            let actor = actor.filter(|a| !a.is_empty());
+            let binding: Vec<String> =
+                orchestrator::policy::rules_binding_tool_calls(&set, actor.as_deref(), now)
+                    .iter()
+                    .map(|r| r.id().to_string())
+                    .collect();
             if json {
                 let doc = serde_json::json!({
                     "generation": set.generation().to_string(),
@@ -1532,6 +1667,11 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
                         v
                     }).collect::<Vec<_>>(),
                     "pending": set.pending().keys().collect::<Vec<_>>(),
+                    // The rules that bind the hook's tool calls (of `--actor`, if given).
+                    "hook": {
+                        "actor": actor,
+                        "binding": binding,
+                    },
                 });
                 outln!("{}", terminal::json(&doc, true));
                 return Ok(exit::OK);
@@ -1562,6 +1702,21 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
                     "pending proposal {} by {}",
                     terminal::line(id),
                     terminal::line(&format!("{:?}", p.author))
+                );
+            }
+            let whose = actor
+                .as_deref()
+                .map(|a| format!("actor {}'s", terminal::line(a)))
+                .unwrap_or_else(|| "any actor's".to_string());
+            if binding.is_empty() {
+                outln!(
+                    "hook: no rule binds {whose} tool calls: `policy check` allows every one"
+                );
+            } else {
+                outln!(
+                    "hook: {} rule(s) bind {whose} tool calls: {}",
+                    binding.len(),
+                    terminal::line(&binding.join(", "))
                 );
             }
             Ok(exit::OK)

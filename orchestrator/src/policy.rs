@@ -376,3 +376,44 @@ pub fn thaw(store: &mut Store, dir: Option<&Path>, _owner: &Owner) -> Result<(),
     )?;
     Ok(())
 }
+
+/// The most time `nightshift policy check` (the harness hook) takes: it
+/// answers within it or refuses. Harnesses run the tool when a hook outlives
+/// their own timeout (Claude Code's is far longer, but a hook that waits on a
+/// locked state for its whole busy timeout would pass it), so a late answer
+/// would be an allow.
+pub const HOOK_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long the hook waits for a lock another process holds on the state.
+pub const HOOK_BUSY: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// The active rules that can bind a tool call of `actor` (any actor when
+/// `None`): those naming a tool whose subject is `*` or matches the actor.
+pub fn rules_binding_tool_calls<'a>(
+    set: &'a RuleSet,
+    actor: Option<&str>,
+    clock: Timestamp,
+) -> Vec<&'a policies::Rule> {
+    set.active(clock)
+        .filter(|r| !r.tools().is_empty())
+        .filter(|r| match actor {
+            None => true,
+            Some(a) => r.subject() == "*" || policies::glob::glob_matches(r.subject(), a),
+        })
+        .collect()
+}
+
+/// Where the rules came from, for messages: `--rules DIR`, `STATE/rules`,
+/// or the shipped defaults.
+pub fn rules_source(store: &Store, dir: Option<&Path>) -> String {
+    match dir {
+        Some(d) => format!("the rules directory {}", d.display()),
+        None => {
+            let configured = store.paths().root.join("rules");
+            if configured.is_dir() {
+                format!("the rules directory {}", configured.display())
+            } else {
+                "the shipped rules".to_string()
+            }
+        }
+    }
+}

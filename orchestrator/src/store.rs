@@ -319,6 +319,58 @@ impl Store {
         }
     }
 
+    /// Opens a state that already exists, never making one, and waits at
+    /// most `busy` for a lock another process holds (the harness hook must
+    /// answer within a bound: `crate::policy::HOOK_BOUND`). `Ok(None)` when
+    /// there is no state database under `paths.root`. The schema is taken as
+    /// it is (every state is made by [`Store::open`]).
+    pub fn open_existing(paths: StatePaths, busy: Duration) -> Result<Option<Self>, StoreError> {
+        let db = paths.db();
+        if !db.is_file() {
+            return Ok(None);
+        }
+        let conn = Connection::open_with_flags(
+            &db,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
+                | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX
+                | rusqlite::OpenFlags::SQLITE_OPEN_URI,
+        )
+        .map_err(|source| StoreError::Open {
+            path: db.clone(),
+            source,
+        })?;
+        conn.busy_timeout(busy)
+            .map_err(sql("setting the busy timeout"))?;
+        conn.pragma_update(None, "mmap_size", 0)
+            .map_err(sql("turning off memory-mapped I/O"))?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(sql("setting synchronous writes"))?;
+        let id: String = conn
+            .query_row("SELECT value FROM meta WHERE key = 'log_id'", [], |r| {
+                r.get(0)
+            })
+            .map_err(sql("reading the audit log id"))?;
+        {
+            let mut roots = STATE_ROOTS.lock().unwrap_or_else(|p| p.into_inner());
+            if !roots.contains(&paths.root) {
+                roots.push(paths.root.clone());
+            }
+        }
+        Ok(Some(Self {
+            conn,
+            paths,
+            log: LogId(id),
+        }))
+    }
+
+    /// Whether `e` is another process holding the database's lock.
+    pub fn is_busy(e: &StoreError) -> bool {
+        match e {
+            StoreError::Sql { source, .. } | StoreError::Open { source, .. } => is_busy(source),
+            _ => false,
+        }
+    }
+
     fn prepare(paths: &StatePaths) -> Result<Self, StoreError> {
         let db = paths.db();
         let conn = Connection::open(&db).map_err(|source| StoreError::Open {

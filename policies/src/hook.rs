@@ -15,6 +15,13 @@
 //! Claude Code's `PreToolUse` hook sends: the tool name is its `tool_name`,
 //! the arguments its `tool_input`, and the scope its `cwd` when present.
 //! An empty actor (an unset `$AGENT`) counts as no actor.
+//!
+//! A harness payload given with a tool name (`--tool Bash` and Claude
+//! Code's whole object on stdin) is recognised by its `tool_name` and
+//! `tool_input`: when its `tool_name` is the tool given, its `tool_input`
+//! (and `cwd`) are used, as with `--tool -`; when it names another tool, the
+//! mismatch is refused. It is never matched as if it were the arguments,
+//! where no rule's field (`command`) would be found and the call allowed.
 
 use serde_json::Value;
 
@@ -44,7 +51,13 @@ pub struct HookOutcome {
     pub verdict: Verdict,
     /// The decision, when the input was good enough to evaluate.
     pub decision: Option<Decision>,
+    /// The tool the call is for, as far as the input told it (`--tool`, or
+    /// the payload's `tool_name`); `None` when stdin named none.
+    pub tool: Option<String>,
 }
+
+/// Longest tool name the outcome keeps (the audit records it).
+pub const MAX_TOOL_NAME: usize = 256;
 
 fn one_line(s: &str) -> String {
     s.chars()
@@ -58,6 +71,7 @@ fn refuse_input(reason: &str) -> HookOutcome {
         stderr: format!("refused by rule {INPUT_ID}: {}", one_line(reason)),
         verdict: Verdict::Refuse,
         decision: None,
+        tool: None,
     }
 }
 
@@ -89,7 +103,53 @@ pub fn outcome_of(decision: Decision) -> HookOutcome {
         stderr,
         verdict: decision.verdict,
         decision: Some(decision),
+        tool: None,
     }
+}
+
+/// The parts of a harness payload (Claude Code's `PreToolUse` object):
+/// tool name, arguments, scope; or the refusal of a malformed one.
+fn payload_parts(
+    json: Value,
+) -> Result<(String, Value, Option<String>), (HookOutcome, Option<String>)> {
+    let Value::Object(mut map) = json else {
+        return Err((
+            refuse_input("with --tool -, stdin must be an object with tool_name and tool_input"),
+            None,
+        ));
+    };
+    let door = match map.remove("tool_name") {
+        Some(Value::String(s)) => s,
+        _ => {
+            return Err((
+                refuse_input("with --tool -, stdin must have a string tool_name"),
+                None,
+            ))
+        }
+    };
+    let Some(args) = map.remove("tool_input") else {
+        return Err((
+            refuse_input("with --tool -, stdin must have tool_input"),
+            Some(door),
+        ));
+    };
+    let scope = match map.remove("cwd") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s),
+        Some(_) => return Err((refuse_input("cwd in stdin must be a string"), Some(door))),
+    };
+    Ok((door, args, scope))
+}
+
+/// Whether `json` is a harness payload rather than a tool's arguments.
+fn is_harness_payload(json: &Value) -> bool {
+    json.as_object()
+        .is_some_and(|m| m.get("tool_name").is_some_and(Value::is_string) && m.contains_key("tool_input"))
+}
+
+/// A tool name as the audit may keep it: bounded, on one line.
+fn kept_name(name: &str) -> String {
+    one_line(&name.chars().take(MAX_TOOL_NAME).collect::<String>())
 }
 
 /// Decides a harness's pre-tool call. `tool` is the tool name, or `-` to
@@ -124,31 +184,40 @@ pub fn hook_decide(
     if actor.is_some_and(|a| a.chars().any(char::is_control)) {
         return refuse_input("the actor name has control characters");
     }
+    let named = |mut outcome: HookOutcome, tool: Option<String>| {
+        outcome.tool = tool.as_deref().map(kept_name);
+        outcome
+    };
     let (door, args, scope) = if tool == "-" {
-        let Value::Object(mut map) = json else {
-            return refuse_input(
-                "with --tool -, stdin must be an object with tool_name and tool_input",
-            );
-        };
-        let door = match map.remove("tool_name") {
-            Some(Value::String(s)) => s,
-            _ => return refuse_input("with --tool -, stdin must have a string tool_name"),
-        };
-        let Some(args) = map.remove("tool_input") else {
-            return refuse_input("with --tool -, stdin must have tool_input");
-        };
-        let scope = match map.remove("cwd") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s),
-            Some(_) => return refuse_input("cwd in stdin must be a string"),
-        };
-        (door, args, scope)
+        match payload_parts(json) {
+            Ok(parts) => parts,
+            Err((outcome, tool)) => return named(outcome, tool),
+        }
+    } else if is_harness_payload(&json) {
+        match payload_parts(json) {
+            Ok((found, args, scope)) if found == tool => (found, args, scope),
+            Ok((found, _, _)) => {
+                return named(
+                    refuse_input(&format!(
+                        "--tool {} was given, but stdin is a harness payload for tool {}: pass --tool - to take the tool from the payload",
+                        kept_name(tool),
+                        kept_name(&found)
+                    )),
+                    Some(tool.to_owned()),
+                )
+            }
+            Err((outcome, found)) => return named(outcome, found),
+        }
     } else {
         (tool.to_owned(), json, None)
     };
     if door.is_empty() || door.chars().any(char::is_control) {
-        return refuse_input("the tool name is empty or has control characters");
+        return named(
+            refuse_input("the tool name is empty or has control characters"),
+            Some(door),
+        );
     }
+    let tool_name = kept_name(&door);
     let request = Request {
         actor: actor.map(str::to_owned),
         door,
@@ -170,5 +239,5 @@ pub fn hook_decide(
     } else {
         evaluate(rules, &request, clock)
     };
-    outcome_of(decision)
+    named(outcome_of(decision), Some(tool_name))
 }

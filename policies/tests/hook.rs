@@ -319,3 +319,49 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_harness_payload_with_a_tool_name_uses_its_tool_input_or_refuses_the_mismatch() {
+    let payload = json!({
+        "session_id": "s", "hook_event_name": "PreToolUse", "cwd": "/w",
+        "tool_name": "Bash", "tool_input": {"command": "rm -rf build"}
+    })
+    .to_string();
+    // `--tool Bash` with the whole payload: its tool_input is matched.
+    let out = hook_decide(&rules(), Some("a1"), "Bash", payload.as_bytes(), NOW, false);
+    assert_eq!(out.exit_code, EXIT_BLOCK);
+    assert_eq!(out.stderr, "refused by rule no-rm: no recursive deletes");
+    assert_eq!(out.tool.as_deref(), Some("Bash"));
+    // `--tool Read` with a payload for Bash: the mismatch is refused.
+    let out = hook_decide(&rules(), Some("a1"), "Read", payload.as_bytes(), NOW, false);
+    assert_eq!(out.exit_code, EXIT_BLOCK);
+    assert!(
+        out.stderr
+            .starts_with("refused by rule nightshift:hook-input: --tool Read was given, but stdin is a harness payload for tool Bash"),
+        "{}",
+        out.stderr
+    );
+    // Plain arguments are still the arguments.
+    let out = hook_decide(
+        &rules(),
+        Some("a1"),
+        "Bash",
+        br#"{"command":"rm -rf /"}"#,
+        NOW,
+        false,
+    );
+    assert_eq!(out.exit_code, EXIT_BLOCK);
+}
+
+#[test]
+fn the_outcome_names_the_tool_the_payload_named() {
+    let payload = json!({"tool_name": "Bash", "tool_input": {"command": "ls"}}).to_string();
+    let out = hook_decide(&rules(), Some("a1"), "-", payload.as_bytes(), NOW, false);
+    assert_eq!(out.exit_code, EXIT_ALLOW);
+    assert_eq!(out.tool.as_deref(), Some("Bash"));
+    let odd = json!({"tool_name": "Bash", "tool_input": {}, "cwd": 7}).to_string();
+    let out = hook_decide(&rules(), Some("a1"), "-", odd.as_bytes(), NOW, false);
+    assert_eq!(out.tool.as_deref(), Some("Bash"));
+    let out = hook_decide(&rules(), Some("a1"), "-", b"[1]", NOW, false);
+    assert_eq!(out.tool, None);
+}

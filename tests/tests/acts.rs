@@ -613,7 +613,7 @@ fn a_push_cannot_smuggle_objects_from_another_host_repository() {
 python3 - <<'PY'
 import json, socket, struct
 s = socket.socket(socket.AF_UNIX); s.connect("/run/nightshift/door.sock")
-body = json.dumps({{"v": 2, "request": {{"door": "push", "remote": "origin",
+body = json.dumps({{"v": 3, "request": {{"door": "push", "remote": "origin",
     "dst_ref": "refs/heads/agent/smuggle", "claimed_commit": "{secret_commit}",
     "force": False, "delete": False, "pack_bytes": 0}}}}).encode()
 s.sendall(struct.pack(">I", len(body)) + body)
@@ -658,7 +658,7 @@ import json, socket, struct
 refused = 0
 for i in range(1200):
     s = socket.socket(socket.AF_UNIX); s.connect("/run/nightshift/door.sock")
-    body = json.dumps({"v": 2, "request": {"door": "notify", "destination": "nowhere", "body": "x"}}).encode()
+    body = json.dumps({"v": 3, "request": {"door": "notify", "destination": "nowhere", "body": "x"}}).encode()
     try:
         s.sendall(struct.pack(">I", len(body)) + body)
     except BrokenPipeError:

@@ -35,7 +35,13 @@ fn with_stdin(mut cmd: Command, input: &[u8]) -> Output {
 }
 
 /// `nightshift [policy --rules DIR] policy check --actor A --tool T --args-json -`.
+/// The check never makes a state (a hook must not invent one): the state
+/// is made first, as the supervisor's side would have.
 fn check_cmd(state: &State, rules: Option<&Path>, actor: Option<&str>, tool: &str) -> Command {
+    if !state.path().join("state.db").exists() {
+        let made = state.run(&["runs"]);
+        assert!(made.status.success(), "{}", stderr(&made));
+    }
     let mut c = state.cmd();
     c.env_remove("NIGHTSHIFT_OWNER_KEY_FILE").arg("policy");
     if let Some(dir) = rules {

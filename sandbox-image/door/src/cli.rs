@@ -14,6 +14,7 @@ usage:
   nightshift-act pr --remote R --base B --head H --title T --body-file F
   nightshift-act notify DESTINATION --file F
   nightshift-act ask --file F
+  nightshift-act policy-check
   nightshift-act --help | --version
 
 Asks the run's door (a Unix socket: $NIGHTSHIFT_DOOR, else
@@ -28,7 +29,14 @@ that commit reaches (less what $NIGHTSHIFT_BASE_COMMIT reaches), made with
   done                            exit 0
   refused by rule ID: REASON      exit 3
   error: REASON                   exit 4 (also: door unreachable, bad request)
-A usage mistake exits 2. $NIGHTSHIFT_DOOR_TIMEOUT_SECS bounds the wait (30).";
+A usage mistake exits 2. $NIGHTSHIFT_DOOR_TIMEOUT_SECS bounds the wait (30).
+
+policy-check is a harness's pre-tool hook (Claude Code's PreToolUse): it
+reads the hook's input from standard input as the harness sends it (JSON
+with tool_name and tool_input), asks the run's rules through the door, and
+exits 0 (nothing printed) when they allow the call; otherwise it exits 2
+with the reason on standard error: refused, asks a person, or any failure
+(the door unreachable, bad input). It waits at most 10 s.";
 
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +81,8 @@ pub enum Invocation {
         /// The question's file.
         file: String,
     },
+    /// `policy-check`: the hook's input on standard input.
+    PolicyCheck,
 }
 
 /// A command line that does not parse.
@@ -205,6 +215,11 @@ pub fn parse(args: &[String]) -> Result<Invocation, UsageError> {
     match command.as_str() {
         "--help" | "-h" | "help" => Ok(Invocation::Help),
         "--version" | "-V" => Ok(Invocation::Version),
+        "policy-check" => {
+            let (ops, _) = split("policy-check", rest, &[])?;
+            operands::<0>("policy-check", "no operands", ops)?;
+            Ok(Invocation::PolicyCheck)
+        }
         "push" => {
             let (ops, values) = split("push", rest, &["--commit"])?;
             let [remote, refspec] = operands("push", "REMOTE [SRC:]BRANCH", ops)?;

@@ -2,19 +2,20 @@
 //!
 //! Each sandbox sees a Unix socket in a read-only mount
 //! (`/run/nightshift/door.sock`) and two static clients beside it:
-//! `nightshift-act` (push, pull request, notify, ask) and
+//! `nightshift-act` (push, pull request, notify, ask, and `policy-check`,
+//! a harness's pre-tool hook asking the run's rules) and
 //! `git-remote-nightshift` (so that `git push` to a `nightshift::ALIAS`
 //! remote becomes push acts). This crate is both sides' protocol and the
 //! clients; the supervisor serves the socket.
 //!
-//! Wire format (version 2; `PROTOCOL.md` beside this crate has it in full):
+//! Wire format (version 3; `PROTOCOL.md` beside this crate has it in full):
 //! one request per connection, then one response; each is a frame, a 4-byte
 //! big-endian length then that many bytes of JSON,
-//! `{"v":2,"request":{"door":"push",...,"pack_bytes":N}}` (then N bytes of
-//! git pack) / `{"v":2,"response":{"verdict":"queued","act":"..."}}`.
+//! `{"v":3,"request":{"door":"push",...,"pack_bytes":N}}` (then N bytes of
+//! git pack) / `{"v":3,"response":{"verdict":"queued","act":"..."}}`.
 //!
 //! Invariants:
-//! - [`frame`], [`message`], [`validate`], [`cli`] and [`remote_helper`] are
+//! - [`frame`], [`message`], [`validate`], [`cli`], [`hook`] and [`remote_helper`] are
 //!   pure: no I/O, no clock, no panic on any input. Only [`client`],
 //!   [`local_git`] and the binaries touch sockets, files, processes and the
 //!   environment.
@@ -34,6 +35,7 @@
 pub mod cli;
 pub mod client;
 pub mod frame;
+pub mod hook;
 pub mod lease;
 pub mod local_git;
 pub mod message;

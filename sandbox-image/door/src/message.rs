@@ -2,7 +2,7 @@
 //!
 //! Invariants:
 //! - Pure: bytes in, values or errors out. No I/O, no clock.
-//! - Every envelope carries `"v": 2`; a different or missing version is
+//! - Every envelope carries `"v": 3`; a different or missing version is
 //!   refused with an error that names both versions, before the body is
 //!   read strictly. Every struct refuses unknown fields.
 //! - A decoded [`Request`] has passed [`Request::validate`]: the door never
@@ -27,15 +27,17 @@ use thiserror::Error;
 
 use crate::frame::{decode_frame, encode_frame, frame_len, FrameError, HEADER_LEN};
 use crate::validate::{
-    check_alias, check_body, check_branch_ref, check_commit, check_not_zero, check_pack_bytes,
-    check_push_shape, check_title, one_line, ValidationError,
+    check_alias, check_body, check_branch_ref, check_commit, check_hook_payload, check_not_zero,
+    check_pack_bytes, check_push_shape, check_title, one_line, ValidationError,
 };
 
-/// The protocol version this crate speaks. Version 2 (this one) carries a
-/// pack of the objects a push or pull request needs after the request
-/// frame, and `force` / `delete` on a push; version 1 requests (no pack,
-/// the supervisor read the worktree) are refused by name.
-pub const PROTOCOL_VERSION: u64 = 2;
+/// The protocol version this crate speaks. Version 2 carried a pack of the
+/// objects a push or pull request needs after the request frame, and
+/// `force` / `delete` on a push; version 3 (this one) adds the
+/// `policy_check` request (a harness's pre-tool hook asking the run's
+/// rules) and its `asks` answer. Requests of other versions are refused by
+/// name.
+pub const PROTOCOL_VERSION: u64 = 3;
 /// Largest request body (the JSON), in bytes.
 pub const MAX_REQUEST_FRAME: usize = 512 * 1024;
 /// Largest response body (the JSON), in bytes.
@@ -97,6 +99,15 @@ pub enum Request {
         /// The question.
         body: String,
     },
+    /// A harness's pre-tool hook asks whether a tool call may go ahead: a
+    /// question, not an act. The payload is the hook's input as the harness
+    /// sent it (Claude Code's: an object with `tool_name`, `tool_input` and
+    /// `cwd`); the supervisor decides it under the run's rules and answers
+    /// `done` (allowed), `refused` or `asks`.
+    PolicyCheck {
+        /// The harness's hook payload.
+        payload: serde_json::Value,
+    },
 }
 
 impl Request {
@@ -107,6 +118,7 @@ impl Request {
             Request::PullRequest { .. } => "pull_request",
             Request::Notify { .. } => "notify",
             Request::Ask { .. } => "ask",
+            Request::PolicyCheck { .. } => "policy_check",
         }
     }
 
@@ -116,7 +128,7 @@ impl Request {
             Request::Push { pack_bytes, .. } | Request::PullRequest { pack_bytes, .. } => {
                 *pack_bytes
             }
-            Request::Notify { .. } | Request::Ask { .. } => 0,
+            Request::Notify { .. } | Request::Ask { .. } | Request::PolicyCheck { .. } => 0,
         }
     }
 
@@ -160,6 +172,7 @@ impl Request {
                 check_body("body", body)
             }
             Request::Ask { body } => check_body("body", body),
+            Request::PolicyCheck { payload } => check_hook_payload("payload", payload),
         }
     }
 }
@@ -179,6 +192,14 @@ pub enum Response {
     Queued {
         /// The act's id.
         act: String,
+    },
+    /// A policy check's call waits for a person's approval: the harness
+    /// blocks it (answered only to `policy_check`).
+    Asks {
+        /// The deciding rule's id.
+        rule: String,
+        /// The rule's reason.
+        reason: String,
     },
     /// The act was carried out (a rule allowed it).
     Done {
@@ -212,6 +233,7 @@ impl Response {
                 format!("refused by rule {}: {}", t(rule), t(reason))
             }
             Response::Queued { act } => format!("queued as act {} for approval", t(act)),
+            Response::Asks { reason, .. } => format!("asks a person: {}", t(reason)),
             Response::Done { detail } if detail.is_empty() => "done".to_string(),
             Response::Done { detail } => format!("done: {}", t(detail)),
             Response::Error { reason } => format!("error: {}", t(reason)),
@@ -222,7 +244,7 @@ impl Response {
     pub fn exit_code(&self) -> i32 {
         match self {
             Response::Queued { .. } | Response::Done { .. } => EXIT_OK,
-            Response::Refused { .. } => EXIT_REFUSED,
+            Response::Refused { .. } | Response::Asks { .. } => EXIT_REFUSED,
             Response::Error { .. } => EXIT_ERROR,
         }
     }
@@ -243,6 +265,10 @@ impl Response {
                 reason: t(reason),
             },
             Response::Queued { act } => Response::Queued { act: t(act) },
+            Response::Asks { rule, reason } => Response::Asks {
+                rule: t(rule),
+                reason: t(reason),
+            },
             Response::Done { detail } => Response::Done { detail: t(detail) },
             Response::Error { reason } => Response::Error { reason: t(reason) },
         }
@@ -383,7 +409,7 @@ pub fn parse_response(body: &[u8]) -> Result<Response, ProtocolError> {
     let envelope: ResponseIn =
         serde_json::from_slice(body).map_err(|source| ProtocolError::Json { what, source })?;
     match &envelope.response {
-        Response::Refused { rule, .. } if rule.is_empty() => {
+        Response::Refused { rule, .. } | Response::Asks { rule, .. } if rule.is_empty() => {
             Err(ProtocolError::EmptyResponse { field: "rule" })
         }
         Response::Queued { act } if act.is_empty() => {
@@ -569,6 +595,12 @@ mod tests {
             Request::Ask {
                 body: "May I bump the MSRV?".into(),
             },
+            Request::PolicyCheck {
+                payload: serde_json::json!({
+                    "hook_event_name": "PreToolUse", "cwd": "/workspace",
+                    "tool_name": "Bash", "tool_input": {"command": "rm -rf \u{1b}x"}
+                }),
+            },
         ]
     }
 
@@ -589,6 +621,10 @@ mod tests {
             },
             Response::Error {
                 reason: "frozen".into(),
+            },
+            Response::Asks {
+                rule: "ask-before-edit".into(),
+                reason: "a person approves edits".into(),
             },
         ]
     }
@@ -621,13 +657,13 @@ mod tests {
         let body = std::str::from_utf8(&framed[4..]).unwrap();
         assert_eq!(
             body,
-            r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/agent/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":false,"delete":false,"pack_bytes":1234}}"#
+            r#"{"v":3,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/agent/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":false,"delete":false,"pack_bytes":1234}}"#
         );
         assert_eq!(&framed[..4], &(body.len() as u32).to_be_bytes());
         let framed = encode_response(&Response::Queued { act: "a1".into() });
         assert_eq!(
             std::str::from_utf8(&framed[4..]).unwrap(),
-            r#"{"v":2,"response":{"verdict":"queued","act":"a1"}}"#
+            r#"{"v":3,"response":{"verdict":"queued","act":"a1"}}"#
         );
     }
 
@@ -642,10 +678,11 @@ mod tests {
                 "done",
                 "done: pushed",
                 "error: frozen",
+                "asks a person: a person approves edits",
             ]
         );
         let codes: Vec<i32> = every_response().iter().map(Response::exit_code).collect();
-        assert_eq!(codes, [3, 0, 0, 0, 4]);
+        assert_eq!(codes, [3, 0, 0, 0, 4, 3]);
     }
 
     #[test]
@@ -672,7 +709,7 @@ mod tests {
         let cases = [
             (
                 r#"{"v":1,"request":{"door":"ask","body":"x"}}"#,
-                "speaks protocol version 1; this side speaks 2",
+                "speaks protocol version 1; this side speaks 3",
             ),
             (
                 r#"{"v":1,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567"}}"#,
@@ -683,24 +720,24 @@ mod tests {
                 "no protocol version",
             ),
             (
-                r#"{"v":"2","request":{"door":"ask","body":"x"}}"#,
+                r#"{"v":"3","request":{"door":"ask","body":"x"}}"#,
                 "malformed",
             ),
             (
-                r#"{"v":2,"request":{"door":"ask","body":"x"},"x":1}"#,
+                r#"{"v":3,"request":{"door":"ask","body":"x"},"x":1}"#,
                 "unknown field",
             ),
             (
-                r#"{"v":2,"request":{"door":"ask","body":"x","sudo":true}}"#,
+                r#"{"v":3,"request":{"door":"ask","body":"x","sudo":true}}"#,
                 "unknown field",
             ),
             (
-                r#"{"v":2,"request":{"door":"deploy","body":"x"}}"#,
+                r#"{"v":3,"request":{"door":"deploy","body":"x"}}"#,
                 "unknown variant",
             ),
-            (r#"{"v":2,"request":{"door":"ask"}}"#, "missing field"),
+            (r#"{"v":3,"request":{"door":"ask"}}"#, "missing field"),
             (
-                r#"{"v":2,"response":{"verdict":"done","detail":""}}"#,
+                r#"{"v":3,"response":{"verdict":"done","detail":""}}"#,
                 "unknown field",
             ),
             ("not json", "malformed"),
@@ -710,39 +747,39 @@ mod tests {
                 "malformed",
             ),
             (
-                r#"{"v":2,"request":{"door":"push","remote":"https://evil","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":false,"delete":false,"pack_bytes":0}}"#,
+                r#"{"v":3,"request":{"door":"push","remote":"https://evil","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":false,"delete":false,"pack_bytes":0}}"#,
                 "a URL or path is refused",
             ),
             (
-                r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567"}}"#,
+                r#"{"v":3,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567"}}"#,
                 "missing field",
             ),
             (
-                r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":false,"delete":false,"pack_bytes":536870913}}"#,
+                r#"{"v":3,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":false,"delete":false,"pack_bytes":536870913}}"#,
                 "a pack of 536870913 bytes is over the limit of 536870912 bytes",
             ),
             (
-                r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0000000000000000000000000000000000000000","force":false,"delete":false,"pack_bytes":0}}"#,
+                r#"{"v":3,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0000000000000000000000000000000000000000","force":false,"delete":false,"pack_bytes":0}}"#,
                 "the all-zero commit id names no commit",
             ),
             (
-                r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":true,"delete":true,"pack_bytes":0}}"#,
+                r#"{"v":3,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":true,"delete":true,"pack_bytes":0}}"#,
                 "a deletion carries the all-zero commit id",
             ),
             (
-                r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0000000000000000000000000000000000000000","force":false,"delete":true,"pack_bytes":10}}"#,
+                r#"{"v":3,"request":{"door":"push","remote":"origin","dst_ref":"refs/heads/x","claimed_commit":"0000000000000000000000000000000000000000","force":false,"delete":true,"pack_bytes":10}}"#,
                 "a deletion carries no pack",
             ),
             (
-                r#"{"v":2,"request":{"door":"pull_request","remote":"origin","base":"refs/heads/main","head":"refs/heads/x","head_commit":"0000000000000000000000000000000000000000","pack_bytes":0,"title":"t","body":"b"}}"#,
+                r#"{"v":3,"request":{"door":"pull_request","remote":"origin","base":"refs/heads/main","head":"refs/heads/x","head_commit":"0000000000000000000000000000000000000000","pack_bytes":0,"title":"t","body":"b"}}"#,
                 "head_commit",
             ),
             (
-                r#"{"v":2,"request":{"door":"push","remote":"origin","dst_ref":"x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":false,"delete":false,"pack_bytes":0}}"#,
+                r#"{"v":3,"request":{"door":"push","remote":"origin","dst_ref":"x","claimed_commit":"0123456789abcdef0123456789abcdef01234567","force":false,"delete":false,"pack_bytes":0}}"#,
                 "under refs/heads/",
             ),
             (
-                r#"{"v":2,"request":{"door":"notify","destination":"chat","body":"\u001b[31m"}}"#,
+                r#"{"v":3,"request":{"door":"notify","destination":"chat","body":"\u001b[31m"}}"#,
                 "control character",
             ),
         ];
@@ -860,6 +897,31 @@ mod tests {
         for (request, door) in every_request().iter().zip(doors) {
             assert_eq!(request.door(), door.name());
         }
+        // A policy check is a question, not an act: the queue has no door for it.
+        assert_eq!(every_request()[4].door(), "policy_check");
+    }
+
+    #[test]
+    fn a_policy_check_carries_an_object_of_bounded_size() {
+        let big = "x".repeat(crate::validate::MAX_HOOK_PAYLOAD);
+        for (payload, why) in [
+            (serde_json::json!([1]), "a JSON object"),
+            (serde_json::json!("Bash"), "a JSON object"),
+            (
+                serde_json::json!({"tool_name": "Write", "tool_input": {"content": big}}),
+                "over the limit",
+            ),
+        ] {
+            let err = encode_request(&Request::PolicyCheck { payload }).unwrap_err();
+            assert!(err.to_string().contains(why), "{err}");
+        }
+        // The largest payload, all of it escaped, still fits the frame.
+        let escapes = "\u{1}".repeat(crate::validate::MAX_HOOK_PAYLOAD / 6 - 10);
+        let payload = serde_json::json!({"tool_name": "Write", "tool_input": {"c": escapes}});
+        let framed = encode_request(&Request::PolicyCheck { payload }).unwrap();
+        assert!(framed.len() <= MAX_REQUEST_FRAME);
+        let (back, _) = decode_request(&framed).unwrap().unwrap();
+        assert_eq!(back.door(), "policy_check");
     }
 
     fn alias() -> impl Strategy<Value = String> {

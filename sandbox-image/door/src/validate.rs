@@ -28,6 +28,10 @@ pub const MAX_BODY: usize = 200 * 1024;
 /// Largest pack one request may declare (512 MiB): larger ones are refused
 /// from the request frame alone, before any of the pack is read.
 pub const MAX_PACK_BYTES: u64 = 512 << 20;
+/// Largest hook payload a policy check carries, in bytes of its compact
+/// JSON: with the envelope it stays well inside the request frame however
+/// its strings escape (the JSON's own bytes are what is counted).
+pub const MAX_HOOK_PAYLOAD: usize = 200 * 1024;
 /// The id git uses for "no commit" (a deleted ref).
 pub const ZERO_COMMIT: &str = "0000000000000000000000000000000000000000";
 /// The prefix every ref on the wire carries.
@@ -329,6 +333,26 @@ pub fn check_body(field: &'static str, value: &str) -> Result<(), ValidationErro
     {
         return bad(format!(
             "holds control character {c:?} at byte {at} (only tab, LF and CR are allowed)"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a policy check's payload: an object, at most
+/// [`MAX_HOOK_PAYLOAD`] bytes as compact JSON. What it holds is the
+/// supervisor's to judge (the hook decision refuses what it cannot read).
+pub fn check_hook_payload(
+    field: &'static str,
+    value: &serde_json::Value,
+) -> Result<(), ValidationError> {
+    let bad = |why: String| Err(ValidationError::BadText { field, why });
+    if !value.is_object() {
+        return bad("must be the harness's hook input, a JSON object".into());
+    }
+    let len = serde_json::to_vec(value).map(|v| v.len()).unwrap_or(usize::MAX);
+    if len > MAX_HOOK_PAYLOAD {
+        return bad(format!(
+            "is {len} bytes of JSON, over the limit of {MAX_HOOK_PAYLOAD} (a tool call that large is refused; write large files in parts)"
         ));
     }
     Ok(())

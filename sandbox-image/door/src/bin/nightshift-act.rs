@@ -4,6 +4,10 @@
 //! by a rule, 4 error (invalid request, door unreachable, protocol error,
 //! the door's error reply). The door's answer is one line: on standard
 //! output when queued or done, on standard error otherwise.
+//!
+//! `policy-check` (a harness's pre-tool hook) answers as hooks expect
+//! instead: 0 allowed, 2 anything else, panics included
+//! (`sandbox_image_door::hook`).
 
 #![forbid(unsafe_code)]
 
@@ -28,6 +32,9 @@ fn main() -> ExitCode {
         eprintln!("nightshift-act: arguments must be UTF-8\n\n{USAGE}");
         return exit(EXIT_USAGE);
     };
+    if args.first().map(String::as_str) == Some("policy-check") {
+        return policy_check(&args);
+    }
     let invocation = match cli::parse(&args) {
         Ok(invocation) => invocation,
         Err(e) => {
@@ -71,6 +78,53 @@ fn main() -> ExitCode {
     }
 }
 
+/// Longest a policy check waits for the door, whatever
+/// `$NIGHTSHIFT_DOOR_TIMEOUT_SECS` says: harnesses run the tool when a
+/// hook outlives their own timeout.
+const POLICY_CHECK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `policy-check`: exit 0 only when the door says the rules allow the call;
+/// exit 2 with one line on standard error for everything else.
+fn policy_check(args: &[String]) -> ExitCode {
+    use sandbox_image_door::hook;
+    let run = || -> (i32, Option<String>) {
+        if let Err(e) = cli::parse(args) {
+            return hook::answer(Err(format!("usage: {e}")));
+        }
+        let mut stdin = Vec::new();
+        let read = std::io::Read::read_to_end(
+            &mut std::io::Read::take(std::io::stdin().lock(), hook::MAX_STDIN as u64 + 1),
+            &mut stdin,
+        );
+        if let Err(e) = read {
+            return hook::answer(Err(format!("reading the hook's input: {e}")));
+        }
+        let request = match hook::request(&stdin) {
+            Ok(r) => r,
+            Err(line) => return (hook::EXIT_BLOCK, Some(line)),
+        };
+        let answer = DoorAddress::from_env()
+            .map(|mut door| {
+                door.timeout = door.timeout.min(POLICY_CHECK_WAIT);
+                door
+            })
+            .map_err(|e| e.to_string())
+            .and_then(|door| client::send(&door, &request).map_err(|e| e.to_string()));
+        hook::answer(answer)
+    };
+    let (code, line) = std::panic::catch_unwind(run).unwrap_or((
+        hook::EXIT_BLOCK,
+        Some(format!(
+            "refused by rule {}: the hook client failed",
+            hook::DOOR_ID
+        )),
+    ));
+    if let Some(line) = line {
+        eprintln!("{line}");
+    }
+    exit(code)
+}
+
 /// The pack of what `commit` reaches, less what the run's base reaches.
 fn pack_for(commit: &str) -> Result<Pack, String> {
     let base = std::env::var(ENV_BASE_COMMIT).ok();
@@ -83,7 +137,7 @@ fn build_request(invocation: Invocation) -> Result<(Request, Option<Pack>), Stri
     let body = |file: &str| read_body_file(file, MAX_BODY).map_err(|e| e.to_string());
     let invalid = |e: sandbox_image_door::ValidationError| format!("invalid request: {e}");
     Ok(match invocation {
-        Invocation::Help | Invocation::Version => {
+        Invocation::Help | Invocation::Version | Invocation::PolicyCheck => {
             return Err("nothing to send".into());
         }
         Invocation::Push {
