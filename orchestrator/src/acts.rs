@@ -507,7 +507,10 @@ fn decide<S: StateStore + ?Sized>(
         (Ok(()), None) => Response::Queued { act: id },
         (Ok(()), Some(scope)) => {
             seen.carried = Some(id.clone());
-            carry_under_scope(store, &id, scope)
+            match store.carrier() {
+                Some(store) => carry_under_scope(store, &id, scope),
+                None => Response::Queued { act: id },
+            }
         }
         (Err(e), _) => Response::Error {
             reason: format!("queueing the act: {e}"),
@@ -766,9 +769,13 @@ pub fn policy_check(paths: &StatePaths, door: &RunDoor, payload: &serde_json::Va
     );
     let tool = outcome.tool.clone().unwrap_or_else(|| "-".into());
     let written = match &outcome.decision {
-        Some(decision) => {
-            crate::policy::record_decision(&mut store, Some(&door.run), Some(&actor), &tool, decision)
-        }
+        Some(decision) => crate::policy::record_decision(
+            &mut store,
+            Some(&door.run),
+            Some(&actor),
+            &tool,
+            decision,
+        ),
         None => store
             .append(
                 Some(&door.run),
@@ -1851,6 +1858,7 @@ mod gate_tests {
             repo: PathBuf::from("/nonexistent"),
             base_commit: "0".repeat(40),
             content: run_content_label(policies::Confidentiality::Private),
+            dry_run: false,
         }
     }
 

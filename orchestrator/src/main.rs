@@ -553,9 +553,9 @@ async fn dispatch(cli: Cli) -> i32 {
             .load_config()
             .map(|c| orchestrator::acts::use_queue_ttls(c.queue_ttls()))
             .map_err(|e| fail(&e))
+            .and_then(|()| queue_cmd(&root, command, json)),
         Command::Report { runs, format } => orchestrator::report::cli(&root, &runs, format),
         Command::Scopes { command } => orchestrator::scopes::cli(&root, command),
-            .and_then(|()| queue_cmd(&root, command, json)),
         Command::Approve {
             acts,
             owner_key_file,
@@ -1709,9 +1709,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
                 .map(|a| format!("actor {}'s", terminal::line(a)))
                 .unwrap_or_else(|| "any actor's".to_string());
             if binding.is_empty() {
-                outln!(
-                    "hook: no rule binds {whose} tool calls: `policy check` allows every one"
-                );
+                outln!("hook: no rule binds {whose} tool calls: `policy check` allows every one");
             } else {
                 outln!(
                     "hook: {} rule(s) bind {whose} tool calls: {}",
@@ -2173,46 +2171,6 @@ fn print_diff(repo: &str, from: &str, to: &str) {
     }
 }
 
-
-fn decide_cmd(
-    root: &std::path::Path,
-    acts: &[String],
-    key: Option<&std::path::Path>,
-    reject_why: Option<&str>,
-) -> Result<i32, i32> {
-    let mut store = open_store(root)?;
-    let mut code = exit::OK;
-    for id in acts {
-        let result = match reject_why {
-            Some(why) => orchestrator::acts::reject(&mut store, id, why, key).map(|()| {
-                orchestrator::acts::Decided {
-                    line: format!("act {id}: rejected"),
-                    carried_out: true,
-                }
-            }),
-            None => orchestrator::acts::approve(&mut store, id, key),
-        };
-        match result {
-            Ok(decided) => {
-                outln!("{}", decided.line);
-                // An approval that was not carried out is not a success.
-                if !decided.carried_out && code == exit::OK {
-                    code = exit::FAILED;
-                }
-            }
-            Err(e) => {
-                errln!("nightshift: {e}");
-                code = if e.contains("credential") || e.contains("frozen") {
-                    exit::DENIED
-                } else {
-                    exit::FAILED
-                };
-            }
-        }
-    }
-    Ok(code)
-}
-
 fn destinations_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
     use orchestrator_executors::{ConfigError, Destinations};
     let path = root.join("destinations.toml");
@@ -2312,7 +2270,8 @@ async fn serve_cmd(
     config_path: Option<&std::path::Path>,
     args: ServeArgs,
 ) -> Result<i32, i32> {
-    with_queue_config(root, config_path)?;
+    let config = load_config(root, config_path)?;
+    orchestrator::acts::use_queue_ttls(config.queue_ttls());
     open_store(root)?;
     let identity = orchestrator::run::process_identity(std::process::id())
         .unwrap_or_else(|| format!("{}:0", std::process::id()));

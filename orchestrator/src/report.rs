@@ -31,6 +31,7 @@ fn target_of(req: &Request) -> String {
         Request::PullRequest { head, .. } => head.clone(),
         Request::Notify { destination, .. } => destination.clone(),
         Request::Ask { .. } => "morning".into(),
+        Request::PolicyCheck { .. } => "policy".into(),
     }
 }
 
@@ -39,14 +40,15 @@ fn destination_of(req: &Request) -> String {
         Request::Push { remote, .. } | Request::PullRequest { remote, .. } => remote.clone(),
         Request::Notify { destination, .. } => destination.clone(),
         Request::Ask { .. } => "morning".into(),
+        Request::PolicyCheck { .. } => "policy".into(),
     }
 }
 
 /// Records one act of a dry run, as it would have gone. An error answer (a
 /// malformed request, a pack that could not be taken) is no act: only its
 /// door request is audited, as in a real run.
-pub fn record_dry_act(
-    store: &mut Store,
+pub fn record_dry_act<S: crate::state_store::StateStore + ?Sized>(
+    store: &mut S,
     door: &RunDoor,
     req: &Request,
     id: &str,
@@ -73,7 +75,7 @@ pub fn record_dry_act(
                 .map(|d| d.reason.clone())
                 .unwrap_or_default(),
         ),
-        Response::Error { .. } => return Ok(()),
+        Response::Error { .. } | Response::Asks { .. } => return Ok(()),
     };
     let decision = seen.judgement.as_ref().and_then(|j| j.decision.as_ref());
     let repository = repository_key(&door.repo);

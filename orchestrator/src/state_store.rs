@@ -75,9 +75,36 @@ pub trait StateStore {
         to: &str,
         progress: &str,
     ) -> Result<bool, StoreError>;
+    /// Records a dry run's act with its audit event, together or not at all.
+    fn put_dry_act(
+        &mut self,
+        id: &str,
+        run: &str,
+        record: &serde_json::Value,
+        event: &Event,
+    ) -> Result<Entry, StoreError>;
+    /// The SQLite store itself, where the executors (which carry acts out on
+    /// the real store, under its executor lock) are needed: an act an
+    /// autonomy scope allows is carried out at once. Stores that cannot carry
+    /// acts out return `None`, and such an act stays queued for a person.
+    fn carrier(&mut self) -> Option<&mut crate::store::Store> {
+        None
+    }
 }
 
 impl StateStore for crate::store::Store {
+    fn put_dry_act(
+        &mut self,
+        id: &str,
+        run: &str,
+        record: &serde_json::Value,
+        event: &Event,
+    ) -> Result<Entry, StoreError> {
+        crate::store::Store::put_dry_act(self, id, run, record, event)
+    }
+    fn carrier(&mut self) -> Option<&mut crate::store::Store> {
+        Some(self)
+    }
     fn root(&self) -> &Path {
         &self.paths().root
     }
@@ -294,6 +321,17 @@ pub mod fake {
             self.audit.push(entry);
             self.acts[i].3 = to.clone();
             Ok(true)
+        }
+        fn put_dry_act(
+            &mut self,
+            _id: &str,
+            run: &str,
+            _record: &serde_json::Value,
+            event: &Event,
+        ) -> Result<Entry, StoreError> {
+            let entry = self.seal(Some(run), event)?;
+            self.audit.push(entry.clone());
+            Ok(entry)
         }
         fn runs(&self) -> Result<Vec<RunRecord>, StoreError> {
             Ok(self.runs.clone())

@@ -977,6 +977,8 @@ impl Store {
             out.insert(row.map_err(sql("reading the scope refusals"))?);
         }
         Ok(out)
+    }
+
     // ----- model tokens (the gateway's ledgers) -----
 
     /// The run's ledger (all nights) and the fleet's for `night`.
