@@ -121,6 +121,11 @@ struct Night {
 }
 
 fn night() -> Night {
+    night_with("")
+}
+
+/// A night whose `[summary]` table has `extra` lines too.
+fn night_with(extra: &str) -> Night {
     let state = State::new();
     let repo = make_repo();
     let remote_dir = tempfile::tempdir().unwrap();
@@ -142,13 +147,14 @@ fn night() -> Night {
         format!(
             "[remotes.origin]\nurl = \"{}\"\nreaders = \"private\"\ntoken_file = \"{}\"\nca_file = \"{}\"\n\n\
              [notify.morning]\nkind = \"webhook\"\nurl = \"{}\"\nreaders = \"private\"\nsecret_file = \"{}\"\nca_file = \"{}\"\n\n\
-             [summary]\nnotify = \"morning\"\nreview = \"nightshift queue\"\n",
+             [summary]\nnotify = \"morning\"\nreview = \"nightshift queue\"\n{}",
             git_server.url(),
             token.display(),
             ca_file.display(),
             hook.url(),
             key.display(),
             ca_file.display(),
+            extra,
         ),
     )
     .unwrap();
@@ -275,4 +281,40 @@ fn a_night_over_tls_reaches_its_remote_and_its_summary_arrives_once_without_agen
     let printed = stdout(&n.state.run(&["summary"]));
     assert!(!printed.contains("SENTINEL"), "{printed}");
     assert!(n.state.verify().status.success());
+}
+
+#[test]
+fn with_a_configured_time_the_summary_waits_for_it_and_goes_once() {
+    // 00:00 UTC has always passed today.
+    let n = night_with("at = \"00:00\"\n");
+    let out = n.state.run(&[
+        "run",
+        "--repo",
+        n.repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--",
+        "bash",
+        "-c",
+        "exit 3",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        n.hook.requests().is_empty(),
+        "with `at`, the end of a run sends nothing"
+    );
+    let out = n.state.run(&["summary", "--due"]);
+    assert!(
+        stdout(&out).contains("summary sent: 1 runs"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let posts = n.hook.requests();
+    assert_eq!(posts.len(), 1);
+    assert!(posts[0].authorized);
+    assert_eq!(posts[0].json()["data"]["runs"]["failed"], 1);
+    let out = n.state.run(&["summary", "--due"]);
+    assert!(stdout(&out).contains("not sent"), "{}", stdout(&out));
+    assert_eq!(n.hook.requests().len(), 1);
 }
