@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use clap::{Parser, Subcommand};
 use orchestrator::api::{
-    Api, ApiError, AuditState, Command as ApiCommand, KillRecord, KillTarget, Outcome, Reply,
-    RunView,
+    Api, ApiError, AuditState, Command as ApiCommand, KillRecord, KillTarget, Outcome, QueueView,
+    Reply, RunView,
 };
 use orchestrator::engine::{Engine, EngineError};
 use orchestrator::exit;
@@ -549,11 +549,18 @@ async fn dispatch(cli: Cli) -> i32 {
         Command::Watchdog { supervisor } => watchdog_cmd(&api, &supervisor).await,
         Command::Reconcile => respond(&api, ApiCommand::Reconcile {}, false).await,
         Command::Import { run } => respond(&api, ApiCommand::Import { run }, false).await,
-        Command::Queue { command, json } => api
+        Command::Queue {
+            command: None,
+            json,
+        } => respond(&api, ApiCommand::Queue {}, json).await,
+        Command::Queue {
+            command: Some(command),
+            ..
+        } => api
             .load_config()
             .map(|c| orchestrator::acts::use_queue_ttls(c.queue_ttls()))
             .map_err(|e| fail(&e))
-            .and_then(|()| queue_cmd(&root, command, json)),
+            .and_then(|()| queue_cmd(&root, command)),
         Command::Report { runs, format } => orchestrator::report::cli(&root, &runs, format),
         Command::Scopes { command } => orchestrator::scopes::cli(&root, command),
         Command::Approve {
@@ -657,6 +664,7 @@ fn render(reply: &Reply, json: bool) {
             }
         }
         Reply::Imported { run } => print_summary(run),
+        Reply::Queue(view) => render_queue(view, json),
         Reply::Decisions { decisions } => {
             for d in decisions {
                 match &d.outcome {
@@ -1810,18 +1818,16 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
     }
 }
 
-fn queue_cmd(
-    root: &std::path::Path,
-    command: Option<QueueCommand>,
-    json: bool,
-) -> Result<i32, i32> {
+/// `queue show ACT` (the listing goes through the API).
+fn queue_cmd(root: &std::path::Path, command: QueueCommand) -> Result<i32, i32> {
     let mut store = open_store(root)?;
     // What has run out of time is shown as expired, never as waiting.
     if let Err(e) = orchestrator::acts::expire(&mut store) {
         errln!("nightshift: expiring acts: {e}");
     }
     let rows = orchestrator::acts::rows(&store, None).map_err(store_err)?;
-    if let Some(QueueCommand::Show { act }) = command {
+    let QueueCommand::Show { act } = command;
+    {
         let row = rows.iter().find(|r| r.act.id == act).ok_or_else(|| {
             errln!("nightshift: no act with id {act}");
             exit::BAD_INPUT
@@ -1970,31 +1976,30 @@ fn queue_cmd(
                 outln!("-----");
             }
         }
-        return Ok(exit::OK);
     }
-    let table: Vec<deferred_queue::ActRow> = rows
-        .iter()
-        .map(|r| deferred_queue::ActRow {
-            act: r.act.clone(),
-            state: r.state.clone(),
-        })
-        .collect();
-    let ordered = deferred_queue::order_for_listing(&table);
+    Ok(exit::OK)
+}
+
+fn render_queue(view: &QueueView, json: bool) {
+    if let Some(e) = &view.expire_error {
+        errln!("nightshift: {e}");
+    }
     if json {
-        let doc: Vec<_> = ordered
+        let doc: Vec<_> = view
+            .acts
             .iter()
-            .map(|r| serde_json::json!({"act": r.act, "state": r.state, "status": r.state.name()}))
+            .map(|r| serde_json::json!({"act": r.act, "state": r.state, "status": r.status}))
             .collect();
         outln!("{}", terminal::json(&doc, true));
-        return Ok(exit::OK);
+        return;
     }
     // What the gate refused comes first: an attempt to reach an unconfigured
     // destination at 3 am is the first thing the owner should see.
-    let refused = orchestrator::acts::refusals(&store, None).map_err(store_err)?;
+    let refused = &view.refusals;
     if !refused.is_empty() {
         outln!("refused door requests ({}), by run:", refused.len());
         let mut last = String::new();
-        for r in &refused {
+        for r in refused {
             if r.run != last {
                 last = r.run.clone();
                 outln!("run {}", terminal::line(&last));
@@ -2003,12 +2008,8 @@ fn queue_cmd(
         }
         outln!();
     }
-    let contents: std::collections::HashMap<&str, &Option<Vec<u8>>> = rows
-        .iter()
-        .map(|r| (r.act.id.as_str(), &r.content))
-        .collect();
     let mut run = String::new();
-    for r in ordered {
+    for r in &view.acts {
         if r.act.run != run {
             run = r.act.run.clone();
             outln!("run {}", terminal::line(&run));
@@ -2018,17 +2019,8 @@ fn queue_cmd(
                 deferred_queue::Target::Push { target_ref, .. },
                 deferred_queue::Content::Commit { commit },
             ) => {
-                let stat = store
-                    .run(&r.act.run)
-                    .ok()
-                    .and_then(|run| {
-                        orchestrator_git::diffstat_between(
-                            std::path::Path::new(&run.repo),
-                            run.base_commit.as_deref()?,
-                            commit,
-                        )
-                        .ok()
-                    })
+                let stat = r
+                    .diffstat
                     .map(|(f, i, d)| format!(" ({f} files, +{i} -{d})"))
                     .unwrap_or_default();
                 format!(
@@ -2047,10 +2039,10 @@ fn queue_cmd(
                 )
             }
             _ => {
-                let preview = contents
-                    .get(r.act.id.as_str())
-                    .and_then(|c| c.as_deref())
-                    .map(|b| terminal::line_bytes(&b[..b.len().min(60)]))
+                let preview = r
+                    .preview
+                    .as_deref()
+                    .map(terminal::line_bytes)
                     .unwrap_or_default();
                 format!(
                     "{} to {}: {preview}",
@@ -2062,10 +2054,9 @@ fn queue_cmd(
         outln!(
             "  {}  {:<10} {what}",
             terminal::line(&r.act.id),
-            terminal::line(r.state.name())
+            terminal::line(&r.status)
         );
     }
-    Ok(exit::OK)
 }
 
 /// The files of the repository at `base` that hold a distinctive line of

@@ -9,6 +9,25 @@ use std::time::{Duration, Instant};
 
 use tests::{image, make_repo, open_gate, stderr, stdout, State, WAIT_AT_GATE};
 
+/// Ends what a test started even when it fails: its dispatchers, then every
+/// sandbox of its state (whose runs then end by themselves).
+struct Cleanup<'a> {
+    state: &'a State,
+    dispatchers: Vec<u32>,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        for pid in &self.dispatchers {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        let _ = self.state.run(&["kill", "--all"]);
+    }
+}
+
 fn tasks(state: &State) -> Vec<serde_json::Value> {
     let out = state.run(&["tasks", "--json"]);
     assert!(out.status.success(), "tasks failed: {}", stderr(&out));
@@ -85,7 +104,12 @@ fn tasks_start_in_order_and_a_killed_dispatcher_loses_nothing() {
     assert_eq!(states(&state), ["queued", "queued", "queued"]);
 
     // The first dispatcher starts the first task only (one at a time) ...
+    let mut cleanup = Cleanup {
+        state: &state,
+        dispatchers: Vec::new(),
+    };
     let mut first = dispatcher(&state, "1");
+    cleanup.dispatchers.push(first.id());
     let run1 = running_run(&state, 0);
     assert_eq!(states(&state), ["running", "queued", "queued"]);
     // ... and dies with kill -9 while that run is under way.
@@ -108,6 +132,7 @@ fn tasks_start_in_order_and_a_killed_dispatcher_loses_nothing() {
 
     // The next dispatcher adopts the running task and starts nothing beside it.
     let mut second = dispatcher(&state, "1");
+    cleanup.dispatchers.push(second.id());
     let adopter = format!("{}:", second.id());
     wait_tasks(&state, "the first task adopted", |t| {
         t[0]["progress"]["dispatcher"]

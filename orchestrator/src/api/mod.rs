@@ -58,6 +58,9 @@ pub enum Command {
     Reconcile {},
     /// Retry the import of a run whose import failed.
     Import { run: String },
+    /// The deferred queue: acts (pending first, grouped by run) and the
+    /// door requests the gate refused. Expires what has run out of time.
+    Queue {},
     /// Approve acts (the owner's credential); each is re-checked and carried out.
     Approve {
         acts: Vec<String>,
@@ -103,6 +106,7 @@ pub enum Reply {
     Killed(KillReport),
     Reconciled { settled: Vec<String> },
     Imported { run: Box<RunRecord> },
+    Queue(Box<QueueView>),
     Decisions { decisions: Vec<Decision> },
     Enqueued { tasks: Vec<String> },
     Tasks { tasks: Vec<TaskRow> },
@@ -147,6 +151,30 @@ pub struct RunView {
     pub run: RunRecord,
     pub audit: Vec<orchestrator_audit::Entry>,
     pub refusals: Vec<crate::acts::Refusal>,
+}
+
+/// The deferred queue as `queue` lists it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueView {
+    /// Pending first, grouped by run (`deferred_queue::order_for_listing`).
+    pub acts: Vec<QueueItem>,
+    /// Refused door requests, oldest first.
+    pub refusals: Vec<crate::acts::Refusal>,
+    /// Expiring acts failed (the listing is still given).
+    pub expire_error: Option<String>,
+}
+
+/// One act in the queue's listing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueItem {
+    pub act: deferred_queue::Act,
+    pub state: deferred_queue::State,
+    /// The state's name.
+    pub status: String,
+    /// A push's change against its run's base: (files, insertions, deletions).
+    pub diffstat: Option<(u64, u64, u64)>,
+    /// The first bytes of a message's content (agent-written: escape before showing).
+    pub preview: Option<Vec<u8>>,
 }
 
 /// The audit chain's state.
@@ -280,6 +308,7 @@ impl Api {
                 Ok(Reply::Reconciled { settled })
             }
             Command::Import { run } => self.import(&run).await,
+            Command::Queue {} => self.queue(),
             Command::Approve {
                 acts,
                 owner_key_file,
@@ -307,6 +336,69 @@ impl Api {
                 Ok(Reply::Cancelled { task })
             }
         }
+    }
+
+    fn queue(&self) -> Result<Reply, ApiError> {
+        self.with_queue_config()?;
+        let mut store = self.open_store()?;
+        // What has run out of time is shown as expired, never as waiting.
+        let expire_error = crate::acts::expire(&mut store)
+            .err()
+            .map(|e| format!("expiring acts: {e}"));
+        let rows = crate::acts::rows(&store, None)?;
+        let table: Vec<deferred_queue::ActRow> = rows
+            .iter()
+            .map(|r| deferred_queue::ActRow {
+                act: r.act.clone(),
+                state: r.state.clone(),
+            })
+            .collect();
+        let contents: std::collections::HashMap<&str, &Option<Vec<u8>>> = rows
+            .iter()
+            .map(|r| (r.act.id.as_str(), &r.content))
+            .collect();
+        let acts = deferred_queue::order_for_listing(&table)
+            .into_iter()
+            .map(|r| {
+                let (diffstat, preview) = match (&r.act.routing.target, &r.act.content) {
+                    (
+                        deferred_queue::Target::Push { .. },
+                        deferred_queue::Content::Commit { commit },
+                    ) => (
+                        store.run(&r.act.run).ok().and_then(|run| {
+                            orchestrator_git::diffstat_between(
+                                Path::new(&run.repo),
+                                run.base_commit.as_deref()?,
+                                commit,
+                            )
+                            .ok()
+                        }),
+                        None,
+                    ),
+                    (deferred_queue::Target::PullRequest { .. }, _) => (None, None),
+                    _ => (
+                        None,
+                        contents
+                            .get(r.act.id.as_str())
+                            .and_then(|c| c.as_deref())
+                            .map(|b| b[..b.len().min(60)].to_vec()),
+                    ),
+                };
+                QueueItem {
+                    act: r.act.clone(),
+                    state: r.state.clone(),
+                    status: r.state.name().to_string(),
+                    diffstat,
+                    preview,
+                }
+            })
+            .collect();
+        let refusals = crate::acts::refusals(&store, None)?;
+        Ok(Reply::Queue(Box::new(QueueView {
+            acts,
+            refusals,
+            expire_error,
+        })))
     }
 
     fn show(&self, id: &str) -> Result<Reply, ApiError> {
