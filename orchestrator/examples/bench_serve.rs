@@ -32,8 +32,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let runs: usize = std::env::var("RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
-    let acts: usize = std::env::var("ACTS").ok().and_then(|v| v.parse().ok()).unwrap_or(10_000);
+    let runs: usize = std::env::var("RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let acts: usize = std::env::var("ACTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
     let dir = tempfile::tempdir().unwrap();
     let repo = dir.path().join("repo");
     std::fs::create_dir(&repo).unwrap();
@@ -142,7 +148,9 @@ fn main() {
         b.with_store(|s| {
             let q = backend::queue(&b, s, 0, orchestrator::serve::PER_PAGE).unwrap();
             let frozen = backend::freeze_state(s).unwrap();
-            pages::queue(&who, frozen.as_deref(), &q).into_string().len()
+            pages::queue(&who, frozen.as_deref(), &q)
+                .into_string()
+                .len()
         })
     });
     time_it("queue page 150", &|| {
