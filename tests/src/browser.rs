@@ -239,8 +239,12 @@ impl Driver {
             .local_addr()
             .unwrap()
             .port();
+        use std::os::unix::process::CommandExt;
+        // Its own process group: the browsers it starts end with it, even
+        // when a test panics before closing its session.
         let child = Command::new("chromedriver")
             .arg(format!("--port={port}"))
+            .process_group(0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -277,6 +281,10 @@ impl Driver {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

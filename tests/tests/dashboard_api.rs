@@ -365,3 +365,20 @@ fn plain_http_off_loopback_is_refused_and_passwords_come_from_stdin() {
     assert_eq!(list[1]["role"], "viewer");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("argon2"));
 }
+
+#[test]
+fn the_live_output_stream_names_only_known_runs() {
+    let (state, serve) = setup();
+    std::fs::create_dir_all(state.path().join("x")).unwrap();
+    std::fs::write(state.path().join("x/output.log"), "not a run's output").unwrap();
+    let owner = Client::login(&serve, OWNER, OWNER_PASSWORD);
+    for path in [
+        "/api/v1/runs/..%2Fx/output",
+        "/api/v1/runs/%2E%2E%2Fx/output",
+        "/api/v1/runs/nosuchrun/output",
+    ] {
+        let r = owner.get(path);
+        assert_eq!(r.status, 404, "{path}: {}", r.body);
+        assert!(!r.body.contains("not a run's output"));
+    }
+}

@@ -723,6 +723,17 @@ async fn api_session(s: axum::Extension<Session>) -> Response {
 /// at most [`STREAM_CAP`] bytes; an `end` event when the run has ended.
 async fn api_output(State(app): State<App>, Path(id): Path<String>) -> Response {
     use axum::response::sse::{Event, KeepAlive, Sse};
+    // Only a run the store knows, named as the supervisor names runs: the
+    // id becomes a path under STATE/runs.
+    let known = pages::link_id(&id) && {
+        let (b, id) = (app.backend.clone(), id.clone());
+        tokio::task::spawn_blocking(move || b.with_store(|s| s.run(&id).is_ok()))
+            .await
+            .unwrap_or(false)
+    };
+    if !known {
+        return refuse(true, StatusCode::NOT_FOUND, "no such run");
+    }
     let path = app.backend.with_store(|s| backend::output_path(s, &id));
     let start = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
     let state = (app, id, path, start, 0u64, false);
