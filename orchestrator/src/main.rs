@@ -266,6 +266,9 @@ struct ServeArgs {
     /// Serve plain HTTP on a non-loopback address (a proxy in front provides TLS).
     #[arg(long)]
     insecure_network: bool,
+    /// Queued tasks (`nightshift enqueue`) run at most this many at once; 0 starts none.
+    #[arg(long, default_value_t = 2)]
+    max_parallel: usize,
     /// The owner's key, used only for an owner's decisions (default: STATE/owner.key).
     #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
     owner_key_file: Option<PathBuf>,
@@ -599,7 +602,7 @@ async fn dispatch(cli: Cli) -> i32 {
         Command::Tasks { command, json } => tasks_cmd(&api, command, json).await,
         Command::Destinations { json } => destinations_cmd(&root, json),
         Command::Summary { send, due, json } => summary_cmd(&root, send, due, json),
-        Command::Serve(args) => serve_cmd(&root, config.as_deref(), args).await,
+        Command::Serve(args) => serve_cmd(&api, &root, config.as_deref(), args).await,
         Command::Users { command } => users_cmd(&root, command),
     };
     match result {
@@ -2257,6 +2260,7 @@ fn summary_cmd(root: &std::path::Path, send: bool, due: bool, json: bool) -> Res
 /// `nightshift serve`: the dashboard and JSON API (orchestrator::serve),
 /// with one watchdog for the whole process.
 async fn serve_cmd(
+    api: &Api,
     root: &std::path::Path,
     config_path: Option<&std::path::Path>,
     args: ServeArgs,
@@ -2275,12 +2279,44 @@ async fn serve_cmd(
             .owner_key_file
             .unwrap_or_else(|| root.join("owner.key")),
     };
-    orchestrator::serve::serve(root.to_path_buf(), opts, |addr| {
-        outln!("nightshift serve: listening on http://{addr}")
-    })
-    .await
-    .map(|()| exit::OK)
-    .map_err(|e| {
+    // The run queue's dispatcher runs beside the pages, on this runtime,
+    // until the server stops; the runs it started go on and the next
+    // dispatcher (a restarted serve, or `tasks run`) adopts them.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let dispatcher = async {
+        if args.max_parallel == 0 {
+            return;
+        }
+        let exe = match std::env::current_exe() {
+            Ok(exe) => exe,
+            Err(e) => {
+                errln!("nightshift serve: no dispatcher (finding my own executable: {e})");
+                return;
+            }
+        };
+        let options = run_queue::DispatchOptions {
+            max_parallel: args.max_parallel,
+            exe,
+            poll: std::time::Duration::from_millis(500),
+            until_empty: false,
+        };
+        if let Err(e) = run_queue::dispatch_loop(api, &options, stopped).await {
+            errln!(
+                "nightshift serve: the run queue's dispatcher stopped: {}",
+                terminal::line(&e.to_string())
+            );
+        }
+    };
+    let server = async {
+        let served = orchestrator::serve::serve(root.to_path_buf(), opts, |addr| {
+            outln!("nightshift serve: listening on http://{addr}")
+        })
+        .await;
+        let _ = stop.send(true);
+        served
+    };
+    let (served, ()) = tokio::join!(server, dispatcher);
+    served.map(|()| exit::OK).map_err(|e| {
         errln!("nightshift: {e}");
         match e {
             orchestrator::serve::ServeError::Bind(_) => exit::BAD_INPUT,

@@ -412,9 +412,8 @@ pub async fn serve(
                 .allow_burst(NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN)),
         )),
     };
-    // SEAM(dispatcher): the run queue's dispatcher (enqueue / tasks, built
-    // beside the command API) is started here, on this runtime, with
-    // `app.backend`'s state; the door servers and executors run under it.
+    // The run queue's dispatcher runs beside this server on the same
+    // runtime (`nightshift serve` joins both; see main.rs `serve_cmd`).
     let router = router(app);
     ready(bound);
     axum::serve(
