@@ -5,6 +5,7 @@
 //! `orchestrator-git` (git2).
 
 pub mod acts;
+pub mod agents;
 pub mod audit_log;
 pub mod config;
 pub mod demo;

@@ -301,8 +301,16 @@ struct RunArgs {
     max_files: Option<u64>,
     #[arg(long)]
     json: bool,
+    /// Run a real agent by its preset (claude-code, codex, mini-swe-agent,
+    /// aider, python-sdks): its image (`image build --agent`), command line
+    /// and environment; see docs/agents.md.
+    #[arg(long, conflicts_with = "command")]
+    agent: Option<String>,
+    /// The model the preset's agent asks the gateway for.
+    #[arg(long, requires = "agent")]
+    model: Option<String>,
     /// The agent command and its arguments.
-    #[arg(last = true, required = true)]
+    #[arg(last = true, required_unless_present = "agent")]
     command: Vec<String>,
 }
 
@@ -576,13 +584,27 @@ async fn run_cmd(
         tmpfs_bytes: defaults.tmpfs_bytes,
         lease: defaults.lease,
     };
+    let (preset_image, command) = match args.agent.as_deref() {
+        None => (None, args.command),
+        Some(name) => {
+            let preset = orchestrator::agents::preset(agent_preset(name)?, args.model.as_deref())
+                .map_err(|e| {
+                    errln!("nightshift: {e}");
+                    exit::USAGE
+                })?;
+            (Some(preset.image), preset.command)
+        }
+    };
     let req = RunRequest {
         repo_confidentiality: config.repository_confidentiality(&args.repo),
         repo: args.repo,
         base_ref: args.base_ref,
-        image: args.image.unwrap_or_else(image::default_reference),
+        image: args
+            .image
+            .or(preset_image)
+            .unwrap_or_else(image::default_reference),
         task,
-        command: args.command,
+        command,
         caps,
         echo: !args.json,
     };
