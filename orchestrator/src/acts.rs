@@ -634,9 +634,13 @@ pub fn policy_check(paths: &StatePaths, door: &RunDoor, payload: &serde_json::Va
     );
     let tool = outcome.tool.clone().unwrap_or_else(|| "-".into());
     let written = match &outcome.decision {
-        Some(decision) => {
-            crate::policy::record_decision(&mut store, Some(&door.run), Some(&actor), &tool, decision)
-        }
+        Some(decision) => crate::policy::record_decision(
+            &mut store,
+            Some(&door.run),
+            Some(&actor),
+            &tool,
+            decision,
+        ),
         None => store
             .append(
                 Some(&door.run),

@@ -94,11 +94,13 @@ mod tests {
         assert!(codex.contains("wire_api = \"responses\""));
         assert!(codex.contains("env_key = \"OPENAI_API_KEY\""));
         assert!(codex.contains("</dev/null"));
-        assert!(Agent::MiniSweAgent.run_script().contains("mini --yolo --exit-immediately"));
+        assert!(Agent::MiniSweAgent
+            .run_script()
+            .contains("mini --yolo --exit-immediately"));
+        assert!(Agent::Aider.run_script().contains("aider --yes-always"));
         assert!(Agent::Aider
             .run_script()
-            .contains("aider --yes-always"));
-        assert!(Agent::Aider.run_script().contains("--message \"$NIGHTSHIFT_TASK\""));
+            .contains("--message \"$NIGHTSHIFT_TASK\""));
     }
 
     #[test]

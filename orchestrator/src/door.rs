@@ -232,8 +232,13 @@ async fn serve(
             if checked.audited {
                 let n = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                 if n > MAX_REQUESTS_PER_RUN {
-                    flooded(paths, &door.run, "policy_check", n == MAX_REQUESTS_PER_RUN + 1)
-                        .await
+                    flooded(
+                        paths,
+                        &door.run,
+                        "policy_check",
+                        n == MAX_REQUESTS_PER_RUN + 1,
+                    )
+                    .await
                 } else {
                     checked.response
                 }
@@ -244,8 +249,13 @@ async fn serve(
         Ok(Ok(Ok(request))) => {
             let n = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
             if n > MAX_REQUESTS_PER_RUN {
-                let response =
-                    flooded(paths, &door.run, request.door(), n == MAX_REQUESTS_PER_RUN + 1).await;
+                let response = flooded(
+                    paths,
+                    &door.run,
+                    request.door(),
+                    n == MAX_REQUESTS_PER_RUN + 1,
+                )
+                .await;
                 let response = without_host_paths(&response, &[&paths.root, &door.repo]);
                 stream.write_all(&encode_response(&response)).await?;
                 return stream.shutdown().await;

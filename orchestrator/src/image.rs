@@ -503,7 +503,11 @@ mod tests {
                 let [pin, hash] = pair else {
                     panic!("{}: a pin without its hash: {pair:?}", agent.name())
                 };
-                assert!(pin.contains("==") && pin.ends_with(" \\"), "{}: {pin}", agent.name());
+                assert!(
+                    pin.contains("==") && pin.ends_with(" \\"),
+                    "{}: {pin}",
+                    agent.name()
+                );
                 let hash = hash.trim().strip_prefix("--hash=sha256:").unwrap_or("");
                 assert_eq!(hash.len(), 64, "{}: {pin}", agent.name());
                 pins += 1;
@@ -517,7 +521,9 @@ mod tests {
             malicious_pins("LiteLLM==1.82.8 \\\n    --hash=sha256:00\n"),
             ["litellm==1.82.8"]
         );
-        assert!(Agent::from_name("cursor").unwrap_err().contains("claude-code"));
+        assert!(Agent::from_name("cursor")
+            .unwrap_err()
+            .contains("claude-code"));
     }
 
     #[test]
@@ -526,11 +532,10 @@ mod tests {
             Agent::ALL.iter().map(|a| a.reference()).collect();
         assert_eq!(refs.len(), Agent::ALL.len());
         assert!(!refs.contains(&default_reference()));
-        assert_eq!(
-            Agent::ClaudeCode.reference(),
-            Agent::ClaudeCode.reference()
-        );
-        assert!(Agent::Codex.reference().starts_with("nightshift-agent-codex:"));
+        assert_eq!(Agent::ClaudeCode.reference(), Agent::ClaudeCode.reference());
+        assert!(Agent::Codex
+            .reference()
+            .starts_with("nightshift-agent-codex:"));
     }
 
     #[test]

@@ -589,9 +589,9 @@ async fn run_cmd(
         Some(name) => {
             let preset = orchestrator::agents::preset(agent_preset(name)?, args.model.as_deref())
                 .map_err(|e| {
-                    errln!("nightshift: {e}");
-                    exit::USAGE
-                })?;
+                errln!("nightshift: {e}");
+                exit::USAGE
+            })?;
             (Some(preset.image), preset.command)
         }
     };
@@ -1497,9 +1497,7 @@ fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
                 .map(|a| format!("actor {}'s", terminal::line(a)))
                 .unwrap_or_else(|| "any actor's".to_string());
             if binding.is_empty() {
-                outln!(
-                    "hook: no rule binds {whose} tool calls: `policy check` allows every one"
-                );
+                outln!("hook: no rule binds {whose} tool calls: `policy check` allows every one");
             } else {
                 outln!(
                     "hook: {} rule(s) bind {whose} tool calls: {}",

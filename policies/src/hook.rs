@@ -143,8 +143,9 @@ fn payload_parts(
 
 /// Whether `json` is a harness payload rather than a tool's arguments.
 fn is_harness_payload(json: &Value) -> bool {
-    json.as_object()
-        .is_some_and(|m| m.get("tool_name").is_some_and(Value::is_string) && m.contains_key("tool_input"))
+    json.as_object().is_some_and(|m| {
+        m.get("tool_name").is_some_and(Value::is_string) && m.contains_key("tool_input")
+    })
 }
 
 /// A tool name as the audit may keep it: bounded, on one line.

@@ -107,15 +107,19 @@ fn a_hook_payload_from_inside_a_sandbox_is_decided_by_the_runs_rules_and_fails_c
         "fetch rc=2 out=[asks a person: Fetching from the web needs a person.]"
     );
     assert!(
-        line("notjson").starts_with("notjson rc=2 out=[refused by rule nightshift:hook-input: stdin is not JSON"),
+        line("notjson").starts_with(
+            "notjson rc=2 out=[refused by rule nightshift:hook-input: stdin is not JSON"
+        ),
         "{log}"
     );
     assert!(
-        line("nopayload").starts_with("nopayload rc=2 out=[refused by rule nightshift:hook-input: "),
+        line("nopayload")
+            .starts_with("nopayload rc=2 out=[refused by rule nightshift:hook-input: "),
         "{log}"
     );
     assert!(
-        line("doordown").starts_with("doordown rc=2 out=[refused by rule nightshift:door: door unreachable"),
+        line("doordown")
+            .starts_with("doordown rc=2 out=[refused by rule nightshift:door: door unreachable"),
         "{log}"
     );
     assert!(log.contains("src-still-here"), "{log}");
@@ -139,7 +143,12 @@ fn a_hook_payload_from_inside_a_sandbox_is_decided_by_the_runs_rules_and_fails_c
         [
             (Some(run.as_str()), "Bash", "refuse", "no-recursive-delete"),
             (Some(run.as_str()), "WebFetch", "ask", "ask-before-fetch"),
-            (Some(run.as_str()), "Bash", "refuse", "nightshift:hook-input"),
+            (
+                Some(run.as_str()),
+                "Bash",
+                "refuse",
+                "nightshift:hook-input"
+            ),
         ],
         "{d:?}"
     );
@@ -178,13 +187,18 @@ fn a_frozen_state_refuses_every_tool_call_through_the_door() {
         .spawn()
         .unwrap();
     let run = tests::wait_running(&state, &mut child, 1).remove(0);
-    assert!(state.run(&["freeze", "--why", "night off"]).status.success());
+    assert!(state
+        .run(&["freeze", "--why", "night off"])
+        .status
+        .success());
     tests::open_gate(&state, &run);
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let log = state.output_log(&run);
     assert!(
-        log.contains("read rc=2 out=[refused by rule nightshift:freeze: everything is frozen: night off]"),
+        log.contains(
+            "read rc=2 out=[refused by rule nightshift:freeze: everything is frozen: night off]"
+        ),
         "{log}"
     );
 }

@@ -62,10 +62,15 @@ fn rm_rules(dir: &Path, subject: &str) -> PathBuf {
 
 fn check(state: &State, rules: &Path, actor: &str, tool: &str, input: &str) -> Output {
     let mut c = state.cmd();
-    c.arg("policy")
-        .arg("--rules")
-        .arg(rules)
-        .args(["check", "--actor", actor, "--tool", tool, "--args-json", "-"]);
+    c.arg("policy").arg("--rules").arg(rules).args([
+        "check",
+        "--actor",
+        actor,
+        "--tool",
+        tool,
+        "--args-json",
+        "-",
+    ]);
     with_stdin(c, input.as_bytes())
 }
 

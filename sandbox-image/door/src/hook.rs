@@ -37,12 +37,8 @@ pub fn request(stdin: &[u8]) -> Result<Request, String> {
             "stdin is over the limit of {MAX_STDIN} bytes"
         )));
     }
-    let text = std::str::from_utf8(stdin).map_err(|e| {
-        refuse(&format!(
-            "stdin is not UTF-8 (at byte {})",
-            e.valid_up_to()
-        ))
-    })?;
+    let text = std::str::from_utf8(stdin)
+        .map_err(|e| refuse(&format!("stdin is not UTF-8 (at byte {})", e.valid_up_to())))?;
     let payload: serde_json::Value =
         serde_json::from_str(text).map_err(|e| refuse(&format!("stdin is not JSON: {e}")))?;
     let request = Request::PolicyCheck { payload };
@@ -61,7 +57,9 @@ pub fn answer(result: Result<Response, String>) -> (i32, Option<String>) {
         Ok(r @ (Response::Refused { .. } | Response::Asks { .. })) => (EXIT_BLOCK, line(r.line())),
         Ok(Response::Error { reason }) => (
             EXIT_BLOCK,
-            line(format!("refused by rule {DOOR_ID}: the door answered: {reason}")),
+            line(format!(
+                "refused by rule {DOOR_ID}: the door answered: {reason}"
+            )),
         ),
         Ok(Response::Queued { act }) => (
             EXIT_BLOCK,
@@ -113,8 +111,15 @@ mod tests {
             lines[0].1.as_deref(),
             Some("refused by rule no-rm: no recursive deletes")
         );
-        assert_eq!(lines[1].1.as_deref(), Some("asks a person: a person approves"));
-        assert!(lines[4].1.as_deref().unwrap().starts_with("refused by rule nightshift:door: door unreachable"));
+        assert_eq!(
+            lines[1].1.as_deref(),
+            Some("asks a person: a person approves")
+        );
+        assert!(lines[4]
+            .1
+            .as_deref()
+            .unwrap()
+            .starts_with("refused by rule nightshift:door: door unreachable"));
     }
 
     #[test]
@@ -126,7 +131,10 @@ mod tests {
             (&b""[..], "not JSON"),
         ] {
             let err = request(input).unwrap_err();
-            assert!(err.starts_with("refused by rule nightshift:hook-input: "), "{err}");
+            assert!(
+                err.starts_with("refused by rule nightshift:hook-input: "),
+                "{err}"
+            );
             assert!(err.contains(why), "{why}: {err}");
         }
         let big = vec![b' '; MAX_STDIN + 1];

@@ -349,7 +349,9 @@ pub fn check_hook_payload(
     if !value.is_object() {
         return bad("must be the harness's hook input, a JSON object".into());
     }
-    let len = serde_json::to_vec(value).map(|v| v.len()).unwrap_or(usize::MAX);
+    let len = serde_json::to_vec(value)
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
     if len > MAX_HOOK_PAYLOAD {
         return bad(format!(
             "is {len} bytes of JSON, over the limit of {MAX_HOOK_PAYLOAD} (a tool call that large is refused; write large files in parts)"
