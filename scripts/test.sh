@@ -11,4 +11,9 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 cargo build -q -p orchestrator
 NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image ./target/debug/nightshift image build
+# The agent images the tests use (heavy: each is built once, then a no-op
+# while its inputs are unchanged).
+for preset in python-sdks claude-code; do
+  NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image ./target/debug/nightshift image build --agent "$preset"
+done
 cargo test --workspace -q --no-fail-fast

@@ -6,6 +6,7 @@
 
 pub mod acts;
 pub mod api;
+pub mod agents;
 pub mod audit_log;
 pub mod config;
 pub mod container_engine;

@@ -457,8 +457,16 @@ struct RunArgs {
     /// would-be verdict; queue and carry out nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Run a real agent by its preset (claude-code, codex, mini-swe-agent,
+    /// aider, python-sdks): its image (`image build --agent`), command line
+    /// and environment; see docs/agents.md.
+    #[arg(long, conflicts_with = "command")]
+    agent: Option<String>,
+    /// The model the preset's agent asks the gateway for.
+    #[arg(long, requires = "agent")]
+    model: Option<String>,
     /// The agent command and its arguments.
-    #[arg(last = true, required = true)]
+    #[arg(last = true, required_unless_present = "agent")]
     command: Vec<String>,
 }
 
@@ -851,13 +859,27 @@ async fn run_cmd(
         max_tokens: args.max_tokens.unwrap_or(defaults.max_tokens),
         fleet_max_tokens_per_night: defaults.fleet_max_tokens_per_night,
     };
+    let (preset_image, command) = match args.agent.as_deref() {
+        None => (None, args.command),
+        Some(name) => {
+            let preset = orchestrator::agents::preset(agent_preset(name)?, args.model.as_deref())
+                .map_err(|e| {
+                errln!("nightshift: {e}");
+                exit::USAGE
+            })?;
+            (Some(preset.image), preset.command)
+        }
+    };
     let req = RunRequest {
         repo_confidentiality: config.repository_confidentiality(&args.repo),
         repo: args.repo,
         base_ref: args.base_ref,
-        image: args.image.unwrap_or_else(image::default_reference),
+        image: args
+            .image
+            .or(preset_image)
+            .unwrap_or_else(image::default_reference),
         task,
-        command: args.command,
+        command,
         caps,
         echo: !args.json,
         dry_run: args.dry_run,

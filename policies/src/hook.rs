@@ -107,36 +107,35 @@ pub fn outcome_of(decision: Decision) -> HookOutcome {
     }
 }
 
-/// The parts of a harness payload (Claude Code's `PreToolUse` object):
-/// tool name, arguments, scope; or the refusal of a malformed one.
-fn payload_parts(
-    json: Value,
-) -> Result<(String, Value, Option<String>), (HookOutcome, Option<String>)> {
+/// A harness payload's parts: tool name, arguments, scope.
+type Parts = (String, Value, Option<String>);
+
+/// Why a harness payload was refused, and the tool it named (if any).
+struct BadPayload {
+    reason: &'static str,
+    tool: Option<String>,
+}
+
+/// The parts of a harness payload (Claude Code's `PreToolUse` object).
+fn payload_parts(json: Value) -> Result<Parts, BadPayload> {
+    let bad = |reason, tool| Err(BadPayload { reason, tool });
     let Value::Object(mut map) = json else {
-        return Err((
-            refuse_input("with --tool -, stdin must be an object with tool_name and tool_input"),
+        return bad(
+            "with --tool -, stdin must be an object with tool_name and tool_input",
             None,
-        ));
+        );
     };
     let door = match map.remove("tool_name") {
         Some(Value::String(s)) => s,
-        _ => {
-            return Err((
-                refuse_input("with --tool -, stdin must have a string tool_name"),
-                None,
-            ))
-        }
+        _ => return bad("with --tool -, stdin must have a string tool_name", None),
     };
     let Some(args) = map.remove("tool_input") else {
-        return Err((
-            refuse_input("with --tool -, stdin must have tool_input"),
-            Some(door),
-        ));
+        return bad("with --tool -, stdin must have tool_input", Some(door));
     };
     let scope = match map.remove("cwd") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s),
-        Some(_) => return Err((refuse_input("cwd in stdin must be a string"), Some(door))),
+        Some(_) => return bad("cwd in stdin must be a string", Some(door)),
     };
     Ok((door, args, scope))
 }
@@ -192,7 +191,7 @@ pub fn hook_decide(
     let (door, args, scope) = if tool == "-" {
         match payload_parts(json) {
             Ok(parts) => parts,
-            Err((outcome, tool)) => return named(outcome, tool),
+            Err(b) => return named(refuse_input(b.reason), b.tool),
         }
     } else if is_harness_payload(&json) {
         match payload_parts(json) {
@@ -207,7 +206,7 @@ pub fn hook_decide(
                     Some(tool.to_owned()),
                 )
             }
-            Err((outcome, found)) => return named(outcome, found),
+            Err(b) => return named(refuse_input(b.reason), b.tool),
         }
     } else {
         (tool.to_owned(), json, None)

@@ -12,7 +12,9 @@
 # scripts/lock-agent.sh), wheels only (no package's build script runs), so
 # what is installed is exactly what was locked or the build fails.
 # $NIGHTSHIFT_PIP_INDEX_URL names another index (a mirror): the hashes
-# still decide what is accepted.
+# still decide what is accepted. TLS to the index is verified with the
+# build host's CA bundle ($PIP_CERT, $SSL_CERT_FILE, else the system's), so
+# a host behind a TLS-inspecting proxy can build; it is removed afterwards.
 set -euo pipefail
 base=$1 out=$2 dir=$3 preset=$4
 
@@ -26,13 +28,15 @@ tar --numeric-owner -xpf "$base" -C "$root"
 rm -f "$root/etc/resolv.conf"
 cat /etc/resolv.conf > "$root/etc/resolv.conf"
 install -m 0644 "$dir/requirements.txt" "$root/tmp/requirements.txt"
+ca=${PIP_CERT:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
+install -m 0644 "$ca" "$root/tmp/build-ca.crt"
 
 step "python venv /opt/agent"
 chroot "$root" /usr/bin/python3 -m venv /opt/agent
 count=$(grep -c '==' "$dir/requirements.txt")
 step "pip install --require-hashes: $preset ($count pinned packages)"
 chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 \
-  PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+  PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CERT=/tmp/build-ca.crt \
   /opt/agent/bin/pip install --quiet --no-input --no-compile --require-hashes \
   --only-binary=:all: --index-url "${NIGHTSHIFT_PIP_INDEX_URL:-https://pypi.org/simple}" \
   -r /tmp/requirements.txt
@@ -50,7 +54,9 @@ case $preset in
   *) echo "unknown preset $preset" >&2; exit 1 ;;
 esac
 for f in "$root"/usr/local/bin/*; do
-  [ -e "$f" ] || { echo "the preset's command $(basename "$f") is missing" >&2; exit 1; }
+  name=$(basename "$f")
+  chroot "$root" test -x "/usr/local/bin/$name" \
+    || { echo "the preset's command $name is missing" >&2; exit 1; }
 done
 install -m 0755 "$dir/run.sh" "$root/usr/local/bin/nightshift-agent"
 

@@ -26,7 +26,7 @@ use tests::{git, image, make_repo, stderr, stdout, State};
 /// bound), or `"noanswer"`.
 const DOOR_PY: &str = r#"
 import json, socket, struct
-def send(req, v=2, pack=b"", cut=None, timeout=30):
+def send(req, v=3, pack=b"", cut=None, timeout=30):
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(timeout)
     try:
@@ -56,15 +56,15 @@ def send(req, v=2, pack=b"", cut=None, timeout=30):
         return "timeout"
     finally:
         s.close()
-def push(commit, ref, pack=b"", v=2, delete=False):
+def push(commit, ref, pack=b"", v=3, delete=False):
     if v == 1:
         return send({"door": "push", "remote": "origin", "dst_ref": ref, "claimed_commit": commit}, v=1)
     return send({"door": "push", "remote": "origin", "dst_ref": ref, "claimed_commit": commit,
                  "force": False, "delete": delete, "pack_bytes": len(pack)}, pack=pack)
-def pr(head, commit, v=2):
+def pr(head, commit, v=3):
     req = {"door": "pull_request", "remote": "forge", "base": "refs/heads/main", "head": head,
            "title": "t", "body": "b"}
-    if v == 2:
+    if v >= 2:
         req.update({"head_commit": commit, "pack_bytes": 0})
     return send(req, v=v)
 ZERO = "0" * 40
