@@ -230,14 +230,6 @@ CREATE TABLE IF NOT EXISTS acts (
     updated_at TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS acts_run ON acts(run);
-CREATE TABLE IF NOT EXISTS model_tokens (
-    run TEXT NOT NULL,
-    night TEXT NOT NULL,
-    used INTEGER NOT NULL DEFAULT 0,
-    reserved INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (run, night)
-);
-CREATE INDEX IF NOT EXISTS model_tokens_night ON model_tokens(night);
 CREATE TABLE IF NOT EXISTS tasks (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     id TEXT NOT NULL UNIQUE,
@@ -979,133 +971,6 @@ impl Store {
         Ok(out)
     }
 
-    // ----- model tokens (the gateway's ledgers) -----
-
-    /// The run's ledger (all nights) and the fleet's for `night`.
-    fn token_ledgers(
-        conn: &Connection,
-        run: &str,
-        night: &str,
-    ) -> Result<
-        (
-            crate::gateway::tokens::Ledger,
-            crate::gateway::tokens::Ledger,
-        ),
-        StoreError,
-    > {
-        let read = |q: &str, key: &str| -> Result<crate::gateway::tokens::Ledger, StoreError> {
-            conn.query_row(q, params![key], |r| {
-                Ok(crate::gateway::tokens::Ledger {
-                    used: r.get::<_, i64>(0)?.max(0) as u64,
-                    reserved: r.get::<_, i64>(1)?.max(0) as u64,
-                })
-            })
-            .map_err(sql("reading the model token ledgers"))
-        };
-        Ok((
-            read(
-                "SELECT COALESCE(SUM(used), 0), COALESCE(SUM(reserved), 0) FROM model_tokens WHERE run = ?1",
-                run,
-            )?,
-            read(
-                "SELECT COALESCE(SUM(used), 0), COALESCE(SUM(reserved), 0) FROM model_tokens WHERE night = ?1",
-                night,
-            )?,
-        ))
-    }
-
-    /// One reservation of model tokens for a call of `run` in `night`: both
-    /// ledgers read, the decision taken ([`crate::gateway::tokens::reserve`])
-    /// and the grant recorded in one write transaction, so that concurrent
-    /// calls in any number of processes never overshoot either cap.
-    pub fn reserve_model_tokens(
-        &mut self,
-        run: &str,
-        night: &str,
-        run_cap: u64,
-        fleet_cap: u64,
-        ask: crate::gateway::tokens::Ask,
-    ) -> Result<Result<crate::gateway::tokens::Grant, crate::gateway::tokens::Refusal>, StoreError>
-    {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql("locking the model token ledgers"))?;
-        let (run_ledger, fleet_ledger) = Self::token_ledgers(&tx, run, night)?;
-        let decision =
-            crate::gateway::tokens::reserve(run_ledger, run_cap, fleet_ledger, fleet_cap, ask);
-        if let Ok(grant) = &decision {
-            tx.execute(
-                "INSERT INTO model_tokens(run, night, used, reserved) VALUES (?1, ?2, 0, ?3)
-                 ON CONFLICT(run, night) DO UPDATE SET reserved = reserved + ?3",
-                params![run, night, grant.tokens as i64],
-            )
-            .map_err(sql("reserving model tokens"))?;
-        }
-        tx.commit()
-            .map_err(sql("committing a model token reservation"))?;
-        Ok(decision)
-    }
-
-    /// Settles a call that reserved `reserved` tokens in `night` with
-    /// `actual` (None: the reservation is charged whole) and appends the
-    /// call's audit entry, made from the ledgers after the settlement, in
-    /// the same transaction. Returns the run's and the fleet's ledgers.
-    pub fn settle_model_tokens(
-        &mut self,
-        run: &str,
-        night: &str,
-        reserved: u64,
-        actual: Option<u64>,
-        entry: impl FnOnce(crate::gateway::tokens::Ledger) -> Event,
-    ) -> Result<
-        (
-            crate::gateway::tokens::Ledger,
-            crate::gateway::tokens::Ledger,
-        ),
-        StoreError,
-    > {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql("locking the model token ledgers"))?;
-        let charged = actual.unwrap_or(reserved);
-        tx.execute(
-            "INSERT INTO model_tokens(run, night, used, reserved) VALUES (?1, ?2, ?3, 0)
-             ON CONFLICT(run, night) DO UPDATE SET used = used + ?3,
-                 reserved = MAX(reserved - ?4, 0)",
-            params![run, night, charged as i64, reserved as i64],
-        )
-        .map_err(sql("settling model tokens"))?;
-        let (run_ledger, fleet_ledger) = Self::token_ledgers(&tx, run, night)?;
-        let appended = append_in(&tx, &self.log, Some(run), &entry(run_ledger))?;
-        tx.commit()
-            .map_err(sql("committing a model token settlement"))?;
-        self.publish_head(&appended);
-        Ok((run_ledger, fleet_ledger))
-    }
-
-    /// A run's model token ledger (all nights).
-    pub fn run_model_tokens(
-        &self,
-        run: &str,
-    ) -> Result<crate::gateway::tokens::Ledger, StoreError> {
-        Ok(Self::token_ledgers(&self.conn, run, "")?.0)
-    }
-
-    /// Commits of this connection are durable against a crash of the
-    /// process but not of the machine (`synchronous = NORMAL` in WAL mode):
-    /// for the gateway's reservations, which sit in every model call's path.
-    /// Never for a connection that appends audit entries: the chain's head
-    /// file must never be ahead of the database, even after a power cut (the
-    /// gateway settles and audits through a connection of its own). A
-    /// reservation lost in a power cut frees tokens no call is using.
-    pub fn relax_sync(&self) -> Result<(), StoreError> {
-        self.conn
-            .pragma_update(None, "synchronous", "NORMAL")
-            .map_err(sql("setting normal synchronous writes"))
-    }
-
     // ----- audit -----
 
     /// Appends one audit entry (the only write path for audit entries) and,
@@ -1840,5 +1705,163 @@ mod settle_tests {
             .filter(|e| e.kind == "run_ended")
             .count();
         assert_eq!(ends, 1);
+    }
+}
+
+// ----- model tokens (the gateway's ledgers) -----
+
+/// The model gateway's token ledgers: `STATE/tokens.db`, a database of its
+/// own beside `state.db`, so that a call's reservation never waits for
+/// another call's audit append (whose commit is synchronous) to reach the
+/// disk. Commits here are durable against a crash of a process, not of the
+/// machine (WAL, `synchronous = NORMAL`): a power cut can forget the last
+/// settlements, never let two processes reserve the same tokens.
+///
+/// One row per run and night: tokens used (settled) and reserved (calls in
+/// flight). Every reservation and settlement is one write transaction
+/// (`BEGIN IMMEDIATE`), so concurrent calls in any number of processes are
+/// serialised and the decision ([`crate::gateway::tokens::reserve`]) sees
+/// both ledgers as they are.
+#[derive(Debug)]
+pub struct TokenLedger {
+    conn: Connection,
+}
+
+const TOKENS_SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS model_tokens (
+    run TEXT NOT NULL,
+    night TEXT NOT NULL,
+    used INTEGER NOT NULL DEFAULT 0,
+    reserved INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run, night)
+);
+CREATE INDEX IF NOT EXISTS model_tokens_night ON model_tokens(night);
+"#;
+
+type Ledgers = (
+    crate::gateway::tokens::Ledger,
+    crate::gateway::tokens::Ledger,
+);
+
+impl TokenLedger {
+    pub fn open(paths: &StatePaths) -> Result<Self, StoreError> {
+        create_private_dir(&paths.root)?;
+        let db = paths.root.join("tokens.db");
+        let mut attempt = 0;
+        loop {
+            let opened = (|| {
+                let conn = Connection::open(&db).map_err(|source| StoreError::Open {
+                    path: db.clone(),
+                    source,
+                })?;
+                conn.busy_timeout(Duration::from_secs(30))
+                    .map_err(sql("setting the busy timeout"))?;
+                conn.pragma_update(None, "mmap_size", 0)
+                    .map_err(sql("turning off memory-mapped I/O"))?;
+                conn.pragma_update(None, "journal_mode", "WAL")
+                    .map_err(sql("enabling write-ahead logging"))?;
+                conn.pragma_update(None, "synchronous", "NORMAL")
+                    .map_err(sql("setting normal synchronous writes"))?;
+                conn.execute_batch(TOKENS_SCHEMA)
+                    .map_err(sql("creating the token ledger"))?;
+                Ok(TokenLedger { conn })
+            })();
+            match opened {
+                Err(StoreError::Sql { source, .. } | StoreError::Open { source, .. })
+                    if is_busy(&source) && attempt < 50 =>
+                {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(20 * attempt));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The run's ledger (all nights) and the fleet's for `night`.
+    fn ledgers(conn: &Connection, run: &str, night: &str) -> Result<Ledgers, StoreError> {
+        let read = |q: &str, key: &str| -> Result<crate::gateway::tokens::Ledger, StoreError> {
+            conn.query_row(q, params![key], |r| {
+                Ok(crate::gateway::tokens::Ledger {
+                    used: r.get::<_, i64>(0)?.max(0) as u64,
+                    reserved: r.get::<_, i64>(1)?.max(0) as u64,
+                })
+            })
+            .map_err(sql("reading the model token ledgers"))
+        };
+        Ok((
+            read(
+                "SELECT COALESCE(SUM(used), 0), COALESCE(SUM(reserved), 0) FROM model_tokens WHERE run = ?1",
+                run,
+            )?,
+            read(
+                "SELECT COALESCE(SUM(used), 0), COALESCE(SUM(reserved), 0) FROM model_tokens WHERE night = ?1",
+                night,
+            )?,
+        ))
+    }
+
+    /// One reservation for a call of `run` in `night`: both ledgers read,
+    /// the decision taken and the grant recorded in one write transaction.
+    pub fn reserve(
+        &mut self,
+        run: &str,
+        night: &str,
+        run_cap: u64,
+        fleet_cap: u64,
+        ask: crate::gateway::tokens::Ask,
+    ) -> Result<Result<crate::gateway::tokens::Grant, crate::gateway::tokens::Refusal>, StoreError>
+    {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("locking the model token ledgers"))?;
+        let (run_ledger, fleet_ledger) = Self::ledgers(&tx, run, night)?;
+        let decision =
+            crate::gateway::tokens::reserve(run_ledger, run_cap, fleet_ledger, fleet_cap, ask);
+        if let Ok(grant) = &decision {
+            tx.execute(
+                "INSERT INTO model_tokens(run, night, used, reserved) VALUES (?1, ?2, 0, ?3)
+                 ON CONFLICT(run, night) DO UPDATE SET reserved = reserved + ?3",
+                params![run, night, grant.tokens as i64],
+            )
+            .map_err(sql("reserving model tokens"))?;
+        }
+        tx.commit()
+            .map_err(sql("committing a model token reservation"))?;
+        Ok(decision)
+    }
+
+    /// Settles a call that reserved `reserved` tokens in `night` with
+    /// `actual` (None: the reservation is charged whole). Returns the run's
+    /// and the fleet's ledgers after it.
+    pub fn settle(
+        &mut self,
+        run: &str,
+        night: &str,
+        reserved: u64,
+        actual: Option<u64>,
+    ) -> Result<Ledgers, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("locking the model token ledgers"))?;
+        let charged = actual.unwrap_or(reserved);
+        tx.execute(
+            "INSERT INTO model_tokens(run, night, used, reserved) VALUES (?1, ?2, ?3, 0)
+             ON CONFLICT(run, night) DO UPDATE SET used = used + ?3,
+                 reserved = MAX(reserved - ?4, 0)",
+            params![run, night, charged as i64, reserved as i64],
+        )
+        .map_err(sql("settling model tokens"))?;
+        let ledgers = Self::ledgers(&tx, run, night)?;
+        tx.commit()
+            .map_err(sql("committing a model token settlement"))?;
+        Ok(ledgers)
+    }
+
+    /// A run's ledger (all nights).
+    pub fn run_tokens(&self, run: &str) -> Result<crate::gateway::tokens::Ledger, StoreError> {
+        Ok(Self::ledgers(&self.conn, run, "")?.0)
     }
 }

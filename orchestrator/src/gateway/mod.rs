@@ -22,7 +22,7 @@
 //! - Tokens are reserved for the worst case before forwarding, against the
 //!   run's cap and the fleet's night budget at once, in one store
 //!   transaction; settled from the usage the response reports (`tokens`,
-//!   `sse`, `store::reserve_model_tokens`). Past a cap, calls are refused and
+//!   `sse`, `store::TokenLedger`). Past a cap, calls are refused and
 //!   the run is told to end ([`GatewayHandle::cap_reached`]).
 //! - Streams pass through as their events arrive; every call is bounded in
 //!   request size, event length, response size, time to first byte, idle

@@ -13,8 +13,9 @@
 //! - A response is passed on as it arrives: whole events of a stream (at
 //!   most `max_line` bytes held), or the pieces of a JSON body (a copy of at
 //!   most `max_line` bytes kept to read its usage). Nothing else is held.
-//! - Every call, forwarded or refused, ends in one audit entry; a forwarded
-//!   call's settlement and its entry are one transaction.
+//! - Every call, forwarded or refused, ends in one audit entry, written
+//!   after its settlement (the ledger is `STATE/tokens.db`, apart from the
+//!   audit, so that reservations never wait for an audit append's fsync).
 
 use std::convert::Infallible;
 use std::path::Path;
@@ -36,7 +37,7 @@ use super::route::{self, Refusal, Shape};
 use super::sse::{self, Scanner, Usage};
 use super::tokens::{self, Ask};
 use crate::audit_log::Event;
-use crate::store::{StatePaths, Store};
+use crate::store::{StatePaths, Store, TokenLedger};
 
 /// A request's head must arrive within this.
 pub const HEAD_DEADLINE: Duration = Duration::from_secs(10);
@@ -88,9 +89,9 @@ struct Gateway {
     run_cap: u64,
     fleet_cap: u64,
     paths: StatePaths,
-    /// Reservations (relaxed durability, see `Store::relax_sync`).
-    reserving: Mutex<Option<Store>>,
-    /// Settlements and audit entries.
+    /// Reservations and settlements (`STATE/tokens.db`).
+    ledger: Mutex<Option<TokenLedger>>,
+    /// Audit entries.
     auditing: Mutex<Option<Store>>,
     cap: watch::Sender<Option<CapReached>>,
 }
@@ -100,33 +101,43 @@ impl Gateway {
         &self.models.limits
     }
 
-    /// Runs `f` on one of the gateway's store connections (opened on first
-    /// use), off the async threads.
-    async fn with_store<T: Send + 'static>(
+    /// Runs `f` on the gateway's token ledger (opened on first use), off
+    /// the async threads.
+    async fn with_ledger<T: Send + 'static>(
         self: &Arc<Self>,
-        reserving: bool,
-        f: impl FnOnce(&mut Store) -> Result<T, crate::store::StoreError> + Send + 'static,
+        f: impl FnOnce(&mut TokenLedger) -> Result<T, crate::store::StoreError> + Send + 'static,
     ) -> Result<T, String> {
         let gw = self.clone();
         tokio::task::spawn_blocking(move || {
-            let slot = if reserving {
-                &gw.reserving
-            } else {
-                &gw.auditing
-            };
-            let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
+            let mut guard = gw.ledger.lock().unwrap_or_else(|p| p.into_inner());
             if guard.is_none() {
-                let store = Store::open(gw.paths.clone()).map_err(|e| e.to_string())?;
-                if reserving {
-                    store.relax_sync().map_err(|e| e.to_string())?;
-                }
-                *guard = Some(store);
+                *guard = Some(TokenLedger::open(&gw.paths).map_err(|e| e.to_string())?);
             }
-            let store = guard.as_mut().ok_or("no store")?;
-            f(store).map_err(|e| e.to_string())
+            let ledger = guard.as_mut().ok_or("no ledger")?;
+            f(ledger).map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| e.to_string())?
+    }
+
+    /// Appends one audit entry through the gateway's own store connection.
+    async fn audit(self: &Arc<Self>, event: Event) {
+        let gw = self.clone();
+        let done = tokio::task::spawn_blocking(move || {
+            let mut guard = gw.auditing.lock().unwrap_or_else(|p| p.into_inner());
+            if guard.is_none() {
+                *guard = Some(Store::open(gw.paths.clone()).map_err(|e| e.to_string())?);
+            }
+            let store = guard.as_mut().ok_or("no store")?;
+            store
+                .append(Some(&gw.run), &event, false)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        if let Ok(Err(e)) | Err(e) = done.map_err(|e| e.to_string()) {
+            tracing::error!(error = %e, "auditing a model call failed");
+        }
     }
 
     fn cap_spent(&self, scope: tokens::Scope, used: u64, cap: u64) {
@@ -178,7 +189,7 @@ pub fn open(
         run_cap,
         fleet_cap,
         paths: paths.clone(),
-        reserving: Mutex::new(None),
+        ledger: Mutex::new(None),
         auditing: Mutex::new(None),
         cap,
     });
@@ -252,33 +263,30 @@ async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         Err(Refused { refusal, .. }) => {
             let status = refusal.status;
             let outcome = format!("refused:{}", refusal.kind);
-            let (run, entry) = (gw.run.clone(), call.clone());
+            let run = gw.run.clone();
             let run_cap = gw.run_cap;
             let body = error_body(&refusal);
             let response_digest = crate::audit_log::digest(&body);
             let response_bytes = body.len() as u64;
-            let _ = gw
-                .with_store(false, move |store| {
-                    let run_tokens = store.run_model_tokens(&run)?.used;
-                    store.append(
-                        Some(&run),
-                        &model_call(
-                            &entry,
-                            status,
-                            outcome,
-                            None,
-                            0,
-                            run_tokens,
-                            run_cap,
-                            started.elapsed(),
-                            None,
-                            response_bytes,
-                            response_digest,
-                        ),
-                        false,
-                    )
-                })
-                .await;
+            let run_tokens = gw
+                .with_ledger(move |l| l.run_tokens(&run))
+                .await
+                .map(|l| l.used)
+                .unwrap_or(0);
+            gw.audit(model_call(
+                &call,
+                status,
+                outcome,
+                None,
+                0,
+                run_tokens,
+                run_cap,
+                started.elapsed(),
+                None,
+                response_bytes,
+                response_digest,
+            ))
+            .await;
             error_response(&refusal, body)
         }
     }
@@ -462,9 +470,7 @@ async fn forward(
     let (run, night, run_cap, fleet_cap) =
         (gw.run.clone(), call.night.clone(), gw.run_cap, gw.fleet_cap);
     let decision = gw
-        .with_store(true, move |store| {
-            store.reserve_model_tokens(&run, &night, run_cap, fleet_cap, ask)
-        })
+        .with_ledger(move |ledger| ledger.reserve(&run, &night, run_cap, fleet_cap, ask))
         .await
         .map_err(|_| {
             Refusal::new(
@@ -689,25 +695,25 @@ async fn settle(
     let (run, run_cap, fleet_cap) = (gw.run.clone(), gw.run_cap, gw.fleet_cap);
     let reserved = call.reserved;
     let charged_tokens = charged.unwrap_or(reserved);
+    let night = call.night.clone();
     let settled = gw
-        .with_store(false, move |store| {
-            store.settle_model_tokens(&run, &call.night, reserved, charged, |ledger| {
-                model_call(
-                    &call,
-                    status,
-                    outcome,
-                    usage,
-                    charged_tokens,
-                    ledger.used,
-                    run_cap,
-                    latency,
-                    first_byte,
-                    response_bytes,
-                    response_digest,
-                )
-            })
-        })
+        .with_ledger(move |ledger| ledger.settle(&run, &night, reserved, charged))
         .await;
+    let run_tokens = settled.as_ref().map(|(r, _)| r.used).unwrap_or(0);
+    gw.audit(model_call(
+        &call,
+        status,
+        outcome,
+        usage,
+        charged_tokens,
+        run_tokens,
+        run_cap,
+        latency,
+        first_byte,
+        response_bytes,
+        response_digest,
+    ))
+    .await;
     match settled {
         Ok((run_ledger, fleet_ledger)) => {
             if tokens::spent(run_ledger, run_cap) {
