@@ -5,8 +5,8 @@
 //! `orchestrator-git` (git2).
 
 pub mod acts;
-pub mod api;
 pub mod agents;
+pub mod api;
 pub mod audit_log;
 pub mod config;
 pub mod container_engine;
