@@ -263,6 +263,12 @@ struct ServeArgs {
     /// Another Host name the dashboard answers to (repeatable); others are refused.
     #[arg(long = "allow-host")]
     allow_hosts: Vec<String>,
+    /// Serve HTTPS: this PEM certificate chain (with --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert (mode 0600, the supervisor's own).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
     /// Serve plain HTTP on a non-loopback address (a proxy in front provides TLS).
     #[arg(long)]
     insecure_network: bool,
@@ -2300,6 +2306,10 @@ async fn serve_cmd(
         owner_key: args
             .owner_key_file
             .unwrap_or_else(|| root.join("owner.key")),
+        tls: match (args.tls_cert, args.tls_key) {
+            (Some(cert), Some(key)) => Some(orchestrator::serve::TlsFiles { cert, key }),
+            _ => None,
+        },
     };
     // The run queue's dispatcher runs beside the pages, on this runtime,
     // until the server stops; the runs it started go on and the next
@@ -2329,9 +2339,10 @@ async fn serve_cmd(
             );
         }
     };
+    let scheme = if opts.tls.is_some() { "https" } else { "http" };
     let server = async {
         let served = orchestrator::serve::serve(root.to_path_buf(), opts, |addr| {
-            outln!("nightshift serve: listening on http://{addr}")
+            outln!("nightshift serve: listening on {scheme}://{addr}")
         })
         .await;
         let _ = stop.send(true);

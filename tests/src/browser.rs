@@ -64,7 +64,7 @@ impl Serve {
             .unwrap();
         let addr = line
             .trim()
-            .rsplit("http://")
+            .rsplit("://")
             .next()
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("serve did not say where it listens: {line:?}"));

@@ -83,6 +83,112 @@ pub struct ServeOptions {
     pub insecure_network: bool,
     /// The owner's key file, used only for an owner's session's decisions.
     pub owner_key: PathBuf,
+    /// Serve HTTPS with this certificate chain and private key (PEM files).
+    pub tls: Option<TlsFiles>,
+}
+
+/// The PEM files of `serve`'s own certificate chain and private key.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Reads the certificate chain and key into a rustls server configuration
+/// (HTTP/1.1 only), naming the file that is wrong. The key file must be the
+/// supervisor's own and readable by no one else, as every secret is.
+fn tls_config(files: &TlsFiles) -> Result<rustls::ServerConfig, String> {
+    use rustls_pki_types::pem::PemObject as _;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&files.cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| format!("{}: not a PEM certificate chain: {e}", files.cert.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{}: holds no certificate", files.cert.display()));
+    }
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta =
+            std::fs::metadata(&files.key).map_err(|e| format!("{}: {e}", files.key.display()))?;
+        if meta.mode() & 0o077 != 0 || meta.uid() != nix::unistd::geteuid().as_raw() {
+            return Err(format!(
+                "{}: a private key must be owned by the supervisor's user and readable by no one else (mode {:o})",
+                files.key.display(),
+                meta.mode() & 0o7777
+            ));
+        }
+    }
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| format!("{}: not a PEM private key: {e}", files.key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| format!("{} and {}: {e}", files.cert.display(), files.key.display()))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    if let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        tokio::select! {
+            _ = int.recv() => {},
+            _ = term.recv() => {},
+        }
+    } else {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Accepts TLS connections until `shutdown`, each served on its own task:
+/// a handshake that fails or stalls (10 s) ends that connection only.
+async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    config: rustls::ServerConfig,
+    router: Router,
+) -> Result<(), ServeError> {
+    use tower::Service as _;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                // Out of descriptors and the like: wait, then go on.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        tokio::spawn(async move {
+            let Ok(Ok(stream)) =
+                tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
+            else {
+                return;
+            };
+            let service = hyper::service::service_fn(
+                move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(ConnectInfo(peer));
+                    router.clone().call(req)
+                },
+            );
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -382,7 +488,13 @@ pub async fn serve(
     opts: ServeOptions,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<(), ServeError> {
-    let tls = false;
+    let tls_config = opts
+        .tls
+        .as_ref()
+        .map(tls_config)
+        .transpose()
+        .map_err(ServeError::Bind)?;
+    let tls = tls_config.is_some();
     guard::bind_allowed(opts.bind, tls, opts.insecure_network).map_err(ServeError::Bind)?;
     let store = Store::open(StatePaths::new(root.clone()))?;
     let listener = tokio::net::TcpListener::bind(opts.bind)
@@ -416,24 +528,14 @@ pub async fn serve(
     // runtime (`nightshift serve` joins both; see main.rs `serve_cmd`).
     let router = router(app);
     ready(bound);
+    if let Some(config) = tls_config {
+        return serve_tls(listener, config, router).await;
+    }
     axum::serve(
         listener,
         router.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(async {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let (Ok(mut int), Ok(mut term)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            tokio::select! {
-                _ = int.recv() => {},
-                _ = term.recv() => {},
-            }
-        } else {
-            std::future::pending::<()>().await;
-        }
-    })
+    .with_graceful_shutdown(shutdown_signal())
     .await
     .map_err(ServeError::Serve)
 }
