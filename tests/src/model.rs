@@ -923,4 +923,28 @@ mod tests {
         assert!(!out.contains("message_delta"), "{out}");
         assert!(out.contains("message_stop"), "{out}");
     }
+
+    #[test]
+    fn side_calls_skip_the_script_and_each_tool_use_has_its_own_id() {
+        let server = ModelServer::start();
+        server.steps_only_for_tool_requests();
+        server.push(Step::tool("Bash", json!({"command": "ls"})));
+        server.push(Step::tool("Bash", json!({"command": "pwd"})));
+        let tools = json!([{"name": "Bash", "input_schema": {"type": "object"}}]);
+        let out = post(&server, "/v1/messages", &json!({"model": "c"}));
+        assert!(out.contains("\"text\":\"ok\""), "{out}");
+        let first = post(
+            &server,
+            "/v1/messages",
+            &json!({"model": "c", "tools": tools}),
+        );
+        let second = post(
+            &server,
+            "/v1/messages",
+            &json!({"model": "c", "tools": tools}),
+        );
+        assert!(first.contains("\"id\":\"toolu_0002\""), "{first}");
+        assert!(second.contains("\"id\":\"toolu_0003\""), "{second}");
+        assert!(second.contains("pwd"), "{second}");
+    }
 }
