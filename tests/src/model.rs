@@ -161,6 +161,8 @@ type Body = BoxBody<Bytes, Infallible>;
 struct Shared {
     script: Mutex<VecDeque<Step>>,
     log: Mutex<Vec<ModelRequest>>,
+    /// Whether only requests offering tools take steps from the script.
+    tool_requests_only: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -225,6 +227,16 @@ impl ModelServer {
         }
     }
 
+    /// From now on only requests that offer tools (a non-empty `tools`
+    /// array) take steps from the script; any other request (a real
+    /// agent's side calls: titles, quota probes, summaries) is answered
+    /// `ok` without consuming one.
+    pub fn steps_only_for_tool_requests(&self) {
+        self.shared
+            .tool_requests_only
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Appends a step to the script.
     pub fn push(&self, step: Step) {
         lock(&self.shared.script).push_back(step);
@@ -286,7 +298,11 @@ async fn handle(shared: &Shared, req: Request<hyper::body::Incoming>) -> Respons
             .collect(),
         body: body.to_vec(),
     };
-    lock(&shared.log).push(recorded.clone());
+    let seq = {
+        let mut log = lock(&shared.log);
+        log.push(recorded.clone());
+        log.len()
+    };
     let shape = match (recorded.method.as_str(), recorded.path.as_str()) {
         ("POST", "/v1/chat/completions") => Shape::Chat,
         ("POST", "/v1/responses") => Shape::Responses,
@@ -299,9 +315,17 @@ async fn handle(shared: &Shared, req: Request<hyper::body::Incoming>) -> Respons
         }
     };
     let request = recorded.json();
-    let mut step = lock(&shared.script)
-        .pop_front()
+    let takes_step = !shared
+        .tool_requests_only
+        .load(std::sync::atomic::Ordering::SeqCst)
+        || request["tools"].as_array().is_some_and(|t| !t.is_empty());
+    let mut step = takes_step
+        .then(|| lock(&shared.script).pop_front())
+        .flatten()
         .unwrap_or_else(|| Step::text("ok"));
+    // Each tool call has its own id, as a real endpoint's do (an agent
+    // pairs each result with its call by id).
+    let tool_id = format!("toolu_{seq:04}");
     // As a real endpoint does, the output stops at the request's bound.
     if let Some(bound) = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
         .iter()
@@ -332,7 +356,7 @@ async fn handle(shared: &Shared, req: Request<hyper::body::Incoming>) -> Respons
         let value = match shape {
             Shape::Chat => chat_whole(&model, &step, with_usage),
             Shape::Responses => responses_whole(&model, &step, with_usage),
-            Shape::Messages => messages_whole(&model, &step, with_usage),
+            Shape::Messages => messages_whole(&model, &step, with_usage, &tool_id),
         };
         return json_response(StatusCode::OK, &value);
     }
@@ -340,7 +364,7 @@ async fn handle(shared: &Shared, req: Request<hyper::body::Incoming>) -> Respons
     let events = match shape {
         Shape::Chat => chat_events(&model, &step, include_usage),
         Shape::Responses => responses_events(&model, &step),
-        Shape::Messages => messages_events(&model, &step),
+        Shape::Messages => messages_events(&model, &step, &tool_id),
     };
     sse_response(shape, step.mode.clone(), events)
 }
@@ -742,11 +766,11 @@ fn responses_events(model: &str, step: &Step) -> Vec<Event> {
 
 // ---- Anthropic Messages -------------------------------------------------
 
-fn messages_whole(model: &str, step: &Step, with_usage: bool) -> Value {
+fn messages_whole(model: &str, step: &Step, with_usage: bool, tool_id: &str) -> Value {
     let (content, stop) = match &step.turn {
         Turn::Text(t) => (json!([{"type": "text", "text": t}]), "end_turn"),
         Turn::ToolCall { name, arguments } => (
-            json!([{"type": "tool_use", "id": "toolu_1", "name": name, "input": arguments}]),
+            json!([{"type": "tool_use", "id": tool_id, "name": name, "input": arguments}]),
             "tool_use",
         ),
     };
@@ -763,7 +787,7 @@ fn messages_whole(model: &str, step: &Step, with_usage: bool) -> Value {
     v
 }
 
-fn messages_events(model: &str, step: &Step) -> Vec<Event> {
+fn messages_events(model: &str, step: &Step, tool_id: &str) -> Vec<Event> {
     let mut events = vec![named(
         "message_start",
         json!({"type": "message_start", "message": {
@@ -795,7 +819,7 @@ fn messages_events(model: &str, step: &Step) -> Vec<Event> {
             events.push(named(
                 "content_block_start",
                 json!({"type": "content_block_start",
-                "index": 0, "content_block": {"type": "tool_use", "id": "toolu_1",
+                "index": 0, "content_block": {"type": "tool_use", "id": tool_id,
                     "name": name, "input": {}}}),
             ));
             events.push(named("ping", json!({"type": "ping"})));
@@ -898,5 +922,29 @@ mod tests {
         );
         assert!(!out.contains("message_delta"), "{out}");
         assert!(out.contains("message_stop"), "{out}");
+    }
+
+    #[test]
+    fn side_calls_skip_the_script_and_each_tool_use_has_its_own_id() {
+        let server = ModelServer::start();
+        server.steps_only_for_tool_requests();
+        server.push(Step::tool("Bash", json!({"command": "ls"})));
+        server.push(Step::tool("Bash", json!({"command": "pwd"})));
+        let tools = json!([{"name": "Bash", "input_schema": {"type": "object"}}]);
+        let out = post(&server, "/v1/messages", &json!({"model": "c"}));
+        assert!(out.contains("\"text\":\"ok\""), "{out}");
+        let first = post(
+            &server,
+            "/v1/messages",
+            &json!({"model": "c", "tools": tools}),
+        );
+        let second = post(
+            &server,
+            "/v1/messages",
+            &json!({"model": "c", "tools": tools}),
+        );
+        assert!(first.contains("\"id\":\"toolu_0002\""), "{first}");
+        assert!(second.contains("\"id\":\"toolu_0003\""), "{second}");
+        assert!(second.contains("pwd"), "{second}");
     }
 }
