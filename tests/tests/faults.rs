@@ -478,8 +478,20 @@ fn iteration(state: &State, repo: &Path, rng: &mut Rng) {
     let _ = before;
     let seen = Instant::now();
     let mut ids: Vec<String> = Vec::new();
+    // Only this iteration's two runs: a run of an earlier iteration whose
+    // supervisor was killed may still read "running" until it is settled.
+    let ours = [format!("{}:", a.id()), format!("{}:", b.id())];
     while ids.len() < 2 && seen.elapsed() < Duration::from_secs(120) {
-        ids = running(state);
+        ids = state
+            .runs()
+            .iter()
+            .filter(|r| r["status"] == "running")
+            .filter(|r| {
+                let supervisor = r["supervisor"].as_str().unwrap_or_default();
+                ours.iter().any(|p| supervisor.starts_with(p.as_str()))
+            })
+            .filter_map(|r| r["id"].as_str().map(str::to_string))
+            .collect();
         if a.try_wait().ok().flatten().is_some() && b.try_wait().ok().flatten().is_some() {
             break;
         }
