@@ -212,8 +212,22 @@ enum TasksCommand {
 #[derive(Debug, clap::Args)]
 struct EnqueueArgs {
     /// A tasks file: `[[task]]` tables (docs/api.md), started in order.
-    #[arg(long, conflicts_with_all = ["repo", "task", "task_file", "image", "command"])]
+    #[arg(long, conflicts_with_all = ["repo", "task", "task_file", "image", "command", "agent", "dry_run"])]
     file: Option<PathBuf>,
+    /// A dry run: acts answered as they would have been and recorded, none
+    /// queued or carried out (see docs/scopes.md).
+    #[arg(long)]
+    dry_run: bool,
+    /// A real agent by its preset (claude-code, codex, mini-swe-agent, aider,
+    /// python-sdks) instead of a command; see docs/agents.md.
+    #[arg(long, conflicts_with = "command")]
+    agent: Option<String>,
+    /// The model the preset's agent asks the gateway for.
+    #[arg(long, requires = "agent")]
+    model: Option<String>,
+    /// Model tokens the run may spend through the model gateway.
+    #[arg(long)]
+    max_tokens: Option<u64>,
     /// The repository to work on.
     #[arg(long, required_unless_present = "file")]
     repo: Option<PathBuf>,
@@ -251,7 +265,7 @@ struct EnqueueArgs {
     #[arg(long)]
     max_files: Option<u64>,
     /// The agent command and its arguments.
-    #[arg(last = true, required_unless_present = "file")]
+    #[arg(last = true, required_unless_present_any = ["file", "agent"])]
     command: Vec<String>,
 }
 
@@ -1234,6 +1248,10 @@ async fn enqueue_cmd(api: &Api, args: EnqueueArgs) -> Result<i32, i32> {
             max_output: args.max_output,
             max_worktree: args.max_worktree,
             max_files: args.max_files,
+            max_tokens: args.max_tokens,
+            agent: args.agent,
+            model: args.model,
+            dry_run: args.dry_run,
             command: args.command,
         }],
     };

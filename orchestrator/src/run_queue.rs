@@ -80,7 +80,22 @@ pub struct TaskSpec {
     pub max_worktree: Option<String>,
     #[serde(default)]
     pub max_files: Option<u64>,
-    /// The agent command and its arguments.
+    /// Model tokens the run may spend through the gateway.
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    /// A real agent by its preset (`nightshift run --agent`): its image,
+    /// command line and environment; then `command` stays empty.
+    #[serde(default)]
+    pub agent: Option<String>,
+    /// The model the preset's agent asks for.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// A dry run (`nightshift run --dry-run`): every act answered as it
+    /// would have been and recorded, none queued or carried out.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// The agent command and its arguments (none with `agent`).
+    #[serde(default)]
     pub command: Vec<String>,
 }
 
@@ -227,8 +242,20 @@ pub fn resolve(
 ) -> Result<TaskSpec, ApiError> {
     let at = |m: String| bad(format!("task {which}: {m}"));
     let mut out = spec.clone();
-    if spec.command.is_empty() || spec.command[0].is_empty() {
-        return Err(at("no agent command".into()));
+    match (&spec.agent, spec.command.first()) {
+        (None, None) => return Err(at("no agent command (and no --agent preset)".into())),
+        (None, Some(c)) if c.is_empty() => return Err(at("no agent command".into())),
+        (Some(_), Some(_)) => {
+            return Err(at(
+                "an agent preset and a command: the preset brings its own command".into(),
+            ))
+        }
+        (Some(name), None) => {
+            if let Err(e) = crate::image::Agent::from_name(name) {
+                return Err(at(e));
+            }
+        }
+        _ => {}
     }
     out.repo = spec
         .repo
@@ -694,9 +721,17 @@ fn run_args(
     flag("max-output", s.max_output.clone());
     flag("max-worktree", s.max_worktree.clone());
     flag("max-files", s.max_files.map(|c| c.to_string()));
+    flag("max-tokens", s.max_tokens.map(|c| c.to_string()));
+    flag("agent", s.agent.clone());
+    flag("model", s.model.clone());
+    if s.dry_run {
+        a.push("--dry-run".into());
+    }
     a.push("--json".into());
-    a.push("--".into());
-    a.extend(s.command.iter().map(Into::into));
+    if !s.command.is_empty() {
+        a.push("--".into());
+        a.extend(s.command.iter().map(Into::into));
+    }
     a
 }
 
@@ -1158,6 +1193,10 @@ mod tests {
             max_output: None,
             max_worktree: None,
             max_files: None,
+            max_tokens: None,
+            agent: None,
+            model: None,
+            dry_run: false,
             command: vec!["true".into()],
         }
     }

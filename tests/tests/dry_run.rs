@@ -110,3 +110,38 @@ fn a_dry_run_answers_as_a_real_run_and_queues_nothing() {
     assert!(m.state.verify().status.success());
     assert!(m.state.containers().is_empty());
 }
+
+#[test]
+fn an_enqueued_dry_run_is_dispatched_as_a_dry_run() {
+    let m = Morning::new();
+    let out = m.state.run(&[
+        "enqueue",
+        "--dry-run",
+        "--repo",
+        m.repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--",
+        "bash",
+        "-c",
+        AGENT,
+    ]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let out = m.state.run(&["tasks", "run", "--max-parallel", "1"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let run = m.state.runs().last().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(m.state.show(&run)["run"]["dry_run"], true);
+    let log = m.state.output_log(&run);
+    assert!(log.contains("first=0"), "{log}");
+    assert!(m.queue().is_empty(), "{:?}", m.queue());
+    assert_eq!(m.pushes_received(), 0);
+    let out = m.state.run(&["report", &run, "--format", "json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["refused"], 1);
+    assert_eq!(report["for_review"], 1);
+    assert!(m.state.containers().is_empty());
+}

@@ -252,11 +252,24 @@ fn a_bad_task_enqueues_nothing_and_is_named() {
     );
     std::fs::write(
         &file,
-        "[[task]]\nrepo = \".\"\nagent = \"x\"\ncommand = [\"true\"]\n",
+        "[[task]]\nrepo = \".\"\nagnet = \"x\"\ncommand = [\"true\"]\n",
     )
     .unwrap();
     let out = state.run(&["enqueue", "--file", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     assert!(stderr(&out).contains("line 3"), "{}", stderr(&out));
+    // A preset brings its own command; an unknown preset is named.
+    for (body, said) in [
+        (
+            "agent = \"claude-code\"\ncommand = [\"true\"]\n",
+            "the preset brings its own command",
+        ),
+        ("agent = \"nope\"\n", "no agent preset \"nope\""),
+    ] {
+        std::fs::write(&file, format!("[[task]]\nrepo = \".\"\n{body}")).unwrap();
+        let out = state.run(&["enqueue", "--file", file.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+        assert!(stderr(&out).contains(said), "{}", stderr(&out));
+    }
     assert!(tasks(&state).is_empty());
 }
