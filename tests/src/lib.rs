@@ -259,3 +259,4 @@ pub mod browser;
 pub mod loopback;
 pub mod model;
 pub mod morning;
+pub mod queue;

@@ -7,6 +7,7 @@
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use tests::queue::{running_run, states, tasks, wait_tasks};
 use tests::{image, make_repo, open_gate, stderr, stdout, State, WAIT_AT_GATE};
 
 /// Ends what a test started even when it fails: its dispatchers, then every
@@ -28,19 +29,6 @@ impl Drop for Cleanup<'_> {
     }
 }
 
-fn tasks(state: &State) -> Vec<serde_json::Value> {
-    let out = state.run(&["tasks", "--json"]);
-    assert!(out.status.success(), "tasks failed: {}", stderr(&out));
-    serde_json::from_slice(&out.stdout).expect("tasks json")
-}
-
-fn states(state: &State) -> Vec<String> {
-    tasks(state)
-        .iter()
-        .map(|t| t["state"].as_str().unwrap_or_default().to_string())
-        .collect()
-}
-
 fn dispatcher(state: &State, max_parallel: &str) -> Child {
     state
         .cmd()
@@ -49,40 +37,6 @@ fn dispatcher(state: &State, max_parallel: &str) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("starting the dispatcher")
-}
-
-/// Waits until `pred` holds of the task list (polled, with a generous bound).
-fn wait_tasks(state: &State, what: &str, mut pred: impl FnMut(&[serde_json::Value]) -> bool) {
-    let started = Instant::now();
-    loop {
-        if pred(&tasks(state)) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(180),
-            "never: {what}; tasks: {:#?}",
-            tasks(state)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The run of the task at `index` once it is running (its agent at the gate).
-fn running_run(state: &State, index: usize) -> String {
-    let mut run = String::new();
-    wait_tasks(state, &format!("task {index} running"), |t| {
-        if t[index]["progress"]["child"].is_null() {
-            return false;
-        }
-        // The run is known by its supervisor, the task's child.
-        state.runs().iter().any(|r| {
-            r["supervisor"] == t[index]["progress"]["child"] && r["status"] == "running" && {
-                run = r["id"].as_str().unwrap_or_default().to_string();
-                true
-            }
-        })
-    });
-    run
 }
 
 #[test]

@@ -4,55 +4,9 @@
 //! stays queued and starts after it; no task runs twice; the queue's acts and
 //! the audit chain survive).
 
-use std::time::{Duration, Instant};
-
 use tests::browser::Serve;
+use tests::queue::{running_run, states, tasks, wait_tasks};
 use tests::{image, make_repo, open_gate, stderr, stdout, State, WAIT_AT_GATE};
-
-fn tasks(state: &State) -> Vec<serde_json::Value> {
-    let out = state.run(&["tasks", "--json"]);
-    assert!(out.status.success(), "tasks failed: {}", stderr(&out));
-    serde_json::from_slice(&out.stdout).expect("tasks json")
-}
-
-fn states(state: &State) -> Vec<String> {
-    tasks(state)
-        .iter()
-        .map(|t| t["state"].as_str().unwrap_or_default().to_string())
-        .collect()
-}
-
-fn wait_tasks(state: &State, what: &str, mut pred: impl FnMut(&[serde_json::Value]) -> bool) {
-    let started = Instant::now();
-    loop {
-        if pred(&tasks(state)) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(180),
-            "never: {what}; tasks: {:#?}",
-            tasks(state)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The run of the task at `index` once it is running (its agent at the gate).
-fn running_run(state: &State, index: usize) -> String {
-    let mut run = String::new();
-    wait_tasks(state, &format!("task {index} running"), |t| {
-        if t[index]["progress"]["child"].is_null() {
-            return false;
-        }
-        state.runs().iter().any(|r| {
-            r["supervisor"] == t[index]["progress"]["child"] && r["status"] == "running" && {
-                run = r["id"].as_str().unwrap_or_default().to_string();
-                true
-            }
-        })
-    });
-    run
-}
 
 /// Ends every sandbox of the state even when the test fails.
 struct Cleanup<'a>(&'a State);
