@@ -177,6 +177,17 @@ pub enum Event {
         delta: usize,
         generation: String,
     },
+    /// The morning summary went out to the owner's notify alias, or failed
+    /// to: the alias, how many runs it covered, the message's digest and
+    /// size (never its text), and `sent` or `failed` (the reason stays in
+    /// the supervisor's log: an endpoint's error may echo its URL).
+    SummarySent {
+        notify: String,
+        runs: usize,
+        outcome: String,
+        message_digest: String,
+        message_bytes: usize,
+    },
     /// The owner refused an autonomy-scope proposal (not offered again).
     ScopeRefused {
         proposal: String,

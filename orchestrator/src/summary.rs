@@ -24,6 +24,7 @@ use std::path::Path;
 use orchestrator_executors::{Destinations, Message};
 use serde::{Deserialize, Serialize};
 
+use crate::audit_log::Event;
 use crate::store::{RunRecord, StatePaths, Store};
 
 /// What a summary says.
@@ -340,15 +341,31 @@ pub fn send(root: &Path, trigger: Trigger) -> Result<Sending, String> {
         .or(last_sent(root)?.covered_until);
     let text = render(&summary);
     let data = serde_json::to_value(&summary).map_err(|e| e.to_string())?;
-    orchestrator_executors::send(
+    let result = orchestrator_executors::send(
         &endpoint,
         &Message {
             event: "summary",
             text: &text,
             data: Some(&data),
         },
-    )
-    .map_err(|e| format!("sending the summary to {}: {e}", config.notify))?;
+    );
+    // Sent or not, the attempt is an observed fact of the night.
+    let mut store = store;
+    let recorded = store
+        .append(
+            None,
+            &Event::SummarySent {
+                notify: config.notify.clone(),
+                runs: summary.run_ids.len(),
+                outcome: if result.is_ok() { "sent" } else { "failed" }.to_string(),
+                message_digest: crate::audit_log::digest(text.as_bytes()),
+                message_bytes: text.len(),
+            },
+            false,
+        )
+        .map(|_| ())
+        .map_err(|e| format!("recording the summary in the audit log: {e}"));
+    result.map_err(|e| format!("sending the summary to {}: {e}", config.notify))?;
     let sent = Sent {
         sent_at: now
             .format(&time::format_description::well_known::Rfc3339)
@@ -359,6 +376,9 @@ pub fn send(root: &Path, trigger: Trigger) -> Result<Sending, String> {
     std::fs::write(&tmp, serde_json::to_vec(&sent).unwrap_or_default())
         .and_then(|()| std::fs::rename(&tmp, marker(root)))
         .map_err(|e| format!("writing {}: {e}", marker(root).display()))?;
+    // Sent and marked (so it is not sent twice); an audit failure still
+    // surfaces.
+    recorded?;
     Ok(Sending::Sent(Box::new(summary)))
 }
 

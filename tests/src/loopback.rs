@@ -816,6 +816,8 @@ fn percent_decode(v: &str) -> String {
 pub struct NotifyServer {
     running: Running,
     log: Arc<Mutex<Vec<Recorded>>>,
+    /// A status every POST gets instead (0: none), for a receiver that is down.
+    failing: Arc<std::sync::atomic::AtomicU16>,
 }
 
 impl NotifyServer {
@@ -829,6 +831,8 @@ impl NotifyServer {
         let log = log();
         let seen = log.clone();
         let key = key.as_bytes().to_vec();
+        let failing = Arc::new(std::sync::atomic::AtomicU16::new(0));
+        let fail = failing.clone();
         let handler: Handler = Arc::new(move |req: Incoming| {
             let verified = req
                 .header("x-nightshift-signature")
@@ -841,7 +845,11 @@ impl NotifyServer {
                     mac.verify_slice(&given).is_ok()
                 });
             push_log(&seen, req.record(verified));
+            let forced = fail.load(std::sync::atomic::Ordering::SeqCst);
             let status = match (req.method.as_str(), verified) {
+                ("POST", _) if forced != 0 => {
+                    StatusCode::from_u16(forced).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+                }
                 ("POST", true) => StatusCode::NO_CONTENT,
                 ("POST", false) => StatusCode::UNAUTHORIZED,
                 _ => StatusCode::METHOD_NOT_ALLOWED,
@@ -851,6 +859,7 @@ impl NotifyServer {
         NotifyServer {
             running: Running::start_with(handler, tls),
             log,
+            failing,
         }
     }
 
@@ -870,7 +879,15 @@ impl NotifyServer {
         NotifyServer {
             running: Running::start(handler),
             log,
+            failing: Arc::new(std::sync::atomic::AtomicU16::new(0)),
         }
+    }
+
+    /// From now on every POST is answered `status` (a receiver that is
+    /// down or failing); 0 restores normal answers. Webhook receivers only.
+    pub fn fail_with(&self, status: u16) {
+        self.failing
+            .store(status, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The port it listens on.

@@ -318,3 +318,73 @@ fn with_a_configured_time_the_summary_waits_for_it_and_goes_once() {
     assert!(stdout(&out).contains("not sent"), "{}", stdout(&out));
     assert_eq!(n.hook.requests().len(), 1);
 }
+
+fn summary_entries(state: &State) -> Vec<serde_json::Value> {
+    let db = rusqlite::Connection::open(state.path().join("state.db")).expect("state.db");
+    let mut stmt = db
+        .prepare("SELECT body FROM audit WHERE kind = 'summary_sent' ORDER BY seq")
+        .unwrap();
+    let rows = stmt
+        .query_map([], |r| r.get::<_, String>(0))
+        .unwrap()
+        .map(|b| serde_json::from_str(&b.unwrap()).expect("audit body json"))
+        .collect();
+    rows
+}
+
+#[test]
+fn a_summary_sent_or_failed_is_an_audit_entry_without_its_text_and_a_failure_is_retried() {
+    let n = night_with("at = \"00:00\"\n");
+    let out = n.state.run(&[
+        "run",
+        "--repo",
+        n.repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--",
+        "bash",
+        "-c",
+        "exit 3",
+    ]);
+    assert!(!out.status.success());
+    assert!(summary_entries(&n.state).is_empty(), "nothing due yet");
+
+    // The receiver answers 503: the send fails, is audited as failed, and
+    // nothing is marked sent.
+    n.hook.fail_with(503);
+    let out = n.state.run(&["summary", "--due"]);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    let entries = summary_entries(&n.state);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["outcome"], "failed");
+    assert_eq!(entries[0]["notify"], "morning");
+    assert_eq!(entries[0]["runs"], 1);
+
+    // The receiver is back: the next `--due` sends, and says so.
+    n.hook.fail_with(0);
+    let out = n.state.run(&["summary", "--due"]);
+    assert!(
+        stdout(&out).contains("summary sent: 1 runs"),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let entries = summary_entries(&n.state);
+    assert_eq!(entries.len(), 2, "{entries:?}");
+    assert_eq!(entries[1]["outcome"], "sent");
+    let posts = n.hook.requests();
+    let text = posts.last().unwrap().json()["text"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(entries[1]["message_digest"], hex_sha256(text.as_bytes()));
+    assert!(n.state.verify().status.success());
+}
+
+fn hex_sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
