@@ -111,7 +111,7 @@ pub fn repository_key(path: &Path) -> String {
 }
 
 /// The repository of an act's run, as [`repository_key`] names it.
-pub fn act_repository(store: &Store, act: &Act) -> String {
+pub fn act_repository<S: StateStore + ?Sized>(store: &S, act: &Act) -> String {
     store
         .run(&act.run)
         .map(|r| repository_key(Path::new(&r.repo)))
@@ -507,10 +507,7 @@ fn decide<S: StateStore + ?Sized>(
         (Ok(()), None) => Response::Queued { act: id },
         (Ok(()), Some(scope)) => {
             seen.carried = Some(id.clone());
-            match store.carrier() {
-                Some(store) => carry_under_scope(store, &id, scope),
-                None => Response::Queued { act: id },
-            }
+            carry_under_scope(store, &id, scope)
         }
         (Err(e), _) => Response::Error {
             reason: format!("queueing the act: {e}"),
@@ -523,7 +520,11 @@ fn decide<S: StateStore + ?Sized>(
 /// re-checked and carried out under the executor lock exactly as an act a
 /// person approved. Anything short of done leaves the act where a person
 /// sees it.
-fn carry_under_scope(store: &mut Store, id: &str, scope: &policies::RuleId) -> Response {
+fn carry_under_scope<S: StateStore + ?Sized>(
+    store: &mut S,
+    id: &str,
+    scope: &policies::RuleId,
+) -> Response {
     let not_done = |why: String| {
         Response::Error {
         reason: format!(
@@ -834,7 +835,7 @@ pub struct Row {
     pub content: Option<Vec<u8>>,
 }
 
-pub fn rows(store: &Store, id: Option<&str>) -> Result<Vec<Row>, StoreError> {
+pub fn rows<S: StateStore + ?Sized>(store: &S, id: Option<&str>) -> Result<Vec<Row>, StoreError> {
     let mut out = Vec::new();
     for (act, state, content) in store.acts(id)? {
         let act: Act = serde_json::from_value(act).map_err(|e| StoreError::BadEntry {
@@ -855,9 +856,9 @@ pub fn rows(store: &Store, id: Option<&str>) -> Result<Vec<Row>, StoreError> {
 }
 
 /// The owner's credential, as the queue's state machine wants it checked.
-struct KeyCheck<'a>(&'a Store);
+struct KeyCheck<'a, S: StateStore + ?Sized>(&'a S);
 
-impl deferred_queue::CredentialCheck for KeyCheck<'_> {
+impl<S: StateStore + ?Sized> deferred_queue::CredentialCheck for KeyCheck<'_, S> {
     type Credential = Option<PathBuf>;
     type Error = owner::OwnerError;
     fn check(&self, key: &Option<PathBuf>) -> Result<String, owner::OwnerError> {
@@ -877,8 +878,8 @@ fn queue_policy() -> deferred_queue::QueuePolicy {
 
 /// Applies one event and stores the move with its audit entry; returns the
 /// new state and the effects to carry out.
-fn step(
-    store: &mut Store,
+fn step<S: StateStore + ?Sized>(
+    store: &mut S,
     row: &Row,
     event: &deferred_queue::Event,
 ) -> Result<(State, Vec<deferred_queue::Effect>), String> {
@@ -913,7 +914,12 @@ fn step(
     Ok((next, effects))
 }
 
-pub fn reject(store: &mut Store, id: &str, why: &str, key: Option<&Path>) -> Result<(), String> {
+pub fn reject<S: StateStore + ?Sized>(
+    store: &mut S,
+    id: &str,
+    why: &str,
+    key: Option<&Path>,
+) -> Result<(), String> {
     let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let row = rows(store, Some(id))
@@ -987,7 +993,7 @@ fn refused_now(rules: &policies::RuleSet, act: &Act, repository: &str) -> Option
 }
 
 /// The freeze in force, if any, as a sentence for the owner.
-pub fn frozen(store: &Store) -> Result<Option<String>, String> {
+pub fn frozen<S: StateStore + ?Sized>(store: &S) -> Result<Option<String>, String> {
     let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
     Ok(rules.freeze().map(|f| f.reason.clone()))
 }
@@ -997,7 +1003,11 @@ pub fn frozen(store: &Store) -> Result<Option<String>, String> {
 /// the generation but stales nothing unless the rules in force now refuse
 /// this act, which makes the recomputed digest differ (so the act goes stale
 /// with the rule named).
-fn recompute(store: &Store, dest: &Destinations, act: &Act) -> Result<String, String> {
+fn recompute<S: StateStore + ?Sized>(
+    store: &S,
+    dest: &Destinations,
+    act: &Act,
+) -> Result<String, String> {
     let mut now_act = act.clone();
     if let (Door::Push, Target::Push { target_ref, .. }) = (&act.door, &act.routing.target) {
         let remote = dest.remotes.get(&act.routing.destination).ok_or_else(|| {
@@ -1031,8 +1041,8 @@ fn recompute(store: &Store, dest: &Destinations, act: &Act) -> Result<String, St
 /// fast-forward only, before the request). Anything else moved the branch
 /// under the act: it goes stale, and no pull request opens on another
 /// commit.
-fn head_is_bindable(
-    store: &Store,
+fn head_is_bindable<S: StateStore + ?Sized>(
+    store: &S,
     dest: &Destinations,
     act: &Act,
     head_ref: &str,
@@ -1101,7 +1111,11 @@ impl Decided {
 /// Approves an act (owner's credential) and carries it out at once. While
 /// nightshift is frozen nothing is approved or carried out (an error, so
 /// the owner sees it); the act stays as it was.
-pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<Decided, String> {
+pub fn approve<S: StateStore + ?Sized>(
+    store: &mut S,
+    id: &str,
+    key: Option<&Path>,
+) -> Result<Decided, String> {
     let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let lock = executor_lock(store)?;
@@ -1157,7 +1171,7 @@ pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<Decide
 
 /// Re-checks and carries out an approved act; the outcome is stored. While
 /// frozen, an approved act waits (it is neither carried out nor staled).
-pub fn execute(store: &mut Store, row: &Row) -> Result<Decided, String> {
+pub fn execute<S: StateStore + ?Sized>(store: &mut S, row: &Row) -> Result<Decided, String> {
     if let Some(why) = frozen(store)? {
         return Ok(Decided::not_carried(format!(
             "act {}: {}, not carried out: nightshift is frozen ({why})",
@@ -1247,7 +1261,7 @@ pub struct LeaseView {
     pub now: Result<Option<String>, String>,
 }
 
-pub fn stale_view(store: &Store, row: &Row) -> Option<StaleView> {
+pub fn stale_view<S: StateStore + ?Sized>(store: &S, row: &Row) -> Option<StaleView> {
     let State::Stale { why } = &row.state else {
         return None;
     };
@@ -1286,7 +1300,11 @@ pub fn stale_view(store: &Store, row: &Row) -> Option<StaleView> {
 /// to the remote ref's current value and the rules in force, which needs one
 /// more approval; the stale act is closed (rejected, naming the new one).
 /// Never carries anything out. Returns the new act's id and a line.
-pub fn rebind(store: &mut Store, id: &str, key: Option<&Path>) -> Result<(String, String), String> {
+pub fn rebind<S: StateStore + ?Sized>(
+    store: &mut S,
+    id: &str,
+    key: Option<&Path>,
+) -> Result<(String, String), String> {
     let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let _lock = executor_lock(store)?;
@@ -1389,8 +1407,8 @@ pub fn rebind(store: &mut Store, id: &str, key: Option<&Path>) -> Result<(String
     ))
 }
 
-fn carry_out(
-    store: &Store,
+fn carry_out<S: StateStore + ?Sized>(
+    store: &S,
     dest: &Destinations,
     row: &Row,
 ) -> Result<String, orchestrator_executors::ExecError> {
@@ -1498,8 +1516,8 @@ impl std::fmt::Debug for ExecutorLock {
     }
 }
 
-pub fn executor_lock(store: &Store) -> Result<ExecutorLock, String> {
-    let path = store.paths().root.join("executor.lock");
+pub fn executor_lock<S: StateStore + ?Sized>(store: &S) -> Result<ExecutorLock, String> {
+    let path = store.root().join("executor.lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -1515,7 +1533,10 @@ pub fn executor_lock(store: &Store) -> Result<ExecutorLock, String> {
 /// hold the lock) has an unknown outcome; the destination is checked, never
 /// blindly written again. Then retries that are due are carried out.
 /// Returns one line per act it moved.
-pub fn recover(store: &mut Store, _lock: &ExecutorLock) -> Result<Vec<String>, String> {
+pub fn recover<S: StateStore + ?Sized>(
+    store: &mut S,
+    _lock: &ExecutorLock,
+) -> Result<Vec<String>, String> {
     let mut lines = expire(store)?;
     let dest = destinations(store)?;
     for row in rows(store, None).map_err(|e| e.to_string())? {
@@ -1561,7 +1582,7 @@ pub fn recover(store: &mut Store, _lock: &ExecutorLock) -> Result<Vec<String>, S
 
 /// Moves every act whose time has passed to `expired` (a pending act past its
 /// window, an approval past its own). Expiry refuses; it never proceeds.
-pub fn expire(store: &mut Store) -> Result<Vec<String>, String> {
+pub fn expire<S: StateStore + ?Sized>(store: &mut S) -> Result<Vec<String>, String> {
     let mut lines = Vec::new();
     let now = now();
     for row in rows(store, None).map_err(|e| e.to_string())? {
