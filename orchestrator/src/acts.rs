@@ -2025,3 +2025,291 @@ mod gate_tests {
         assert!(audited(&store).is_empty());
     }
 }
+
+/// The act queue on the fake store: approvals, rejections and staleness
+/// against a real loopback endpoint that counts what reaches it.
+#[cfg(test)]
+mod queue_tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::state_store::fake::{MemStore, SharedMemStore};
+
+    /// An HTTP endpoint on loopback that answers 200 and counts the posts
+    /// that reached it.
+    fn endpoint() -> (String, Arc<AtomicUsize>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let posts = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&posts);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let mut reader = BufReader::new(&stream);
+                let (mut first, mut length) = (String::new(), 0usize);
+                let _ = reader.read_line(&mut first);
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some((name, value)) = line.split_once(':') {
+                        if name.eq_ignore_ascii_case("content-length") {
+                            length = value.trim().parse().unwrap_or(0);
+                        }
+                    }
+                }
+                let mut body = vec![0; length];
+                let _ = reader.read_exact(&mut body);
+                if first.starts_with("POST ") {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+                let _ = (&stream).write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+            }
+        });
+        (url, posts)
+    }
+
+    struct Queue {
+        _dir: tempfile::TempDir,
+        store: MemStore,
+        key: PathBuf,
+        posts: Arc<AtomicUsize>,
+        act: String,
+    }
+
+    fn door() -> RunDoor {
+        RunDoor {
+            run: "r1".into(),
+            repo: PathBuf::from("/nonexistent"),
+            base_commit: "0".repeat(40),
+            content: run_content_label(policies::Confidentiality::Private),
+            dry_run: false,
+        }
+    }
+
+    /// A state with the owner's key, one notify destination on a counting
+    /// endpoint, and one message the run asked to send, queued.
+    fn queue() -> Queue {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        std::fs::create_dir(&root).unwrap();
+        let (url, posts) = endpoint();
+        std::fs::write(
+            root.join("destinations.toml"),
+            format!("[notify.room]\nurl = \"{url}\"\nreaders = \"private\"\n"),
+        )
+        .unwrap();
+        let mut store = MemStore::new(&root);
+        let key = dir.path().join("owner.key");
+        std::fs::write(&key, "the-owner\n").unwrap();
+        store
+            .meta
+            .insert(owner::META_KEY.to_string(), digest("the-owner".as_bytes()));
+        let answer = handle(
+            &mut store,
+            &door(),
+            Request::Notify {
+                destination: "room".into(),
+                body: "the night went well".into(),
+            },
+            None,
+        );
+        let Response::Queued { act } = answer else {
+            panic!("not queued: {answer:?}");
+        };
+        Queue {
+            _dir: dir,
+            store,
+            key,
+            posts,
+            act,
+        }
+    }
+
+    fn state<S: StateStore + ?Sized>(store: &S, act: &str) -> State {
+        rows(store, Some(act)).unwrap().pop().unwrap().state
+    }
+
+    /// Audit entries that moved `act` to `transition`.
+    fn moves(store: &MemStore, act: &str, transition: &str) -> usize {
+        store
+            .audit
+            .iter()
+            .filter(|e| e.kind == "act" && e.body["act"] == act)
+            .filter(|e| e.body["transition"] == transition)
+            .count()
+    }
+
+    #[test]
+    fn an_approved_act_is_carried_out_once_however_often_it_is_approved() {
+        let mut q = queue();
+        let key = Some(q.key.as_path());
+        let first = approve(&mut q.store, &q.act, key).unwrap();
+        assert!(first.carried_out, "{first:?}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 1);
+        // Approved again: nothing more happens.
+        let again = approve(&mut q.store, &q.act, key);
+        assert!(!again.as_ref().is_ok_and(|d| d.carried_out), "{again:?}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 1);
+        assert!(matches!(state(&q.store, &q.act), State::Done { .. }));
+        assert_eq!(moves(&q.store, &q.act, "done"), 1);
+        orchestrator_audit::verify(&q.store.log, &q.store.audit, &[]).unwrap();
+    }
+
+    #[test]
+    fn two_executors_holding_the_same_approval_carry_it_out_once() {
+        // Both read the act approved before either moved it: the second's
+        // move from `approved` finds it moved, and it carries nothing out.
+        let mut q = queue();
+        let row = rows(&q.store, Some(&q.act)).unwrap().pop().unwrap();
+        let by = deferred_queue::Owner::verify(&KeyCheck(&q.store), &Some(q.key.clone())).unwrap();
+        let (approved, _) = step(
+            &mut q.store,
+            &row,
+            &deferred_queue::Event::Approve {
+                digest: deferred_queue::act_digest(&row.act),
+                by,
+                now: now(),
+                ttl_secs: 3600,
+            },
+        )
+        .unwrap();
+        let held = Row {
+            state: approved,
+            ..row
+        };
+        let first = execute(&mut q.store, &held).unwrap();
+        assert!(first.carried_out, "{first:?}");
+        let second = execute(&mut q.store, &held);
+        assert!(!second.as_ref().is_ok_and(|d| d.carried_out), "{second:?}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 1);
+        assert_eq!(moves(&q.store, &q.act, "done"), 1);
+    }
+
+    #[test]
+    fn two_approvals_racing_on_one_act_carry_it_out_once() {
+        let q = queue();
+        let shared = SharedMemStore::new(q.store);
+        let start = Arc::new(std::sync::Barrier::new(2));
+        let racers: Vec<_> = (0..2)
+            .map(|_| {
+                let (mut store, start) = (shared.clone(), Arc::clone(&start));
+                let (act, key) = (q.act.clone(), q.key.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    approve(&mut store, &act, Some(&key))
+                })
+            })
+            .collect();
+        let outcomes: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+        let carried = outcomes
+            .iter()
+            .filter(|o| o.as_ref().is_ok_and(|d| d.carried_out))
+            .count();
+        assert_eq!(carried, 1, "{outcomes:?}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 1);
+        assert_eq!(moves(&shared.lock(), &q.act, "done"), 1);
+    }
+
+    #[test]
+    fn a_rejected_act_is_never_carried_out() {
+        let mut q = queue();
+        let key = Some(q.key.as_path());
+        reject(&mut q.store, &q.act, "not tonight", key).unwrap();
+        let later = approve(&mut q.store, &q.act, key);
+        assert!(!later.as_ref().is_ok_and(|d| d.carried_out), "{later:?}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 0);
+        assert!(matches!(state(&q.store, &q.act), State::Rejected { .. }));
+        assert_eq!(moves(&q.store, &q.act, "done"), 0);
+    }
+
+    #[test]
+    fn rejecting_needs_the_owners_key() {
+        let mut q = queue();
+        let dir = tempfile::tempdir().unwrap();
+        let wrong = dir.path().join("wrong.key");
+        std::fs::write(&wrong, "someone-else\n").unwrap();
+        assert!(reject(&mut q.store, &q.act, "no", Some(&wrong)).is_err());
+        assert!(approve(&mut q.store, &q.act, Some(&wrong)).is_err());
+        assert!(approve(&mut q.store, &q.act, None).is_err());
+        assert_eq!(state(&q.store, &q.act), State::Pending);
+        assert_eq!(q.posts.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn an_act_a_rule_now_refuses_goes_stale_and_is_not_carried_out() {
+        let mut q = queue();
+        // The run's own actor refuses its messages after the act was queued.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("own.toml");
+        std::fs::write(
+            &file,
+            "[[rule]]\nid = \"no-notify-now\"\nsubject = \"run-r1\"\ndoors = [\"notify\"]\n\
+             effect = \"refuse\"\nreason = \"no messages after all\"\nauthority = \"run-r1\"\n",
+        )
+        .unwrap();
+        let mut real = Store::open(StatePaths::new(dir.path().join("real"))).unwrap();
+        crate::policy::declare(
+            &mut real,
+            None,
+            &file,
+            &crate::policy::Writer::Agent("run-r1".into()),
+        )
+        .unwrap();
+        q.store.policy_rows = real.policy_rows().unwrap();
+        let key = Some(q.key.as_path());
+        let decided = approve(&mut q.store, &q.act, key).unwrap();
+        assert!(!decided.carried_out, "{decided:?}");
+        let State::Stale { why } = state(&q.store, &q.act) else {
+            panic!("not stale: {:?}", state(&q.store, &q.act));
+        };
+        assert!(why.contains("no-notify-now"), "{why}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 0);
+        // Approving it again carries nothing out either.
+        let again = approve(&mut q.store, &q.act, key).unwrap();
+        assert!(!again.carried_out, "{again:?}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_dry_run_records_the_would_be_verdict_and_queues_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MemStore::new(dir.path());
+        let door = RunDoor {
+            dry_run: true,
+            ..door()
+        };
+        let answer = handle(
+            &mut store,
+            &door,
+            Request::Ask {
+                body: "may I?".into(),
+            },
+            None,
+        );
+        let Response::Queued { act } = answer else {
+            panic!("not answered as queued: {answer:?}");
+        };
+        assert!(act.starts_with('d'), "{act}");
+        assert!(store.acts.is_empty(), "a dry run queued {:?}", store.acts);
+        assert_eq!(store.dry_acts.len(), 1);
+        assert_eq!(store.dry_acts[0].0, act);
+        assert_eq!(
+            store.dry_acts[0].2["would"], "asked",
+            "{:?}",
+            store.dry_acts[0].2
+        );
+        let verdicts: Vec<_> = store
+            .audit
+            .iter()
+            .filter(|e| e.kind == "door_request")
+            .map(|e| e.body["verdict"].clone())
+            .collect();
+        assert_eq!(verdicts.len(), 1, "{:?}", store.kinds());
+    }
+}

@@ -14,7 +14,7 @@ use crate::audit_log::digest;
 use crate::state_store::StateStore;
 use crate::store::{Store, StoreError};
 
-const META_KEY: &str = "owner_key_sha256";
+pub(crate) const META_KEY: &str = "owner_key_sha256";
 
 #[derive(Debug, thiserror::Error)]
 pub enum OwnerError {

@@ -441,16 +441,27 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     record.container_id = Some(container.clone());
     let inspected = sup.engine.inspect_json(&container).await?;
     let host = crate::hostview::observe(&dest).map_err(RunError::BadInput)?;
-    let attestation = match orchestrator_attest::parse_inspect(&inspected) {
-        Ok(observed) => {
-            orchestrator_attest::attest(&observed, &host, &spec.expectations(image_env.to_vec()))
-        }
-        Err(e) => {
-            return Err(RunError::Refused {
-                run: id,
-                failures: format!("the engine's inspect document is unreadable: {e}"),
-            })
-        }
+    let (attestation, unreadable) = match orchestrator_attest::parse_inspect(&inspected) {
+        Ok(observed) => (
+            orchestrator_attest::attest(&observed, &host, &spec.expectations(image_env.to_vec())),
+            None,
+        ),
+        // Fail closed, and audited like any other attestation: a document
+        // nobody can read fails every property.
+        Err(e) => (
+            orchestrator_attest::Attestation {
+                properties: orchestrator_attest::PROPERTY_NAMES
+                    .iter()
+                    .map(|name| orchestrator_attest::Property {
+                        name,
+                        ok: false,
+                        observed: "an unreadable inspect document".into(),
+                        expected: "the engine's inspect document".into(),
+                    })
+                    .collect(),
+            },
+            Some(format!("the engine's inspect document is unreadable: {e}")),
+        ),
     };
     let passed = attestation.passed();
     let properties = serde_json::to_value(&attestation.properties).unwrap_or_default();
@@ -464,6 +475,9 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         },
         true,
     )?;
+    if let Some(failures) = unreadable {
+        return Err(RunError::Refused { run: id, failures });
+    }
     if !passed {
         let failures = attestation
             .failures()
@@ -1646,11 +1660,22 @@ mod lifecycle_tests {
         let night = night(|_| serde_json::Value::Null);
         let (result, store) = run(&night).await;
         assert!(
-            matches!(result, Err(RunError::Refused { .. })),
+            matches!(&result, Err(RunError::Refused { failures, .. }) if failures.contains("unreadable")),
             "{result:?}"
         );
         assert!(!night.sup.engine.called("start"));
         assert_eq!(store.runs[0].status, "refused: attestation");
         assert!(night.sup.engine.ids().is_empty());
+        // Audited as an attestation that failed every property.
+        let attestation: Vec<_> = store
+            .audit
+            .iter()
+            .filter(|e| e.kind == "attestation")
+            .collect();
+        assert_eq!(attestation.len(), 1, "{:?}", store.kinds());
+        assert_eq!(attestation[0].body["passed"], false);
+        let properties = attestation[0].body["properties"].as_array().unwrap();
+        assert_eq!(properties.len(), orchestrator_attest::PROPERTY_NAMES.len());
+        assert!(properties.iter().all(|p| p["ok"] == false));
     }
 }

@@ -234,6 +234,8 @@ pub mod fake {
         pub kill_requests: BTreeMap<String, String>,
         /// Runs whose work was marked safe, in order.
         pub imported: Vec<String>,
+        /// Dry runs' acts: (id, run, record).
+        pub dry_acts: Vec<(String, String, serde_json::Value)>,
         /// When true, every audit append of its own fails (`append`; an
         /// act's writes with their event still succeed).
         pub fail_appends: bool,
@@ -255,6 +257,7 @@ pub mod fake {
                 meta: BTreeMap::new(),
                 kill_requests: BTreeMap::new(),
                 imported: Vec::new(),
+                dry_acts: Vec::new(),
                 fail_appends: false,
                 fail_counts: false,
             }
@@ -364,13 +367,14 @@ pub mod fake {
         }
         fn put_dry_act(
             &mut self,
-            _id: &str,
+            id: &str,
             run: &str,
-            _record: &serde_json::Value,
+            record: &serde_json::Value,
             event: &Event,
         ) -> Result<Entry, StoreError> {
             let entry = self.seal(Some(run), event)?;
             self.audit.push(entry.clone());
+            self.dry_acts.push((id.into(), run.into(), record.clone()));
             Ok(entry)
         }
         fn runs(&self) -> Result<Vec<RunRecord>, StoreError> {
@@ -469,6 +473,125 @@ pub mod fake {
             t.progress = progress.into();
             t.updated_at = crate::store::now_rfc3339();
             Ok(true)
+        }
+    }
+
+    /// One [`MemStore`] held by several parties at once, as two supervisors
+    /// share one database: every call takes the lock for itself alone, so
+    /// calls from threads interleave as they would on a real store.
+    #[derive(Debug, Clone)]
+    pub struct SharedMemStore {
+        root: PathBuf,
+        pub inner: std::sync::Arc<std::sync::Mutex<MemStore>>,
+    }
+
+    impl SharedMemStore {
+        pub fn new(store: MemStore) -> Self {
+            Self {
+                root: store.root.clone(),
+                inner: std::sync::Arc::new(std::sync::Mutex::new(store)),
+            }
+        }
+
+        pub fn lock(&self) -> std::sync::MutexGuard<'_, MemStore> {
+            self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        }
+    }
+
+    impl StateStore for SharedMemStore {
+        fn root(&self) -> &Path {
+            &self.root
+        }
+        fn append(
+            &mut self,
+            run: Option<&str>,
+            event: &Event,
+            checkpoint: bool,
+        ) -> Result<Entry, StoreError> {
+            self.lock().append(run, event, checkpoint)
+        }
+        fn policy_rows(&self) -> Result<Vec<serde_json::Value>, StoreError> {
+            self.lock().policy_rows()
+        }
+        fn count_acts(&self, run: &str) -> Result<u64, StoreError> {
+            self.lock().count_acts(run)
+        }
+        fn put_act(
+            &mut self,
+            id: &str,
+            run: &str,
+            act: &serde_json::Value,
+            state: &serde_json::Value,
+            content: Option<&[u8]>,
+            event: &Event,
+        ) -> Result<(), StoreError> {
+            self.lock().put_act(id, run, act, state, content, event)
+        }
+        fn acts(&self, id: Option<&str>) -> Result<Vec<StoredAct>, StoreError> {
+            self.lock().acts(id)
+        }
+        fn transition_act(
+            &mut self,
+            id: &str,
+            run: &str,
+            from: &serde_json::Value,
+            to: &serde_json::Value,
+            event: &Event,
+        ) -> Result<bool, StoreError> {
+            self.lock().transition_act(id, run, from, to, event)
+        }
+        fn runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+            self.lock().runs()
+        }
+        fn insert_tasks(
+            &mut self,
+            tasks: &[(String, String)],
+            state: &str,
+        ) -> Result<(), StoreError> {
+            self.lock().insert_tasks(tasks, state)
+        }
+        fn tasks(&self) -> Result<Vec<StoredTask>, StoreError> {
+            self.lock().tasks()
+        }
+        fn move_task(
+            &mut self,
+            id: &str,
+            from: &[&str],
+            to: &str,
+            progress: &str,
+        ) -> Result<bool, StoreError> {
+            self.lock().move_task(id, from, to, progress)
+        }
+        fn put_dry_act(
+            &mut self,
+            id: &str,
+            run: &str,
+            record: &serde_json::Value,
+            event: &Event,
+        ) -> Result<Entry, StoreError> {
+            self.lock().put_dry_act(id, run, record, event)
+        }
+        fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+            self.lock().meta(key)
+        }
+        fn run(&self, id: &str) -> Result<RunRecord, StoreError> {
+            self.lock().run(id)
+        }
+        fn put_run(&mut self, record: &RunRecord) -> Result<(), StoreError> {
+            self.lock().put_run(record)
+        }
+        fn kill_request(&self, run: &str) -> Result<Option<String>, StoreError> {
+            self.lock().kill_request(run)
+        }
+        fn record_imported(&mut self, record: &RunRecord) -> Result<(), StoreError> {
+            self.lock().record_imported(record)
+        }
+        fn end_run(
+            &mut self,
+            record: &RunRecord,
+            event: &Event,
+        ) -> Result<Option<Entry>, StoreError> {
+            self.lock().end_run(record, event)
         }
     }
 }
