@@ -1,9 +1,17 @@
 //! The run lifecycle: worktree, sandbox, attestation, start, observe, import,
 //! remove — each step audited from what the supervisor itself observed.
 //!
+//! The lifecycle is generic over the core's two traits, the container engine
+//! ([`ContainerEngine`]) and the state store ([`StateStore`]), through
+//! [`Supervisor<E, S>`]: production runs it on the bollard [`Engine`] and the
+//! SQLite [`Store`] (the defaults), the unit tests on the fakes. There is
+//! one code path; git, the worktree's mount, the door and the cgroup
+//! figures stay real adapters called from here.
+//!
 //! Invariants:
 //! - The agent never starts unless the inspected container passed the Tier 0
-//!   attestation, and the attestation is an audit entry either way.
+//!   attestation, and the attestation is an audit entry either way (an
+//!   inspect document that cannot be read fails every property).
 //! - Whatever the ending (exit, error, refusal, SIGINT/SIGTERM), the container
 //!   is removed, the worktree is imported if it existed (nothing the run wrote
 //!   is lost) and then removed once the import succeeded, its door directory
