@@ -595,3 +595,56 @@ pub mod fake {
         }
     }
 }
+
+/// The fake keeps the trait's invariants, so tests of the core on it mean
+/// what they say.
+#[cfg(test)]
+mod fake_tests {
+    use super::fake::MemStore;
+    use super::StateStore;
+    use crate::audit_log::Event;
+    use crate::store::RunRecord;
+
+    fn ended(status: &str) -> Event {
+        Event::RunEnded {
+            status: status.into(),
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn a_run_is_ended_once_and_acts_move_only_from_the_state_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MemStore::new(dir.path());
+        let mut run = RunRecord {
+            id: "r1".into(),
+            status: "running".into(),
+            ..Default::default()
+        };
+        store.put_run(&run).unwrap();
+        run.status = "exited 0".into();
+        assert!(store.end_run(&run, &ended("exited 0")).unwrap().is_some());
+        run.status = "killed: by someone".into();
+        assert!(store.end_run(&run, &ended("killed")).unwrap().is_none());
+        assert_eq!(store.run("r1").unwrap().status, "exited 0");
+        assert_eq!(store.kinds(), ["run_ended"]);
+
+        let (pending, done) = (serde_json::json!("pending"), serde_json::json!("done"));
+        let event = ended("x");
+        store
+            .put_act("a1", "r1", &serde_json::json!({}), &pending, None, &event)
+            .unwrap();
+        assert!(store
+            .transition_act("a1", "r1", &pending, &done, &event)
+            .unwrap());
+        assert!(!store
+            .transition_act("a1", "r1", &pending, &done, &event)
+            .unwrap());
+        assert_eq!(
+            store.audit.len(),
+            3,
+            "a move that did not happen was audited"
+        );
+        orchestrator_audit::verify(&store.log, &store.audit, &[]).unwrap();
+    }
+}
