@@ -111,7 +111,7 @@ pub fn repository_key(path: &Path) -> String {
 }
 
 /// The repository of an act's run, as [`repository_key`] names it.
-pub fn act_repository(store: &Store, act: &Act) -> String {
+pub fn act_repository<S: StateStore + ?Sized>(store: &S, act: &Act) -> String {
     store
         .run(&act.run)
         .map(|r| repository_key(Path::new(&r.repo)))
@@ -507,10 +507,7 @@ fn decide<S: StateStore + ?Sized>(
         (Ok(()), None) => Response::Queued { act: id },
         (Ok(()), Some(scope)) => {
             seen.carried = Some(id.clone());
-            match store.carrier() {
-                Some(store) => carry_under_scope(store, &id, scope),
-                None => Response::Queued { act: id },
-            }
+            carry_under_scope(store, &id, scope)
         }
         (Err(e), _) => Response::Error {
             reason: format!("queueing the act: {e}"),
@@ -523,7 +520,11 @@ fn decide<S: StateStore + ?Sized>(
 /// re-checked and carried out under the executor lock exactly as an act a
 /// person approved. Anything short of done leaves the act where a person
 /// sees it.
-fn carry_under_scope(store: &mut Store, id: &str, scope: &policies::RuleId) -> Response {
+fn carry_under_scope<S: StateStore + ?Sized>(
+    store: &mut S,
+    id: &str,
+    scope: &policies::RuleId,
+) -> Response {
     let not_done = |why: String| {
         Response::Error {
         reason: format!(
@@ -834,7 +835,7 @@ pub struct Row {
     pub content: Option<Vec<u8>>,
 }
 
-pub fn rows(store: &Store, id: Option<&str>) -> Result<Vec<Row>, StoreError> {
+pub fn rows<S: StateStore + ?Sized>(store: &S, id: Option<&str>) -> Result<Vec<Row>, StoreError> {
     let mut out = Vec::new();
     for (act, state, content) in store.acts(id)? {
         let act: Act = serde_json::from_value(act).map_err(|e| StoreError::BadEntry {
@@ -855,9 +856,9 @@ pub fn rows(store: &Store, id: Option<&str>) -> Result<Vec<Row>, StoreError> {
 }
 
 /// The owner's credential, as the queue's state machine wants it checked.
-struct KeyCheck<'a>(&'a Store);
+struct KeyCheck<'a, S: StateStore + ?Sized>(&'a S);
 
-impl deferred_queue::CredentialCheck for KeyCheck<'_> {
+impl<S: StateStore + ?Sized> deferred_queue::CredentialCheck for KeyCheck<'_, S> {
     type Credential = Option<PathBuf>;
     type Error = owner::OwnerError;
     fn check(&self, key: &Option<PathBuf>) -> Result<String, owner::OwnerError> {
@@ -877,8 +878,8 @@ fn queue_policy() -> deferred_queue::QueuePolicy {
 
 /// Applies one event and stores the move with its audit entry; returns the
 /// new state and the effects to carry out.
-fn step(
-    store: &mut Store,
+fn step<S: StateStore + ?Sized>(
+    store: &mut S,
     row: &Row,
     event: &deferred_queue::Event,
 ) -> Result<(State, Vec<deferred_queue::Effect>), String> {
@@ -913,7 +914,12 @@ fn step(
     Ok((next, effects))
 }
 
-pub fn reject(store: &mut Store, id: &str, why: &str, key: Option<&Path>) -> Result<(), String> {
+pub fn reject<S: StateStore + ?Sized>(
+    store: &mut S,
+    id: &str,
+    why: &str,
+    key: Option<&Path>,
+) -> Result<(), String> {
     let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let row = rows(store, Some(id))
@@ -987,7 +993,7 @@ fn refused_now(rules: &policies::RuleSet, act: &Act, repository: &str) -> Option
 }
 
 /// The freeze in force, if any, as a sentence for the owner.
-pub fn frozen(store: &Store) -> Result<Option<String>, String> {
+pub fn frozen<S: StateStore + ?Sized>(store: &S) -> Result<Option<String>, String> {
     let rules = crate::policy::load(store, None).map_err(|e| e.to_string())?;
     Ok(rules.freeze().map(|f| f.reason.clone()))
 }
@@ -997,7 +1003,11 @@ pub fn frozen(store: &Store) -> Result<Option<String>, String> {
 /// the generation but stales nothing unless the rules in force now refuse
 /// this act, which makes the recomputed digest differ (so the act goes stale
 /// with the rule named).
-fn recompute(store: &Store, dest: &Destinations, act: &Act) -> Result<String, String> {
+fn recompute<S: StateStore + ?Sized>(
+    store: &S,
+    dest: &Destinations,
+    act: &Act,
+) -> Result<String, String> {
     let mut now_act = act.clone();
     if let (Door::Push, Target::Push { target_ref, .. }) = (&act.door, &act.routing.target) {
         let remote = dest.remotes.get(&act.routing.destination).ok_or_else(|| {
@@ -1031,8 +1041,8 @@ fn recompute(store: &Store, dest: &Destinations, act: &Act) -> Result<String, St
 /// fast-forward only, before the request). Anything else moved the branch
 /// under the act: it goes stale, and no pull request opens on another
 /// commit.
-fn head_is_bindable(
-    store: &Store,
+fn head_is_bindable<S: StateStore + ?Sized>(
+    store: &S,
     dest: &Destinations,
     act: &Act,
     head_ref: &str,
@@ -1101,7 +1111,11 @@ impl Decided {
 /// Approves an act (owner's credential) and carries it out at once. While
 /// nightshift is frozen nothing is approved or carried out (an error, so
 /// the owner sees it); the act stays as it was.
-pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<Decided, String> {
+pub fn approve<S: StateStore + ?Sized>(
+    store: &mut S,
+    id: &str,
+    key: Option<&Path>,
+) -> Result<Decided, String> {
     let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let lock = executor_lock(store)?;
@@ -1157,7 +1171,7 @@ pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<Decide
 
 /// Re-checks and carries out an approved act; the outcome is stored. While
 /// frozen, an approved act waits (it is neither carried out nor staled).
-pub fn execute(store: &mut Store, row: &Row) -> Result<Decided, String> {
+pub fn execute<S: StateStore + ?Sized>(store: &mut S, row: &Row) -> Result<Decided, String> {
     if let Some(why) = frozen(store)? {
         return Ok(Decided::not_carried(format!(
             "act {}: {}, not carried out: nightshift is frozen ({why})",
@@ -1247,7 +1261,7 @@ pub struct LeaseView {
     pub now: Result<Option<String>, String>,
 }
 
-pub fn stale_view(store: &Store, row: &Row) -> Option<StaleView> {
+pub fn stale_view<S: StateStore + ?Sized>(store: &S, row: &Row) -> Option<StaleView> {
     let State::Stale { why } = &row.state else {
         return None;
     };
@@ -1286,7 +1300,11 @@ pub fn stale_view(store: &Store, row: &Row) -> Option<StaleView> {
 /// to the remote ref's current value and the rules in force, which needs one
 /// more approval; the stale act is closed (rejected, naming the new one).
 /// Never carries anything out. Returns the new act's id and a line.
-pub fn rebind(store: &mut Store, id: &str, key: Option<&Path>) -> Result<(String, String), String> {
+pub fn rebind<S: StateStore + ?Sized>(
+    store: &mut S,
+    id: &str,
+    key: Option<&Path>,
+) -> Result<(String, String), String> {
     let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let _lock = executor_lock(store)?;
@@ -1389,8 +1407,8 @@ pub fn rebind(store: &mut Store, id: &str, key: Option<&Path>) -> Result<(String
     ))
 }
 
-fn carry_out(
-    store: &Store,
+fn carry_out<S: StateStore + ?Sized>(
+    store: &S,
     dest: &Destinations,
     row: &Row,
 ) -> Result<String, orchestrator_executors::ExecError> {
@@ -1498,8 +1516,8 @@ impl std::fmt::Debug for ExecutorLock {
     }
 }
 
-pub fn executor_lock(store: &Store) -> Result<ExecutorLock, String> {
-    let path = store.paths().root.join("executor.lock");
+pub fn executor_lock<S: StateStore + ?Sized>(store: &S) -> Result<ExecutorLock, String> {
+    let path = store.root().join("executor.lock");
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
@@ -1515,7 +1533,10 @@ pub fn executor_lock(store: &Store) -> Result<ExecutorLock, String> {
 /// hold the lock) has an unknown outcome; the destination is checked, never
 /// blindly written again. Then retries that are due are carried out.
 /// Returns one line per act it moved.
-pub fn recover(store: &mut Store, _lock: &ExecutorLock) -> Result<Vec<String>, String> {
+pub fn recover<S: StateStore + ?Sized>(
+    store: &mut S,
+    _lock: &ExecutorLock,
+) -> Result<Vec<String>, String> {
     let mut lines = expire(store)?;
     let dest = destinations(store)?;
     for row in rows(store, None).map_err(|e| e.to_string())? {
@@ -1561,7 +1582,7 @@ pub fn recover(store: &mut Store, _lock: &ExecutorLock) -> Result<Vec<String>, S
 
 /// Moves every act whose time has passed to `expired` (a pending act past its
 /// window, an approval past its own). Expiry refuses; it never proceeds.
-pub fn expire(store: &mut Store) -> Result<Vec<String>, String> {
+pub fn expire<S: StateStore + ?Sized>(store: &mut S) -> Result<Vec<String>, String> {
     let mut lines = Vec::new();
     let now = now();
     for row in rows(store, None).map_err(|e| e.to_string())? {
@@ -2002,5 +2023,293 @@ mod gate_tests {
         };
         assert!(reason.contains("could not record"), "{reason}");
         assert!(audited(&store).is_empty());
+    }
+}
+
+/// The act queue on the fake store: approvals, rejections and staleness
+/// against a real loopback endpoint that counts what reaches it.
+#[cfg(test)]
+mod queue_tests {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::state_store::fake::{MemStore, SharedMemStore};
+
+    /// An HTTP endpoint on loopback that answers 200 and counts the posts
+    /// that reached it.
+    fn endpoint() -> (String, Arc<AtomicUsize>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let posts = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&posts);
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let mut reader = BufReader::new(&stream);
+                let (mut first, mut length) = (String::new(), 0usize);
+                let _ = reader.read_line(&mut first);
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some((name, value)) = line.split_once(':') {
+                        if name.eq_ignore_ascii_case("content-length") {
+                            length = value.trim().parse().unwrap_or(0);
+                        }
+                    }
+                }
+                let mut body = vec![0; length];
+                let _ = reader.read_exact(&mut body);
+                if first.starts_with("POST ") {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                }
+                let _ = (&stream).write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                );
+            }
+        });
+        (url, posts)
+    }
+
+    struct Queue {
+        _dir: tempfile::TempDir,
+        store: MemStore,
+        key: PathBuf,
+        posts: Arc<AtomicUsize>,
+        act: String,
+    }
+
+    fn door() -> RunDoor {
+        RunDoor {
+            run: "r1".into(),
+            repo: PathBuf::from("/nonexistent"),
+            base_commit: "0".repeat(40),
+            content: run_content_label(policies::Confidentiality::Private),
+            dry_run: false,
+        }
+    }
+
+    /// A state with the owner's key, one notify destination on a counting
+    /// endpoint, and one message the run asked to send, queued.
+    fn queue() -> Queue {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        std::fs::create_dir(&root).unwrap();
+        let (url, posts) = endpoint();
+        std::fs::write(
+            root.join("destinations.toml"),
+            format!("[notify.room]\nurl = \"{url}\"\nreaders = \"private\"\n"),
+        )
+        .unwrap();
+        let mut store = MemStore::new(&root);
+        let key = dir.path().join("owner.key");
+        std::fs::write(&key, "the-owner\n").unwrap();
+        store
+            .meta
+            .insert(owner::META_KEY.to_string(), digest("the-owner".as_bytes()));
+        let answer = handle(
+            &mut store,
+            &door(),
+            Request::Notify {
+                destination: "room".into(),
+                body: "the night went well".into(),
+            },
+            None,
+        );
+        let Response::Queued { act } = answer else {
+            panic!("not queued: {answer:?}");
+        };
+        Queue {
+            _dir: dir,
+            store,
+            key,
+            posts,
+            act,
+        }
+    }
+
+    fn state<S: StateStore + ?Sized>(store: &S, act: &str) -> State {
+        rows(store, Some(act)).unwrap().pop().unwrap().state
+    }
+
+    /// Audit entries that moved `act` to `transition`.
+    fn moves(store: &MemStore, act: &str, transition: &str) -> usize {
+        store
+            .audit
+            .iter()
+            .filter(|e| e.kind == "act" && e.body["act"] == act)
+            .filter(|e| e.body["transition"] == transition)
+            .count()
+    }
+
+    #[test]
+    fn an_approved_act_is_carried_out_once_however_often_it_is_approved() {
+        let mut q = queue();
+        let key = Some(q.key.as_path());
+        let first = approve(&mut q.store, &q.act, key).unwrap();
+        assert!(first.carried_out, "{first:?}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 1);
+        // Approved again: nothing more happens.
+        let again = approve(&mut q.store, &q.act, key);
+        assert!(!again.as_ref().is_ok_and(|d| d.carried_out), "{again:?}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 1);
+        assert!(matches!(state(&q.store, &q.act), State::Done { .. }));
+        assert_eq!(moves(&q.store, &q.act, "done"), 1);
+        orchestrator_audit::verify(&q.store.log, &q.store.audit, &[]).unwrap();
+    }
+
+    #[test]
+    fn two_executors_holding_the_same_approval_carry_it_out_once() {
+        // Both read the act approved before either moved it: the second's
+        // move from `approved` finds it moved, and it carries nothing out.
+        let mut q = queue();
+        let row = rows(&q.store, Some(&q.act)).unwrap().pop().unwrap();
+        let by = deferred_queue::Owner::verify(&KeyCheck(&q.store), &Some(q.key.clone())).unwrap();
+        let (approved, _) = step(
+            &mut q.store,
+            &row,
+            &deferred_queue::Event::Approve {
+                digest: deferred_queue::act_digest(&row.act),
+                by,
+                now: now(),
+                ttl_secs: 3600,
+            },
+        )
+        .unwrap();
+        let held = Row {
+            state: approved,
+            ..row
+        };
+        let first = execute(&mut q.store, &held).unwrap();
+        assert!(first.carried_out, "{first:?}");
+        let second = execute(&mut q.store, &held);
+        assert!(!second.as_ref().is_ok_and(|d| d.carried_out), "{second:?}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 1);
+        assert_eq!(moves(&q.store, &q.act, "done"), 1);
+    }
+
+    #[test]
+    fn two_approvals_racing_on_one_act_carry_it_out_once() {
+        let q = queue();
+        let shared = SharedMemStore::new(q.store);
+        let start = Arc::new(std::sync::Barrier::new(2));
+        let racers: Vec<_> = (0..2)
+            .map(|_| {
+                let (mut store, start) = (shared.clone(), Arc::clone(&start));
+                let (act, key) = (q.act.clone(), q.key.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    approve(&mut store, &act, Some(&key))
+                })
+            })
+            .collect();
+        let outcomes: Vec<_> = racers.into_iter().map(|r| r.join().unwrap()).collect();
+        let carried = outcomes
+            .iter()
+            .filter(|o| o.as_ref().is_ok_and(|d| d.carried_out))
+            .count();
+        assert_eq!(carried, 1, "{outcomes:?}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 1);
+        assert_eq!(moves(&shared.lock(), &q.act, "done"), 1);
+    }
+
+    #[test]
+    fn a_rejected_act_is_never_carried_out() {
+        let mut q = queue();
+        let key = Some(q.key.as_path());
+        reject(&mut q.store, &q.act, "not tonight", key).unwrap();
+        let later = approve(&mut q.store, &q.act, key);
+        assert!(!later.as_ref().is_ok_and(|d| d.carried_out), "{later:?}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 0);
+        assert!(matches!(state(&q.store, &q.act), State::Rejected { .. }));
+        assert_eq!(moves(&q.store, &q.act, "done"), 0);
+    }
+
+    #[test]
+    fn rejecting_needs_the_owners_key() {
+        let mut q = queue();
+        let dir = tempfile::tempdir().unwrap();
+        let wrong = dir.path().join("wrong.key");
+        std::fs::write(&wrong, "someone-else\n").unwrap();
+        assert!(reject(&mut q.store, &q.act, "no", Some(&wrong)).is_err());
+        assert!(approve(&mut q.store, &q.act, Some(&wrong)).is_err());
+        assert!(approve(&mut q.store, &q.act, None).is_err());
+        assert_eq!(state(&q.store, &q.act), State::Pending);
+        assert_eq!(q.posts.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn an_act_a_rule_now_refuses_goes_stale_and_is_not_carried_out() {
+        let mut q = queue();
+        // The run's own actor refuses its messages after the act was queued.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("own.toml");
+        std::fs::write(
+            &file,
+            "[[rule]]\nid = \"no-notify-now\"\nsubject = \"run-r1\"\ndoors = [\"notify\"]\n\
+             effect = \"refuse\"\nreason = \"no messages after all\"\nauthority = \"run-r1\"\n",
+        )
+        .unwrap();
+        let mut real = Store::open(StatePaths::new(dir.path().join("real"))).unwrap();
+        crate::policy::declare(
+            &mut real,
+            None,
+            &file,
+            &crate::policy::Writer::Agent("run-r1".into()),
+        )
+        .unwrap();
+        q.store.policy_rows = real.policy_rows().unwrap();
+        let key = Some(q.key.as_path());
+        let decided = approve(&mut q.store, &q.act, key).unwrap();
+        assert!(!decided.carried_out, "{decided:?}");
+        let State::Stale { why } = state(&q.store, &q.act) else {
+            panic!("not stale: {:?}", state(&q.store, &q.act));
+        };
+        assert!(why.contains("no-notify-now"), "{why}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 0);
+        // Approving it again carries nothing out either.
+        let again = approve(&mut q.store, &q.act, key).unwrap();
+        assert!(!again.carried_out, "{again:?}");
+        assert_eq!(q.posts.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_dry_run_records_the_would_be_verdict_and_queues_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MemStore::new(dir.path());
+        let door = RunDoor {
+            dry_run: true,
+            ..door()
+        };
+        let answer = handle(
+            &mut store,
+            &door,
+            Request::Ask {
+                body: "may I?".into(),
+            },
+            None,
+        );
+        let Response::Queued { act } = answer else {
+            panic!("not answered as queued: {answer:?}");
+        };
+        assert!(act.starts_with('d'), "{act}");
+        assert!(store.acts.is_empty(), "a dry run queued {:?}", store.acts);
+        assert_eq!(store.dry_acts.len(), 1);
+        assert_eq!(store.dry_acts[0].0, act);
+        assert_eq!(
+            store.dry_acts[0].2["would"], "asked",
+            "{:?}",
+            store.dry_acts[0].2
+        );
+        let verdicts: Vec<_> = store
+            .audit
+            .iter()
+            .filter(|e| e.kind == "door_request")
+            .map(|e| e.body["verdict"].clone())
+            .collect();
+        assert_eq!(verdicts.len(), 1, "{:?}", store.kinds());
     }
 }

@@ -1,24 +1,67 @@
 //! The container engine as the core sees it: a narrow trait owned by the
 //! core, implemented by the bollard adapter (`engine.rs`) and by
-//! [`fake::FakeEngine`], a hand-written fake that records what it was asked.
+//! [`fake::FakeEngine`], a hand-written fake that records what it was asked
+//! and answers what a test scripted.
 //!
-//! It holds what the kill switch's first step needs (find a state's
-//! sandboxes by their labels, kill, remove); the run lifecycle's create,
-//! inspect, attach, start, wait and samples are still called on
-//! [`crate::engine::Engine`] directly and join this trait as `run.rs` is
-//! made generic. A Kubernetes backend implements it without touching the
-//! core.
+//! It holds everything the core asks of an engine: the kill switch's first
+//! step (find a state's sandboxes by their labels, kill, remove) and the
+//! whole run lifecycle (`run.rs` is generic over it: the image, create from
+//! a [`SandboxSpec`], the engine's own inspect document for the attestation,
+//! attach, start, wait, the exit state). Nothing here names an engine's API:
+//! a Kubernetes backend implements it without touching the core.
 //!
-//! Invariants every implementation keeps: `kill` of a container that
-//! already stopped, and `remove` of one already gone, are not errors;
-//! `managed` lists every container carrying nightshift's labels, running or
-//! not.
+//! Invariants every implementation keeps:
+//! - `kill` of a container that already stopped, and `remove` of one
+//!   already gone, are not errors; `managed` lists every container carrying
+//!   nightshift's labels (those of its [`SandboxSpec`]), running or not.
+//! - `create` makes the container from the spec alone and never starts it;
+//!   only `start` runs the agent.
+//! - `inspect_json` is the engine's report of the created container (the
+//!   Engine API's inspect document), never the spec we asked for: the
+//!   attestation judges what the engine says it made.
+//! - `attach` before `start` misses no output; `wait` ends once the
+//!   container is no longer running.
 
 use std::future::Future;
 
-use crate::engine::{EngineError, Managed};
+use crate::engine::{EngineError, ExitState, ImageInfo, Managed, OutputStream};
+use crate::sandbox::SandboxSpec;
 
 pub trait ContainerEngine: Sync {
+    /// A local image, or `None` when the engine does not hold it.
+    fn image(
+        &self,
+        reference: &str,
+    ) -> impl Future<Output = Result<Option<ImageInfo>, EngineError>> + Send;
+    /// A local image, or [`EngineError::ImageMissing`] naming it.
+    fn require_image(
+        &self,
+        reference: &str,
+    ) -> impl Future<Output = Result<ImageInfo, EngineError>> + Send {
+        async move {
+            self.image(reference)
+                .await?
+                .ok_or_else(|| EngineError::ImageMissing(reference.to_string()))
+        }
+    }
+    /// Creates (does not start) the run's container; returns its id.
+    fn create(
+        &self,
+        spec: &SandboxSpec,
+    ) -> impl Future<Output = Result<String, EngineError>> + Send;
+    /// The engine's own inspect document of a container, as JSON.
+    fn inspect_json(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<serde_json::Value, EngineError>> + Send;
+    /// The container's output from now on, to its end.
+    fn attach(&self, id: &str) -> impl Future<Output = Result<OutputStream, EngineError>> + Send;
+    /// Starts the created container: the agent runs from here.
+    fn start(&self, id: &str) -> impl Future<Output = Result<(), EngineError>> + Send;
+    /// Waits for the container to stop; its exit code.
+    fn wait(&self, id: &str) -> impl Future<Output = Result<i64, EngineError>> + Send;
+    /// How the container ended (or that it still runs).
+    fn exit_state(&self, id: &str) -> impl Future<Output = Result<ExitState, EngineError>> + Send;
     /// Containers carrying nightshift's label, optionally of one run only.
     fn managed(
         &self,
@@ -31,6 +74,36 @@ pub trait ContainerEngine: Sync {
 }
 
 impl ContainerEngine for crate::engine::Engine {
+    fn image(
+        &self,
+        reference: &str,
+    ) -> impl Future<Output = Result<Option<ImageInfo>, EngineError>> + Send {
+        crate::engine::Engine::image(self, reference)
+    }
+    fn create(
+        &self,
+        spec: &SandboxSpec,
+    ) -> impl Future<Output = Result<String, EngineError>> + Send {
+        crate::engine::Engine::create(self, spec)
+    }
+    fn inspect_json(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<serde_json::Value, EngineError>> + Send {
+        crate::engine::Engine::inspect_json(self, id)
+    }
+    fn attach(&self, id: &str) -> impl Future<Output = Result<OutputStream, EngineError>> + Send {
+        crate::engine::Engine::attach(self, id)
+    }
+    fn start(&self, id: &str) -> impl Future<Output = Result<(), EngineError>> + Send {
+        crate::engine::Engine::start(self, id)
+    }
+    fn wait(&self, id: &str) -> impl Future<Output = Result<i64, EngineError>> + Send {
+        crate::engine::Engine::wait(self, id)
+    }
+    fn exit_state(&self, id: &str) -> impl Future<Output = Result<ExitState, EngineError>> + Send {
+        crate::engine::Engine::exit_state(self, id)
+    }
     fn managed(
         &self,
         run: Option<&str>,
@@ -47,23 +120,37 @@ impl ContainerEngine for crate::engine::Engine {
 
 pub mod fake {
     //! An in-memory engine: containers in a list, every call recorded, and
-    //! containers whose kill or removal the engine refuses.
+    //! what a test scripts: the inspect document a created container
+    //! reports, the exit code it ends with, containers whose kill or
+    //! removal the engine refuses, images it lacks.
 
     use std::collections::HashSet;
     use std::sync::Mutex;
 
     use super::ContainerEngine;
-    use crate::engine::{EngineError, Managed};
+    use crate::engine::{EngineError, ExitState, ImageInfo, Managed, OutputStream};
+    use crate::sandbox::{SandboxSpec, LABEL_RUN};
 
     #[derive(Debug, Default)]
     pub struct FakeEngine {
         pub containers: Mutex<Vec<Managed>>,
-        /// `kill ID` / `remove ID`, in the order asked.
+        /// `create NAME` / `inspect ID` / `attach ID` / `start ID` /
+        /// `wait ID` / `kill ID` / `remove ID`, in the order asked.
         pub calls: Mutex<Vec<String>>,
         /// Containers whose kill fails (one that stopped by itself meanwhile).
         pub refuse_kill: HashSet<String>,
         /// Containers whose removal fails.
         pub refuse_remove: HashSet<String>,
+        /// Images the engine does not hold (every other reference exists).
+        pub missing_images: HashSet<String>,
+        /// What a created container's inspect document is, made from the
+        /// spec it was created from (`null`, an unreadable document, when
+        /// none was scripted).
+        pub report: Option<fn(&SandboxSpec) -> serde_json::Value>,
+        /// The exit code a started container ends with, at once.
+        pub exit_code: i64,
+        /// The containers created (id, spec), in order.
+        pub created: Mutex<Vec<(String, SandboxSpec)>>,
     }
 
     fn refused(doing: &str, id: &str) -> EngineError {
@@ -71,6 +158,10 @@ pub mod fake {
             endpoint: "fake".into(),
             message: format!("{doing} {id} refused by the fake"),
         }
+    }
+
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     impl FakeEngine {
@@ -81,33 +172,120 @@ pub mod fake {
             }
         }
 
+        /// An engine whose created containers report what `report` makes
+        /// of their spec.
+        pub fn reporting(report: fn(&SandboxSpec) -> serde_json::Value) -> Self {
+            Self {
+                report: Some(report),
+                ..Default::default()
+            }
+        }
+
         pub fn calls(&self) -> Vec<String> {
-            self.calls.lock().unwrap_or_else(|p| p.into_inner()).clone()
+            lock(&self.calls).clone()
+        }
+
+        /// Whether any call began with `verb` (`start`, `create`, ...).
+        pub fn called(&self, verb: &str) -> bool {
+            self.calls()
+                .iter()
+                .any(|c| c.split(' ').next() == Some(verb))
         }
 
         pub fn ids(&self) -> Vec<String> {
-            self.containers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+            lock(&self.containers)
                 .iter()
                 .map(|c| c.id.clone())
                 .collect()
         }
 
         fn record(&self, call: String) {
-            self.calls
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(call);
+            lock(&self.calls).push(call);
+        }
+
+        fn known(&self, id: &str) -> Result<(), EngineError> {
+            if lock(&self.containers).iter().any(|c| c.id == id) {
+                Ok(())
+            } else {
+                Err(refused("finding container", id))
+            }
+        }
+
+        fn set_running(&self, id: &str, running: bool) {
+            for c in lock(&self.containers).iter_mut().filter(|c| c.id == id) {
+                c.running = running;
+            }
         }
     }
 
     impl ContainerEngine for FakeEngine {
+        async fn image(&self, reference: &str) -> Result<Option<ImageInfo>, EngineError> {
+            Ok(
+                (!self.missing_images.contains(reference)).then(|| ImageInfo {
+                    id: format!("sha256:fake-{reference}"),
+                    env: Vec::new(),
+                }),
+            )
+        }
+
+        async fn create(&self, spec: &SandboxSpec) -> Result<String, EngineError> {
+            self.record(format!("create {}", spec.name));
+            let id = format!("fake-{}", lock(&self.created).len() + 1);
+            lock(&self.created).push((id.clone(), spec.clone()));
+            let labels: std::collections::HashMap<String, String> =
+                spec.labels.clone().into_iter().collect();
+            lock(&self.containers).push(Managed {
+                id: id.clone(),
+                run: labels.get(LABEL_RUN).cloned(),
+                labels,
+                running: false,
+            });
+            Ok(id)
+        }
+
+        async fn inspect_json(&self, id: &str) -> Result<serde_json::Value, EngineError> {
+            self.record(format!("inspect {id}"));
+            self.known(id)?;
+            let created = lock(&self.created);
+            let spec = created.iter().find(|(c, _)| c == id).map(|(_, s)| s);
+            Ok(match (self.report, spec) {
+                (Some(report), Some(spec)) => report(spec),
+                _ => serde_json::Value::Null,
+            })
+        }
+
+        async fn attach(&self, id: &str) -> Result<OutputStream, EngineError> {
+            self.record(format!("attach {id}"));
+            self.known(id)?;
+            Ok(Box::pin(futures_util::stream::empty()))
+        }
+
+        async fn start(&self, id: &str) -> Result<(), EngineError> {
+            self.record(format!("start {id}"));
+            self.known(id)?;
+            // It runs and ends at once with the scripted code.
+            self.set_running(id, false);
+            Ok(())
+        }
+
+        async fn wait(&self, id: &str) -> Result<i64, EngineError> {
+            self.record(format!("wait {id}"));
+            self.known(id)?;
+            Ok(self.exit_code)
+        }
+
+        async fn exit_state(&self, id: &str) -> Result<ExitState, EngineError> {
+            self.known(id)?;
+            let started = self.calls().contains(&format!("start {id}"));
+            Ok(ExitState {
+                exit_code: started.then_some(self.exit_code),
+                oom_killed: false,
+                running: false,
+            })
+        }
+
         async fn managed(&self, run: Option<&str>) -> Result<Vec<Managed>, EngineError> {
-            Ok(self
-                .containers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
+            Ok(lock(&self.containers)
                 .iter()
                 .filter(|c| run.is_none() || c.run.as_deref() == run)
                 .cloned()
@@ -119,15 +297,7 @@ pub mod fake {
             if self.refuse_kill.contains(id) {
                 return Err(refused("killing", id));
             }
-            for c in self
-                .containers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter_mut()
-                .filter(|c| c.id == id)
-            {
-                c.running = false;
-            }
+            self.set_running(id, false);
             Ok(())
         }
 
@@ -136,10 +306,7 @@ pub mod fake {
             if self.refuse_remove.contains(id) {
                 return Err(refused("removing", id));
             }
-            self.containers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .retain(|c| c.id != id);
+            lock(&self.containers).retain(|c| c.id != id);
             Ok(())
         }
     }

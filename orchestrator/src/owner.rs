@@ -11,9 +11,10 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::audit_log::digest;
+use crate::state_store::StateStore;
 use crate::store::{Store, StoreError};
 
-const META_KEY: &str = "owner_key_sha256";
+pub(crate) const META_KEY: &str = "owner_key_sha256";
 
 #[derive(Debug, thiserror::Error)]
 pub enum OwnerError {
@@ -80,8 +81,11 @@ fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
 }
 
 /// Checks the key in `key_file` against the stored digest.
-pub fn verify(store: &Store, key_file: Option<&Path>) -> Result<Owner, OwnerError> {
-    let expected = store.get_meta(META_KEY)?.ok_or(OwnerError::NotConfigured)?;
+pub fn verify<S: StateStore + ?Sized>(
+    store: &S,
+    key_file: Option<&Path>,
+) -> Result<Owner, OwnerError> {
+    let expected = store.meta(META_KEY)?.ok_or(OwnerError::NotConfigured)?;
     let path = key_file.ok_or(OwnerError::Missing)?;
     let text = fs::read_to_string(path).map_err(|source| OwnerError::Read {
         path: path.to_path_buf(),

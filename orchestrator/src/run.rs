@@ -1,9 +1,17 @@
 //! The run lifecycle: worktree, sandbox, attestation, start, observe, import,
 //! remove — each step audited from what the supervisor itself observed.
 //!
+//! The lifecycle is generic over the core's two traits, the container engine
+//! ([`ContainerEngine`]) and the state store ([`StateStore`]), through
+//! [`Supervisor<E, S>`]: production runs it on the bollard [`Engine`] and the
+//! SQLite [`Store`] (the defaults), the unit tests on the fakes. There is
+//! one code path; git, the worktree's mount, the door and the cgroup
+//! figures stay real adapters called from here.
+//!
 //! Invariants:
 //! - The agent never starts unless the inspected container passed the Tier 0
-//!   attestation, and the attestation is an audit entry either way.
+//!   attestation, and the attestation is an audit entry either way (an
+//!   inspect document that cannot be read fails every property).
 //! - Whatever the ending (exit, error, refusal, SIGINT/SIGTERM), the container
 //!   is removed, the worktree is imported if it existed (nothing the run wrote
 //!   is lost) and then removed once the import succeeded, its door directory
@@ -32,9 +40,11 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
 use crate::audit_log::{digest, Event};
+use crate::container_engine::ContainerEngine;
 use crate::engine::{Engine, EngineError, Output, Sample};
 use crate::monitor::{self, Breach, Observed};
 use crate::sandbox::{Caps, SandboxSpec, SandboxUser, MAX_TASK_BYTES};
+use crate::state_store::StateStore;
 use crate::store::{now_rfc3339, RunRecord, Store, StoreError};
 
 /// Why a run was asked to stop from outside.
@@ -91,11 +101,15 @@ pub enum RunError {
     Interrupted { run: String, signal: Stop },
 }
 
-/// Shared handles a run needs.
-#[derive(Debug, Clone)]
-pub struct Supervisor {
-    pub engine: Engine,
-    pub store: Arc<Mutex<Store>>,
+/// Shared handles a run needs: the container engine and the state store,
+/// each behind the core's trait (the bollard engine and the SQLite store in
+/// production; [`crate::container_engine::fake::FakeEngine`] and
+/// [`crate::state_store::fake::MemStore`] in unit tests), so the lifecycle
+/// is one generic code path for both.
+#[derive(Debug)]
+pub struct Supervisor<E = Engine, S = Store> {
+    pub engine: E,
+    pub store: Arc<Mutex<S>>,
     pub state_tag: String,
     /// `pid:starttime` of this supervisor process, put on every sandbox it
     /// creates so that a watchdog or a later supervisor can tell its orphans.
@@ -167,7 +181,20 @@ pub fn identity_alive(identity: &str) -> bool {
     process_identity(pid).as_deref() == Some(identity)
 }
 
-impl Supervisor {
+impl<E: Clone, S> Clone for Supervisor<E, S> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            store: Arc::clone(&self.store),
+            state_tag: self.state_tag.clone(),
+            identity: self.identity.clone(),
+            fleet: self.fleet.clone(),
+            sandbox_user: self.sandbox_user,
+        }
+    }
+}
+
+impl<E: ContainerEngine, S: StateStore> Supervisor<E, S> {
     fn audit(&self, run: &str, event: Event, checkpoint: bool) -> Result<(), StoreError> {
         let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
         store.append(Some(run), &event, checkpoint)?;
@@ -175,13 +202,13 @@ impl Supervisor {
     }
 
     fn save(&self, record: &RunRecord) -> Result<(), StoreError> {
-        let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
         store.put_run(record)
     }
 
     fn paths(&self) -> crate::store::StatePaths {
         let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        store.paths().clone()
+        crate::store::StatePaths::new(store.root().to_path_buf())
     }
 }
 
@@ -201,8 +228,8 @@ struct Held {
 
 /// Performs one run in the foreground. `stop` turns to `Some` when the run
 /// must end early (a signal to `nightshift run`).
-pub async fn execute(
-    sup: &Supervisor,
+pub async fn execute<E: ContainerEngine, S: StateStore>(
+    sup: &Supervisor<E, S>,
     req: RunRequest,
     stop: watch::Receiver<Option<Stop>>,
 ) -> Result<RunRecord, RunError> {
@@ -288,13 +315,7 @@ pub async fn execute(
     let ended = finish(sup, &mut record, &mut held, outcome).await;
     // The morning summary, when this was the night's last run (see
     // summary.rs); it never changes how the run ended.
-    let root = sup
-        .store
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .paths()
-        .root
-        .clone();
+    let root = sup.paths().root;
     let _ = tokio::task::spawn_blocking(move || crate::summary::after_run(&root)).await;
     ended
 }
@@ -308,8 +329,8 @@ enum Ended {
     KilledBy(String),
 }
 
-async fn steps(
-    sup: &Supervisor,
+async fn steps<E: ContainerEngine, S: StateStore>(
+    sup: &Supervisor<E, S>,
     req: &RunRequest,
     image_env: &[String],
     record: &mut RunRecord,
@@ -428,16 +449,27 @@ async fn steps(
     record.container_id = Some(container.clone());
     let inspected = sup.engine.inspect_json(&container).await?;
     let host = crate::hostview::observe(&dest).map_err(RunError::BadInput)?;
-    let attestation = match orchestrator_attest::parse_inspect(&inspected) {
-        Ok(observed) => {
-            orchestrator_attest::attest(&observed, &host, &spec.expectations(image_env.to_vec()))
-        }
-        Err(e) => {
-            return Err(RunError::Refused {
-                run: id,
-                failures: format!("the engine's inspect document is unreadable: {e}"),
-            })
-        }
+    let (attestation, unreadable) = match orchestrator_attest::parse_inspect(&inspected) {
+        Ok(observed) => (
+            orchestrator_attest::attest(&observed, &host, &spec.expectations(image_env.to_vec())),
+            None,
+        ),
+        // Fail closed, and audited like any other attestation: a document
+        // nobody can read fails every property.
+        Err(e) => (
+            orchestrator_attest::Attestation {
+                properties: orchestrator_attest::PROPERTY_NAMES
+                    .iter()
+                    .map(|name| orchestrator_attest::Property {
+                        name,
+                        ok: false,
+                        observed: "an unreadable inspect document".into(),
+                        expected: "the engine's inspect document".into(),
+                    })
+                    .collect(),
+            },
+            Some(format!("the engine's inspect document is unreadable: {e}")),
+        ),
     };
     let passed = attestation.passed();
     let properties = serde_json::to_value(&attestation.properties).unwrap_or_default();
@@ -451,6 +483,9 @@ async fn steps(
         },
         true,
     )?;
+    if let Some(failures) = unreadable {
+        return Err(RunError::Refused { run: id, failures });
+    }
     if !passed {
         let failures = attestation
             .failures()
@@ -830,7 +865,10 @@ async fn drain_output(
 /// or between creating the container and starting it, ends the run there
 /// (the kill switch cannot stop a sandbox that does not exist yet; it leaves
 /// a kill request, which is read here).
-fn kill_or_freeze(sup: &Supervisor, run: &str) -> Result<Option<String>, RunError> {
+fn kill_or_freeze<E: ContainerEngine, S: StateStore>(
+    sup: &Supervisor<E, S>,
+    run: &str,
+) -> Result<Option<String>, RunError> {
     let store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(by) = store.kill_request(run)? {
         return Ok(Some(by));
@@ -898,8 +936,8 @@ fn chain(error: &dyn std::error::Error) -> String {
 /// ended the run (its own supervisor, the kill switch, reconciliation,
 /// `nightshift import`). On failure the `import_failed` entry is written and
 /// nothing is removed.
-pub(crate) async fn import_into(
-    store: &Mutex<Store>,
+pub(crate) async fn import_into<S: StateStore>(
+    store: &Mutex<S>,
     record: &mut RunRecord,
     worktree: &std::path::Path,
 ) -> Result<(), ImportFailure> {
@@ -1179,8 +1217,8 @@ fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 
 /// The common ending: remove the container, import what the run wrote,
 /// remove the worktree, settle the record, audit how it ended.
-async fn finish(
-    sup: &Supervisor,
+async fn finish<E: ContainerEngine, S: StateStore>(
+    sup: &Supervisor<E, S>,
     record: &mut RunRecord,
     held: &mut Held,
     outcome: Result<Ended, RunError>,
@@ -1375,5 +1413,277 @@ mod tests {
         assert_eq!(kept["kind"], "host_locked");
         r.status = status;
         assert_eq!(import_state(&r), ImportState::Failed);
+    }
+}
+
+/// The lifecycle on the fakes: a [`FakeEngine`] that reports a scripted
+/// inspect document and a [`MemStore`], with a real host repository,
+/// worktree, door and mount (root is needed for the worktree's own mount,
+/// as for every run).
+///
+/// [`FakeEngine`]: crate::container_engine::fake::FakeEngine
+/// [`MemStore`]: crate::state_store::fake::MemStore
+#[cfg(test)]
+mod lifecycle_tests {
+    use std::process::Command;
+
+    use super::*;
+    use crate::container_engine::fake::FakeEngine;
+    use crate::state_store::fake::MemStore;
+
+    /// An inspect document recorded from a real engine for a container made
+    /// with every hardening flag and a door (see the attestation's fixtures).
+    const RECORDED: &str = include_str!("../attest/tests/fixtures/with-door.json");
+
+    /// What a real engine reports for a container made from `spec` as
+    /// `engine.rs` makes it: the recorded document with the spec's run,
+    /// paths, environment, labels and user.
+    fn hardened(spec: &SandboxSpec) -> serde_json::Value {
+        let mut doc: serde_json::Value = serde_json::from_str(RECORDED).unwrap();
+        let worktree = spec.worktree_host.display().to_string();
+        let door = spec
+            .door
+            .as_ref()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default();
+        doc["Config"]["Env"] = serde_json::json!(spec.env_list());
+        doc["Config"]["Labels"] = serde_json::json!(spec.labels);
+        doc["Config"]["User"] = spec.user().into();
+        doc["Config"]["Image"] = spec.image.clone().into();
+        for path in ["/Mounts", "/HostConfig/Mounts"] {
+            for m in doc.pointer_mut(path).unwrap().as_array_mut().unwrap() {
+                let source = match m["Source"].as_str() {
+                    Some(s) if s.contains("/worktrees/") => worktree.clone(),
+                    _ => door.clone(),
+                };
+                m["Source"] = source.into();
+            }
+        }
+        doc
+    }
+
+    fn networked(spec: &SandboxSpec) -> serde_json::Value {
+        let mut doc = hardened(spec);
+        doc["HostConfig"]["NetworkMode"] = "bridge".into();
+        doc["Config"]
+            .as_object_mut()
+            .unwrap()
+            .remove("NetworkDisabled");
+        doc
+    }
+
+    fn privileged(spec: &SandboxSpec) -> serde_json::Value {
+        let mut doc = hardened(spec);
+        doc["HostConfig"]["Privileged"] = true.into();
+        doc
+    }
+
+    fn capable(spec: &SandboxSpec) -> serde_json::Value {
+        let mut doc = hardened(spec);
+        doc["HostConfig"]["CapAdd"] = serde_json::json!(["NET_ADMIN"]);
+        doc
+    }
+
+    fn host_socket(spec: &SandboxSpec) -> serde_json::Value {
+        let mut doc = hardened(spec);
+        doc["HostConfig"]["Binds"] =
+            serde_json::json!(["/var/run/docker.sock:/var/run/docker.sock"]);
+        doc["Mounts"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({
+                "Type": "bind",
+                "Source": "/var/run/docker.sock",
+                "Destination": "/var/run/docker.sock",
+                "Mode": "",
+                "RW": true,
+                "Propagation": "rprivate"
+            }));
+        doc
+    }
+
+    struct Night {
+        _dir: tempfile::TempDir,
+        repo: PathBuf,
+        sup: Supervisor<FakeEngine, MemStore>,
+    }
+
+    fn git(repo: &std::path::Path, args: &[&str]) {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(repo)
+            .args(args)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("HOME", repo)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+    }
+
+    /// A host repository with one commit, a state, and a supervisor on the
+    /// fakes whose engine reports `report` for the container it creates.
+    fn night(report: fn(&SandboxSpec) -> serde_json::Value) -> Night {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        git(&repo, &["init", "-q", "-b", "main"]);
+        std::fs::write(repo.join("README"), "hello\n").unwrap();
+        git(&repo, &["add", "README"]);
+        git(
+            &repo,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "-q",
+                "-m",
+                "base",
+            ],
+        );
+        let root = dir.path().join("state");
+        crate::store::create_private_dir(&root).unwrap();
+        let sup = Supervisor {
+            engine: FakeEngine::reporting(report),
+            store: Arc::new(Mutex::new(MemStore::new(&root))),
+            state_tag: "unit".into(),
+            identity: process_identity(std::process::id()).unwrap(),
+            fleet: None,
+            sandbox_user: SandboxUser::default(),
+        };
+        Night {
+            _dir: dir,
+            repo,
+            sup,
+        }
+    }
+
+    fn request(repo: &std::path::Path) -> RunRequest {
+        RunRequest {
+            repo: repo.to_path_buf(),
+            base_ref: "main".into(),
+            image: "nightshift-unit:1".into(),
+            task: "do nothing".into(),
+            command: vec!["true".into()],
+            caps: Caps::default(),
+            echo: false,
+            repo_confidentiality: policies::Confidentiality::Private,
+            dry_run: false,
+        }
+    }
+
+    async fn run(night: &Night) -> (Result<RunRecord, RunError>, MemStore) {
+        let (_tx, stop) = watch::channel(None);
+        let result = execute(&night.sup, request(&night.repo), stop).await;
+        let root = night.sup.paths().root;
+        let store = std::mem::replace(&mut *night.sup.store.lock().unwrap(), MemStore::new(&root));
+        (result, store)
+    }
+
+    /// Refused by the attestation, naming exactly `properties`: never started, the
+    /// attestation audited as failed, the run ended refused, the container
+    /// and the worktree removed.
+    async fn refused(report: fn(&SandboxSpec) -> serde_json::Value, properties: &[&str]) {
+        let night = night(report);
+        let (result, store) = run(&night).await;
+        let engine = &night.sup.engine;
+        assert!(
+            matches!(&result, Err(RunError::Refused { failures, .. }) if failures.contains(properties[0])),
+            "{result:?}"
+        );
+        assert!(!engine.called("start"), "started: {:?}", engine.calls());
+        let attestation: Vec<_> = store
+            .audit
+            .iter()
+            .filter(|e| e.kind == "attestation")
+            .collect();
+        assert_eq!(attestation.len(), 1, "{:?}", store.kinds());
+        assert_eq!(attestation[0].body["passed"], false);
+        let failed: Vec<&str> = attestation[0].body["properties"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["ok"] == false)
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+        assert_eq!(failed, properties, "only the tampered properties fail");
+        let record = &store.runs[0];
+        assert_eq!(record.status, "refused: attestation");
+        assert!(engine.ids().is_empty(), "{:?}", engine.calls());
+        assert!(engine.calls().contains(&"remove fake-1".to_string()));
+        let kinds = store.kinds();
+        assert_eq!(kinds.last(), Some(&"run_ended"), "{kinds:?}");
+        assert!(kinds.contains(&"container_removed"), "{kinds:?}");
+        assert!(!kinds.contains(&"started"), "{kinds:?}");
+        orchestrator_audit::verify(&store.log, &store.audit, &[]).unwrap();
+        let worktree = night.sup.paths().worktrees().join(&record.id);
+        assert!(
+            !worktree.exists(),
+            "worktree left at {}",
+            worktree.display()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_container_that_passes_is_started_and_ends() {
+        let night = night(hardened);
+        let (result, store) = run(&night).await;
+        let record = result.unwrap();
+        assert_eq!(record.status, "exited 0");
+        assert!(night.sup.engine.called("start"));
+        let kinds = store.kinds();
+        assert!(kinds.contains(&"started"), "{kinds:?}");
+        assert!(night.sup.engine.ids().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_network_is_refused_before_the_start() {
+        refused(networked, &["network-none"]).await;
+    }
+
+    #[tokio::test]
+    async fn privileges_are_refused_before_the_start() {
+        // The attestation reads a privileged container as unmasked and
+        // unconfined too (the engine drops both for it).
+        refused(
+            privileged,
+            &["not-privileged", "proc-masked", "seccomp-profile"],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_capability_is_refused_before_the_start() {
+        refused(capable, &["capabilities-dropped"]).await;
+    }
+
+    #[tokio::test]
+    async fn a_writable_host_mount_is_refused_before_the_start() {
+        refused(host_socket, &["mounts-only-worktree"]).await;
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_inspect_is_refused_before_the_start() {
+        let night = night(|_| serde_json::Value::Null);
+        let (result, store) = run(&night).await;
+        assert!(
+            matches!(&result, Err(RunError::Refused { failures, .. }) if failures.contains("unreadable")),
+            "{result:?}"
+        );
+        assert!(!night.sup.engine.called("start"));
+        assert_eq!(store.runs[0].status, "refused: attestation");
+        assert!(night.sup.engine.ids().is_empty());
+        // Audited as an attestation that failed every property.
+        let attestation: Vec<_> = store
+            .audit
+            .iter()
+            .filter(|e| e.kind == "attestation")
+            .collect();
+        assert_eq!(attestation.len(), 1, "{:?}", store.kinds());
+        assert_eq!(attestation[0].body["passed"], false);
+        let properties = attestation[0].body["properties"].as_array().unwrap();
+        assert_eq!(properties.len(), orchestrator_attest::PROPERTY_NAMES.len());
+        assert!(properties.iter().all(|p| p["ok"] == false));
     }
 }

@@ -916,37 +916,72 @@ fn step(
             }
         }
     }
-    let tasks = list(&store)?;
-    let queued: Vec<&TaskRow> = tasks
-        .iter()
-        .filter(|t| t.state == TaskState::Queued)
-        .collect();
-    let running: Vec<Need> = tasks
-        .iter()
-        .filter(|t| own.contains_key(&t.id) || adopted.contains_key(&t.id))
-        .map(|t| need(&t.spec, config))
-        .collect();
-    let freeze = if queued.is_empty() {
-        None
-    } else {
-        frozen(&store)?
-    };
-    summary.frozen = freeze.clone();
-    let mut left = queued.len();
-    if freeze.is_none() {
-        let needs: Vec<Need> = queued.iter().map(|t| need(&t.spec, config)).collect();
-        let n = admit(&needs, &running, fleet_need(config), opts.max_parallel);
-        for task in &queued[..n] {
-            left -= 1;
-            if let Some(child) = start(&mut store, api, opts, me, task)? {
-                own.insert(task.id.clone(), child);
-                summary.started.push(task.id.clone());
-            }
+    let watched = |id: &str| own.contains_key(id) || adopted.contains_key(id);
+    let due = due(&store, config, opts.max_parallel, &watched)?;
+    summary.frozen = due.frozen.clone();
+    let mut left = due.queued;
+    for task in &due.start {
+        left -= 1;
+        if let Some(child) = start(&mut store, api, opts, me, task)? {
+            own.insert(task.id.clone(), child);
+            summary.started.push(task.id.clone());
         }
     }
     summary.left_queued = left;
     let idle = own.is_empty() && adopted.is_empty();
-    Ok(idle && (left == 0 || freeze.is_some()))
+    Ok(idle && (left == 0 || due.frozen.is_some()))
+}
+
+/// What one look at the queue may start.
+#[derive(Debug)]
+struct Due {
+    /// The queued tasks to start now, in the queue's order.
+    start: Vec<TaskRow>,
+    /// How many tasks are queued, started now or not.
+    queued: usize,
+    /// The freeze's reason, when one keeps every queued task waiting.
+    frozen: Option<String>,
+}
+
+/// The queued tasks [`admit`] lets start, given the tasks this dispatcher
+/// watches (`watched`: its own children and those it adopted). Nothing
+/// starts while frozen, and an unreadable policy is an error.
+fn due<S: StateStore + ?Sized>(
+    store: &S,
+    config: &crate::config::Config,
+    max_parallel: usize,
+    watched: &dyn Fn(&str) -> bool,
+) -> Result<Due, ApiError> {
+    let tasks = list(store)?;
+    let running: Vec<Need> = tasks
+        .iter()
+        .filter(|t| watched(&t.id))
+        .map(|t| need(&t.spec, config))
+        .collect();
+    let queued: Vec<TaskRow> = tasks
+        .into_iter()
+        .filter(|t| t.state == TaskState::Queued)
+        .collect();
+    let count = queued.len();
+    let frozen = if queued.is_empty() {
+        None
+    } else {
+        frozen(store)?
+    };
+    if frozen.is_some() {
+        return Ok(Due {
+            start: Vec::new(),
+            queued: count,
+            frozen,
+        });
+    }
+    let needs: Vec<Need> = queued.iter().map(|t| need(&t.spec, config)).collect();
+    let n = admit(&needs, &running, fleet_need(config), max_parallel);
+    Ok(Due {
+        start: queued.into_iter().take(n).collect(),
+        queued: count,
+        frozen: None,
+    })
 }
 
 fn signal_of(status: &std::process::ExitStatus) -> i32 {
@@ -1267,5 +1302,62 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/tasks.example.toml");
         let tasks = read_task_file(&path).unwrap();
         assert!(!tasks.is_empty());
+    }
+
+    /// A fake state with `n` queued tasks, in order.
+    fn queued(dir: &Path, n: usize) -> (MemStore, Vec<String>) {
+        let mut store = MemStore::new(dir);
+        let config = crate::config::Config::default();
+        let specs: Vec<TaskSpec> = (0..n).map(|_| spec(dir)).collect();
+        let ids = enqueue(&mut store, &config, &specs).unwrap();
+        (store, ids)
+    }
+
+    fn ids(due: &Due) -> Vec<&str> {
+        due.start.iter().map(|t| t.id.as_str()).collect()
+    }
+
+    #[test]
+    fn the_queue_starts_in_order_counting_what_already_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, ids_) = queued(dir.path(), 4);
+        let config = crate::config::Config::default();
+        // The first is running under this dispatcher: one more may start.
+        assert!(store
+            .move_task(&ids_[0], &["queued"], "running", "{}")
+            .unwrap());
+        let watched = |id: &str| id == ids_[0];
+        let due = due(&store, &config, 2, &watched).unwrap();
+        assert_eq!(ids(&due), [ids_[1].as_str()]);
+        assert_eq!((due.queued, due.frozen), (3, None));
+        // Nothing watched: two start, the head first.
+        let due = super::due(&store, &config, 2, &|_| false).unwrap();
+        assert_eq!(ids(&due), [ids_[1].as_str(), ids_[2].as_str()]);
+    }
+
+    #[test]
+    fn a_frozen_queue_starts_nothing_and_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = queued(dir.path(), 2);
+        // The freeze's policy row, as the real store writes it.
+        let mut real =
+            crate::store::Store::open(crate::store::StatePaths::new(dir.path().join("real")))
+                .unwrap();
+        crate::policy::freeze(&mut real, None, "night off").unwrap();
+        store.policy_rows = real.policy_rows().unwrap();
+        let config = crate::config::Config::default();
+        let due = due(&store, &config, 4, &|_| false).unwrap();
+        assert!(due.start.is_empty(), "{due:?}");
+        assert_eq!(due.queued, 2);
+        assert_eq!(due.frozen.as_deref(), Some("night off"));
+    }
+
+    #[test]
+    fn an_unreadable_policy_starts_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut store, _) = queued(dir.path(), 1);
+        store.policy_rows = vec![serde_json::json!({"not": "a row"})];
+        let config = crate::config::Config::default();
+        assert!(due(&store, &config, 4, &|_| false).is_err());
     }
 }

@@ -1,7 +1,10 @@
 //! The state store as the core sees it: a narrow trait owned by the core,
 //! implemented by the SQLite store (`store.rs`) and by [`fake::MemStore`], a
-//! hand-written in-memory fake for unit tests of the door's gate
-//! (`acts::handle`) and the run queue's adapter (`run_queue`).
+//! hand-written in-memory fake for unit tests of the code generic over it:
+//! the door's gate (`acts::handle`), the act queue (`acts::approve`,
+//! `reject`, `execute`, `rebind`, `recover`, `expire`), the run lifecycle
+//! (`run::execute` through `run::Supervisor`), the owner's credential check
+//! (`owner::verify`) and the run queue's adapter (`run_queue`).
 //!
 //! Invariants every implementation keeps (the fake too, so tests of the
 //! core mean something):
@@ -12,6 +15,13 @@
 //!   it moved), with its event, together or not at all.
 //! - `move_task` is a compare-and-set: a task moves only from one of the
 //!   states named, so no move happens twice.
+//! - `end_run` saves a run's final record and appends its ending together,
+//!   and writes nothing (`None`) over a record that is already final: a run
+//!   is never ended twice. `record_imported` saves the record and marks its
+//!   work safe together.
+//! - Acts are carried out only on the caller's side, under the executor
+//!   lock (`STATE/executor.lock` in [`StateStore::root`]): the store keeps
+//!   the queue's states, never runs an executor.
 //!
 //! A PostgreSQL store implements this trait without touching the core.
 
@@ -83,13 +93,19 @@ pub trait StateStore {
         record: &serde_json::Value,
         event: &Event,
     ) -> Result<Entry, StoreError>;
-    /// The SQLite store itself, where the executors (which carry acts out on
-    /// the real store, under its executor lock) are needed: an act an
-    /// autonomy scope allows is carried out at once. Stores that cannot carry
-    /// acts out return `None`, and such an act stays queued for a person.
-    fn carrier(&mut self) -> Option<&mut crate::store::Store> {
-        None
-    }
+    /// A value of the store's own metadata (the owner key's digest).
+    fn meta(&self, key: &str) -> Result<Option<String>, StoreError>;
+    /// One run's record.
+    fn run(&self, id: &str) -> Result<RunRecord, StoreError>;
+    /// Saves a run's record (created or updated).
+    fn put_run(&mut self, record: &RunRecord) -> Result<(), StoreError>;
+    /// Who asked the kill switch to kill `run`, if anyone did.
+    fn kill_request(&self, run: &str) -> Result<Option<String>, StoreError>;
+    /// Saves a run whose work is safe and marks it so, together.
+    fn record_imported(&mut self, record: &RunRecord) -> Result<(), StoreError>;
+    /// Saves a run's final record with its ending, together; `None` (nothing
+    /// written) when the stored record is already final.
+    fn end_run(&mut self, record: &RunRecord, event: &Event) -> Result<Option<Entry>, StoreError>;
 }
 
 impl StateStore for crate::store::Store {
@@ -102,8 +118,23 @@ impl StateStore for crate::store::Store {
     ) -> Result<Entry, StoreError> {
         crate::store::Store::put_dry_act(self, id, run, record, event)
     }
-    fn carrier(&mut self) -> Option<&mut crate::store::Store> {
-        Some(self)
+    fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+        crate::store::Store::get_meta(self, key)
+    }
+    fn run(&self, id: &str) -> Result<RunRecord, StoreError> {
+        crate::store::Store::run(self, id)
+    }
+    fn put_run(&mut self, record: &RunRecord) -> Result<(), StoreError> {
+        crate::store::Store::put_run(self, record)
+    }
+    fn kill_request(&self, run: &str) -> Result<Option<String>, StoreError> {
+        crate::store::Store::kill_request(self, run)
+    }
+    fn record_imported(&mut self, record: &RunRecord) -> Result<(), StoreError> {
+        crate::store::Store::record_imported(self, record)
+    }
+    fn end_run(&mut self, record: &RunRecord, event: &Event) -> Result<Option<Entry>, StoreError> {
+        crate::store::Store::end_run(self, record, event)
     }
     fn root(&self) -> &Path {
         &self.paths().root
@@ -171,6 +202,7 @@ pub mod fake {
     //! the audit chain sealed as the real store seals it, and switches that
     //! make a write fail, to test what the core does then.
 
+    use std::collections::BTreeMap;
     use std::path::{Path, PathBuf};
 
     use orchestrator_audit::{Entry, LogId};
@@ -197,6 +229,13 @@ pub mod fake {
         pub acts: Vec<FakeAct>,
         pub runs: Vec<RunRecord>,
         pub tasks: Vec<StoredTask>,
+        pub meta: BTreeMap<String, String>,
+        /// run -> who asked the kill switch to kill it.
+        pub kill_requests: BTreeMap<String, String>,
+        /// Runs whose work was marked safe, in order.
+        pub imported: Vec<String>,
+        /// Dry runs' acts: (id, run, record).
+        pub dry_acts: Vec<(String, String, serde_json::Value)>,
         /// When true, every audit append of its own fails (`append`; an
         /// act's writes with their event still succeed).
         pub fail_appends: bool,
@@ -215,6 +254,10 @@ pub mod fake {
                 acts: Vec::new(),
                 runs: Vec::new(),
                 tasks: Vec::new(),
+                meta: BTreeMap::new(),
+                kill_requests: BTreeMap::new(),
+                imported: Vec::new(),
+                dry_acts: Vec::new(),
                 fail_appends: false,
                 fail_counts: false,
             }
@@ -324,17 +367,62 @@ pub mod fake {
         }
         fn put_dry_act(
             &mut self,
-            _id: &str,
+            id: &str,
             run: &str,
-            _record: &serde_json::Value,
+            record: &serde_json::Value,
             event: &Event,
         ) -> Result<Entry, StoreError> {
             let entry = self.seal(Some(run), event)?;
             self.audit.push(entry.clone());
+            self.dry_acts.push((id.into(), run.into(), record.clone()));
             Ok(entry)
         }
         fn runs(&self) -> Result<Vec<RunRecord>, StoreError> {
             Ok(self.runs.clone())
+        }
+        fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+            Ok(self.meta.get(key).cloned())
+        }
+        fn run(&self, id: &str) -> Result<RunRecord, StoreError> {
+            self.runs
+                .iter()
+                .find(|r| r.id == id)
+                .cloned()
+                .ok_or_else(|| StoreError::NoSuchRun(id.to_string()))
+        }
+        fn put_run(&mut self, record: &RunRecord) -> Result<(), StoreError> {
+            match self.runs.iter_mut().find(|r| r.id == record.id) {
+                Some(r) => *r = record.clone(),
+                None => self.runs.push(record.clone()),
+            }
+            Ok(())
+        }
+        fn kill_request(&self, run: &str) -> Result<Option<String>, StoreError> {
+            Ok(self.kill_requests.get(run).cloned())
+        }
+        fn record_imported(&mut self, record: &RunRecord) -> Result<(), StoreError> {
+            self.put_run(record)?;
+            if !self.imported.contains(&record.id) {
+                self.imported.push(record.id.clone());
+            }
+            Ok(())
+        }
+        fn end_run(
+            &mut self,
+            record: &RunRecord,
+            event: &Event,
+        ) -> Result<Option<Entry>, StoreError> {
+            let already = self
+                .runs
+                .iter()
+                .any(|r| r.id == record.id && crate::store::is_final(&r.status));
+            if already {
+                return Ok(None);
+            }
+            let entry = self.seal(Some(&record.id), event)?;
+            self.audit.push(entry.clone());
+            self.put_run(record)?;
+            Ok(Some(entry))
         }
         fn insert_tasks(
             &mut self,
@@ -386,5 +474,177 @@ pub mod fake {
             t.updated_at = crate::store::now_rfc3339();
             Ok(true)
         }
+    }
+
+    /// One [`MemStore`] held by several parties at once, as two supervisors
+    /// share one database: every call takes the lock for itself alone, so
+    /// calls from threads interleave as they would on a real store.
+    #[derive(Debug, Clone)]
+    pub struct SharedMemStore {
+        root: PathBuf,
+        pub inner: std::sync::Arc<std::sync::Mutex<MemStore>>,
+    }
+
+    impl SharedMemStore {
+        pub fn new(store: MemStore) -> Self {
+            Self {
+                root: store.root.clone(),
+                inner: std::sync::Arc::new(std::sync::Mutex::new(store)),
+            }
+        }
+
+        pub fn lock(&self) -> std::sync::MutexGuard<'_, MemStore> {
+            self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        }
+    }
+
+    impl StateStore for SharedMemStore {
+        fn root(&self) -> &Path {
+            &self.root
+        }
+        fn append(
+            &mut self,
+            run: Option<&str>,
+            event: &Event,
+            checkpoint: bool,
+        ) -> Result<Entry, StoreError> {
+            self.lock().append(run, event, checkpoint)
+        }
+        fn policy_rows(&self) -> Result<Vec<serde_json::Value>, StoreError> {
+            self.lock().policy_rows()
+        }
+        fn count_acts(&self, run: &str) -> Result<u64, StoreError> {
+            self.lock().count_acts(run)
+        }
+        fn put_act(
+            &mut self,
+            id: &str,
+            run: &str,
+            act: &serde_json::Value,
+            state: &serde_json::Value,
+            content: Option<&[u8]>,
+            event: &Event,
+        ) -> Result<(), StoreError> {
+            self.lock().put_act(id, run, act, state, content, event)
+        }
+        fn acts(&self, id: Option<&str>) -> Result<Vec<StoredAct>, StoreError> {
+            self.lock().acts(id)
+        }
+        fn transition_act(
+            &mut self,
+            id: &str,
+            run: &str,
+            from: &serde_json::Value,
+            to: &serde_json::Value,
+            event: &Event,
+        ) -> Result<bool, StoreError> {
+            self.lock().transition_act(id, run, from, to, event)
+        }
+        fn runs(&self) -> Result<Vec<RunRecord>, StoreError> {
+            self.lock().runs()
+        }
+        fn insert_tasks(
+            &mut self,
+            tasks: &[(String, String)],
+            state: &str,
+        ) -> Result<(), StoreError> {
+            self.lock().insert_tasks(tasks, state)
+        }
+        fn tasks(&self) -> Result<Vec<StoredTask>, StoreError> {
+            self.lock().tasks()
+        }
+        fn move_task(
+            &mut self,
+            id: &str,
+            from: &[&str],
+            to: &str,
+            progress: &str,
+        ) -> Result<bool, StoreError> {
+            self.lock().move_task(id, from, to, progress)
+        }
+        fn put_dry_act(
+            &mut self,
+            id: &str,
+            run: &str,
+            record: &serde_json::Value,
+            event: &Event,
+        ) -> Result<Entry, StoreError> {
+            self.lock().put_dry_act(id, run, record, event)
+        }
+        fn meta(&self, key: &str) -> Result<Option<String>, StoreError> {
+            self.lock().meta(key)
+        }
+        fn run(&self, id: &str) -> Result<RunRecord, StoreError> {
+            self.lock().run(id)
+        }
+        fn put_run(&mut self, record: &RunRecord) -> Result<(), StoreError> {
+            self.lock().put_run(record)
+        }
+        fn kill_request(&self, run: &str) -> Result<Option<String>, StoreError> {
+            self.lock().kill_request(run)
+        }
+        fn record_imported(&mut self, record: &RunRecord) -> Result<(), StoreError> {
+            self.lock().record_imported(record)
+        }
+        fn end_run(
+            &mut self,
+            record: &RunRecord,
+            event: &Event,
+        ) -> Result<Option<Entry>, StoreError> {
+            self.lock().end_run(record, event)
+        }
+    }
+}
+
+/// The fake keeps the trait's invariants, so tests of the core on it mean
+/// what they say.
+#[cfg(test)]
+mod fake_tests {
+    use super::fake::MemStore;
+    use super::StateStore;
+    use crate::audit_log::Event;
+    use crate::store::RunRecord;
+
+    fn ended(status: &str) -> Event {
+        Event::RunEnded {
+            status: status.into(),
+            reason: None,
+        }
+    }
+
+    #[test]
+    fn a_run_is_ended_once_and_acts_move_only_from_the_state_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MemStore::new(dir.path());
+        let mut run = RunRecord {
+            id: "r1".into(),
+            status: "running".into(),
+            ..Default::default()
+        };
+        store.put_run(&run).unwrap();
+        run.status = "exited 0".into();
+        assert!(store.end_run(&run, &ended("exited 0")).unwrap().is_some());
+        run.status = "killed: by someone".into();
+        assert!(store.end_run(&run, &ended("killed")).unwrap().is_none());
+        assert_eq!(store.run("r1").unwrap().status, "exited 0");
+        assert_eq!(store.kinds(), ["run_ended"]);
+
+        let (pending, done) = (serde_json::json!("pending"), serde_json::json!("done"));
+        let event = ended("x");
+        store
+            .put_act("a1", "r1", &serde_json::json!({}), &pending, None, &event)
+            .unwrap();
+        assert!(store
+            .transition_act("a1", "r1", &pending, &done, &event)
+            .unwrap());
+        assert!(!store
+            .transition_act("a1", "r1", &pending, &done, &event)
+            .unwrap());
+        assert_eq!(
+            store.audit.len(),
+            3,
+            "a move that did not happen was audited"
+        );
+        orchestrator_audit::verify(&store.log, &store.audit, &[]).unwrap();
     }
 }
