@@ -1,10 +1,13 @@
 //! More real agents through the model gateway, driven by the scripted model
 //! server (tests/src/model.rs): the real Codex CLI (its PyPI wheel's
 //! executable, `--agent codex`) over the Responses API, streaming, as Codex
-//! speaks it, and the real mini-swe-agent (`--agent mini-swe-agent`) over
-//! Chat Completions through litellm's OpenAI provider. Each edits a file in
-//! the worktree and commits with its shell tool; the commit arrives on the
-//! run branch and every model call is audited with its tokens. Codex's
+//! speaks it, the real mini-swe-agent (`--agent mini-swe-agent`) over Chat
+//! Completions through litellm's OpenAI provider, and the real aider
+//! (`--agent aider`), streaming Chat Completions through litellm. Codex and
+//! mini-swe-agent edit a file in the worktree and commit with their shell
+//! tools, aider applies an edit block and commits it itself; the commit
+//! arrives on the run branch and every model call is audited with its
+//! tokens. Codex's
 //! PreToolUse hook refuses a scripted `rm -r` through the door (not
 //! `rm -rf`: Codex's own guard rejects `rm -f` forms by itself, which
 //! would hide a hook that never ran).
@@ -13,9 +16,10 @@
 //! requests list): Codex CLI 0.163.0 `exec_command` with `{"cmd": ...}`
 //! (its hook sees it as `Bash` with `tool_input.command`); mini-swe-agent
 //! 2.4.6 `bash` with `{"command": ...}`, the task ending with the command
-//! `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`. The images are built by
-//! scripts/test.sh when missing (`nightshift image build --agent
-//! codex|mini-swe-agent`).
+//! `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`; aider 0.86.2 offers no
+//! tools (gpt-5-mini's edit format is `diff`: SEARCH/REPLACE blocks). The
+//! images are built by scripts/test.sh when missing (`nightshift image
+//! build --agent codex|mini-swe-agent|aider`).
 
 use serde_json::{json, Value};
 use tests::agents::{model_calls, state_with_models, OPENAI_KEY};
@@ -299,5 +303,57 @@ fn real_mini_swe_agent_edits_a_file_and_commits_over_chat_completions_and_the_ch
     assert!(outputs[0].1.contains("Add hello.txt"), "{outputs:?}");
     assert_eq!(model_calls(&state, &id).len(), 2);
     assert_committed_and_audited(&state, repo.path(), &id, "hello from mini");
+    assert!(!log.contains(OPENAI_KEY));
+}
+
+#[test]
+fn real_aider_edits_a_file_and_commits_it_itself_and_the_change_arrives() {
+    // Aider offers no tools: the model answers with an edit block in its
+    // `diff` format (gpt-5-mini's), and aider commits the edit itself with
+    // a message its weak model writes (the next call).
+    let server = ModelServer::start();
+    server.push(
+        Step::text(
+            "I will create hello.txt.\n\nhello.txt\n```\n<<<<<<< SEARCH\n=======\n\
+             hello from aider\n>>>>>>> REPLACE\n```\n",
+        )
+        .usage(30, 9),
+    );
+    server.push(Step::text("Add hello.txt").usage(30, 9));
+    let state = state_with_models(&server);
+    let repo = make_repo();
+    let out = state.run(&[
+        "run",
+        "--agent",
+        "aider",
+        "--model",
+        "gpt-5-mini",
+        "--task",
+        "Create hello.txt containing the line: hello from aider",
+        "--repo",
+        repo.path().to_str().unwrap(),
+    ]);
+    let id = state.runs().last().expect("a run")["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let log = state.output_log(&id);
+    assert!(
+        out.status.success(),
+        "{}{}\n{log}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}\n{log}");
+    for r in &reqs {
+        assert_eq!(r.path, "/v1/chat/completions");
+        assert_eq!(
+            r.header("authorization"),
+            Some(format!("Bearer {OPENAI_KEY}").as_str())
+        );
+    }
+    assert_eq!(model_calls(&state, &id).len(), reqs.len());
+    assert_committed_and_audited(&state, repo.path(), &id, "hello from aider");
     assert!(!log.contains(OPENAI_KEY));
 }
