@@ -13,7 +13,7 @@ cargo build -q -p orchestrator
 NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image ./target/debug/nightshift image build
 # The agent images the tests use (heavy: each is built once, then a no-op
 # while its inputs are unchanged).
-for preset in python-sdks claude-code; do
+for preset in python-sdks claude-code codex mini-swe-agent aider; do
   NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image ./target/debug/nightshift image build --agent "$preset"
 done
 cargo test --workspace -q --no-fail-fast

@@ -11,8 +11,9 @@
 //! - Each preset runs its agent headless, with its own sandbox and
 //!   permission prompts off (nightshift is the sandbox), stdin closed, the
 //!   task from `$NIGHTSHIFT_TASK` and the model through the gateway's
-//!   environment; Claude Code's every tool call asks the run's rules
-//!   through the door first (`nightshift-act policy-check`, fail closed).
+//!   environment; Claude Code's and Codex's every tool call asks the run's
+//!   rules through the door first (their PreToolUse hook, `nightshift-act
+//!   policy-check`, fail closed).
 //! - A model name is a name, never an option: it is refused unless it is
 //!   1 to 128 of `A-Z a-z 0-9 . _ : / -` not starting with `-`.
 
@@ -94,6 +95,11 @@ mod tests {
         assert!(codex.contains("wire_api = \"responses\""));
         assert!(codex.contains("env_key = \"OPENAI_API_KEY\""));
         assert!(codex.contains("</dev/null"));
+        // Codex runs only hooks it trusts and skips the others silently:
+        // without the bypass its PreToolUse hook would never run.
+        assert!(codex.contains("[[hooks.PreToolUse]]"));
+        assert!(codex.contains("command = \"nightshift-act policy-check || exit 2\""));
+        assert!(codex.contains("--dangerously-bypass-hook-trust"));
         assert!(Agent::MiniSweAgent
             .run_script()
             .contains("mini --yolo --exit-immediately"));

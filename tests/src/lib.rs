@@ -255,6 +255,7 @@ pub fn wait_for_file(path: &Path) {
     }
 }
 
+pub mod agents;
 pub mod browser;
 pub mod loopback;
 pub mod model;

@@ -324,8 +324,11 @@ async fn handle(shared: &Shared, req: Request<hyper::body::Incoming>) -> Respons
         .flatten()
         .unwrap_or_else(|| Step::text("ok"));
     // Each tool call has its own id, as a real endpoint's do (an agent
-    // pairs each result with its call by id).
+    // pairs each result with its call by id): `toolu_N` (Messages),
+    // `call_N` (Chat Completions, and a Responses item's `call_id`, its
+    // item id being `fc_N`), N the request's number.
     let tool_id = format!("toolu_{seq:04}");
+    let call_id = format!("call_{seq:04}");
     // As a real endpoint does, the output stops at the request's bound.
     if let Some(bound) = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
         .iter()
@@ -354,16 +357,16 @@ async fn handle(shared: &Shared, req: Request<hyper::body::Incoming>) -> Respons
         }
         let with_usage = step.mode != Mode::NoUsage;
         let value = match shape {
-            Shape::Chat => chat_whole(&model, &step, with_usage),
-            Shape::Responses => responses_whole(&model, &step, with_usage),
+            Shape::Chat => chat_whole(&model, &step, with_usage, &call_id),
+            Shape::Responses => responses_whole(&model, &step, with_usage, &call_id),
             Shape::Messages => messages_whole(&model, &step, with_usage, &tool_id),
         };
         return json_response(StatusCode::OK, &value);
     }
     let include_usage = request["stream_options"]["include_usage"].as_bool() == Some(true);
     let events = match shape {
-        Shape::Chat => chat_events(&model, &step, include_usage),
-        Shape::Responses => responses_events(&model, &step),
+        Shape::Chat => chat_events(&model, &step, include_usage, &call_id),
+        Shape::Responses => responses_events(&model, &step, &call_id),
         Shape::Messages => messages_events(&model, &step, &tool_id),
     };
     sse_response(shape, step.mode.clone(), events)
@@ -549,7 +552,7 @@ fn chat_usage(u: &Usage) -> Value {
     })
 }
 
-fn chat_whole(model: &str, step: &Step, with_usage: bool) -> Value {
+fn chat_whole(model: &str, step: &Step, with_usage: bool, call_id: &str) -> Value {
     let (message, finish) = match &step.turn {
         Turn::Text(t) => (
             json!({"role": "assistant", "content": t, "refusal": null, "annotations": []}),
@@ -557,7 +560,7 @@ fn chat_whole(model: &str, step: &Step, with_usage: bool) -> Value {
         ),
         Turn::ToolCall { name, arguments } => (
             json!({"role": "assistant", "content": null, "refusal": null, "annotations": [],
-                "tool_calls": [{"id": "call_1", "type": "function",
+                "tool_calls": [{"id": call_id, "type": "function",
                     "function": {"name": name, "arguments": arguments_text(arguments)}}]}),
             "tool_calls",
         ),
@@ -573,7 +576,7 @@ fn chat_whole(model: &str, step: &Step, with_usage: bool) -> Value {
     v
 }
 
-fn chat_events(model: &str, step: &Step, include_usage: bool) -> Vec<Event> {
+fn chat_events(model: &str, step: &Step, include_usage: bool, call_id: &str) -> Vec<Event> {
     let chunk = |choices: Value| {
         let mut v = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk",
             "created": CREATED, "model": model, "service_tier": "default",
@@ -598,7 +601,7 @@ fn chat_events(model: &str, step: &Step, include_usage: bool) -> Vec<Event> {
         Turn::ToolCall { name, arguments } => {
             events.push(chunk(json!([{"index": 0,
                 "delta": {"role": "assistant", "content": null, "tool_calls": [{"index": 0,
-                    "id": "call_1", "type": "function",
+                    "id": call_id, "type": "function",
                     "function": {"name": name, "arguments": ""}}]},
                 "logprobs": null, "finish_reason": null}])));
             for piece in split(&arguments_text(arguments)) {
@@ -648,13 +651,19 @@ fn responses_usage(u: &Usage) -> Value {
     })
 }
 
-fn responses_item(step: &Step) -> Value {
+/// The id of a Responses `function_call` item answering with `call_id`.
+fn item_id(call_id: &str) -> String {
+    call_id.replacen("call_", "fc_", 1)
+}
+
+fn responses_item(step: &Step, call_id: &str) -> Value {
     match &step.turn {
         Turn::Text(t) => json!({"type": "message", "id": "msg_1", "status": "completed",
             "role": "assistant",
             "content": [{"type": "output_text", "text": t, "annotations": [], "logprobs": []}]}),
-        Turn::ToolCall { name, arguments } => json!({"type": "function_call", "id": "fc_1",
-            "call_id": "call_1", "name": name, "arguments": arguments_text(arguments),
+        Turn::ToolCall { name, arguments } => json!({"type": "function_call",
+            "id": item_id(call_id), "call_id": call_id, "name": name,
+            "arguments": arguments_text(arguments),
             "status": "completed"}),
     }
 }
@@ -671,16 +680,16 @@ fn response_object(model: &str, status: &str, output: Value, usage: Option<Value
     })
 }
 
-fn responses_whole(model: &str, step: &Step, with_usage: bool) -> Value {
+fn responses_whole(model: &str, step: &Step, with_usage: bool, call_id: &str) -> Value {
     response_object(
         model,
         "completed",
-        json!([responses_item(step)]),
+        json!([responses_item(step, call_id)]),
         with_usage.then(|| responses_usage(&step.usage)),
     )
 }
 
-fn responses_events(model: &str, step: &Step) -> Vec<Event> {
+fn responses_events(model: &str, step: &Step, call_id: &str) -> Vec<Event> {
     let mut seq = 0u64;
     let mut ev = |name: &str, mut data: Value| {
         data["type"] = json!(name);
@@ -698,7 +707,8 @@ fn responses_events(model: &str, step: &Step) -> Vec<Event> {
             json!({"response": response_object(model, "in_progress", json!([]), None)}),
         ),
     ];
-    let item = responses_item(step);
+    let item = responses_item(step, call_id);
+    let fc = item_id(call_id);
     match &step.turn {
         Turn::Text(t) => {
             events.push(ev(
@@ -736,19 +746,19 @@ fn responses_events(model: &str, step: &Step) -> Vec<Event> {
             events.push(ev(
                 "response.output_item.added",
                 json!({"output_index": 0,
-                "item": {"type": "function_call", "id": "fc_1", "call_id": "call_1",
+                "item": {"type": "function_call", "id": fc, "call_id": call_id,
                     "name": name, "arguments": "", "status": "in_progress"}}),
             ));
             let args = arguments_text(arguments);
             for piece in split(&args) {
                 events.push(ev(
                     "response.function_call_arguments.delta",
-                    json!({"item_id": "fc_1", "output_index": 0, "delta": piece}),
+                    json!({"item_id": fc, "output_index": 0, "delta": piece}),
                 ));
             }
             events.push(ev(
                 "response.function_call_arguments.done",
-                json!({"item_id": "fc_1", "output_index": 0, "arguments": args}),
+                json!({"item_id": fc, "output_index": 0, "arguments": args}),
             ));
         }
     }

@@ -7,52 +7,10 @@
 //! The images are built by scripts/test.sh when missing
 //! (`nightshift image build --agent claude-code|python-sdks`).
 
-use std::os::unix::fs::PermissionsExt;
-
 use serde_json::{json, Value};
+use tests::agents::{model_calls, state_with_models, ANTHROPIC_KEY, OPENAI_KEY as KEY};
 use tests::model::{ModelServer, Step};
 use tests::{git, make_repo, only_run, stderr, stdout, State};
-
-const KEY: &str = "sk-real-model-key-51ab3e";
-const ANTHROPIC_KEY: &str = "sk-ant-real-key-c0ffee77";
-
-/// A state whose `models.toml` points both API families at `server`, each
-/// key in a private file.
-fn state_with_models(server: &ModelServer) -> State {
-    let state = State::new();
-    let secrets = state.path().join("secrets");
-    std::fs::create_dir(&secrets).unwrap();
-    let key_file = |name: &str, key: &str| {
-        let p = secrets.join(name);
-        std::fs::write(&p, format!("{key}\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-        p
-    };
-    let openai = key_file("openai.key", KEY);
-    let anthropic = key_file("anthropic.key", ANTHROPIC_KEY);
-    std::fs::write(
-        state.path().join("models.toml"),
-        format!(
-            "[endpoints.claude]\napi = \"anthropic\"\nbase_url = \"{url}\"\nkey_file = \"{}\"\nmodels = [\"claude-*\"]\n\n\
-             [endpoints.oai]\napi = \"openai\"\nbase_url = \"{url}/v1\"\nkey_file = \"{}\"\nmodels = [\"gpt-5*\"]\n",
-            anthropic.display(),
-            openai.display(),
-            url = server.url(),
-        ),
-    )
-    .unwrap();
-    state
-}
-
-fn model_calls(state: &State, run: &str) -> Vec<Value> {
-    state.show(run)["audit"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["kind"] == "model_call")
-        .map(|e| e["body"].clone())
-        .collect()
-}
 
 /// The agent: the official SDKs, configured only by the run's environment
 /// (`OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL`, their placeholder keys).
