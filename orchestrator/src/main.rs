@@ -519,12 +519,16 @@ fn main() -> ExitCode {
     ExitCode::from(code as u8)
 }
 
+/// The state directory, made absolute against the working directory (it is
+/// mounted into sandboxes and handed to child processes, which need a
+/// path that means the same from anywhere).
 fn state_root(cli: &Cli) -> PathBuf {
-    cli.state_dir.clone().unwrap_or_else(|| {
+    let root = cli.state_dir.clone().unwrap_or_else(|| {
         directories::ProjectDirs::from("", "", "nightshift")
             .map(|d| d.data_dir().to_path_buf())
             .unwrap_or_else(|| PathBuf::from(".nightshift"))
-    })
+    });
+    std::path::absolute(&root).unwrap_or(root)
 }
 
 fn open_store(root: &std::path::Path) -> Result<Store, i32> {

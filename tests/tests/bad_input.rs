@@ -110,3 +110,33 @@ fn an_unknown_run() {
     assert_eq!(out.status.code(), Some(3));
     assert!(one_line(&stderr(&out)).contains("01nosuchrun"));
 }
+
+#[test]
+fn a_relative_state_dir_means_the_same_directory_to_every_part_of_a_run() {
+    // The state given relative to the working directory: the sandbox's
+    // mounts and the run's children need it absolute.
+    let state = State::new();
+    let repo = make_repo();
+    let out = state
+        .cmd()
+        .env_remove("NIGHTSHIFT_STATE_DIR")
+        .current_dir(state.path().parent().unwrap())
+        .args([
+            "--state-dir",
+            state.path().file_name().unwrap().to_str().unwrap(),
+            "run",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--image",
+            &image(),
+            "--",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let runs = state.runs();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0]["status"], "exited 0");
+    assert_clean(&state);
+}
