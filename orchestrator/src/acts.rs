@@ -854,14 +854,15 @@ pub fn rows(store: &Store, id: Option<&str>) -> Result<Vec<Row>, StoreError> {
     Ok(out)
 }
 
-/// The owner's credential, as the queue's state machine wants it checked.
-struct KeyCheck<'a>(&'a Store);
+/// The owner's credential, as the queue's state machine wants it checked,
+/// and the name the decision is recorded under once it is.
+struct KeyCheck<'a>(&'a Store, &'a str);
 
 impl deferred_queue::CredentialCheck for KeyCheck<'_> {
     type Credential = Option<PathBuf>;
     type Error = owner::OwnerError;
     fn check(&self, key: &Option<PathBuf>) -> Result<String, owner::OwnerError> {
-        owner::verify(self.0, key.as_deref()).map(|_| "owner".to_string())
+        owner::verify(self.0, key.as_deref()).map(|_| self.1.to_string())
     }
 }
 
@@ -914,7 +915,19 @@ fn step(
 }
 
 pub fn reject(store: &mut Store, id: &str, why: &str, key: Option<&Path>) -> Result<(), String> {
-    let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
+    reject_as(store, id, why, key, "owner")
+}
+
+/// [`reject`], recorded under `by` (the owner as a front end names them:
+/// `owner`, `dashboard:alice`).
+pub fn reject_as(
+    store: &mut Store,
+    id: &str,
+    why: &str,
+    key: Option<&Path>,
+    by: &str,
+) -> Result<(), String> {
+    let by = deferred_queue::Owner::verify(&KeyCheck(store, by), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let row = rows(store, Some(id))
         .map_err(|e| e.to_string())?
@@ -1102,7 +1115,18 @@ impl Decided {
 /// nightshift is frozen nothing is approved or carried out (an error, so
 /// the owner sees it); the act stays as it was.
 pub fn approve(store: &mut Store, id: &str, key: Option<&Path>) -> Result<Decided, String> {
-    let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
+    approve_as(store, id, key, "owner")
+}
+
+/// [`approve`], recorded under `by` (the owner as a front end names them:
+/// `owner`, `dashboard:alice`).
+pub fn approve_as(
+    store: &mut Store,
+    id: &str,
+    key: Option<&Path>,
+    by: &str,
+) -> Result<Decided, String> {
+    let by = deferred_queue::Owner::verify(&KeyCheck(store, by), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let lock = executor_lock(store)?;
     if let Some(why) = frozen(store)? {
@@ -1287,7 +1311,7 @@ pub fn stale_view(store: &Store, row: &Row) -> Option<StaleView> {
 /// more approval; the stale act is closed (rejected, naming the new one).
 /// Never carries anything out. Returns the new act's id and a line.
 pub fn rebind(store: &mut Store, id: &str, key: Option<&Path>) -> Result<(String, String), String> {
-    let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
+    let by = deferred_queue::Owner::verify(&KeyCheck(store, "owner"), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let _lock = executor_lock(store)?;
     let row = rows(store, Some(id))

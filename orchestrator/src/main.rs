@@ -711,6 +711,7 @@ fn render(reply: &Reply, json: bool) {
         }
         Reply::Tasks { tasks } => render_tasks(tasks, json),
         Reply::Cancelled { task } => outln!("cancelled {}", terminal::line(task)),
+        Reply::Ratified { proposal } => outln!("ratified {proposal} (locked)"),
     }
 }
 
@@ -2318,6 +2319,7 @@ async fn serve_cmd(
         .unwrap_or_else(|| format!("{}:0", std::process::id()));
     spawn_watchdog(root, config_path, &identity);
     let opts = orchestrator::serve::ServeOptions {
+        config: config_path.map(std::path::Path::to_path_buf),
         bind: args.bind,
         allow_hosts: args.allow_hosts,
         insecure_network: args.insecure_network,

@@ -72,6 +72,17 @@ pub enum Command {
         why: String,
         owner_key_file: Option<PathBuf>,
     },
+    /// Approve every pending act that carries exactly this commit (the
+    /// owner's credential): one decision per content, not per run.
+    ApproveCommit {
+        commit: String,
+        owner_key_file: Option<PathBuf>,
+    },
+    /// Adopt a proposed rule (the owner's credential); the rule is locked.
+    Ratify {
+        proposal: String,
+        owner_key_file: Option<PathBuf>,
+    },
     /// Re-bind stale acts to their destination as it is now (the owner's credential).
     Rebind {
         acts: Vec<String>,
@@ -83,6 +94,41 @@ pub enum Command {
     Tasks {},
     /// Cancel a queued task.
     CancelTask { task: String },
+}
+
+/// Who sent a command, as the front end established it (never taken from
+/// the command itself, so a request cannot name someone else): it decides
+/// the name an owner's decision is recorded under in the audit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// The command line, executing in its own process.
+    Local,
+    /// The command line, through `serve`'s owner socket (`STATE/serve.sock`).
+    Socket,
+    /// A dashboard account whose owner role the HTTP layer checked.
+    Dashboard { user: String },
+}
+
+impl Caller {
+    /// The name an owner's decision (approval, rejection, thaw,
+    /// ratification, a freeze) is recorded under.
+    pub fn owner_name(&self) -> String {
+        match self {
+            Caller::Local => "owner".into(),
+            Caller::Socket => "owner via serve".into(),
+            Caller::Dashboard { user } => format!("dashboard:{user}"),
+        }
+    }
+
+    /// Who pulled the brake, for a freeze's authority.
+    fn freezer(&self) -> String {
+        let user = || std::env::var("USER").unwrap_or_else(|_| "operator".into());
+        match self {
+            Caller::Local => format!("nightshift freeze by {}", user()),
+            Caller::Socket => format!("nightshift freeze by {} via serve", user()),
+            Caller::Dashboard { user } => format!("dashboard:{user}"),
+        }
+    }
 }
 
 /// Which sandboxes the kill switch stops.
@@ -111,6 +157,7 @@ pub enum Reply {
     Enqueued { tasks: Vec<String> },
     Tasks { tasks: Vec<TaskRow> },
     Cancelled { task: String },
+    Ratified { proposal: String },
 }
 
 impl Reply {
@@ -273,8 +320,13 @@ impl Api {
         Ok(())
     }
 
-    /// Carries out one command.
+    /// Carries out one command from the command line, in this process.
     pub async fn execute(&self, command: Command) -> Result<Reply, ApiError> {
+        self.execute_as(command, &Caller::Local).await
+    }
+
+    /// Carries out one command for `caller`.
+    pub async fn execute_as(&self, command: Command, caller: &Caller) -> Result<Reply, ApiError> {
         match command {
             Command::Runs {} => Ok(Reply::Runs {
                 runs: self.open_store()?.runs()?,
@@ -289,14 +341,44 @@ impl Api {
             }
             Command::Freeze { why } => {
                 let mut store = self.open_store()?;
-                crate::policy::freeze(&mut store, None, &why)?;
+                crate::policy::write_row(
+                    &mut store,
+                    None,
+                    policies::Row::Freeze {
+                        authority: caller.freezer(),
+                        reason: why,
+                    },
+                )?;
                 Ok(Reply::Frozen)
             }
             Command::Thaw { owner_key_file } => {
                 let mut store = self.open_store()?;
-                let who = owner(&store, owner_key_file.as_deref())?;
-                crate::policy::thaw(&mut store, None, &who)?;
+                owner(&store, owner_key_file.as_deref())?;
+                crate::policy::write_row(
+                    &mut store,
+                    None,
+                    policies::Row::Thaw {
+                        authority: caller.owner_name(),
+                    },
+                )?;
                 Ok(Reply::Thawed)
+            }
+            Command::Ratify {
+                proposal,
+                owner_key_file,
+            } => {
+                let mut store = self.open_store()?;
+                owner(&store, owner_key_file.as_deref())?;
+                crate::policy::write_row(
+                    &mut store,
+                    None,
+                    policies::Row::Ratify {
+                        proposal: proposal.clone(),
+                        authority: caller.owner_name(),
+                        lock: true,
+                    },
+                )?;
+                Ok(Reply::Ratified { proposal })
             }
             Command::Kill { target, freeze, by } => self.kill(target, freeze, &by).await,
             Command::Reconcile {} => {
@@ -312,16 +394,28 @@ impl Api {
             Command::Approve {
                 acts,
                 owner_key_file,
-            } => self.decide(&acts, owner_key_file.as_deref(), Decide::Approve),
+            } => self.decide(&acts, owner_key_file.as_deref(), Decide::Approve, caller),
             Command::Reject {
                 acts,
                 why,
                 owner_key_file,
-            } => self.decide(&acts, owner_key_file.as_deref(), Decide::Reject(&why)),
+            } => self.decide(
+                &acts,
+                owner_key_file.as_deref(),
+                Decide::Reject(&why),
+                caller,
+            ),
+            Command::ApproveCommit {
+                commit,
+                owner_key_file,
+            } => {
+                let acts = self.pending_with_commit(&commit)?;
+                self.decide(&acts, owner_key_file.as_deref(), Decide::Approve, caller)
+            }
             Command::Rebind {
                 acts,
                 owner_key_file,
-            } => self.decide(&acts, owner_key_file.as_deref(), Decide::Rebind),
+            } => self.decide(&acts, owner_key_file.as_deref(), Decide::Rebind, caller),
             Command::Enqueue { tasks } => {
                 let config = self.load_config()?;
                 let mut store = self.open_store()?;
@@ -554,35 +648,60 @@ impl Api {
         })
     }
 
+    /// The pending acts that carry exactly `commit` (a full commit id).
+    fn pending_with_commit(&self, commit: &str) -> Result<Vec<String>, ApiError> {
+        if !(commit.len() == 40 && commit.bytes().all(|b| b.is_ascii_hexdigit())) {
+            return Err(ApiError::new(
+                ErrorKind::BadInput,
+                "give the commit's full 40-character id",
+            ));
+        }
+        use deferred_queue::{Content, State};
+        Ok(crate::acts::rows(&self.open_store()?, None)?
+            .into_iter()
+            .filter(|r| matches!(r.state, State::Pending))
+            .filter(|r| match &r.act.content {
+                Content::Commit { commit: c } => c.eq_ignore_ascii_case(commit),
+                Content::PullRequest { head_commit, .. } => {
+                    head_commit.eq_ignore_ascii_case(commit)
+                }
+                Content::Message { .. } => false,
+            })
+            .map(|r| r.act.id)
+            .collect())
+    }
+
     fn decide(
         &self,
         acts: &[String],
         key: Option<&Path>,
         how: Decide<'_>,
+        caller: &Caller,
     ) -> Result<Reply, ApiError> {
         self.with_queue_config()?;
         let mut store = self.open_store()?;
-        let decisions =
-            acts.iter()
-                .map(|id| {
-                    let result = match how {
-                        Decide::Approve => crate::acts::approve(&mut store, id, key)
-                            .map(|d| (d.line, d.carried_out)),
-                        Decide::Reject(why) => crate::acts::reject(&mut store, id, why, key)
-                            .map(|()| (format!("act {id}: rejected"), true)),
-                        Decide::Rebind => {
-                            crate::acts::rebind(&mut store, id, key).map(|(_, line)| (line, true))
-                        }
-                    };
-                    Decision {
-                        act: id.clone(),
-                        outcome: match result {
-                            Ok((line, carried_out)) => Outcome::Done { line, carried_out },
-                            Err(e) => Outcome::Error(from_act_error(e)),
-                        },
+        let by = caller.owner_name();
+        let decisions = acts
+            .iter()
+            .map(|id| {
+                let result = match how {
+                    Decide::Approve => crate::acts::approve_as(&mut store, id, key, &by)
+                        .map(|d| (d.line, d.carried_out)),
+                    Decide::Reject(why) => crate::acts::reject_as(&mut store, id, why, key, &by)
+                        .map(|()| (format!("act {id}: rejected"), true)),
+                    Decide::Rebind => {
+                        crate::acts::rebind(&mut store, id, key).map(|(_, line)| (line, true))
                     }
-                })
-                .collect();
+                };
+                Decision {
+                    act: id.clone(),
+                    outcome: match result {
+                        Ok((line, carried_out)) => Outcome::Done { line, carried_out },
+                        Err(e) => Outcome::Error(from_act_error(e)),
+                    },
+                }
+            })
+            .collect();
         Ok(Reply::Decisions { decisions })
     }
 }
