@@ -16,6 +16,7 @@
 //!   line always did: concurrent invocations stay safe because the store
 //!   serialises its writers, never because one process holds it.
 
+mod admin;
 mod error;
 
 use std::path::{Path, PathBuf};
@@ -23,6 +24,9 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+pub use admin::{
+    absolute, ActDetail, BodyDetail, HookAnswer, Lease, PolicyView, Secret, StaleDetail, UserRow,
+};
 pub use error::{from_act_error, ApiError, ErrorKind};
 
 use crate::run::{self, Supervisor};
@@ -82,6 +86,9 @@ pub enum Command {
     Ratify {
         proposal: String,
         owner_key_file: Option<PathBuf>,
+        /// Rule files to use in place of the configured ones.
+        #[serde(default)]
+        rules: Option<PathBuf>,
     },
     /// Re-bind stale acts to their destination as it is now (the owner's credential).
     Rebind {
@@ -94,6 +101,80 @@ pub enum Command {
     Tasks {},
     /// Cancel a queued task.
     CancelTask { task: String },
+    /// One act in full: its diff or its content.
+    QueueShow { act: String },
+    /// The rules in force, pending proposals, the freeze, the generation,
+    /// and which rules bind `actor`'s tool calls (the hook's).
+    PolicyList {
+        rules: Option<PathBuf>,
+        actor: Option<String>,
+    },
+    /// The whole decision for one tool call (`input`: the hook's input).
+    PolicyExplain {
+        rules: Option<PathBuf>,
+        actor: Option<String>,
+        tool: String,
+        input: Vec<u8>,
+    },
+    /// The harness hook: the decision for one tool call, audited.
+    PolicyCheck {
+        rules: Option<PathBuf>,
+        actor: Option<String>,
+        tool: String,
+        input: Vec<u8>,
+    },
+    /// Declare the rules of a file: as an agent (tier 1) or as the owner.
+    PolicyDeclare {
+        rules: Option<PathBuf>,
+        file: PathBuf,
+        actor: Option<String>,
+        owner_key_file: Option<PathBuf>,
+    },
+    /// Propose the rules of a file, or retiring a rule, to the owner.
+    PolicyPropose {
+        rules: Option<PathBuf>,
+        file: Option<PathBuf>,
+        actor: String,
+        retire: Option<String>,
+        why: Option<String>,
+    },
+    /// Unlock a rule (the owner's credential), so that it can be retired.
+    PolicyUnlock {
+        rules: Option<PathBuf>,
+        rule: String,
+        owner_key_file: Option<PathBuf>,
+    },
+    /// Retire a rule: as an agent (its own tier-1 rules) or as the owner.
+    PolicyRetire {
+        rules: Option<PathBuf>,
+        rule: String,
+        why: String,
+        actor: Option<String>,
+        owner_key_file: Option<PathBuf>,
+    },
+    /// The default image's reference, or an agent image's.
+    ImageRef { agent: Option<String> },
+    /// Build the default image (or an agent's) in the local engine.
+    ImageBuild {
+        mirror: String,
+        agent: Option<String>,
+    },
+    /// The destinations (`STATE/destinations.toml`), checked.
+    Destinations {},
+    /// The morning summary.
+    Summary {},
+    /// Send the morning summary now (or when `due`: if its time has passed).
+    SummarySend { due: bool },
+    /// Add a dashboard account, or replace its role and password.
+    UsersAdd {
+        name: String,
+        role: String,
+        password: Secret,
+    },
+    /// The dashboard's accounts.
+    UsersList {},
+    /// Remove a dashboard account; its sessions end.
+    UsersRemove { name: String },
 }
 
 /// Who sent a command, as the front end established it (never taken from
@@ -143,21 +224,97 @@ pub enum KillTarget {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum Reply {
-    Runs { runs: Vec<RunRecord> },
+    Runs {
+        runs: Vec<RunRecord>,
+    },
     Run(Box<RunView>),
     Audit(AuditState),
-    OwnerKey { path: PathBuf, created: bool },
+    OwnerKey {
+        path: PathBuf,
+        created: bool,
+    },
     Frozen,
     Thawed,
     Killed(KillReport),
-    Reconciled { settled: Vec<String> },
-    Imported { run: Box<RunRecord> },
+    Reconciled {
+        settled: Vec<String>,
+    },
+    Imported {
+        run: Box<RunRecord>,
+    },
     Queue(Box<QueueView>),
-    Decisions { decisions: Vec<Decision> },
-    Enqueued { tasks: Vec<String> },
-    Tasks { tasks: Vec<TaskRow> },
-    Cancelled { task: String },
-    Ratified { proposal: String },
+    Decisions {
+        decisions: Vec<Decision>,
+    },
+    Enqueued {
+        tasks: Vec<String>,
+    },
+    Tasks {
+        tasks: Vec<TaskRow>,
+    },
+    Cancelled {
+        task: String,
+    },
+    Ratified {
+        proposal: String,
+    },
+    /// One act in full (agent-written parts as they are: escape them).
+    Act {
+        detail: Box<ActDetail>,
+        /// Expiring acts failed (the act is still given).
+        expire_error: Option<String>,
+    },
+    Policy(Box<PolicyView>),
+    /// The decision for a tool call, or why the call was refused before
+    /// any rule was consulted.
+    Explained {
+        decision: Option<serde_json::Value>,
+        refusal: String,
+    },
+    Hook(HookAnswer),
+    Declared {
+        rules: Vec<String>,
+    },
+    Proposed {
+        proposals: Vec<String>,
+    },
+    Unlocked {
+        rule: String,
+    },
+    Retired {
+        rule: String,
+    },
+    ImageRef {
+        reference: String,
+    },
+    /// The destinations as listed (`None` when the file does not exist), or
+    /// every problem of the file (then `listed` is `None` too).
+    Destinations {
+        path: PathBuf,
+        listed: Option<Vec<serde_json::Value>>,
+        problems: Vec<String>,
+    },
+    Summary {
+        summary: serde_json::Value,
+        /// The summary as it is sent.
+        text: String,
+    },
+    SummarySent {
+        runs: usize,
+    },
+    SummarySkipped {
+        why: String,
+    },
+    UserSaved {
+        name: String,
+        role: String,
+    },
+    Users {
+        users: Vec<UserRow>,
+    },
+    UserRemoved {
+        name: String,
+    },
 }
 
 impl Reply {
@@ -174,6 +331,8 @@ impl Reply {
                 record: KillRecord::NotRecorded(e),
                 ..
             }) => e.exit_code(),
+            Reply::Destinations { problems, .. } if !problems.is_empty() => exit::BAD_INPUT,
+            Reply::Hook(answer) => answer.code,
             Reply::Decisions { decisions } => decisions.iter().fold(exit::OK, |code, d| {
                 match &d.outcome {
                     // An approval that was not carried out is not a success.
@@ -314,7 +473,7 @@ impl Api {
     }
 
     /// Loads the configuration and gives the act queue its lifetimes from it.
-    fn with_queue_config(&self) -> Result<(), ApiError> {
+    pub(crate) fn with_queue_config(&self) -> Result<(), ApiError> {
         let config = self.load_config()?;
         crate::acts::use_queue_ttls(config.queue_ttls());
         Ok(())
@@ -327,7 +486,85 @@ impl Api {
 
     /// Carries out one command for `caller`.
     pub async fn execute_as(&self, command: Command, caller: &Caller) -> Result<Reply, ApiError> {
+        self.execute_streaming(command, caller, &mut |_| {}).await
+    }
+
+    /// Carries out one command for `caller`, saying what a long command
+    /// (an image build) is doing to `progress`, line by line.
+    pub async fn execute_streaming(
+        &self,
+        command: Command,
+        caller: &Caller,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<Reply, ApiError> {
         match command {
+            Command::QueueShow { act } => self.act_detail(&act),
+            Command::PolicyList { rules, actor } => self.policy_list(rules.as_deref(), actor),
+            Command::PolicyExplain {
+                rules,
+                actor,
+                tool,
+                input,
+            } => self.policy_explain(rules.as_deref(), actor.as_deref(), &tool, &input),
+            Command::PolicyCheck {
+                rules,
+                actor,
+                tool,
+                input,
+            } => self
+                .policy_check(rules.as_deref(), actor.as_deref(), &tool, &input)
+                .map(Reply::Hook),
+            Command::PolicyDeclare {
+                rules,
+                file,
+                actor,
+                owner_key_file,
+            } => self.policy_declare(rules.as_deref(), &file, actor, owner_key_file.as_deref()),
+            Command::PolicyPropose {
+                rules,
+                file,
+                actor,
+                retire,
+                why,
+            } => self.policy_propose(
+                rules.as_deref(),
+                file.as_deref(),
+                actor,
+                retire.as_deref(),
+                why.as_deref(),
+            ),
+            Command::PolicyUnlock {
+                rules,
+                rule,
+                owner_key_file,
+            } => self.policy_unlock(rules.as_deref(), &rule, owner_key_file.as_deref()),
+            Command::PolicyRetire {
+                rules,
+                rule,
+                why,
+                actor,
+                owner_key_file,
+            } => self.policy_retire(
+                rules.as_deref(),
+                &rule,
+                &why,
+                actor,
+                owner_key_file.as_deref(),
+            ),
+            Command::ImageRef { agent } => self.image_ref(agent.as_deref()),
+            Command::ImageBuild { mirror, agent } => {
+                self.image_build(&mirror, agent.as_deref(), progress).await
+            }
+            Command::Destinations {} => self.destinations(),
+            Command::Summary {} => self.summary(),
+            Command::SummarySend { due } => self.summary_send(due),
+            Command::UsersAdd {
+                name,
+                role,
+                password,
+            } => self.users_add(&name, &role, &password.0),
+            Command::UsersList {} => self.users_list(),
+            Command::UsersRemove { name } => self.users_remove(&name),
             Command::Runs {} => Ok(Reply::Runs {
                 runs: self.open_store()?.runs()?,
             }),
@@ -366,12 +603,13 @@ impl Api {
             Command::Ratify {
                 proposal,
                 owner_key_file,
+                rules,
             } => {
                 let mut store = self.open_store()?;
                 owner(&store, owner_key_file.as_deref())?;
                 crate::policy::write_row(
                     &mut store,
-                    None,
+                    rules.as_deref(),
                     policies::Row::Ratify {
                         proposal: proposal.clone(),
                         authority: caller.owner_name(),
@@ -713,7 +951,10 @@ enum Decide<'a> {
     Rebind,
 }
 
-fn owner(store: &Store, key_file: Option<&Path>) -> Result<crate::owner::Owner, ApiError> {
+pub(crate) fn owner(
+    store: &Store,
+    key_file: Option<&Path>,
+) -> Result<crate::owner::Owner, ApiError> {
     crate::owner::verify(store, key_file)
         .map_err(|e| ApiError::new(ErrorKind::Denied, e.to_string()))
 }

@@ -696,6 +696,7 @@ pub fn ratify(backend: &Backend, proposal: &str) -> Command {
     Command::Ratify {
         proposal: proposal.to_string(),
         owner_key_file: Some(backend.owner_key.clone()),
+        rules: None,
     }
 }
 
