@@ -649,9 +649,26 @@ fn fail(e: &ApiError) -> i32 {
 
 /// One command through the API: its reply rendered, its exit code returned.
 async fn respond(api: &Api, command: ApiCommand, json: bool) -> Result<i32, i32> {
-    let reply = api.execute(command).await.map_err(|e| fail(&e))?;
+    let reply = execute(api, command).await.map_err(|e| fail(&e))?;
     render(&reply, json);
     Ok(reply.exit_code())
+}
+
+/// Executes a command: a state-changing one through the running `serve`
+/// of this state when one answers on its socket, else (and always with an
+/// explicit `--config`, which that `serve` may not share) in this process.
+async fn execute(api: &Api, command: ApiCommand) -> Result<Reply, ApiError> {
+    if api.config_path().is_none() && command.goes_through_serve() {
+        // The kill switch waits for no one: past this, it acts itself
+        // (stopping what is already stopped is harmless).
+        let bound =
+            matches!(command, ApiCommand::Kill { .. }).then_some(std::time::Duration::from_secs(3));
+        let sent = command.clone().absolutized();
+        if let Some(answer) = orchestrator::serve::socket::send(api.root(), &sent, bound).await {
+            return answer;
+        }
+    }
+    api.execute(command).await
 }
 
 /// What the command line prints for each reply.

@@ -177,6 +177,60 @@ pub enum Command {
     UsersRemove { name: String },
 }
 
+impl Command {
+    /// Whether the command line hands this command to a running `serve`
+    /// (`serve/socket.rs`) rather than executing it itself: the ones that
+    /// change the state of the queues, the acts, the freeze and the rules.
+    pub fn goes_through_serve(&self) -> bool {
+        matches!(
+            self,
+            Command::Approve { .. }
+                | Command::Reject { .. }
+                | Command::Rebind { .. }
+                | Command::ApproveCommit { .. }
+                | Command::Kill { .. }
+                | Command::Freeze { .. }
+                | Command::Thaw { .. }
+                | Command::Ratify { .. }
+                | Command::Enqueue { .. }
+                | Command::CancelTask { .. }
+        )
+    }
+
+    /// The command with every path its caller named made absolute (against
+    /// the caller's directory), before it leaves the caller's process.
+    pub fn absolutized(mut self) -> Self {
+        let fix = |p: &mut Option<PathBuf>| {
+            if let Some(path) = p.as_mut() {
+                *path = absolute(path);
+            }
+        };
+        match &mut self {
+            Command::Approve { owner_key_file, .. }
+            | Command::Reject { owner_key_file, .. }
+            | Command::Rebind { owner_key_file, .. }
+            | Command::ApproveCommit { owner_key_file, .. }
+            | Command::Thaw { owner_key_file } => fix(owner_key_file),
+            Command::Ratify {
+                owner_key_file,
+                rules,
+                ..
+            } => {
+                fix(owner_key_file);
+                fix(rules);
+            }
+            Command::Enqueue { tasks } => {
+                for t in tasks {
+                    t.repo = absolute(&t.repo);
+                    fix(&mut t.task_file);
+                }
+            }
+            _ => {}
+        }
+        self
+    }
+}
+
 /// Who sent a command, as the front end established it (never taken from
 /// the command itself, so a request cannot name someone else): it decides
 /// the name an owner's decision is recorded under in the audit.

@@ -22,6 +22,7 @@ pub mod backend;
 pub mod guard;
 pub mod pages;
 pub mod risky;
+pub mod socket;
 pub mod users;
 
 use std::net::{IpAddr, SocketAddr};
@@ -530,20 +531,48 @@ pub async fn serve(
                 .allow_burst(NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN)),
         )),
     };
+    // The owner's socket: the command line's way in (`socket.rs`).
+    let owner_socket = match socket::bind(&app.backend.root).await {
+        Ok(Ok(unix)) => {
+            let router = socket::router(app.backend.api.clone());
+            Some(tokio::spawn(async move {
+                if let Err(e) = axum::serve(unix, router).await {
+                    tracing::warn!(error = %e, "the owner's socket stopped");
+                }
+            }))
+        }
+        Ok(Err(why)) => {
+            tracing::warn!("{why}");
+            None
+        }
+        Err(e) => {
+            return Err(ServeError::Bind(format!(
+                "binding {}: {e}",
+                socket::socket_path(&app.backend.root).display()
+            )))
+        }
+    };
+    let socket_path = socket::socket_path(&app.backend.root);
     // The run queue's dispatcher runs beside this server on the same
     // runtime (`nightshift serve` joins both; see main.rs `serve_cmd`).
     let router = router(app);
     ready(bound);
-    if let Some(config) = tls_config {
-        return serve_tls(listener, config, router).await;
+    let served = if let Some(config) = tls_config {
+        serve_tls(listener, config, router).await
+    } else {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(ServeError::Serve)
+    };
+    if let Some(task) = owner_socket {
+        task.abort();
+        let _ = std::fs::remove_file(&socket_path);
     }
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown_signal())
-    .await
-    .map_err(ServeError::Serve)
+    served
 }
 
 fn router(app: App) -> Router {
