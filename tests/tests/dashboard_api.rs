@@ -460,3 +460,23 @@ fn the_audit_names_the_dashboard_account_that_decided() {
     assert_eq!(freeze["author"], "dashboard:alice", "{freeze}");
     assert_eq!(frozen(&m.state), "alice stops the night");
 }
+
+#[test]
+fn the_openapi_description_is_served_to_a_session_only() {
+    let (_state, serve) = setup();
+    let r = request(
+        serve.addr,
+        "GET",
+        "/api/v1/openapi.json",
+        &[("Host", &serve.host())],
+        "",
+    );
+    assert_eq!(r.status, 401, "{}", r.body);
+    let viewer = Client::login(&serve, VIEWER, VIEWER_PASSWORD);
+    let r = viewer.get("/api/v1/openapi.json");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let checked_in =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json"))
+            .unwrap();
+    assert!(r.body == checked_in, "served: {}", r.body);
+}

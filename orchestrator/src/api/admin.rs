@@ -18,7 +18,7 @@ use super::{owner, Api, ApiError, ErrorKind, Reply};
 use crate::store::{StatePaths, Store};
 
 /// A password in a command: never shown by `Debug`.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(transparent)]
 pub struct Secret(pub String);
 
@@ -29,14 +29,16 @@ impl std::fmt::Debug for Secret {
 }
 
 /// The rules as `policy list` shows them.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PolicyView {
     pub generation: String,
     /// The freeze in force: its reason and its authority.
+    #[schema(value_type = Option<Vec<String>>)]
     pub frozen: Option<(String, String)>,
     /// The active rules as rows, `locked` being the lock state now.
     pub active: Vec<serde_json::Value>,
     /// Pending proposals: id and author.
+    #[schema(value_type = Vec<Vec<String>>)]
     pub pending: Vec<(String, String)>,
     /// The actor asked about (`--actor`), if any.
     pub actor: Option<String>,
@@ -46,7 +48,7 @@ pub struct PolicyView {
 
 /// The harness hook's answer: its exit code, the line it says on stderr
 /// when it refuses, and a warning said once per state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HookAnswer {
     pub code: i32,
     pub line: Option<String>,
@@ -54,7 +56,7 @@ pub struct HookAnswer {
 }
 
 /// One account of the dashboard.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct UserRow {
     pub name: String,
     pub role: String,
@@ -62,7 +64,7 @@ pub struct UserRow {
 }
 
 /// A stale act's state as `queue show` explains it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StaleDetail {
     pub why: String,
     /// A push's lease: the remote ref's value it was bound to, and now (or
@@ -74,16 +76,19 @@ pub struct StaleDetail {
 
 /// A push's lease: the remote ref's value the act was bound to, and its
 /// value now (or why it could not be read).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Lease {
     pub bound: Option<String>,
+    #[schema(value_type = Object)]
     pub now: Result<Option<String>, String>,
 }
 
 /// One act in full, as `queue show` gives it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ActDetail {
+    #[schema(value_type = Object)]
     pub act: deferred_queue::Act,
+    #[schema(value_type = Object)]
     pub state: deferred_queue::State,
     /// The act's content as stored (agent-written).
     pub content: Option<Vec<u8>>,
@@ -91,6 +96,7 @@ pub struct ActDetail {
     /// A stale push: what the destination gained since the act was bound,
     /// from its new commit to the act's (`git diff --stat`), when those
     /// objects are in the repository: (the new commit, the stat or `None`).
+    #[schema(value_type = Option<Object>)]
     pub gained: Option<(String, Option<Vec<u8>>)>,
     /// From the run's base to the act's commit: the commits (`git log`).
     pub log: Option<Vec<u8>>,
@@ -102,7 +108,7 @@ pub struct ActDetail {
     pub repeated: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BodyDetail {
     pub bytes: usize,
     pub lines: usize,

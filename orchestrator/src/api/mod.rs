@@ -18,6 +18,7 @@
 
 mod admin;
 mod error;
+mod openapi;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -28,13 +29,14 @@ pub use admin::{
     absolute, ActDetail, BodyDetail, HookAnswer, Lease, PolicyView, Secret, StaleDetail, UserRow,
 };
 pub use error::{from_act_error, ApiError, ErrorKind};
+pub use openapi::openapi_json;
 
 use crate::run::{self, Supervisor};
 use crate::run_queue::{self, TaskRow, TaskSpec};
 use crate::store::{RunRecord, StatePaths, Store, StoreError};
 
 /// One request, from any front end.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "command", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Command {
     /// Every run, oldest first.
@@ -48,7 +50,10 @@ pub enum Command {
     /// Refuse every new run and every door until `thaw`.
     Freeze { why: String },
     /// End a freeze (the owner's credential).
-    Thaw { owner_key_file: Option<PathBuf> },
+    Thaw {
+        #[schema(value_type = Option<String>)]
+        owner_key_file: Option<PathBuf>,
+    },
     /// The kill switch: stop one run's sandbox, or every sandbox of the state.
     Kill {
         target: KillTarget,
@@ -68,35 +73,45 @@ pub enum Command {
     /// Approve acts (the owner's credential); each is re-checked and carried out.
     Approve {
         acts: Vec<String>,
+        #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
     },
     /// Reject acts with a reason (the owner's credential).
     Reject {
         acts: Vec<String>,
         why: String,
+        #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
     },
     /// Approve every pending act that carries exactly this commit (the
     /// owner's credential): one decision per content, not per run.
     ApproveCommit {
         commit: String,
+        #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
     },
     /// Adopt a proposed rule (the owner's credential); the rule is locked.
     Ratify {
         proposal: String,
+        #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
         /// Rule files to use in place of the configured ones.
         #[serde(default)]
+        #[schema(value_type = Option<String>)]
         rules: Option<PathBuf>,
     },
     /// Re-bind stale acts to their destination as it is now (the owner's credential).
     Rebind {
         acts: Vec<String>,
+        #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
     },
     /// Add tasks to the run queue, in order.
-    Enqueue { tasks: Vec<TaskSpec> },
+    Enqueue {
+        /// As the `[[task]]` tables of a tasks file (docs/api.md).
+        #[schema(value_type = Vec<Object>)]
+        tasks: Vec<TaskSpec>,
+    },
     /// The run queue: queued, running and finished tasks.
     Tasks {},
     /// Cancel a queued task.
@@ -106,11 +121,13 @@ pub enum Command {
     /// The rules in force, pending proposals, the freeze, the generation,
     /// and which rules bind `actor`'s tool calls (the hook's).
     PolicyList {
+        #[schema(value_type = Option<String>)]
         rules: Option<PathBuf>,
         actor: Option<String>,
     },
     /// The whole decision for one tool call (`input`: the hook's input).
     PolicyExplain {
+        #[schema(value_type = Option<String>)]
         rules: Option<PathBuf>,
         actor: Option<String>,
         tool: String,
@@ -118,6 +135,7 @@ pub enum Command {
     },
     /// The harness hook: the decision for one tool call, audited.
     PolicyCheck {
+        #[schema(value_type = Option<String>)]
         rules: Option<PathBuf>,
         actor: Option<String>,
         tool: String,
@@ -125,14 +143,19 @@ pub enum Command {
     },
     /// Declare the rules of a file: as an agent (tier 1) or as the owner.
     PolicyDeclare {
+        #[schema(value_type = Option<String>)]
         rules: Option<PathBuf>,
+        #[schema(value_type = String)]
         file: PathBuf,
         actor: Option<String>,
+        #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
     },
     /// Propose the rules of a file, or retiring a rule, to the owner.
     PolicyPropose {
+        #[schema(value_type = Option<String>)]
         rules: Option<PathBuf>,
+        #[schema(value_type = Option<String>)]
         file: Option<PathBuf>,
         actor: String,
         retire: Option<String>,
@@ -140,16 +163,20 @@ pub enum Command {
     },
     /// Unlock a rule (the owner's credential), so that it can be retired.
     PolicyUnlock {
+        #[schema(value_type = Option<String>)]
         rules: Option<PathBuf>,
         rule: String,
+        #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
     },
     /// Retire a rule: as an agent (its own tier-1 rules) or as the owner.
     PolicyRetire {
+        #[schema(value_type = Option<String>)]
         rules: Option<PathBuf>,
         rule: String,
         why: String,
         actor: Option<String>,
+        #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
     },
     /// The default image's reference, or an agent image's.
@@ -267,7 +294,7 @@ impl Caller {
 }
 
 /// Which sandboxes the kill switch stops.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum KillTarget {
     Run(String),
@@ -275,15 +302,17 @@ pub enum KillTarget {
 }
 
 /// What a command answered.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum Reply {
     Runs {
+        #[schema(value_type = Vec<Object>)]
         runs: Vec<RunRecord>,
     },
     Run(Box<RunView>),
     Audit(AuditState),
     OwnerKey {
+        #[schema(value_type = String)]
         path: PathBuf,
         created: bool,
     },
@@ -294,6 +323,7 @@ pub enum Reply {
         settled: Vec<String>,
     },
     Imported {
+        #[schema(value_type = Object)]
         run: Box<RunRecord>,
     },
     Queue(Box<QueueView>),
@@ -304,6 +334,7 @@ pub enum Reply {
         tasks: Vec<String>,
     },
     Tasks {
+        #[schema(value_type = Vec<Object>)]
         tasks: Vec<TaskRow>,
     },
     Cancelled {
@@ -344,6 +375,7 @@ pub enum Reply {
     /// The destinations as listed (`None` when the file does not exist), or
     /// every problem of the file (then `listed` is `None` too).
     Destinations {
+        #[schema(value_type = String)]
         path: PathBuf,
         listed: Option<Vec<serde_json::Value>>,
         problems: Vec<String>,
@@ -406,39 +438,46 @@ impl Reply {
 }
 
 /// One run as `show` gives it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunView {
+    #[schema(value_type = Object)]
     pub run: RunRecord,
+    #[schema(value_type = Vec<Object>)]
     pub audit: Vec<orchestrator_audit::Entry>,
+    #[schema(value_type = Vec<Object>)]
     pub refusals: Vec<crate::acts::Refusal>,
 }
 
 /// The deferred queue as `queue` lists it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QueueView {
     /// Pending first, grouped by run (`deferred_queue::order_for_listing`).
     pub acts: Vec<QueueItem>,
     /// Refused door requests, oldest first.
+    #[schema(value_type = Vec<Object>)]
     pub refusals: Vec<crate::acts::Refusal>,
     /// Expiring acts failed (the listing is still given).
     pub expire_error: Option<String>,
 }
 
 /// One act in the queue's listing.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QueueItem {
+    #[schema(value_type = Object)]
     pub act: deferred_queue::Act,
+    #[schema(value_type = Object)]
     pub state: deferred_queue::State,
     /// The state's name.
     pub status: String,
     /// A push's change against its run's base: (files, insertions, deletions).
+    #[schema(value_type = Option<Vec<u64>>)]
     pub diffstat: Option<(u64, u64, u64)>,
     /// The first bytes of a message's content (agent-written: escape before showing).
     pub preview: Option<Vec<u8>>,
 }
 
 /// The audit chain's state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum AuditState {
     Intact {
@@ -453,32 +492,36 @@ pub enum AuditState {
 }
 
 /// What the kill switch did: the sandboxes stopped first, then the record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KillReport {
     pub sandboxes: usize,
     pub record: KillRecord,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum KillRecord {
     /// Recorded: these runs were ended.
     Recorded { runs: Vec<String> },
     /// The store did not answer; what was done waits in `path` for the next
     /// reconciliation.
-    Pending { why: String, path: PathBuf },
+    Pending {
+        why: String,
+        #[schema(value_type = String)]
+        path: PathBuf,
+    },
     /// The sandboxes were stopped but the kill could not be recorded.
     NotRecorded(ApiError),
 }
 
 /// One act's decision.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Decision {
     pub act: String,
     pub outcome: Outcome,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum Outcome {
     /// Decided: `line` says what happened; `carried_out` is false for an

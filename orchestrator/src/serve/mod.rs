@@ -608,6 +608,7 @@ fn router(app: App) -> Router {
         .route("/api/v1/freeze", post(api_freeze))
         .route("/api/v1/thaw", post(api_thaw))
         .route("/api/v1/policy/ratify", post(api_ratify))
+        .route("/api/v1/openapi.json", get(openapi_json))
         .route("/api/v1/tasks", post(api_enqueue))
         .route("/api/v1/tasks/cancel", post(api_cancel))
         .fallback(not_found)
@@ -851,6 +852,15 @@ async fn not_found(headers: HeaderMap, uri: axum::http::Uri) -> Response {
         StatusCode::NOT_FOUND,
         "no such page",
     )
+}
+
+/// The JSON API's OpenAPI description (`crate::api::openapi_json`).
+pub(crate) async fn openapi_json() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::api::openapi_json(),
+    )
+        .into_response()
 }
 
 async fn api_session(s: axum::Extension<Session>) -> Response {

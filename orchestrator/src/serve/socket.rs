@@ -28,7 +28,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::Router;
 use serde::{Deserialize, Serialize};
 
@@ -46,7 +46,7 @@ pub fn socket_path(root: &Path) -> PathBuf {
 }
 
 /// What the socket answers: the reply or the error, and who executed it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Answer {
     /// `serve`: the command was executed by the running supervisor.
     pub via: String,
@@ -82,6 +82,7 @@ pub async fn bind(root: &Path) -> Result<Result<tokio::net::UnixListener, String
 pub fn router(api: Api) -> Router {
     Router::new()
         .route("/api/v1/command", post(command))
+        .route("/api/v1/openapi.json", get(super::openapi_json))
         .with_state(api)
 }
 
