@@ -1108,6 +1108,56 @@ mod tests {
     }
 
     #[test]
+    fn each_front_end_records_its_own_name_for_the_owner() {
+        assert_eq!(Caller::Local.owner_name(), "owner");
+        assert_eq!(Caller::Socket.owner_name(), "owner via serve");
+        let alice = Caller::Dashboard {
+            user: "alice".into(),
+        };
+        assert_eq!(alice.owner_name(), "dashboard:alice");
+        assert_eq!(alice.freezer(), "dashboard:alice");
+    }
+
+    #[test]
+    fn only_state_changing_commands_go_to_serve_with_absolute_paths() {
+        assert!(!Command::Queue {}.goes_through_serve());
+        assert!(!Command::UsersList {}.goes_through_serve());
+        let approve = Command::Approve {
+            acts: vec!["a".into()],
+            owner_key_file: Some("owner.key".into()),
+        };
+        assert!(approve.goes_through_serve());
+        let Command::Approve {
+            owner_key_file: Some(key),
+            ..
+        } = approve.absolutized()
+        else {
+            unreachable!("absolutized keeps the command")
+        };
+        assert!(key.is_absolute() && key.ends_with("owner.key"), "{key:?}");
+        let Command::Enqueue { tasks } = (Command::Enqueue {
+            tasks: vec![TaskSpec {
+                repo: "repo".into(),
+                ..serde_json::from_str(r#"{"repo": "x", "command": ["true"]}"#).unwrap()
+            }],
+        })
+        .absolutized() else {
+            unreachable!("absolutized keeps the command")
+        };
+        assert!(tasks[0].repo.is_absolute());
+    }
+
+    #[test]
+    fn a_password_is_never_shown_by_debug() {
+        let c = Command::UsersAdd {
+            name: "alice".into(),
+            role: "owner".into(),
+            password: Secret("hunter2-hunter2".into()),
+        };
+        assert!(!format!("{c:?}").contains("hunter2"));
+    }
+
+    #[test]
     fn an_unknown_field_or_command_is_refused() {
         assert!(serde_json::from_str::<Command>(r#"{"command":"runs","x":1}"#).is_err());
         assert!(serde_json::from_str::<Command>(r#"{"command":"format_disk"}"#).is_err());
