@@ -855,14 +855,15 @@ pub fn rows<S: StateStore + ?Sized>(store: &S, id: Option<&str>) -> Result<Vec<R
     Ok(out)
 }
 
-/// The owner's credential, as the queue's state machine wants it checked.
-struct KeyCheck<'a, S: StateStore + ?Sized>(&'a S);
+/// The owner's credential, as the queue's state machine wants it checked,
+/// and the name the decision is recorded under once it is.
+struct KeyCheck<'a, S: StateStore + ?Sized>(&'a S, &'a str);
 
 impl<S: StateStore + ?Sized> deferred_queue::CredentialCheck for KeyCheck<'_, S> {
     type Credential = Option<PathBuf>;
     type Error = owner::OwnerError;
     fn check(&self, key: &Option<PathBuf>) -> Result<String, owner::OwnerError> {
-        owner::verify(self.0, key.as_deref()).map(|_| "owner".to_string())
+        owner::verify(self.0, key.as_deref()).map(|_| self.1.to_string())
     }
 }
 
@@ -920,7 +921,19 @@ pub fn reject<S: StateStore + ?Sized>(
     why: &str,
     key: Option<&Path>,
 ) -> Result<(), String> {
-    let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
+    reject_as(store, id, why, key, "owner")
+}
+
+/// [`reject`], recorded under `by` (the owner as a front end names them:
+/// `owner`, `dashboard:alice`).
+pub fn reject_as<S: StateStore + ?Sized>(
+    store: &mut S,
+    id: &str,
+    why: &str,
+    key: Option<&Path>,
+    by: &str,
+) -> Result<(), String> {
+    let by = deferred_queue::Owner::verify(&KeyCheck(store, by), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let row = rows(store, Some(id))
         .map_err(|e| e.to_string())?
@@ -1116,7 +1129,18 @@ pub fn approve<S: StateStore + ?Sized>(
     id: &str,
     key: Option<&Path>,
 ) -> Result<Decided, String> {
-    let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
+    approve_as(store, id, key, "owner")
+}
+
+/// [`approve`], recorded under `by` (the owner as a front end names them:
+/// `owner`, `dashboard:alice`).
+pub fn approve_as<S: StateStore + ?Sized>(
+    store: &mut S,
+    id: &str,
+    key: Option<&Path>,
+    by: &str,
+) -> Result<Decided, String> {
+    let by = deferred_queue::Owner::verify(&KeyCheck(store, by), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let lock = executor_lock(store)?;
     if let Some(why) = frozen(store)? {
@@ -1305,7 +1329,7 @@ pub fn rebind<S: StateStore + ?Sized>(
     id: &str,
     key: Option<&Path>,
 ) -> Result<(String, String), String> {
-    let by = deferred_queue::Owner::verify(&KeyCheck(store), &key.map(Path::to_path_buf))
+    let by = deferred_queue::Owner::verify(&KeyCheck(store, "owner"), &key.map(Path::to_path_buf))
         .map_err(|e| e.to_string())?;
     let _lock = executor_lock(store)?;
     let row = rows(store, Some(id))
@@ -2167,7 +2191,7 @@ mod queue_tests {
         // move from `approved` finds it moved, and it carries nothing out.
         let mut q = queue();
         let row = rows(&q.store, Some(&q.act)).unwrap().pop().unwrap();
-        let by = deferred_queue::Owner::verify(&KeyCheck(&q.store), &Some(q.key.clone())).unwrap();
+        let by = deferred_queue::Owner::verify(&KeyCheck(&q.store, "owner"), &Some(q.key.clone())).unwrap();
         let (approved, _) = step(
             &mut q.store,
             &row,

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use clap::{Parser, Subcommand};
 use orchestrator::api::{
-    Api, ApiError, AuditState, Command as ApiCommand, KillRecord, KillTarget, Outcome, QueueView,
-    Reply, RunView,
+    ActDetail, Api, ApiError, AuditState, Caller, Command as ApiCommand, KillRecord, KillTarget,
+    Outcome, PolicyView, QueueView, Reply, RunView,
 };
 use orchestrator::engine::{Engine, EngineError};
 use orchestrator::exit;
@@ -550,18 +550,18 @@ async fn dispatch(cli: Cli) -> i32 {
     let config = cli.config.clone();
     let api = Api::new(root.clone(), config.clone());
     let result = match cli.command {
-        Command::Image { command } => image_cmd(&root, command).await,
+        Command::Image { command } => image_cmd(&api, command).await,
         Command::Run(args) => run_cmd(&root, config.as_deref(), args).await,
         Command::Runs { json } => respond(&api, ApiCommand::Runs {}, json).await,
         Command::Show { run, json } => respond(&api, ApiCommand::Show { run }, json).await,
         Command::Audit {
             command: AuditCommand::Verify { json },
         } => respond(&api, ApiCommand::AuditVerify {}, json).await,
-        Command::Demo => demo_cmd(&root, config.as_deref()).await,
+        Command::Demo => demo_cmd(&api, &root, config.as_deref()).await,
         Command::Owner {
             command: OwnerCommand::Init,
         } => respond(&api, ApiCommand::OwnerInit {}, false).await,
-        Command::Policy(args) => policy_cmd(&root, args),
+        Command::Policy(args) => policy_cmd(&api, args).await,
         Command::Freeze { why } => respond(&api, ApiCommand::Freeze { why }, false).await,
         Command::Thaw { owner_key_file } => {
             respond(&api, ApiCommand::Thaw { owner_key_file }, false).await
@@ -589,13 +589,9 @@ async fn dispatch(cli: Cli) -> i32 {
             json,
         } => respond(&api, ApiCommand::Queue {}, json).await,
         Command::Queue {
-            command: Some(command),
+            command: Some(QueueCommand::Show { act }),
             ..
-        } => api
-            .load_config()
-            .map(|c| orchestrator::acts::use_queue_ttls(c.queue_ttls()))
-            .map_err(|e| fail(&e))
-            .and_then(|()| queue_cmd(&root, command)),
+        } => respond(&api, ApiCommand::QueueShow { act }, false).await,
         Command::Report { runs, format } => orchestrator::report::cli(&root, &runs, format),
         Command::Scopes { command } => orchestrator::scopes::cli(&root, command),
         Command::Approve {
@@ -632,10 +628,17 @@ async fn dispatch(cli: Cli) -> i32 {
         }
         Command::Enqueue(args) => enqueue_cmd(&api, args).await,
         Command::Tasks { command, json } => tasks_cmd(&api, command, json).await,
-        Command::Destinations { json } => destinations_cmd(&root, json),
-        Command::Summary { send, due, json } => summary_cmd(&root, send, due, json),
+        Command::Destinations { json } => respond(&api, ApiCommand::Destinations {}, json).await,
+        Command::Summary { send, due, json } => {
+            let command = if send || due {
+                ApiCommand::SummarySend { due }
+            } else {
+                ApiCommand::Summary {}
+            };
+            respond(&api, command, json).await
+        }
         Command::Serve(args) => serve_cmd(&api, &root, config.as_deref(), args).await,
-        Command::Users { command } => users_cmd(&root, command),
+        Command::Users { command } => users_cmd(&api, command).await,
     };
     match result {
         Ok(code) | Err(code) => code,
@@ -650,9 +653,26 @@ fn fail(e: &ApiError) -> i32 {
 
 /// One command through the API: its reply rendered, its exit code returned.
 async fn respond(api: &Api, command: ApiCommand, json: bool) -> Result<i32, i32> {
-    let reply = api.execute(command).await.map_err(|e| fail(&e))?;
+    let reply = execute(api, command).await.map_err(|e| fail(&e))?;
     render(&reply, json);
     Ok(reply.exit_code())
+}
+
+/// Executes a command: a state-changing one through the running `serve`
+/// of this state when one answers on its socket, else (and always with an
+/// explicit `--config`, which that `serve` may not share) in this process.
+async fn execute(api: &Api, command: ApiCommand) -> Result<Reply, ApiError> {
+    if api.config_path().is_none() && command.goes_through_serve() {
+        // The kill switch waits for no one: past this, it acts itself
+        // (stopping what is already stopped is harmless).
+        let bound =
+            matches!(command, ApiCommand::Kill { .. }).then_some(std::time::Duration::from_secs(3));
+        let sent = command.clone().absolutized();
+        if let Some(answer) = orchestrator::serve::socket::send(api.root(), &sent, bound).await {
+            return answer;
+        }
+    }
+    api.execute(command).await
 }
 
 /// What the command line prints for each reply.
@@ -715,69 +735,96 @@ fn render(reply: &Reply, json: bool) {
         }
         Reply::Tasks { tasks } => render_tasks(tasks, json),
         Reply::Cancelled { task } => outln!("cancelled {}", terminal::line(task)),
+        Reply::Ratified { proposal } => outln!("ratified {proposal} (locked)"),
+        Reply::Act {
+            detail,
+            expire_error,
+        } => {
+            if let Some(e) = expire_error {
+                errln!("nightshift: {e}");
+            }
+            render_act(detail);
+        }
+        Reply::Policy(view) => render_policy(view, json),
+        Reply::Explained {
+            decision: Some(d), ..
+        } => outln!("{}", terminal::json(d, true)),
+        Reply::Explained {
+            decision: None,
+            refusal,
+        } => outln!("{}", terminal::block(refusal.as_bytes())),
+        // The hook's answer is said by `policy_check` (it fails closed).
+        Reply::Hook(_) => {}
+        Reply::Declared { rules } => {
+            for id in rules {
+                outln!("declared {id}");
+            }
+        }
+        Reply::Proposed { proposals } => {
+            for id in proposals {
+                outln!("proposed {id}: inert until the owner runs `nightshift policy ratify {id}`");
+            }
+        }
+        Reply::Unlocked { rule } => outln!("unlocked {rule}"),
+        Reply::Retired { rule } => outln!("retired {rule}"),
+        Reply::ImageRef { reference } => outln!("{reference}"),
+        Reply::Destinations {
+            path,
+            listed,
+            problems,
+        } => render_destinations(path, listed.as_deref(), problems, json),
+        Reply::Summary { summary, text } => {
+            if json {
+                outln!("{}", terminal::json(summary, true));
+            } else {
+                outln!("{}", text.trim_end());
+            }
+        }
+        Reply::SummarySent { runs } => outln!("summary sent: {runs} runs"),
+        Reply::SummarySkipped { why } => outln!("summary not sent: {why}"),
+        Reply::UserSaved { name, role } => {
+            outln!("account {} ({role}) saved", terminal::line(name))
+        }
+        Reply::Users { users } => {
+            if json {
+                outln!("{}", terminal::json(users, true));
+            } else {
+                for u in users {
+                    outln!(
+                        "{:<24} {:<7} {}",
+                        terminal::line(&u.name),
+                        u.role,
+                        terminal::line(&u.created_at)
+                    );
+                }
+            }
+        }
+        Reply::UserRemoved { name } => outln!("account {} removed", terminal::line(name)),
     }
 }
 
-async fn image_cmd(root: &std::path::Path, command: ImageCommand) -> Result<i32, i32> {
-    match command {
-        ImageCommand::Ref { agent: None } => {
-            outln!("{}", image::default_reference());
-            Ok(exit::OK)
-        }
-        ImageCommand::Ref { agent: Some(name) } => {
-            outln!("{}", agent_preset(&name)?.reference());
-            Ok(exit::OK)
-        }
-        ImageCommand::Build {
+async fn image_cmd(api: &Api, command: ImageCommand) -> Result<i32, i32> {
+    let command = match command {
+        ImageCommand::Ref { agent } => ApiCommand::ImageRef {
+            agent: agent.map(|a| agent_preset(&a).map(|_| a)).transpose()?,
+        },
+        ImageCommand::Build { mirror, agent } => ApiCommand::ImageBuild {
             mirror,
-            agent: None,
-        } => {
-            let engine = connect().await?;
-            let reference = build_image(&engine, root, &mirror).await?;
-            outln!("{reference}");
-            Ok(exit::OK)
-        }
-        ImageCommand::Build {
-            mirror,
-            agent: Some(name),
-        } => {
-            let agent = agent_preset(&name)?;
-            let engine = connect().await?;
-            let paths = StatePaths::new(root.to_path_buf());
-            let reference =
-                image::build_agent(&engine, &paths.image_build(), &mirror, agent, |line| {
-                    errln!("image: {line}")
-                })
-                .await
-                .map_err(|e| {
-                    errln!("nightshift: building the {} image: {e}", agent.name());
-                    exit::INTERNAL
-                })?;
-            outln!("{reference}");
-            Ok(exit::OK)
-        }
-    }
+            agent: agent.map(|a| agent_preset(&a).map(|_| a)).transpose()?,
+        },
+    };
+    let reply = api
+        .execute_streaming(command, &Caller::Local, &mut |line| errln!("image: {line}"))
+        .await
+        .map_err(|e| fail(&e))?;
+    render(&reply, false);
+    Ok(reply.exit_code())
 }
 
 fn agent_preset(name: &str) -> Result<image::Agent, i32> {
     image::Agent::from_name(name).map_err(|e| {
         errln!("nightshift: {e}");
         exit::USAGE
-    })
-}
-
-async fn build_image(engine: &Engine, root: &std::path::Path, mirror: &str) -> Result<String, i32> {
-    let paths = StatePaths::new(root.to_path_buf());
-    image::build(engine, &paths.image_build(), mirror, |line| {
-        errln!("image: {line}")
-    })
-    .await
-    .map_err(|e| {
-        errln!("nightshift: building the image: {e}");
-        match e {
-            image::ImageError::Engine(EngineError::Unreachable { .. }) => exit::ENGINE,
-            _ => exit::INTERNAL,
-        }
     })
 }
 
@@ -1383,6 +1430,7 @@ fn store_err(e: StoreError) -> i32 {
 }
 
 async fn demo_cmd(
+    api: &Api,
     root: &std::path::Path,
     config_path: Option<&std::path::Path>,
 ) -> Result<i32, i32> {
@@ -1407,8 +1455,21 @@ async fn demo_cmd(
             exit::STATE
         })?;
     }
-    let engine = connect().await?;
-    let reference = build_image(&engine, root, image::DEFAULT_MIRROR).await?;
+    let build = ApiCommand::ImageBuild {
+        mirror: image::DEFAULT_MIRROR.into(),
+        agent: None,
+    };
+    let reference = match api
+        .execute_streaming(build, &Caller::Local, &mut |line| errln!("image: {line}"))
+        .await
+    {
+        Ok(Reply::ImageRef { reference }) => reference,
+        Ok(other) => {
+            errln!("nightshift: building the image answered {other:?}");
+            return Err(exit::INTERNAL);
+        }
+        Err(e) => return Err(fail(&e)),
+    };
     outln!("demo: repository {}", repo.display());
     outln!(
         "demo: destination origin = {} (a local bare repository)",
@@ -1473,25 +1534,6 @@ async fn demo_cmd(
     Ok(orchestrator::api::run_exit_code(&record))
 }
 
-fn owner(
-    store: &Store,
-    key_file: Option<&std::path::Path>,
-) -> Result<orchestrator::owner::Owner, i32> {
-    orchestrator::owner::verify(store, key_file).map_err(|e| {
-        errln!("nightshift: {e}");
-        exit::DENIED
-    })
-}
-
-fn policy_err(e: orchestrator::policy::PolicyError) -> i32 {
-    errln!("nightshift: {e}");
-    match e {
-        orchestrator::policy::PolicyError::Refused(_) => exit::DENIED,
-        orchestrator::policy::PolicyError::Store(_) => exit::STATE,
-        _ => exit::BAD_INPUT,
-    }
-}
-
 fn read_stdin_bytes() -> std::io::Result<Vec<u8>> {
     let mut buf = Vec::new();
     // One byte past the hook's limit is enough to know it is over.
@@ -1501,19 +1543,13 @@ fn read_stdin_bytes() -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
-/// What `policy check` decided, printed once the answer is claimed.
-struct CheckAnswer {
-    code: i32,
-    line: Option<String>,
-    warning: Option<String>,
-}
-
 /// `policy check`: fails closed. Any failure, including a panic, is exit 2
 /// with the reason on stderr; so is no answer within
 /// [`orchestrator::policy::HOOK_BOUND`] (a locked or slow state): a timer
 /// thread claims the answer and exits 2 unless the check claimed it first.
-/// It never makes a state: without one it refuses, naming how to make one.
-fn policy_check(root: &std::path::Path, rules: Option<&std::path::Path>, args: &CheckArgs) -> i32 {
+/// It never makes a state: without one it refuses, naming how to make one
+/// (the decision itself is `Api::policy_check`).
+fn policy_check(api: &Api, rules: Option<&std::path::Path>, args: &CheckArgs) -> i32 {
     use std::sync::atomic::{AtomicBool, Ordering};
     let answered = Arc::new(AtomicBool::new(false));
     {
@@ -1530,7 +1566,15 @@ fn policy_check(root: &std::path::Path, rules: Option<&std::path::Path>, args: &
         });
     }
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        check_decide(root, rules, args)
+        if args.args_json != "-" {
+            return Err(format!(
+                "--args-json {}: only - (stdin) is supported",
+                args.args_json
+            ));
+        }
+        let stdin = read_stdin_bytes().map_err(|e| format!("reading stdin: {e}"))?;
+        api.policy_check(rules, args.actor.as_deref(), &args.tool, &stdin)
+            .map_err(|e| e.message)
     }));
     if answered.swap(true, Ordering::SeqCst) {
         // The timer answered (and is ending the process).
@@ -1562,465 +1606,240 @@ fn policy_check(root: &std::path::Path, rules: Option<&std::path::Path>, args: &
     }
 }
 
-fn check_decide(
-    root: &std::path::Path,
-    rules: Option<&std::path::Path>,
-    args: &CheckArgs,
-) -> Result<CheckAnswer, String> {
-    if args.args_json != "-" {
-        return Err(format!(
-            "--args-json {}: only - (stdin) is supported",
-            args.args_json
-        ));
-    }
-    let stdin = read_stdin_bytes().map_err(|e| format!("reading stdin: {e}"))?;
-    let busy = |e: &orchestrator::store::StoreError| {
-        if Store::is_busy(e) {
-            format!(
-                "the state at {} is locked by another process past the hook's wait of {} ms: {e}",
-                root.display(),
-                orchestrator::policy::HOOK_BUSY.as_millis()
-            )
-        } else {
-            e.to_string()
-        }
-    };
-    let mut store = Store::open_existing(
-        StatePaths::new(root.to_path_buf()),
-        orchestrator::policy::HOOK_BUSY,
-    )
-    .map_err(|e| busy(&e))?
-    .ok_or_else(|| {
-        format!(
-            "no nightshift state at {}: a hook never makes its own; set NIGHTSHIFT_STATE_DIR (or --state-dir) in the harness's environment to the supervisor's state, or make one with `nightshift --state-dir DIR owner init`",
-            root.display()
-        )
-    })?;
-    let set = orchestrator::policy::load(&store, rules).map_err(|e| e.to_string())?;
-    let now = orchestrator::policy::now();
-    let outcome =
-        policies::hook_decide(&set, args.actor.as_deref(), &args.tool, &stdin, now, false);
-    // The tool the call was for: the payload's `tool_name` with `--tool -`.
-    let tool = outcome.tool.clone().unwrap_or_else(|| args.tool.clone());
-    match &outcome.decision {
-        Some(decision) => orchestrator::policy::record_decision(
-            &mut store,
-            None,
-            args.actor.as_deref(),
-            &tool,
-            decision,
-        )
-        .map_err(|e| match e {
-            orchestrator::policy::PolicyError::Store(e) => {
-                format!("auditing the decision: {}", busy(&e))
-            }
-            e => format!("auditing the decision: {e}"),
-        })?,
-        // Refused before any rule was consulted (bad input): audited
-        // too, with the digest of the bytes received.
-        None => {
-            store
-                .append(
-                    None,
-                    &orchestrator::audit_log::Event::PolicyDecision {
-                        actor: args.actor.clone(),
-                        door: tool,
-                        verdict: "refuse".into(),
-                        rule: "nightshift:hook-input".into(),
-                        escalated: false,
-                        stood_aside: Vec::new(),
-                        generation: set.generation().to_string(),
-                        digest: orchestrator::audit_log::digest(&stdin),
-                    },
-                    false,
-                )
-                .map_err(|e| format!("auditing the refusal: {}", busy(&e)))?;
-        }
-    }
-    // No rule in force at all (an empty rules directory): every call is
-    // allowed. Said once per state, so the harness's log is not flooded.
-    let warning = if set.active(now).next().is_none() && set.freeze().is_none() {
-        let marker = root.join("hook-no-rules.warned");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&marker)
-            .ok()
-            .map(|_| {
-                format!(
-                    "nightshift policy check: no rule is in force ({} holds none): every tool call is allowed; `nightshift policy list` shows the rules (said once per state)",
-                    orchestrator::policy::rules_source(&store, rules)
-                )
-            })
-    } else {
-        None
-    };
-    Ok(CheckAnswer {
-        code: outcome.exit_code,
-        line: (outcome.exit_code != 0).then_some(outcome.stderr),
-        warning,
-    })
-}
-
-fn policy_cmd(root: &std::path::Path, args: PolicyArgs) -> Result<i32, i32> {
-    let rules = args.rules.as_deref();
-    match args.command {
-        PolicyCommand::Check(check) => Ok(policy_check(root, rules, &check)),
+async fn policy_cmd(api: &Api, args: PolicyArgs) -> Result<i32, i32> {
+    let rules = args.rules;
+    let command = match args.command {
+        PolicyCommand::Check(check) => return Ok(policy_check(api, rules.as_deref(), &check)),
         PolicyCommand::Explain(check) => {
-            let stdin = read_stdin_bytes().map_err(|e| {
+            let input = read_stdin_bytes().map_err(|e| {
                 errln!("nightshift: reading stdin: {e}");
                 exit::BAD_INPUT
             })?;
-            let store = open_store(root)?;
-            let set = orchestrator::policy::load(&store, rules).map_err(policy_err)?;
-            let outcome = policies::hook_decide(
-                &set,
-                check.actor.as_deref(),
-                &check.tool,
-                &stdin,
-                orchestrator::policy::now(),
-                false,
-            );
-            match outcome.decision {
-                Some(d) => outln!(
-                    "{}",
-                    terminal::json(
-                        &serde_json::json!({
-                            "verdict": orchestrator::policy::verdict_name(d.verdict),
-                            "rule": d.rule.to_string(),
-                            "reason": d.reason,
-                            "escalated": d.escalated,
-                            "stood_aside": d.stood_aside.iter().map(|s| serde_json::json!({
-                                "rule": s.rule.to_string(), "effect": s.effect.to_string(),
-                                "missing": format!("{:?}", s.missing),
-                            })).collect::<Vec<_>>(),
-                            "generation": d.generation.to_string(),
-                            "digest": d.digest.to_string(),
-                        }),
-                        true
-                    )
-                ),
-                None => outln!("{}", terminal::block(outcome.stderr.as_bytes())),
+            ApiCommand::PolicyExplain {
+                rules,
+                actor: check.actor,
+                tool: check.tool,
+                input,
             }
-            Ok(exit::OK)
         }
         PolicyCommand::List { json, actor } => {
-            let store = open_store(root)?;
-            let set = orchestrator::policy::load(&store, rules).map_err(policy_err)?;
-            let now = orchestrator::policy::now();
-            let active: Vec<_> = set.active(now).collect();
-            let actor = actor.filter(|a| !a.is_empty());
-            let binding: Vec<String> =
-                orchestrator::policy::rules_binding_tool_calls(&set, actor.as_deref(), now)
-                    .iter()
-                    .map(|r| r.id().to_string())
-                    .collect();
-            if json {
-                let doc = serde_json::json!({
-                    "generation": set.generation().to_string(),
-                    "frozen": set.freeze().map(|f| f.reason.clone()),
-                    // `locked` is the lock state now (ratified rules are locked), not as declared.
-                    "active": active.iter().map(|r| {
-                        let mut v = serde_json::to_value(r).unwrap_or_default();
-                        if let Some(entry) = set.entries().get(r.id()) {
-                            v["locked"] = entry.locked.into();
-                        }
-                        v
-                    }).collect::<Vec<_>>(),
-                    "pending": set.pending().keys().collect::<Vec<_>>(),
-                    // The rules that bind the hook's tool calls (of `--actor`, if given).
-                    "hook": {
-                        "actor": actor,
-                        "binding": binding,
-                    },
-                });
-                outln!("{}", terminal::json(&doc, true));
-                return Ok(exit::OK);
-            }
-            outln!("generation {}", set.generation());
-            if let Some(f) = set.freeze() {
-                outln!(
-                    "FROZEN: {} ({})",
-                    terminal::line(&f.reason),
-                    terminal::line(&f.authority.to_string())
-                );
-            }
-            for r in &active {
-                let v = serde_json::to_value(r).unwrap_or_default();
-                let named = |k: &str| v.get(k).map(|d| format!("{k}={d} ")).unwrap_or_default();
-                outln!(
-                    "{:<7} {:<32} {}{}subject={}  {}",
-                    terminal::line(v["effect"].as_str().unwrap_or("?")),
-                    terminal::line(v["id"].as_str().unwrap_or("?")),
-                    terminal::line(&named("doors")),
-                    terminal::line(&named("tools")),
-                    terminal::line(v["subject"].as_str().unwrap_or("?")),
-                    terminal::line(v["reason"].as_str().unwrap_or(""))
-                );
-            }
-            for (id, p) in set.pending() {
-                outln!(
-                    "pending proposal {} by {}",
-                    terminal::line(id),
-                    terminal::line(&format!("{:?}", p.author))
-                );
-            }
-            let whose = actor
-                .as_deref()
-                .map(|a| format!("actor {}'s", terminal::line(a)))
-                .unwrap_or_else(|| "any actor's".to_string());
-            if binding.is_empty() {
-                outln!("hook: no rule binds {whose} tool calls: `policy check` allows every one");
-            } else {
-                outln!(
-                    "hook: {} rule(s) bind {whose} tool calls: {}",
-                    binding.len(),
-                    terminal::line(&binding.join(", "))
-                );
-            }
-            Ok(exit::OK)
+            return respond(api, ApiCommand::PolicyList { rules, actor }, json).await
         }
         PolicyCommand::Declare {
             file,
             actor,
             owner_key_file,
-        } => {
-            let mut store = open_store(root)?;
-            let writer = match actor {
-                Some(a) => orchestrator::policy::Writer::Agent(a),
-                None => {
-                    orchestrator::policy::Writer::Owner(owner(&store, owner_key_file.as_deref())?)
-                }
-            };
-            let ids = orchestrator::policy::declare(&mut store, rules, &file, &writer)
-                .map_err(policy_err)?;
-            for id in ids {
-                outln!("declared {id}");
-            }
-            Ok(exit::OK)
-        }
+        } => ApiCommand::PolicyDeclare {
+            rules,
+            file,
+            actor,
+            owner_key_file,
+        },
         PolicyCommand::Unlock {
             rule,
             owner_key_file,
-        } => {
-            let mut store = open_store(root)?;
-            let who = owner(&store, owner_key_file.as_deref())?;
-            orchestrator::policy::unlock(&mut store, rules, &rule, &who).map_err(policy_err)?;
-            outln!("unlocked {rule}");
-            Ok(exit::OK)
-        }
+        } => ApiCommand::PolicyUnlock {
+            rules,
+            rule,
+            owner_key_file,
+        },
         PolicyCommand::Propose {
             file,
             actor,
             retire,
             why,
-        } => {
-            let mut store = open_store(root)?;
-            let writer = orchestrator::policy::Writer::Agent(actor);
-            let ids = match (file, retire) {
-                (Some(file), None) => {
-                    orchestrator::policy::propose(&mut store, rules, &file, &writer)
-                }
-                (None, Some(rule)) => orchestrator::policy::propose_retirement(
-                    &mut store,
-                    rules,
-                    &rule,
-                    why.as_deref().unwrap_or_default(),
-                    &writer,
-                )
-                .map(|id| vec![id]),
-                _ => {
-                    errln!("nightshift: name a rule file or --retire RULE");
-                    return Err(exit::BAD_INPUT);
-                }
-            }
-            .map_err(policy_err)?;
-            for id in ids {
-                outln!("proposed {id}: inert until the owner runs `nightshift policy ratify {id}`");
-            }
-            Ok(exit::OK)
-        }
+        } => ApiCommand::PolicyPropose {
+            rules,
+            file,
+            actor,
+            retire,
+            why,
+        },
         PolicyCommand::Ratify {
             proposal,
             owner_key_file,
-        } => {
-            let mut store = open_store(root)?;
-            let who = owner(&store, owner_key_file.as_deref())?;
-            orchestrator::policy::ratify(&mut store, rules, &proposal, &who).map_err(policy_err)?;
-            outln!("ratified {proposal} (locked)");
-            Ok(exit::OK)
-        }
+        } => ApiCommand::Ratify {
+            proposal,
+            owner_key_file,
+            rules,
+        },
         PolicyCommand::Retire {
             rule,
             why,
             actor,
             owner_key_file,
-        } => {
-            let mut store = open_store(root)?;
-            let writer = match actor {
-                Some(a) => orchestrator::policy::Writer::Agent(a),
-                None => {
-                    orchestrator::policy::Writer::Owner(owner(&store, owner_key_file.as_deref())?)
-                }
-            };
-            orchestrator::policy::retire(&mut store, rules, &rule, &why, &writer)
-                .map_err(policy_err)?;
-            outln!("retired {rule}");
-            Ok(exit::OK)
-        }
+        } => ApiCommand::PolicyRetire {
+            rules,
+            rule,
+            why,
+            actor,
+            owner_key_file,
+        },
+    };
+    respond(api, command, false).await
+}
+
+fn render_policy(view: &PolicyView, json: bool) {
+    if json {
+        let doc = serde_json::json!({
+            "generation": view.generation,
+            "frozen": view.frozen.as_ref().map(|(reason, _)| reason),
+            // `locked` is the lock state now (ratified rules are locked), not as declared.
+            "active": view.active,
+            "pending": view.pending.iter().map(|(id, _)| id).collect::<Vec<_>>(),
+            // The rules that bind the hook's tool calls (of `--actor`, if given).
+            "hook": {
+                "actor": view.actor,
+                "binding": view.binding,
+            },
+        });
+        outln!("{}", terminal::json(&doc, true));
+        return;
+    }
+    outln!("generation {}", view.generation);
+    if let Some((reason, authority)) = &view.frozen {
+        outln!(
+            "FROZEN: {} ({})",
+            terminal::line(reason),
+            terminal::line(authority)
+        );
+    }
+    for v in &view.active {
+        let named = |k: &str| v.get(k).map(|d| format!("{k}={d} ")).unwrap_or_default();
+        outln!(
+            "{:<7} {:<32} {}{}subject={}  {}",
+            terminal::line(v["effect"].as_str().unwrap_or("?")),
+            terminal::line(v["id"].as_str().unwrap_or("?")),
+            terminal::line(&named("doors")),
+            terminal::line(&named("tools")),
+            terminal::line(v["subject"].as_str().unwrap_or("?")),
+            terminal::line(v["reason"].as_str().unwrap_or(""))
+        );
+    }
+    for (id, author) in &view.pending {
+        outln!(
+            "pending proposal {} by {}",
+            terminal::line(id),
+            terminal::line(author)
+        );
+    }
+    let whose = view
+        .actor
+        .as_deref()
+        .map(|a| format!("actor {}'s", terminal::line(a)))
+        .unwrap_or_else(|| "any actor's".to_string());
+    if view.binding.is_empty() {
+        outln!("hook: no rule binds {whose} tool calls: `policy check` allows every one");
+    } else {
+        outln!(
+            "hook: {} rule(s) bind {whose} tool calls: {}",
+            view.binding.len(),
+            terminal::line(&view.binding.join(", "))
+        );
     }
 }
 
-/// `queue show ACT` (the listing goes through the API).
-fn queue_cmd(root: &std::path::Path, command: QueueCommand) -> Result<i32, i32> {
-    let mut store = open_store(root)?;
-    // What has run out of time is shown as expired, never as waiting.
-    if let Err(e) = orchestrator::acts::expire(&mut store) {
-        errln!("nightshift: expiring acts: {e}");
-    }
-    let rows = orchestrator::acts::rows(&store, None).map_err(store_err)?;
-    let QueueCommand::Show { act } = command;
-    {
-        let row = rows.iter().find(|r| r.act.id == act).ok_or_else(|| {
-            errln!("nightshift: no act with id {act}");
-            exit::BAD_INPUT
-        })?;
-        outln!(
-            "act {} ({}), run {}: {}",
-            terminal::line(&row.act.id),
-            terminal::line(row.act.door.name()),
-            terminal::line(&row.act.run),
-            terminal::line(row.state.name())
-        );
-        outln!(
-            "destination: {}",
-            terminal::line(&row.act.routing.destination)
-        );
-        if let Some(stale) = orchestrator::acts::stale_view(&store, row) {
-            outln!("stale: {}", terminal::block(stale.why.as_bytes()));
-            if let Some(orchestrator::acts::LeaseView { bound, now }) = &stale.lease {
-                outln!(
-                    "  bound to the remote ref at: {}",
-                    bound.as_deref().unwrap_or("(absent)")
-                );
-                match now {
-                    Ok(now) => outln!(
-                        "  the remote ref is now at:   {}",
-                        now.as_deref().unwrap_or("(absent)")
-                    ),
-                    Err(e) => outln!(
-                        "  the remote ref cannot be read now: {}",
-                        terminal::block(e.as_bytes())
-                    ),
-                }
-            }
-            match &stale.refused_now {
-                Some(why) => outln!(
-                    "  it cannot be re-bound: {}",
-                    terminal::block(why.as_bytes())
+/// `queue show ACT`: the act in full, as `Api` gives it.
+fn render_act(d: &ActDetail) {
+    outln!(
+        "act {} ({}), run {}: {}",
+        terminal::line(&d.act.id),
+        terminal::line(d.act.door.name()),
+        terminal::line(&d.act.run),
+        terminal::line(d.state.name())
+    );
+    outln!(
+        "destination: {}",
+        terminal::line(&d.act.routing.destination)
+    );
+    if let Some(stale) = &d.stale {
+        outln!("stale: {}", terminal::block(stale.why.as_bytes()));
+        if let Some(orchestrator::api::Lease { bound, now }) = &stale.lease {
+            outln!(
+                "  bound to the remote ref at: {}",
+                bound.as_deref().unwrap_or("(absent)")
+            );
+            match now {
+                Ok(now) => outln!(
+                    "  the remote ref is now at:   {}",
+                    now.as_deref().unwrap_or("(absent)")
                 ),
-                None => outln!(
-                    "  re-bind it to the destination as it is now (then approve again): nightshift rebind {}",
-                    row.act.id
+                Err(e) => outln!(
+                    "  the remote ref cannot be read now: {}",
+                    terminal::block(e.as_bytes())
                 ),
             }
         }
-        match (&row.act.routing.target, &row.act.content) {
-            (
-                deferred_queue::Target::Push {
-                    target_ref,
-                    expected_old,
-                },
-                deferred_queue::Content::Commit { commit },
-            ) => {
-                outln!(
-                    "push {} to {} (remote now at {})",
-                    terminal::line(commit),
-                    terminal::line(target_ref),
-                    terminal::line(expected_old.as_deref().unwrap_or("nothing"))
-                );
-                let run = store.run(&row.act.run).map_err(store_err)?;
-                if let Some(orchestrator::acts::StaleView {
-                    lease:
-                        Some(orchestrator::acts::LeaseView {
-                            now: Ok(Some(now)), ..
-                        }),
-                    ..
-                }) = orchestrator::acts::stale_view(&store, row)
-                {
-                    // What the destination gained since the act was bound,
-                    // when those objects are in the repository.
-                    let out = std::process::Command::new("git")
-                        .arg("-C")
-                        .arg(&run.repo)
-                        .args([
-                            "-c",
-                            "core.pager=cat",
-                            "diff",
-                            "--no-color",
-                            "--no-ext-diff",
-                            "--no-textconv",
-                            "--stat",
-                            &now,
-                            commit,
-                        ])
-                        .output();
-                    match out {
-                        Ok(out) if out.status.success() => {
-                            outln!("from the remote's new {now} to this act's commit:");
-                            out!(
-                                "{}",
-                                terminal::block(&out.stdout)
-                            );
-                        }
-                        _ => outln!(
-                            "  (the remote's new commit is not in the repository: fetch it to see what changed)"
-                        ),
-                    }
+        match &stale.refused_now {
+            Some(why) => outln!(
+                "  it cannot be re-bound: {}",
+                terminal::block(why.as_bytes())
+            ),
+            None => outln!(
+                "  re-bind it to the destination as it is now (then approve again): nightshift rebind {}",
+                d.act.id
+            ),
+        }
+    }
+    match (&d.act.routing.target, &d.act.content) {
+        (
+            deferred_queue::Target::Push {
+                target_ref,
+                expected_old,
+            },
+            deferred_queue::Content::Commit { commit },
+        ) => {
+            outln!(
+                "push {} to {} (remote now at {})",
+                terminal::line(commit),
+                terminal::line(target_ref),
+                terminal::line(expected_old.as_deref().unwrap_or("nothing"))
+            );
+            match &d.gained {
+                Some((now, Some(stat))) => {
+                    outln!("from the remote's new {now} to this act's commit:");
+                    out!("{}", terminal::block(stat));
                 }
-                let base = run.base_commit.unwrap_or_default();
-                print_diff(&run.repo, &base, commit);
+                Some((_, None)) => outln!(
+                    "  (the remote's new commit is not in the repository: fetch it to see what changed)"
+                ),
+                None => {}
             }
-            (
-                deferred_queue::Target::PullRequest { base_ref, head_ref },
-                deferred_queue::Content::PullRequest { head_commit, .. },
-            ) => {
-                outln!(
-                    "pull request from {head_ref} at {head_commit} into {base_ref} (the head branch is pushed there first, fast-forward only, if it does not hold that commit)"
-                );
-                let text: serde_json::Value =
-                    serde_json::from_slice(row.content.as_deref().unwrap_or_default())
-                        .unwrap_or_default();
-                let title = text["title"].as_str().unwrap_or_default();
-                let body = text["body"].as_str().unwrap_or_default();
-                outln!("title: {}", terminal::block(title.as_bytes()));
-                outln!("body ({} bytes, shown as plain text):", body.len());
-                outln!("{}", terminal::block(body.as_bytes()));
-                let run = store.run(&row.act.run).map_err(store_err)?;
-                let base = run.base_commit.unwrap_or_default();
-                print_diff(&run.repo, &base, head_commit);
-            }
-            _ => {
-                let body = row.content.as_deref().unwrap_or_default();
-                let view = orchestrator::acts::body_view(body);
+            print_diff(d);
+        }
+        (
+            deferred_queue::Target::PullRequest { base_ref, head_ref },
+            deferred_queue::Content::PullRequest { head_commit, .. },
+        ) => {
+            outln!(
+                "pull request from {head_ref} at {head_commit} into {base_ref} (the head branch is pushed there first, fast-forward only, if it does not hold that commit)"
+            );
+            let text: serde_json::Value =
+                serde_json::from_slice(d.content.as_deref().unwrap_or_default())
+                    .unwrap_or_default();
+            let title = text["title"].as_str().unwrap_or_default();
+            let body = text["body"].as_str().unwrap_or_default();
+            outln!("title: {}", terminal::block(title.as_bytes()));
+            outln!("body ({} bytes, shown as plain text):", body.len());
+            outln!("{}", terminal::block(body.as_bytes()));
+            print_diff(d);
+        }
+        _ => {
+            if let Some(view) = &d.body {
                 outln!(
                     "content ({} bytes, {} lines, shown whole as plain text; long blank runs collapsed):",
                     view.bytes,
                     view.lines
                 );
-                if let Ok(run) = store.run(&row.act.run) {
-                    let base = run.base_commit.unwrap_or_default();
-                    let repeated = repeated_repo_lines(&run.repo, &base, body);
-                    if !repeated.is_empty() {
-                        outln!(
-                            "WARNING: this message repeats lines of the repository's files: {}",
-                            repeated
-                                .iter()
-                                .map(|p| terminal::line(p))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        );
-                    }
+                if !d.repeated.is_empty() {
+                    outln!(
+                        "WARNING: this message repeats lines of the repository's files: {}",
+                        d.repeated
+                            .iter()
+                            .map(|p| terminal::line(p))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    );
                 }
                 outln!("-----");
                 for line in &view.shown {
@@ -2030,7 +1849,13 @@ fn queue_cmd(root: &std::path::Path, command: QueueCommand) -> Result<i32, i32> 
             }
         }
     }
-    Ok(exit::OK)
+}
+
+/// The commits and diff from the run's base to the act's commit, escaped.
+fn print_diff(d: &ActDetail) {
+    for bytes in [&d.log, &d.diff].into_iter().flatten() {
+        out!("{}", terminal::block(bytes));
+    }
 }
 
 fn render_queue(view: &QueueView, json: bool) {
@@ -2112,52 +1937,6 @@ fn render_queue(view: &QueueView, json: bool) {
     }
 }
 
-/// The files of the repository at `base` that hold a distinctive line of
-/// `body` (16 characters or more) (the host's git, fixed strings read from a
-/// file: the body is data, never a pattern or an argument).
-fn repeated_repo_lines(repo: &str, base: &str, body: &[u8]) -> Vec<String> {
-    let lines = orchestrator::acts::distinctive_lines(body);
-    if lines.is_empty() || base.is_empty() {
-        return Vec::new();
-    }
-    let child = std::process::Command::new("git")
-        .arg("-C")
-        .arg(repo)
-        .args([
-            "-c",
-            "core.pager=cat",
-            "grep",
-            "--no-color",
-            "-I",
-            "-l",
-            "-F",
-            "-f",
-            "-",
-            base,
-            "--",
-        ])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn();
-    let Ok(mut child) = child else {
-        return Vec::new();
-    };
-    if let Some(mut stdin) = child.stdin.take() {
-        use std::io::Write;
-        let _ = stdin.write_all(format!("{}\n", lines.join("\n")).as_bytes());
-    }
-    let out = child.wait_with_output();
-    let Ok(out) = out else {
-        return Vec::new();
-    };
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| l.strip_prefix(&format!("{base}:")).unwrap_or(l).to_string())
-        .take(10)
-        .collect()
-}
-
 /// One refused door request on one line: when, which door, where to, and
 /// the rule (or label check) that refused it.
 fn refusal_line(r: &orchestrator::acts::Refusal) -> String {
@@ -2175,136 +1954,48 @@ fn refusal_line(r: &orchestrator::acts::Refusal) -> String {
     )
 }
 
-/// The commits and diff from `from` to `to` in the host repository, as
-/// escaped text (the host's git, no pager, no external diff, no textconv).
-fn print_diff(repo: &str, from: &str, to: &str) {
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(repo)
-        .args([
-            "-c",
-            "core.pager=cat",
-            "log",
-            "--no-decorate",
-            "--no-color",
-            "--format=commit %H%n    %s",
-            &format!("{from}..{to}"),
-        ])
-        .output();
-    if let Ok(out) = out {
-        out!("{}", terminal::block(&out.stdout));
+fn render_destinations(
+    path: &std::path::Path,
+    listed: Option<&[serde_json::Value]>,
+    problems: &[String],
+    json: bool,
+) {
+    for p in problems {
+        errln!("nightshift: {}", terminal::line(p));
     }
-    let out = std::process::Command::new("git")
-        .arg("-C")
-        .arg(repo)
-        .args([
-            "-c",
-            "core.pager=cat",
-            "diff",
-            "--no-color",
-            "--no-ext-diff",
-            "--no-textconv",
-            "--stat",
-            "-p",
-            from,
-            to,
-        ])
-        .output();
-    if let Ok(out) = out {
-        out!("{}", terminal::block(&out.stdout));
+    if !problems.is_empty() {
+        return;
     }
-}
-
-fn destinations_cmd(root: &std::path::Path, json: bool) -> Result<i32, i32> {
-    use orchestrator_executors::{ConfigError, Destinations};
-    let path = root.join("destinations.toml");
-    if !path.exists() {
+    let Some(listed) = listed else {
         if json {
             outln!("[]");
         } else {
             outln!("no destinations: {} does not exist", path.display());
         }
-        return Ok(exit::OK);
-    }
-    match Destinations::load(&path) {
-        Ok(dest) => {
-            let listed = dest.listing();
-            if json {
-                outln!("{}", terminal::json(&listed, true));
-                return Ok(exit::OK);
-            }
-            outln!(
-                "{:<20}  {:<8}  {:<8}  {:<8}  URL",
-                "ALIAS",
-                "TABLE",
-                "KIND",
-                "READERS"
-            );
-            for l in listed {
-                outln!(
-                    "{:<20}  {:<8}  {:<8}  {:<8}  {}",
-                    terminal::line(&l.alias),
-                    l.table,
-                    terminal::line(&l.kind),
-                    format!("{:?}", l.readers).to_lowercase(),
-                    terminal::line(&l.url)
-                );
-            }
-            Ok(exit::OK)
-        }
-        Err(ConfigError::Invalid { origin, problems }) => {
-            for p in &problems {
-                errln!("nightshift: {origin}: {}", terminal::line(&p.to_string()));
-            }
-            Err(exit::BAD_INPUT)
-        }
-        Err(e) => {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(&e);
-            while let Some(s) = source {
-                text.push_str(&format!(": {s}"));
-                source = s.source();
-            }
-            errln!("nightshift: {}", terminal::line(&text));
-            Err(exit::BAD_INPUT)
-        }
-    }
-}
-
-fn summary_cmd(root: &std::path::Path, send: bool, due: bool, json: bool) -> Result<i32, i32> {
-    use orchestrator::summary::{self, Sending, Trigger};
-    if send || due {
-        let trigger = if due { Trigger::Due } else { Trigger::Now };
-        return match summary::send(root, trigger) {
-            Ok(Sending::Sent(s)) => {
-                outln!("summary sent: {} runs", s.run_ids.len());
-                Ok(exit::OK)
-            }
-            Ok(Sending::Skipped(why)) => {
-                outln!("summary not sent: {why}");
-                Ok(exit::OK)
-            }
-            Err(e) => {
-                errln!("nightshift: {}", terminal::line(&e));
-                Err(exit::FAILED)
-            }
-        };
-    }
-    let store = open_store(root)?;
-    let review = orchestrator_executors::Destinations::load(&root.join("destinations.toml"))
-        .ok()
-        .and_then(|d| d.summary)
-        .and_then(|s| s.review);
-    let s = summary::gather(&store, review.as_deref()).map_err(|e| {
-        errln!("nightshift: {}", terminal::line(&e));
-        exit::STATE
-    })?;
+        return;
+    };
     if json {
-        outln!("{}", terminal::json(&s, true));
-    } else {
-        outln!("{}", summary::render(&s).trim_end());
+        outln!("{}", terminal::json(&listed, true));
+        return;
     }
-    Ok(exit::OK)
+    outln!(
+        "{:<20}  {:<8}  {:<8}  {:<8}  URL",
+        "ALIAS",
+        "TABLE",
+        "KIND",
+        "READERS"
+    );
+    let text = |v: &serde_json::Value, k: &str| v[k].as_str().unwrap_or_default().to_string();
+    for l in listed {
+        outln!(
+            "{:<20}  {:<8}  {:<8}  {:<8}  {}",
+            terminal::line(&text(l, "alias")),
+            text(l, "table"),
+            terminal::line(&text(l, "kind")),
+            text(l, "readers"),
+            terminal::line(&text(l, "url"))
+        );
+    }
 }
 
 /// `nightshift serve`: the dashboard and JSON API (orchestrator::serve),
@@ -2322,6 +2013,7 @@ async fn serve_cmd(
         .unwrap_or_else(|| format!("{}:0", std::process::id()));
     spawn_watchdog(root, config_path, &identity);
     let opts = orchestrator::serve::ServeOptions {
+        config: config_path.map(std::path::Path::to_path_buf),
         bind: args.bind,
         allow_hosts: args.allow_hosts,
         insecure_network: args.insecure_network,
@@ -2382,10 +2074,8 @@ async fn serve_cmd(
 }
 
 /// `nightshift users`: dashboard accounts; a password only ever from stdin.
-fn users_cmd(root: &std::path::Path, command: UsersCommand) -> Result<i32, i32> {
-    use orchestrator::serve::users;
-    let store = open_store(root)?;
-    match command {
+async fn users_cmd(api: &Api, command: UsersCommand) -> Result<i32, i32> {
+    let (command, json) = match command {
         UsersCommand::Add { name, role } => {
             let mut password = String::new();
             std::io::stdin()
@@ -2397,40 +2087,20 @@ fn users_cmd(root: &std::path::Path, command: UsersCommand) -> Result<i32, i32> 
             let password = password
                 .strip_suffix('\n')
                 .map(|p| p.strip_suffix('\r').unwrap_or(p))
-                .unwrap_or(&password);
-            users::add(&store, &name, &role, password).map_err(|e| {
-                errln!("nightshift: {e}");
-                match e {
-                    users::UserError::Store(_) => exit::STATE,
-                    _ => exit::BAD_INPUT,
-                }
-            })?;
-            outln!("account {} ({role}) saved", terminal::line(&name));
-            Ok(exit::OK)
+                .unwrap_or(&password)
+                .to_string();
+            let password = orchestrator::api::Secret(password);
+            (
+                ApiCommand::UsersAdd {
+                    name,
+                    role,
+                    password,
+                },
+                false,
+            )
         }
-        UsersCommand::List { json } => {
-            let list = store.users().map_err(store_err)?;
-            if json {
-                let doc: Vec<_> = list
-                    .iter()
-                    .map(|(n, r, c)| serde_json::json!({"name": n, "role": r, "created_at": c}))
-                    .collect();
-                outln!("{}", terminal::json(&doc, true));
-            } else {
-                for (n, r, c) in list {
-                    outln!("{:<24} {:<7} {}", terminal::line(&n), r, terminal::line(&c));
-                }
-            }
-            Ok(exit::OK)
-        }
-        UsersCommand::Remove { name } => {
-            if store.remove_user(&name).map_err(store_err)? {
-                outln!("account {} removed", terminal::line(&name));
-                Ok(exit::OK)
-            } else {
-                errln!("nightshift: no account named {}", terminal::line(&name));
-                Err(exit::BAD_INPUT)
-            }
-        }
-    }
+        UsersCommand::List { json } => (ApiCommand::UsersList {}, json),
+        UsersCommand::Remove { name } => (ApiCommand::UsersRemove { name }, false),
+    };
+    respond(api, command, json).await
 }

@@ -179,11 +179,20 @@ fn describe(row: &Row) -> (String, String, String) {
             author: a,
             ..
         } => ("propose".into(), proposal.clone(), author(a)),
-        Row::Ratify { proposal, .. } => ("ratify".into(), proposal.clone(), "owner".into()),
-        Row::Reject { proposal, .. } => ("reject".into(), proposal.clone(), "owner".into()),
-        Row::Unlock { rule, .. } => ("unlock".into(), rule.to_string(), "owner".into()),
-        Row::Freeze { .. } => ("freeze".into(), "*".into(), "operator".into()),
-        Row::Thaw { .. } => ("thaw".into(), "*".into(), "owner".into()),
+        // The owner's gestures name who made them, as the front end
+        // established it (`owner`, `dashboard:alice`: `api::Caller`).
+        Row::Ratify {
+            proposal,
+            authority,
+            ..
+        } => ("ratify".into(), proposal.clone(), authority.clone()),
+        Row::Reject {
+            proposal,
+            authority,
+        } => ("reject".into(), proposal.clone(), authority.clone()),
+        Row::Unlock { rule, authority } => ("unlock".into(), rule.to_string(), authority.clone()),
+        Row::Freeze { authority, .. } => ("freeze".into(), "*".into(), authority.clone()),
+        Row::Thaw { authority } => ("thaw".into(), "*".into(), authority.clone()),
     }
 }
 

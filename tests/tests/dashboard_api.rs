@@ -3,7 +3,9 @@
 //! owner's role, without the session's CSRF token, and from another origin;
 //! a forged `Host` is refused; sessions are strict cookies, rotated at
 //! login and ended at logout; logins are rate-limited; every page carries a
-//! Content-Security-Policy without inline script.
+//! Content-Security-Policy without inline script. What the dashboard
+//! decides goes through the supervisor's one command API and is recorded
+//! under the account that decided.
 
 use serde_json::json;
 use tests::browser::{
@@ -381,4 +383,100 @@ fn the_live_output_stream_names_only_known_runs() {
         assert_eq!(r.status, 404, "{path}: {}", r.body);
         assert!(!r.body.contains("not a run's output"));
     }
+}
+
+/// The audit bodies of `kind`, oldest first, read from the state's database.
+fn audit_bodies(state: &State, kind: &str) -> Vec<serde_json::Value> {
+    let db = rusqlite::Connection::open(state.path().join("state.db")).unwrap();
+    let mut stmt = db
+        .prepare("SELECT body FROM audit WHERE kind = ?1 ORDER BY seq")
+        .unwrap();
+    stmt.query_map([kind], |r| r.get::<_, String>(0))
+        .unwrap()
+        .map(|b| serde_json::from_str(&b.unwrap()).unwrap())
+        .collect()
+}
+
+#[test]
+fn the_audit_names_the_dashboard_account_that_decided() {
+    let m = tests::morning::Morning::new();
+    m.run_agent(
+        "echo a > a.txt && git add a.txt && git commit -qm a && git push -q origin HEAD:refs/heads/agent/one; \
+         echo b > b.txt && git add b.txt && git commit -qm b && git push -q origin HEAD:refs/heads/agent/two; true",
+    );
+    let act_to = |r: &str| {
+        m.queue()
+            .into_iter()
+            .find(|a| {
+                a["act"]["routing"]["target"]["target_ref"] == format!("refs/heads/agent/{r}")
+            })
+            .unwrap_or_else(|| panic!("no push act to agent/{r}: {:?}", m.queue()))["act"]["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (one, two) = (act_to("one"), act_to("two"));
+    let mut child = m
+        .state
+        .cmd()
+        .args(["users", "add", "alice", "--role", "owner"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"alice's password").unwrap();
+    assert!(child.wait_with_output().unwrap().status.success());
+    let serve = Serve::start(&m.state, &[]);
+    let alice = Client::login(&serve, "alice", "alice's password");
+
+    let r = alice.post("/api/v1/acts/approve", &json!({"act": [one]}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["ok"], true, "{}", r.body);
+    assert!(m.remote_ref("refs/heads/agent/one").is_some());
+    let r = alice.post(
+        "/api/v1/acts/reject",
+        &json!({"act": [two], "why": "not this one"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["outcomes"][0]["state"], "rejected", "{}", r.body);
+    let r = alice.post("/api/v1/freeze", &json!({"why": "alice stops the night"}));
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    // Each decision's audit entry names alice's account, not just "owner".
+    let decided_by = |act: &str, transition: &str| {
+        audit_bodies(&m.state, "act")
+            .into_iter()
+            .find(|b| b["act"] == act && b["transition"] == transition)
+            .unwrap_or_else(|| panic!("no {transition} entry for act {act}"))["fields"]["by"]
+            .clone()
+    };
+    assert_eq!(decided_by(&one, "approved"), "dashboard:alice");
+    assert_eq!(decided_by(&two, "rejected"), "dashboard:alice");
+    let freeze = audit_bodies(&m.state, "policy_row")
+        .into_iter()
+        .find(|b| b["row"] == "freeze")
+        .expect("no freeze row in the audit");
+    assert_eq!(freeze["author"], "dashboard:alice", "{freeze}");
+    assert_eq!(frozen(&m.state), "alice stops the night");
+}
+
+#[test]
+fn the_openapi_description_is_served_to_a_session_only() {
+    let (_state, serve) = setup();
+    let r = request(
+        serve.addr,
+        "GET",
+        "/api/v1/openapi.json",
+        &[("Host", &serve.host())],
+        "",
+    );
+    assert_eq!(r.status, 401, "{}", r.body);
+    let viewer = Client::login(&serve, VIEWER, VIEWER_PASSWORD);
+    let r = viewer.get("/api/v1/openapi.json");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let checked_in =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json"))
+            .unwrap();
+    assert!(r.body == checked_in, "served: {}", r.body);
 }

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::exit;
 
 /// What went wrong, as far as a caller needs to act on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// A malformed request: bad argument, not a repository, unknown ref.
@@ -98,7 +98,9 @@ impl ErrorKind {
 }
 
 /// An error of any command: its kind and what was being done.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize, utoipa::ToSchema,
+)]
 #[error("{message}")]
 pub struct ApiError {
     pub kind: ErrorKind,

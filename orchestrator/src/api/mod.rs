@@ -16,21 +16,27 @@
 //!   line always did: concurrent invocations stay safe because the store
 //!   serialises its writers, never because one process holds it.
 
+mod admin;
 mod error;
+mod openapi;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+pub use admin::{
+    absolute, ActDetail, BodyDetail, HookAnswer, Lease, PolicyView, Secret, StaleDetail, UserRow,
+};
 pub use error::{from_act_error, ApiError, ErrorKind};
+pub use openapi::openapi_json;
 
 use crate::run::{self, Supervisor};
 use crate::run_queue::{self, TaskRow, TaskSpec};
 use crate::store::{RunRecord, StatePaths, Store, StoreError};
 
 /// One request, from any front end.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "command", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Command {
     /// Every run, oldest first.
@@ -44,7 +50,10 @@ pub enum Command {
     /// Refuse every new run and every door until `thaw`.
     Freeze { why: String },
     /// End a freeze (the owner's credential).
-    Thaw { owner_key_file: Option<PathBuf> },
+    Thaw {
+        #[schema(value_type = Option<String>)]
+        owner_key_file: Option<PathBuf>,
+    },
     /// The kill switch: stop one run's sandbox, or every sandbox of the state.
     Kill {
         target: KillTarget,
@@ -64,29 +73,228 @@ pub enum Command {
     /// Approve acts (the owner's credential); each is re-checked and carried out.
     Approve {
         acts: Vec<String>,
+        #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
     },
     /// Reject acts with a reason (the owner's credential).
     Reject {
         acts: Vec<String>,
         why: String,
+        #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
+    },
+    /// Approve every pending act that carries exactly this commit (the
+    /// owner's credential): one decision per content, not per run.
+    ApproveCommit {
+        commit: String,
+        #[schema(value_type = Option<String>)]
+        owner_key_file: Option<PathBuf>,
+    },
+    /// Adopt a proposed rule (the owner's credential); the rule is locked.
+    Ratify {
+        proposal: String,
+        #[schema(value_type = Option<String>)]
+        owner_key_file: Option<PathBuf>,
+        /// Rule files to use in place of the configured ones.
+        #[serde(default)]
+        #[schema(value_type = Option<String>)]
+        rules: Option<PathBuf>,
     },
     /// Re-bind stale acts to their destination as it is now (the owner's credential).
     Rebind {
         acts: Vec<String>,
+        #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
     },
     /// Add tasks to the run queue, in order.
-    Enqueue { tasks: Vec<TaskSpec> },
+    Enqueue {
+        /// As the `[[task]]` tables of a tasks file (docs/api.md).
+        #[schema(value_type = Vec<Object>)]
+        tasks: Vec<TaskSpec>,
+    },
     /// The run queue: queued, running and finished tasks.
     Tasks {},
     /// Cancel a queued task.
     CancelTask { task: String },
+    /// One act in full: its diff or its content.
+    QueueShow { act: String },
+    /// The rules in force, pending proposals, the freeze, the generation,
+    /// and which rules bind `actor`'s tool calls (the hook's).
+    PolicyList {
+        #[schema(value_type = Option<String>)]
+        rules: Option<PathBuf>,
+        actor: Option<String>,
+    },
+    /// The whole decision for one tool call (`input`: the hook's input).
+    PolicyExplain {
+        #[schema(value_type = Option<String>)]
+        rules: Option<PathBuf>,
+        actor: Option<String>,
+        tool: String,
+        input: Vec<u8>,
+    },
+    /// The harness hook: the decision for one tool call, audited.
+    PolicyCheck {
+        #[schema(value_type = Option<String>)]
+        rules: Option<PathBuf>,
+        actor: Option<String>,
+        tool: String,
+        input: Vec<u8>,
+    },
+    /// Declare the rules of a file: as an agent (tier 1) or as the owner.
+    PolicyDeclare {
+        #[schema(value_type = Option<String>)]
+        rules: Option<PathBuf>,
+        #[schema(value_type = String)]
+        file: PathBuf,
+        actor: Option<String>,
+        #[schema(value_type = Option<String>)]
+        owner_key_file: Option<PathBuf>,
+    },
+    /// Propose the rules of a file, or retiring a rule, to the owner.
+    PolicyPropose {
+        #[schema(value_type = Option<String>)]
+        rules: Option<PathBuf>,
+        #[schema(value_type = Option<String>)]
+        file: Option<PathBuf>,
+        actor: String,
+        retire: Option<String>,
+        why: Option<String>,
+    },
+    /// Unlock a rule (the owner's credential), so that it can be retired.
+    PolicyUnlock {
+        #[schema(value_type = Option<String>)]
+        rules: Option<PathBuf>,
+        rule: String,
+        #[schema(value_type = Option<String>)]
+        owner_key_file: Option<PathBuf>,
+    },
+    /// Retire a rule: as an agent (its own tier-1 rules) or as the owner.
+    PolicyRetire {
+        #[schema(value_type = Option<String>)]
+        rules: Option<PathBuf>,
+        rule: String,
+        why: String,
+        actor: Option<String>,
+        #[schema(value_type = Option<String>)]
+        owner_key_file: Option<PathBuf>,
+    },
+    /// The default image's reference, or an agent image's.
+    ImageRef { agent: Option<String> },
+    /// Build the default image (or an agent's) in the local engine.
+    ImageBuild {
+        mirror: String,
+        agent: Option<String>,
+    },
+    /// The destinations (`STATE/destinations.toml`), checked.
+    Destinations {},
+    /// The morning summary.
+    Summary {},
+    /// Send the morning summary now (or when `due`: if its time has passed).
+    SummarySend { due: bool },
+    /// Add a dashboard account, or replace its role and password.
+    UsersAdd {
+        name: String,
+        role: String,
+        password: Secret,
+    },
+    /// The dashboard's accounts.
+    UsersList {},
+    /// Remove a dashboard account; its sessions end.
+    UsersRemove { name: String },
+}
+
+impl Command {
+    /// Whether the command line hands this command to a running `serve`
+    /// (`serve/socket.rs`) rather than executing it itself: the ones that
+    /// change the state of the queues, the acts, the freeze and the rules.
+    pub fn goes_through_serve(&self) -> bool {
+        matches!(
+            self,
+            Command::Approve { .. }
+                | Command::Reject { .. }
+                | Command::Rebind { .. }
+                | Command::ApproveCommit { .. }
+                | Command::Kill { .. }
+                | Command::Freeze { .. }
+                | Command::Thaw { .. }
+                | Command::Ratify { .. }
+                | Command::Enqueue { .. }
+                | Command::CancelTask { .. }
+        )
+    }
+
+    /// The command with every path its caller named made absolute (against
+    /// the caller's directory), before it leaves the caller's process.
+    pub fn absolutized(mut self) -> Self {
+        let fix = |p: &mut Option<PathBuf>| {
+            if let Some(path) = p.as_mut() {
+                *path = absolute(path);
+            }
+        };
+        match &mut self {
+            Command::Approve { owner_key_file, .. }
+            | Command::Reject { owner_key_file, .. }
+            | Command::Rebind { owner_key_file, .. }
+            | Command::ApproveCommit { owner_key_file, .. }
+            | Command::Thaw { owner_key_file } => fix(owner_key_file),
+            Command::Ratify {
+                owner_key_file,
+                rules,
+                ..
+            } => {
+                fix(owner_key_file);
+                fix(rules);
+            }
+            Command::Enqueue { tasks } => {
+                for t in tasks {
+                    t.repo = absolute(&t.repo);
+                    fix(&mut t.task_file);
+                }
+            }
+            _ => {}
+        }
+        self
+    }
+}
+
+/// Who sent a command, as the front end established it (never taken from
+/// the command itself, so a request cannot name someone else): it decides
+/// the name an owner's decision is recorded under in the audit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    /// The command line, executing in its own process.
+    Local,
+    /// The command line, through `serve`'s owner socket (`STATE/serve.sock`).
+    Socket,
+    /// A dashboard account whose owner role the HTTP layer checked.
+    Dashboard { user: String },
+}
+
+impl Caller {
+    /// The name an owner's decision (approval, rejection, thaw,
+    /// ratification, a freeze) is recorded under.
+    pub fn owner_name(&self) -> String {
+        match self {
+            Caller::Local => "owner".into(),
+            Caller::Socket => "owner via serve".into(),
+            Caller::Dashboard { user } => format!("dashboard:{user}"),
+        }
+    }
+
+    /// Who pulled the brake, for a freeze's authority.
+    fn freezer(&self) -> String {
+        let user = || std::env::var("USER").unwrap_or_else(|_| "operator".into());
+        match self {
+            Caller::Local => format!("nightshift freeze by {}", user()),
+            Caller::Socket => format!("nightshift freeze by {} via serve", user()),
+            Caller::Dashboard { user } => format!("dashboard:{user}"),
+        }
+    }
 }
 
 /// Which sandboxes the kill switch stops.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum KillTarget {
     Run(String),
@@ -94,23 +302,105 @@ pub enum KillTarget {
 }
 
 /// What a command answered.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum Reply {
-    Runs { runs: Vec<RunRecord> },
+    Runs {
+        #[schema(value_type = Vec<Object>)]
+        runs: Vec<RunRecord>,
+    },
     Run(Box<RunView>),
     Audit(AuditState),
-    OwnerKey { path: PathBuf, created: bool },
+    OwnerKey {
+        #[schema(value_type = String)]
+        path: PathBuf,
+        created: bool,
+    },
     Frozen,
     Thawed,
     Killed(KillReport),
-    Reconciled { settled: Vec<String> },
-    Imported { run: Box<RunRecord> },
+    Reconciled {
+        settled: Vec<String>,
+    },
+    Imported {
+        #[schema(value_type = Object)]
+        run: Box<RunRecord>,
+    },
     Queue(Box<QueueView>),
-    Decisions { decisions: Vec<Decision> },
-    Enqueued { tasks: Vec<String> },
-    Tasks { tasks: Vec<TaskRow> },
-    Cancelled { task: String },
+    Decisions {
+        decisions: Vec<Decision>,
+    },
+    Enqueued {
+        tasks: Vec<String>,
+    },
+    Tasks {
+        #[schema(value_type = Vec<Object>)]
+        tasks: Vec<TaskRow>,
+    },
+    Cancelled {
+        task: String,
+    },
+    Ratified {
+        proposal: String,
+    },
+    /// One act in full (agent-written parts as they are: escape them).
+    Act {
+        detail: Box<ActDetail>,
+        /// Expiring acts failed (the act is still given).
+        expire_error: Option<String>,
+    },
+    Policy(Box<PolicyView>),
+    /// The decision for a tool call, or why the call was refused before
+    /// any rule was consulted.
+    Explained {
+        decision: Option<serde_json::Value>,
+        refusal: String,
+    },
+    Hook(HookAnswer),
+    Declared {
+        rules: Vec<String>,
+    },
+    Proposed {
+        proposals: Vec<String>,
+    },
+    Unlocked {
+        rule: String,
+    },
+    Retired {
+        rule: String,
+    },
+    ImageRef {
+        reference: String,
+    },
+    /// The destinations as listed (`None` when the file does not exist), or
+    /// every problem of the file (then `listed` is `None` too).
+    Destinations {
+        #[schema(value_type = String)]
+        path: PathBuf,
+        listed: Option<Vec<serde_json::Value>>,
+        problems: Vec<String>,
+    },
+    Summary {
+        summary: serde_json::Value,
+        /// The summary as it is sent.
+        text: String,
+    },
+    SummarySent {
+        runs: usize,
+    },
+    SummarySkipped {
+        why: String,
+    },
+    UserSaved {
+        name: String,
+        role: String,
+    },
+    Users {
+        users: Vec<UserRow>,
+    },
+    UserRemoved {
+        name: String,
+    },
 }
 
 impl Reply {
@@ -127,6 +417,8 @@ impl Reply {
                 record: KillRecord::NotRecorded(e),
                 ..
             }) => e.exit_code(),
+            Reply::Destinations { problems, .. } if !problems.is_empty() => exit::BAD_INPUT,
+            Reply::Hook(answer) => answer.code,
             Reply::Decisions { decisions } => decisions.iter().fold(exit::OK, |code, d| {
                 match &d.outcome {
                     // An approval that was not carried out is not a success.
@@ -146,39 +438,46 @@ impl Reply {
 }
 
 /// One run as `show` gives it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunView {
+    #[schema(value_type = Object)]
     pub run: RunRecord,
+    #[schema(value_type = Vec<Object>)]
     pub audit: Vec<orchestrator_audit::Entry>,
+    #[schema(value_type = Vec<Object>)]
     pub refusals: Vec<crate::acts::Refusal>,
 }
 
 /// The deferred queue as `queue` lists it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QueueView {
     /// Pending first, grouped by run (`deferred_queue::order_for_listing`).
     pub acts: Vec<QueueItem>,
     /// Refused door requests, oldest first.
+    #[schema(value_type = Vec<Object>)]
     pub refusals: Vec<crate::acts::Refusal>,
     /// Expiring acts failed (the listing is still given).
     pub expire_error: Option<String>,
 }
 
 /// One act in the queue's listing.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct QueueItem {
+    #[schema(value_type = Object)]
     pub act: deferred_queue::Act,
+    #[schema(value_type = Object)]
     pub state: deferred_queue::State,
     /// The state's name.
     pub status: String,
     /// A push's change against its run's base: (files, insertions, deletions).
+    #[schema(value_type = Option<Vec<u64>>)]
     pub diffstat: Option<(u64, u64, u64)>,
     /// The first bytes of a message's content (agent-written: escape before showing).
     pub preview: Option<Vec<u8>>,
 }
 
 /// The audit chain's state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum AuditState {
     Intact {
@@ -193,32 +492,36 @@ pub enum AuditState {
 }
 
 /// What the kill switch did: the sandboxes stopped first, then the record.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct KillReport {
     pub sandboxes: usize,
     pub record: KillRecord,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum KillRecord {
     /// Recorded: these runs were ended.
     Recorded { runs: Vec<String> },
     /// The store did not answer; what was done waits in `path` for the next
     /// reconciliation.
-    Pending { why: String, path: PathBuf },
+    Pending {
+        why: String,
+        #[schema(value_type = String)]
+        path: PathBuf,
+    },
     /// The sandboxes were stopped but the kill could not be recorded.
     NotRecorded(ApiError),
 }
 
 /// One act's decision.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Decision {
     pub act: String,
     pub outcome: Outcome,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum Outcome {
     /// Decided: `line` says what happened; `carried_out` is false for an
@@ -267,15 +570,98 @@ impl Api {
     }
 
     /// Loads the configuration and gives the act queue its lifetimes from it.
-    fn with_queue_config(&self) -> Result<(), ApiError> {
+    pub(crate) fn with_queue_config(&self) -> Result<(), ApiError> {
         let config = self.load_config()?;
         crate::acts::use_queue_ttls(config.queue_ttls());
         Ok(())
     }
 
-    /// Carries out one command.
+    /// Carries out one command from the command line, in this process.
     pub async fn execute(&self, command: Command) -> Result<Reply, ApiError> {
+        self.execute_as(command, &Caller::Local).await
+    }
+
+    /// Carries out one command for `caller`.
+    pub async fn execute_as(&self, command: Command, caller: &Caller) -> Result<Reply, ApiError> {
+        self.execute_streaming(command, caller, &mut |_| {}).await
+    }
+
+    /// Carries out one command for `caller`, saying what a long command
+    /// (an image build) is doing to `progress`, line by line.
+    pub async fn execute_streaming(
+        &self,
+        command: Command,
+        caller: &Caller,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<Reply, ApiError> {
         match command {
+            Command::QueueShow { act } => self.act_detail(&act),
+            Command::PolicyList { rules, actor } => self.policy_list(rules.as_deref(), actor),
+            Command::PolicyExplain {
+                rules,
+                actor,
+                tool,
+                input,
+            } => self.policy_explain(rules.as_deref(), actor.as_deref(), &tool, &input),
+            Command::PolicyCheck {
+                rules,
+                actor,
+                tool,
+                input,
+            } => self
+                .policy_check(rules.as_deref(), actor.as_deref(), &tool, &input)
+                .map(Reply::Hook),
+            Command::PolicyDeclare {
+                rules,
+                file,
+                actor,
+                owner_key_file,
+            } => self.policy_declare(rules.as_deref(), &file, actor, owner_key_file.as_deref()),
+            Command::PolicyPropose {
+                rules,
+                file,
+                actor,
+                retire,
+                why,
+            } => self.policy_propose(
+                rules.as_deref(),
+                file.as_deref(),
+                actor,
+                retire.as_deref(),
+                why.as_deref(),
+            ),
+            Command::PolicyUnlock {
+                rules,
+                rule,
+                owner_key_file,
+            } => self.policy_unlock(rules.as_deref(), &rule, owner_key_file.as_deref()),
+            Command::PolicyRetire {
+                rules,
+                rule,
+                why,
+                actor,
+                owner_key_file,
+            } => self.policy_retire(
+                rules.as_deref(),
+                &rule,
+                &why,
+                actor,
+                owner_key_file.as_deref(),
+            ),
+            Command::ImageRef { agent } => self.image_ref(agent.as_deref()),
+            Command::ImageBuild { mirror, agent } => {
+                self.image_build(&mirror, agent.as_deref(), progress).await
+            }
+            Command::Destinations {} => self.destinations(),
+            Command::Summary {} => self.summary(),
+            Command::SummarySend { due } => self.summary_send(due),
+            Command::UsersAdd {
+                name,
+                role,
+                password,
+            } => self.users_add(&name, &role, &password.0),
+            Command::UsersList {} => self.users_list(),
+            Command::UsersRemove { name } => self.users_remove(&name),
             Command::Runs {} => Ok(Reply::Runs {
                 runs: self.open_store()?.runs()?,
             }),
@@ -289,14 +675,45 @@ impl Api {
             }
             Command::Freeze { why } => {
                 let mut store = self.open_store()?;
-                crate::policy::freeze(&mut store, None, &why)?;
+                crate::policy::write_row(
+                    &mut store,
+                    None,
+                    policies::Row::Freeze {
+                        authority: caller.freezer(),
+                        reason: why,
+                    },
+                )?;
                 Ok(Reply::Frozen)
             }
             Command::Thaw { owner_key_file } => {
                 let mut store = self.open_store()?;
-                let who = owner(&store, owner_key_file.as_deref())?;
-                crate::policy::thaw(&mut store, None, &who)?;
+                owner(&store, owner_key_file.as_deref())?;
+                crate::policy::write_row(
+                    &mut store,
+                    None,
+                    policies::Row::Thaw {
+                        authority: caller.owner_name(),
+                    },
+                )?;
                 Ok(Reply::Thawed)
+            }
+            Command::Ratify {
+                proposal,
+                owner_key_file,
+                rules,
+            } => {
+                let mut store = self.open_store()?;
+                owner(&store, owner_key_file.as_deref())?;
+                crate::policy::write_row(
+                    &mut store,
+                    rules.as_deref(),
+                    policies::Row::Ratify {
+                        proposal: proposal.clone(),
+                        authority: caller.owner_name(),
+                        lock: true,
+                    },
+                )?;
+                Ok(Reply::Ratified { proposal })
             }
             Command::Kill { target, freeze, by } => self.kill(target, freeze, &by).await,
             Command::Reconcile {} => {
@@ -312,16 +729,28 @@ impl Api {
             Command::Approve {
                 acts,
                 owner_key_file,
-            } => self.decide(&acts, owner_key_file.as_deref(), Decide::Approve),
+            } => self.decide(&acts, owner_key_file.as_deref(), Decide::Approve, caller),
             Command::Reject {
                 acts,
                 why,
                 owner_key_file,
-            } => self.decide(&acts, owner_key_file.as_deref(), Decide::Reject(&why)),
+            } => self.decide(
+                &acts,
+                owner_key_file.as_deref(),
+                Decide::Reject(&why),
+                caller,
+            ),
+            Command::ApproveCommit {
+                commit,
+                owner_key_file,
+            } => {
+                let acts = self.pending_with_commit(&commit)?;
+                self.decide(&acts, owner_key_file.as_deref(), Decide::Approve, caller)
+            }
             Command::Rebind {
                 acts,
                 owner_key_file,
-            } => self.decide(&acts, owner_key_file.as_deref(), Decide::Rebind),
+            } => self.decide(&acts, owner_key_file.as_deref(), Decide::Rebind, caller),
             Command::Enqueue { tasks } => {
                 let config = self.load_config()?;
                 let mut store = self.open_store()?;
@@ -554,35 +983,60 @@ impl Api {
         })
     }
 
+    /// The pending acts that carry exactly `commit` (a full commit id).
+    fn pending_with_commit(&self, commit: &str) -> Result<Vec<String>, ApiError> {
+        if !(commit.len() == 40 && commit.bytes().all(|b| b.is_ascii_hexdigit())) {
+            return Err(ApiError::new(
+                ErrorKind::BadInput,
+                "give the commit's full 40-character id",
+            ));
+        }
+        use deferred_queue::{Content, State};
+        Ok(crate::acts::rows(&self.open_store()?, None)?
+            .into_iter()
+            .filter(|r| matches!(r.state, State::Pending))
+            .filter(|r| match &r.act.content {
+                Content::Commit { commit: c } => c.eq_ignore_ascii_case(commit),
+                Content::PullRequest { head_commit, .. } => {
+                    head_commit.eq_ignore_ascii_case(commit)
+                }
+                Content::Message { .. } => false,
+            })
+            .map(|r| r.act.id)
+            .collect())
+    }
+
     fn decide(
         &self,
         acts: &[String],
         key: Option<&Path>,
         how: Decide<'_>,
+        caller: &Caller,
     ) -> Result<Reply, ApiError> {
         self.with_queue_config()?;
         let mut store = self.open_store()?;
-        let decisions =
-            acts.iter()
-                .map(|id| {
-                    let result = match how {
-                        Decide::Approve => crate::acts::approve(&mut store, id, key)
-                            .map(|d| (d.line, d.carried_out)),
-                        Decide::Reject(why) => crate::acts::reject(&mut store, id, why, key)
-                            .map(|()| (format!("act {id}: rejected"), true)),
-                        Decide::Rebind => {
-                            crate::acts::rebind(&mut store, id, key).map(|(_, line)| (line, true))
-                        }
-                    };
-                    Decision {
-                        act: id.clone(),
-                        outcome: match result {
-                            Ok((line, carried_out)) => Outcome::Done { line, carried_out },
-                            Err(e) => Outcome::Error(from_act_error(e)),
-                        },
+        let by = caller.owner_name();
+        let decisions = acts
+            .iter()
+            .map(|id| {
+                let result = match how {
+                    Decide::Approve => crate::acts::approve_as(&mut store, id, key, &by)
+                        .map(|d| (d.line, d.carried_out)),
+                    Decide::Reject(why) => crate::acts::reject_as(&mut store, id, why, key, &by)
+                        .map(|()| (format!("act {id}: rejected"), true)),
+                    Decide::Rebind => {
+                        crate::acts::rebind(&mut store, id, key).map(|(_, line)| (line, true))
                     }
-                })
-                .collect();
+                };
+                Decision {
+                    act: id.clone(),
+                    outcome: match result {
+                        Ok((line, carried_out)) => Outcome::Done { line, carried_out },
+                        Err(e) => Outcome::Error(from_act_error(e)),
+                    },
+                }
+            })
+            .collect();
         Ok(Reply::Decisions { decisions })
     }
 }
@@ -594,7 +1048,10 @@ enum Decide<'a> {
     Rebind,
 }
 
-fn owner(store: &Store, key_file: Option<&Path>) -> Result<crate::owner::Owner, ApiError> {
+pub(crate) fn owner(
+    store: &Store,
+    key_file: Option<&Path>,
+) -> Result<crate::owner::Owner, ApiError> {
     crate::owner::verify(store, key_file)
         .map_err(|e| ApiError::new(ErrorKind::Denied, e.to_string()))
 }
@@ -648,6 +1105,56 @@ mod tests {
                 by: "me".into()
             }
         );
+    }
+
+    #[test]
+    fn each_front_end_records_its_own_name_for_the_owner() {
+        assert_eq!(Caller::Local.owner_name(), "owner");
+        assert_eq!(Caller::Socket.owner_name(), "owner via serve");
+        let alice = Caller::Dashboard {
+            user: "alice".into(),
+        };
+        assert_eq!(alice.owner_name(), "dashboard:alice");
+        assert_eq!(alice.freezer(), "dashboard:alice");
+    }
+
+    #[test]
+    fn only_state_changing_commands_go_to_serve_with_absolute_paths() {
+        assert!(!Command::Queue {}.goes_through_serve());
+        assert!(!Command::UsersList {}.goes_through_serve());
+        let approve = Command::Approve {
+            acts: vec!["a".into()],
+            owner_key_file: Some("owner.key".into()),
+        };
+        assert!(approve.goes_through_serve());
+        let Command::Approve {
+            owner_key_file: Some(key),
+            ..
+        } = approve.absolutized()
+        else {
+            unreachable!("absolutized keeps the command")
+        };
+        assert!(key.is_absolute() && key.ends_with("owner.key"), "{key:?}");
+        let Command::Enqueue { tasks } = (Command::Enqueue {
+            tasks: vec![TaskSpec {
+                repo: "repo".into(),
+                ..serde_json::from_str(r#"{"repo": "x", "command": ["true"]}"#).unwrap()
+            }],
+        })
+        .absolutized() else {
+            unreachable!("absolutized keeps the command")
+        };
+        assert!(tasks[0].repo.is_absolute());
+    }
+
+    #[test]
+    fn a_password_is_never_shown_by_debug() {
+        let c = Command::UsersAdd {
+            name: "alice".into(),
+            role: "owner".into(),
+            password: Secret("hunter2-hunter2".into()),
+        };
+        assert!(!format!("{c:?}").contains("hunter2"));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! What the dashboard asks of the supervisor, as one narrow module over the
 //! library (`store`, `acts`, `policy`, `killswitch`, `owner`). The HTTP
-//! layer calls only this; when the typed command API lands, these functions
-//! become translations into it and nothing above them changes.
+//! layer calls only this. What changes state is a translation into the
+//! supervisor's command API ([`crate::api::Command`]), executed for the
+//! dashboard account (`Caller::Dashboard`) so the audit names who decided;
+//! what only reads builds the pages' views from the store.
 //!
 //! Invariants:
 //! - Nothing here decides who may do what: the caller passes a [`Role`]
@@ -21,6 +23,10 @@ use deferred_queue::{Content, State, Target};
 use super::guard::Role;
 use super::risky::risky_path;
 use crate::acts::{self, Row};
+use crate::api::{
+    Api, ApiError, Caller, Command, KillRecord, KillReport, KillTarget, Outcome as DecisionOutcome,
+    Reply,
+};
 use crate::store::{RunRecord, Store, StoreError};
 
 /// Most bytes of a diff or of a run's output shown on a page.
@@ -40,6 +46,9 @@ pub enum BackendError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Failed(String),
+    /// What the supervisor's API answered.
+    #[error(transparent)]
+    Api(ApiError),
 }
 
 pub fn require_owner(role: Role, what: &'static str) -> Result<(), BackendError> {
@@ -59,6 +68,8 @@ pub struct Backend {
     pub root: PathBuf,
     pub store: Arc<Mutex<Store>>,
     pub owner_key: PathBuf,
+    /// The supervisor's one command API: every state change goes through it.
+    pub api: Api,
     /// Diffs by (repo, from, to): commits never change, so neither do they.
     diffs: Arc<Mutex<DiffCache>>,
 }
@@ -66,11 +77,18 @@ pub struct Backend {
 impl Backend {
     pub fn new(root: PathBuf, store: Store, owner_key: PathBuf) -> Self {
         Backend {
+            api: Api::new(root.clone(), None),
             root,
             store: Arc::new(Mutex::new(store)),
             owner_key,
             diffs: Arc::default(),
         }
+    }
+
+    /// The configuration file the API reads (default `STATE/config.toml`).
+    pub fn with_config(mut self, config: Option<PathBuf>) -> Self {
+        self.api = Api::new(self.root.clone(), config);
+        self
     }
 
     pub fn with_store<T>(&self, f: impl FnOnce(&mut Store) -> T) -> T {
@@ -605,123 +623,110 @@ fn state_of(store: &Store, id: &str) -> String {
         .unwrap_or_default()
 }
 
-pub fn approve(
+/// Carries out one command of the supervisor's API for a dashboard
+/// account, recorded under its name (`dashboard:NAME`). On a blocking
+/// thread with its own executor: the kill switch's futures hold a store
+/// across awaits, so they are not `Send`.
+pub async fn execute(
     backend: &Backend,
-    store: &mut Store,
     role: Role,
-    id: &str,
-) -> Result<Outcome, BackendError> {
-    require_owner(role, "approve acts")?;
-    let r = acts::approve(store, id, Some(&backend.owner_key));
-    Ok(match r {
-        Ok(d) => Outcome {
-            act: id.to_string(),
-            ok: d.carried_out,
-            state: state_of(store, id),
-            line: d.line,
-        },
-        Err(e) => Outcome {
-            act: id.to_string(),
-            ok: false,
-            state: state_of(store, id),
-            line: e,
-        },
-    })
+    user: &str,
+    what: &'static str,
+    command: Command,
+) -> Result<Reply, BackendError> {
+    require_owner(role, what)?;
+    let api = backend.api.clone();
+    let caller = Caller::Dashboard {
+        user: user.to_string(),
+    };
+    let handle = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || handle.block_on(api.execute_as(command, &caller)))
+        .await
+        .map_err(|e| BackendError::Failed(e.to_string()))?
+        .map_err(BackendError::Api)
 }
 
-pub fn reject(
-    backend: &Backend,
-    store: &mut Store,
-    role: Role,
-    id: &str,
-    why: &str,
-) -> Result<Outcome, BackendError> {
-    require_owner(role, "reject acts")?;
+/// The command that approves `acts` with the owner's key of this `serve`.
+pub fn approve(backend: &Backend, acts: Vec<String>) -> Command {
+    Command::Approve {
+        acts,
+        owner_key_file: Some(backend.owner_key.clone()),
+    }
+}
+
+/// The command that rejects `acts`; a rejection needs a reason.
+pub fn reject(backend: &Backend, acts: Vec<String>, why: &str) -> Result<Command, BackendError> {
     if why.trim().is_empty() {
         return Err(BackendError::BadInput("a rejection needs a reason".into()));
     }
-    let r = acts::reject(store, id, why, Some(&backend.owner_key));
-    Ok(Outcome {
-        act: id.to_string(),
-        ok: r.is_ok(),
-        state: state_of(store, id),
-        line: match r {
-            Ok(()) => format!("act {id}: rejected"),
-            Err(e) => e,
-        },
+    Ok(Command::Reject {
+        acts,
+        why: why.to_string(),
+        owner_key_file: Some(backend.owner_key.clone()),
     })
 }
 
-/// Approves every pending act that carries exactly `commit`.
-pub fn approve_commit(
-    backend: &Backend,
-    store: &mut Store,
-    role: Role,
-    commit: &str,
-) -> Result<Vec<Outcome>, BackendError> {
-    require_owner(role, "approve acts")?;
-    if !is_full_id(commit) {
-        return Err(BackendError::BadInput(
-            "give the commit's full 40-character id".into(),
-        ));
+/// The command that approves every pending act carrying exactly `commit`.
+pub fn approve_commit(backend: &Backend, commit: &str) -> Command {
+    Command::ApproveCommit {
+        commit: commit.to_string(),
+        owner_key_file: Some(backend.owner_key.clone()),
     }
-    let ids: Vec<String> = acts::rows(store, None)?
-        .into_iter()
-        .filter(|r| matches!(r.state, State::Pending))
-        .filter(|r| match &r.act.content {
-            Content::Commit { commit: c } => c.eq_ignore_ascii_case(commit),
-            Content::PullRequest { head_commit, .. } => head_commit.eq_ignore_ascii_case(commit),
-            Content::Message { .. } => false,
-        })
-        .map(|r| r.act.id)
-        .collect();
-    ids.iter()
-        .map(|id| approve(backend, store, role, id))
-        .collect()
 }
 
-pub fn freeze(store: &mut Store, role: Role, user: &str, why: &str) -> Result<(), BackendError> {
-    require_owner(role, "freeze")?;
+/// The command that freezes, with a reason (one is given when none is).
+pub fn freeze(why: &str) -> Command {
     let why = if why.trim().is_empty() {
         "frozen from the dashboard"
     } else {
         why
     };
-    crate::policy::write_row(
-        store,
-        None,
-        policies::Row::Freeze {
-            authority: format!("dashboard owner {user}"),
-            reason: why.to_string(),
-        },
-    )
-    .map(|_| ())
-    .map_err(|e| BackendError::Failed(e.to_string()))
+    Command::Freeze {
+        why: why.to_string(),
+    }
 }
 
-pub fn thaw(backend: &Backend, store: &mut Store, role: Role) -> Result<(), BackendError> {
-    require_owner(role, "thaw")?;
-    let owner = crate::owner::verify(store, Some(&backend.owner_key))
-        .map_err(|e| BackendError::Refused(e.to_string()))?;
-    crate::policy::thaw(store, None, &owner).map_err(|e| BackendError::Refused(e.to_string()))
+pub fn thaw(backend: &Backend) -> Command {
+    Command::Thaw {
+        owner_key_file: Some(backend.owner_key.clone()),
+    }
 }
 
-pub fn ratify(
-    backend: &Backend,
-    store: &mut Store,
-    role: Role,
-    proposal: &str,
-) -> Result<(), BackendError> {
-    require_owner(role, "ratify rules")?;
-    let owner = crate::owner::verify(store, Some(&backend.owner_key))
-        .map_err(|e| BackendError::Refused(e.to_string()))?;
-    crate::policy::ratify(store, None, proposal, &owner)
-        .map_err(|e| BackendError::Refused(e.to_string()))
+pub fn ratify(backend: &Backend, proposal: &str) -> Command {
+    Command::Ratify {
+        proposal: proposal.to_string(),
+        owner_key_file: Some(backend.owner_key.clone()),
+        rules: None,
+    }
+}
+
+/// Each decision of a reply, with the act's state after it.
+pub fn outcomes(store: &Store, reply: Reply) -> Result<Vec<Outcome>, BackendError> {
+    let Reply::Decisions { decisions } = reply else {
+        return Err(BackendError::Failed(format!(
+            "the supervisor answered a decision with {reply:?}"
+        )));
+    };
+    Ok(decisions
+        .into_iter()
+        .map(|d| {
+            let (ok, line) = match d.outcome {
+                DecisionOutcome::Done { line, carried_out } => (carried_out, line),
+                DecisionOutcome::Error(e) => (false, e.message),
+            };
+            Outcome {
+                state: state_of(store, &d.act),
+                act: d.act,
+                ok,
+                line,
+            }
+        })
+        .collect())
 }
 
 /// The kill switch from the dashboard: every sandbox of this state (or one
-/// run's) stopped through the engine, then recorded; with `freeze`, no new
-/// run starts. Its own engine connection and store handle, like `nightshift kill`.
+/// run's) stopped through the engine, then recorded under the account's
+/// name and the reason; with `freeze_too`, no new run starts.
 pub async fn kill(
     backend: &Backend,
     role: Role,
@@ -730,31 +735,40 @@ pub async fn kill(
     freeze_too: bool,
     why: &str,
 ) -> Result<Vec<String>, BackendError> {
-    require_owner(role, "use the kill switch")?;
-    let engine = crate::engine::Engine::connect()
-        .await
-        .map_err(|e| BackendError::Failed(e.to_string()))?;
-    let state_tag = crate::state_tag(&backend.root);
-    let who = format!("dashboard owner {user}: {why}");
-    let stopped = crate::killswitch::stop_sandboxes(&engine, &state_tag, run, &who, false)
-        .await
-        .map_err(|e| BackendError::Failed(e.to_string()))?;
-    if freeze_too {
-        backend.with_store(|s| freeze(s, role, user, why))?;
-    }
-    let store = Store::open(crate::store::StatePaths::new(backend.root.clone()))?;
-    let identity = crate::run::process_identity(std::process::id())
-        .unwrap_or_else(|| format!("{}:0", std::process::id()));
-    let sup = crate::run::Supervisor {
-        engine,
-        store: Arc::new(Mutex::new(store)),
-        state_tag,
-        identity,
-        fleet: None,
-        sandbox_user: Default::default(),
+    let by = format!("dashboard:{user}: {why}");
+    let target = match run {
+        Some(r) => KillTarget::Run(r.to_string()),
+        None => KillTarget::All,
     };
-    let killed = crate::killswitch::record_kill(&sup, &stopped)
-        .await
-        .map_err(|e| BackendError::Failed(e.to_string()))?;
-    Ok(killed.runs)
+    // The freeze first (with the account's reason): nothing new starts
+    // while the sandboxes are being stopped.
+    if freeze_too {
+        execute(backend, role, user, "freeze", freeze(why)).await?;
+    }
+    let command = Command::Kill {
+        freeze: false,
+        target,
+        by,
+    };
+    let reply = execute(backend, role, user, "use the kill switch", command).await?;
+    let runs = match reply {
+        Reply::Killed(KillReport {
+            record: KillRecord::Recorded { runs },
+            ..
+        }) => runs,
+        Reply::Killed(KillReport {
+            record: KillRecord::Pending { .. },
+            ..
+        }) => Vec::new(),
+        Reply::Killed(KillReport {
+            record: KillRecord::NotRecorded(e),
+            ..
+        }) => return Err(BackendError::Api(e)),
+        other => {
+            return Err(BackendError::Failed(format!(
+                "the supervisor answered the kill switch with {other:?}"
+            )))
+        }
+    };
+    Ok(runs)
 }

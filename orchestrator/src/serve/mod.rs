@@ -22,6 +22,7 @@ pub mod backend;
 pub mod guard;
 pub mod pages;
 pub mod risky;
+pub mod socket;
 pub mod users;
 
 use std::net::{IpAddr, SocketAddr};
@@ -40,6 +41,7 @@ use axum::Router;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tower_http::set_header::SetResponseHeaderLayer;
 
+use crate::api::Command as ApiCommand;
 use backend::{Backend, BackendError};
 use guard::{Provenance, Role};
 use pages::Viewer;
@@ -83,6 +85,8 @@ pub struct ServeOptions {
     pub insecure_network: bool,
     /// The owner's key file, used only for an owner's session's decisions.
     pub owner_key: PathBuf,
+    /// The configuration file the API reads (default `STATE/config.toml`).
+    pub config: Option<PathBuf>,
     /// Serve HTTPS with this certificate chain and private key (PEM files).
     pub tls: Option<TlsFiles>,
 }
@@ -276,9 +280,12 @@ fn scalar(v: &serde_json::Value) -> Result<String, String> {
         serde_json::Value::String(s) => Ok(s.clone()),
         serde_json::Value::Bool(b) => Ok(b.to_string()),
         serde_json::Value::Number(n) => Ok(n.to_string()),
-        _ => {
-            Err("the JSON body's values must be strings, numbers, booleans or lists of them".into())
-        }
+        // An object (a task to enqueue) is handed on as its JSON text.
+        serde_json::Value::Object(_) => Ok(v.to_string()),
+        _ => Err(
+            "the JSON body's values must be strings, numbers, booleans, objects or lists of them"
+                .into(),
+        ),
     }
 }
 
@@ -508,7 +515,7 @@ pub async fn serve(
         source,
     })?;
     let app = App {
-        backend: Backend::new(root, store, opts.owner_key),
+        backend: Backend::new(root, store, opts.owner_key).with_config(opts.config),
         hosts: Arc::new(guard::default_hosts(bound, &opts.allow_hosts)),
         tls,
         // Ten attempts at once from one address, then one every 6 s;
@@ -524,20 +531,48 @@ pub async fn serve(
                 .allow_burst(NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN)),
         )),
     };
+    // The owner's socket: the command line's way in (`socket.rs`).
+    let owner_socket = match socket::bind(&app.backend.root).await {
+        Ok(Ok(unix)) => {
+            let router = socket::router(app.backend.api.clone());
+            Some(tokio::spawn(async move {
+                if let Err(e) = axum::serve(unix, router).await {
+                    tracing::warn!(error = %e, "the owner's socket stopped");
+                }
+            }))
+        }
+        Ok(Err(why)) => {
+            tracing::warn!("{why}");
+            None
+        }
+        Err(e) => {
+            return Err(ServeError::Bind(format!(
+                "binding {}: {e}",
+                socket::socket_path(&app.backend.root).display()
+            )))
+        }
+    };
+    let socket_path = socket::socket_path(&app.backend.root);
     // The run queue's dispatcher runs beside this server on the same
     // runtime (`nightshift serve` joins both; see main.rs `serve_cmd`).
     let router = router(app);
     ready(bound);
-    if let Some(config) = tls_config {
-        return serve_tls(listener, config, router).await;
+    let served = if let Some(config) = tls_config {
+        serve_tls(listener, config, router).await
+    } else {
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(ServeError::Serve)
+    };
+    if let Some(task) = owner_socket {
+        task.abort();
+        let _ = std::fs::remove_file(&socket_path);
     }
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown_signal())
-    .await
-    .map_err(ServeError::Serve)
+    served
 }
 
 fn router(app: App) -> Router {
@@ -573,6 +608,9 @@ fn router(app: App) -> Router {
         .route("/api/v1/freeze", post(api_freeze))
         .route("/api/v1/thaw", post(api_thaw))
         .route("/api/v1/policy/ratify", post(api_ratify))
+        .route("/api/v1/openapi.json", get(openapi_json))
+        .route("/api/v1/tasks", post(api_enqueue))
+        .route("/api/v1/tasks/cancel", post(api_cancel))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(app.clone(), gate))
         .layer(middleware::from_fn_with_state(app.clone(), host_check))
@@ -596,6 +634,9 @@ fn backend_status(e: &BackendError) -> StatusCode {
         BackendError::Refused(_) => StatusCode::CONFLICT,
         BackendError::BadInput(_) => StatusCode::BAD_REQUEST,
         BackendError::Store(_) | BackendError::Failed(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        BackendError::Api(e) => {
+            StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        }
     }
 }
 
@@ -813,6 +854,15 @@ async fn not_found(headers: HeaderMap, uri: axum::http::Uri) -> Response {
     )
 }
 
+/// The JSON API's OpenAPI description (`crate::api::openapi_json`).
+pub(crate) async fn openapi_json() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::api::openapi_json(),
+    )
+        .into_response()
+}
+
 async fn api_session(s: axum::Extension<Session>) -> Response {
     json_response(
         StatusCode::OK,
@@ -1000,17 +1050,25 @@ async fn api_approve(
     axum::Extension(p): axum::Extension<Params>,
 ) -> Response {
     let ids: Vec<String> = p.all("act").into_iter().map(str::to_string).collect();
-    let role = s.role;
-    let r = blocking(&app, move |b, st| {
-        if ids.is_empty() {
-            return Err(BackendError::BadInput("name at least one act".into()));
-        }
-        ids.iter()
-            .map(|id| backend::approve(b, st, role, id))
-            .collect()
-    })
-    .await;
+    let r = if ids.is_empty() {
+        Err(BackendError::BadInput("name at least one act".into()))
+    } else {
+        let command = backend::approve(&app.backend, ids);
+        decide(&app, &s, "approve acts", command).await
+    };
     decided(wants_json(&headers, "/api/"), "/queue", r)
+}
+
+/// One decision command for the session's account; each act's outcome with
+/// its state after it.
+async fn decide(
+    app: &App,
+    s: &Session,
+    what: &'static str,
+    command: ApiCommand,
+) -> Result<Vec<backend::Outcome>, BackendError> {
+    let reply = backend::execute(&app.backend, s.role, &s.user, what, command).await?;
+    blocking(app, move |_, st| backend::outcomes(st, reply)).await
 }
 
 async fn api_reject(
@@ -1020,17 +1078,12 @@ async fn api_reject(
     axum::Extension(p): axum::Extension<Params>,
 ) -> Response {
     let ids: Vec<String> = p.all("act").into_iter().map(str::to_string).collect();
-    let why = p.get("why").unwrap_or("").to_string();
-    let role = s.role;
-    let r = blocking(&app, move |b, st| {
-        if ids.is_empty() {
-            return Err(BackendError::BadInput("name at least one act".into()));
-        }
-        ids.iter()
-            .map(|id| backend::reject(b, st, role, id, &why))
-            .collect()
-    })
-    .await;
+    let why = p.get("why").unwrap_or("");
+    let r = match backend::reject(&app.backend, ids.clone(), why) {
+        _ if ids.is_empty() => Err(BackendError::BadInput("name at least one act".into())),
+        Err(e) => Err(e),
+        Ok(command) => decide(&app, &s, "reject acts", command).await,
+    };
     decided(wants_json(&headers, "/api/"), "/queue", r)
 }
 
@@ -1040,12 +1093,8 @@ async fn api_approve_commit(
     s: axum::Extension<Session>,
     axum::Extension(p): axum::Extension<Params>,
 ) -> Response {
-    let commit = p.get("commit").unwrap_or("").to_string();
-    let role = s.role;
-    let r = blocking(&app, move |b, st| {
-        backend::approve_commit(b, st, role, &commit)
-    })
-    .await;
+    let command = backend::approve_commit(&app.backend, p.get("commit").unwrap_or(""));
+    let r = decide(&app, &s, "approve acts", command).await;
     decided(wants_json(&headers, "/api/"), "/queue", r)
 }
 
@@ -1081,16 +1130,9 @@ async fn api_kill(
     }
     let run = p.get("run").filter(|r| !r.is_empty()).map(str::to_string);
     let freeze = p.get("freeze") == Some("true");
-    // The kill switch's futures hold the store across awaits: run on a
-    // blocking thread with its own executor so the handler stays `Send`.
-    let (b, role, user) = (app.backend.clone(), s.role, s.user.clone());
-    let handle = tokio::runtime::Handle::current();
-    let r = tokio::task::spawn_blocking(move || {
-        handle.block_on(backend::kill(&b, role, &user, run.as_deref(), freeze, &why))
-    })
-    .await
-    .unwrap_or_else(|e| Err(BackendError::Failed(e.to_string())))
-    .map(|runs| serde_json::json!({"killed": runs, "frozen": freeze}));
+    let r = backend::kill(&app.backend, s.role, &s.user, run.as_deref(), freeze, &why)
+        .await
+        .map(|runs| serde_json::json!({"killed": runs, "frozen": freeze}));
     done(json, "/", r)
 }
 
@@ -1100,11 +1142,10 @@ async fn api_freeze(
     s: axum::Extension<Session>,
     axum::Extension(p): axum::Extension<Params>,
 ) -> Response {
-    let why = p.get("why").unwrap_or("").to_string();
-    let (role, user) = (s.role, s.user.clone());
-    let r = blocking(&app, move |_, st| backend::freeze(st, role, &user, &why))
+    let command = backend::freeze(p.get("why").unwrap_or(""));
+    let r = backend::execute(&app.backend, s.role, &s.user, "freeze", command)
         .await
-        .map(|()| serde_json::json!({"frozen": true}));
+        .map(|_| serde_json::json!({"frozen": true}));
     done(wants_json(&headers, "/api/"), "/", r)
 }
 
@@ -1113,10 +1154,10 @@ async fn api_thaw(
     headers: HeaderMap,
     s: axum::Extension<Session>,
 ) -> Response {
-    let role = s.role;
-    let r = blocking(&app, move |b, st| backend::thaw(b, st, role))
+    let command = backend::thaw(&app.backend);
+    let r = backend::execute(&app.backend, s.role, &s.user, "thaw", command)
         .await
-        .map(|()| serde_json::json!({"frozen": false}));
+        .map(|_| serde_json::json!({"frozen": false}));
     done(wants_json(&headers, "/api/"), "/policy", r)
 }
 
@@ -1126,10 +1167,54 @@ async fn api_ratify(
     s: axum::Extension<Session>,
     axum::Extension(p): axum::Extension<Params>,
 ) -> Response {
-    let proposal = p.get("proposal").unwrap_or("").to_string();
-    let role = s.role;
-    let r = blocking(&app, move |b, st| backend::ratify(b, st, role, &proposal))
+    let command = backend::ratify(&app.backend, p.get("proposal").unwrap_or(""));
+    let r = backend::execute(&app.backend, s.role, &s.user, "ratify rules", command)
         .await
-        .map(|()| serde_json::json!({"ratified": true}));
+        .map(|_| serde_json::json!({"ratified": true}));
     done(wants_json(&headers, "/api/"), "/policy", r)
+}
+
+/// Adds tasks to the run queue: `task` is one task (a JSON object, as in a
+/// tasks file's `[[task]]` table), repeatable or a list.
+async fn api_enqueue(
+    State(app): State<App>,
+    s: axum::Extension<Session>,
+    axum::Extension(p): axum::Extension<Params>,
+) -> Response {
+    let tasks: Result<Vec<crate::run_queue::TaskSpec>, BackendError> = p
+        .all("task")
+        .into_iter()
+        .map(|t| {
+            serde_json::from_str(t).map_err(|e| BackendError::BadInput(format!("a task: {e}")))
+        })
+        .collect();
+    let r = match tasks {
+        Ok(tasks) if tasks.is_empty() => {
+            Err(BackendError::BadInput("name at least one task".into()))
+        }
+        Ok(tasks) => {
+            backend::execute(
+                &app.backend,
+                s.role,
+                &s.user,
+                "enqueue tasks",
+                ApiCommand::Enqueue { tasks },
+            )
+            .await
+        }
+        Err(e) => Err(e),
+    };
+    api(r)
+}
+
+/// Cancels a queued task (`task`: its id).
+async fn api_cancel(
+    State(app): State<App>,
+    s: axum::Extension<Session>,
+    axum::Extension(p): axum::Extension<Params>,
+) -> Response {
+    let command = ApiCommand::CancelTask {
+        task: p.get("task").unwrap_or("").to_string(),
+    };
+    api(backend::execute(&app.backend, s.role, &s.user, "cancel tasks", command).await)
 }
