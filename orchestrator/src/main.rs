@@ -1159,7 +1159,7 @@ fn render_show(view: &RunView, json: bool) {
                     .unwrap_or_else(|| "-".into())
             };
             outln!(
-                "    #{} {} {} {}{} {} {}: in {} out {} cached {}, charged {}, {} ms",
+                "    #{} {} {} {}{} {} {}: in {} out {} cached {}, charged {}, {} ms, label {}",
                 seq,
                 text("endpoint"),
                 text("model"),
@@ -1175,7 +1175,8 @@ fn render_show(view: &RunView, json: bool) {
                 num("output_tokens"),
                 num("cached_tokens"),
                 num("charged_tokens"),
-                num("latency_ms")
+                num("latency_ms"),
+                text("label")
             );
         }
     }

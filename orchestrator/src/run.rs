@@ -391,6 +391,7 @@ async fn steps(
                     &paths,
                     &door_dir,
                     &id,
+                    crate::acts::run_content_label(req.repo_confidentiality),
                     models,
                     req.caps.max_tokens,
                     req.caps.fleet_max_tokens_per_night,

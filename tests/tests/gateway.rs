@@ -356,6 +356,55 @@ show(call("responses", False, "gpt-5-mini", {"model": 7}))
     assert!(calls[0]["model"].is_null());
 }
 
+/// Model output is a value like any other: each call's audit entry carries
+/// the label of what the run's context held (the repository's
+/// confidentiality from the owner's configuration, private by default;
+/// the agent's output untrusted), and `show` prints it.
+#[test]
+fn each_model_call_carries_the_runs_content_label() {
+    let server = ModelServer::start();
+    let state = state_with_models(&server, "");
+    let public = make_repo();
+    let private = make_repo();
+    std::fs::write(
+        state.path().join("config.toml"),
+        format!(
+            "[[repository]]\npath = \"{}\"\nconfidentiality = \"public\"\n",
+            public.path().display()
+        ),
+    )
+    .unwrap();
+    // A whole call and a refused one (a model not configured).
+    let script =
+        "show(call(\"chat\", False, \"gpt-5\"))\nshow(call(\"chat\", False, \"gpt-4o\"))\n";
+    for (repo, label) in [
+        (&public, "untrusted, public"),
+        (&private, "untrusted, private"),
+    ] {
+        server.push(Step::text("hello"));
+        let out = run_python(&state, repo.path(), &[], script);
+        let run = run_id(&state);
+        let log = state.output_log(&run);
+        assert!(out.status.success(), "{}{log}", stderr(&out));
+        let calls = model_calls(&state, &run);
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(calls[0]["outcome"], "ok", "{calls:?}");
+        for c in &calls {
+            assert_eq!(c["label"], label, "{c}");
+        }
+        let shown = state.run(&["show", &run]);
+        let text = stdout(&shown);
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.contains(&format!("label {label}")))
+                .count(),
+            2,
+            "{text}"
+        );
+    }
+    assert!(state.verify().status.success());
+}
+
 #[test]
 fn the_run_token_cap_kills_the_run_with_its_reason_even_when_eight_calls_race() {
     let server = ModelServer::start();
@@ -608,7 +657,16 @@ fn direct_gateway(
     std::fs::create_dir_all(&door).unwrap();
     let paths = orchestrator::store::StatePaths::new(state.path().to_path_buf());
     let handle = rt.block_on(async {
-        orchestrator::gateway::open(&paths, &door, run, models, 1_000_000, 10_000_000).unwrap()
+        orchestrator::gateway::open(
+            &paths,
+            &door,
+            run,
+            orchestrator::acts::run_content_label(policies::Confidentiality::Private),
+            models,
+            1_000_000,
+            10_000_000,
+        )
+        .unwrap()
     });
     (rt, handle, door.join("model.sock"))
 }

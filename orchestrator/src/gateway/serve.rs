@@ -88,6 +88,8 @@ struct Gateway {
     run: String,
     run_cap: u64,
     fleet_cap: u64,
+    /// The label of every call's output (`untrusted, private`).
+    label: String,
     paths: StatePaths,
     /// Reservations and settlements (`STATE/tokens.db`).
     ledger: Mutex<Option<TokenLedger>>,
@@ -167,10 +169,13 @@ pub fn cap_detail(scope: tokens::Scope, used: u64, cap: u64) -> String {
 }
 
 /// Binds `door_dir/model.sock` and serves it until the handle is closed.
+/// `content` is the label of what the run's context holds
+/// (`acts::run_content_label`): each call's output carries it.
 pub fn open(
     paths: &StatePaths,
     door_dir: &Path,
     run: &str,
+    content: policies::Label,
     models: Models,
     run_cap: u64,
     fleet_cap: u64,
@@ -188,6 +193,7 @@ pub fn open(
         run: run.to_string(),
         run_cap,
         fleet_cap,
+        label: crate::acts::label_text(content),
         paths: paths.clone(),
         ledger: Mutex::new(None),
         auditing: Mutex::new(None),
@@ -231,6 +237,7 @@ struct Call {
     request_digest: String,
     night: String,
     reserved: u64,
+    label: String,
 }
 
 fn now_unix() -> i64 {
@@ -249,6 +256,7 @@ async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     let mut call = Call {
         night: tokens::night_of(now_unix()),
         request_digest: crate::audit_log::digest(b""),
+        label: gw.label.clone(),
         ..Default::default()
     };
     match forward(&gw, req, &mut call, started).await {
@@ -333,6 +341,7 @@ fn model_call(
         request_digest: call.request_digest.clone(),
         response_bytes,
         response_digest,
+        label: Some(call.label.clone()),
     }
 }
 
