@@ -689,6 +689,59 @@ fn raw_call(socket: &Path, path: &str, body: &Value) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The gateway keeps its connection to an endpoint alive between a run's
+/// calls (no TCP setup per call), and never reuses one whose response it
+/// did not read to the end (a stream cut at the response cap).
+#[test]
+fn calls_reuse_a_kept_alive_connection_but_never_one_cut_short() {
+    let server = ModelServer::start();
+    let state = state_with_models(&server, "[gateway]\nmax_response = \"1m\"\n");
+    let (_rt, _gw, socket) = direct_gateway(&state, "r1");
+    let chat = json!({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]});
+    server.push(Step::text("one"));
+    server.push(Step::text("two"));
+    server.push(Step::text("x").mode(Mode::Endless));
+    server.push(Step::text("four"));
+    for _ in 0..2 {
+        let out = raw_call(&socket, "/v1/chat/completions", &chat);
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    }
+    let out = raw_call(
+        &socket,
+        "/v1/chat/completions",
+        &json!({"model": "gpt-5", "stream": true}),
+    );
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let out = raw_call(&socket, "/v1/chat/completions", &chat);
+    assert!(
+        out.starts_with("HTTP/1.1 200") && out.contains("four"),
+        "{out}"
+    );
+    let peers: Vec<u16> = server.requests().iter().map(|r| r.peer_port).collect();
+    assert_eq!(peers.len(), 4, "{peers:?}");
+    assert_eq!(peers[0], peers[1], "the second call made a new connection");
+    assert_eq!(peers[1], peers[2], "{peers:?}");
+    assert_ne!(peers[3], peers[2], "a connection cut short was reused");
+    // Each call's entry is written once its response has gone out.
+    let outcomes = || -> Vec<Value> {
+        rusqlite::Connection::open(state.path().join("state.db"))
+            .unwrap()
+            .prepare("SELECT body FROM audit WHERE kind = 'model_call' ORDER BY seq")
+            .unwrap()
+            .query_map([], |r| r.get::<_, String>(0))
+            .unwrap()
+            .map(|b| serde_json::from_str::<Value>(&b.unwrap()).unwrap()["outcome"].clone())
+            .collect()
+    };
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while outcomes().len() < 4 && std::time::Instant::now() < give_up {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut seen = outcomes();
+    seen.sort_by_key(|o| o.to_string());
+    assert_eq!(seen, ["ok", "ok", "ok", "response_too_large"], "{seen:?}");
+}
+
 #[test]
 fn an_oversized_line_is_cut_directly() {
     let server = ModelServer::start();

@@ -95,6 +95,8 @@ struct Gateway {
     ledger: Mutex<Option<TokenLedger>>,
     /// Audit entries.
     auditing: Mutex<Option<Store>>,
+    /// The client to the endpoints, keeping connections alive between calls.
+    upstream: super::upstream::Upstream,
     cap: watch::Sender<Option<CapReached>>,
 }
 
@@ -197,6 +199,7 @@ pub fn open(
         paths: paths.clone(),
         ledger: Mutex::new(None),
         auditing: Mutex::new(None),
+        upstream: super::upstream::Upstream::new(),
         cap,
     });
     let task = tokio::spawn(async move {
@@ -574,7 +577,7 @@ async fn forward(
     let sent = Instant::now();
     let response = match tokio::time::timeout(
         limits.first_byte_timeout,
-        super::upstream::send(&endpoint.base_url, upstream),
+        gw.upstream.send(&endpoint.base_url, upstream),
     )
     .await
     {
