@@ -1192,7 +1192,8 @@ async fn finish(
         lease.stop();
     }
     if let Some(gateway) = held.gateway.take() {
-        gateway.close();
+        // Every model call is audited before the run's end is.
+        gateway.close().await;
     }
     if let Some(door) = held.door.take() {
         door.close();

@@ -405,6 +405,54 @@ fn each_model_call_carries_the_runs_content_label() {
     assert!(state.verify().status.success());
 }
 
+/// Every call is an audit entry before the run's end is: an agent that
+/// leaves while its stream is still coming (a slow endpoint) ends the run,
+/// and the gateway ends the stream, settles and audits it first.
+#[test]
+fn a_call_still_streaming_when_the_run_ends_is_audited_before_the_end() {
+    let server = ModelServer::start();
+    server.push(Step::text("late answer").mode(Mode::Slow(std::time::Duration::from_secs(120))));
+    // No heartbeat before the run is long over: nothing else would notice
+    // the agent is gone.
+    let state = state_with_models(&server, "[gateway]\nheartbeat = \"100s\"\n");
+    let repo = make_repo();
+    let out = run_python(
+        &state,
+        repo.path(),
+        &[],
+        r#"
+import time
+threading.Thread(target=lambda: call("chat", True, "gpt-5"), daemon=True).start()
+time.sleep(3)
+print("LEAVING", flush=True)
+"#,
+    );
+    let run = run_id(&state);
+    let log = state.output_log(&run);
+    assert!(out.status.success(), "{}{log}", stderr(&out));
+    assert!(log.contains("LEAVING"), "{log}");
+    assert_eq!(
+        server.requests().len(),
+        1,
+        "the call did not reach the endpoint"
+    );
+    let kinds: Vec<String> = state.show(&run)["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_string())
+        .collect();
+    let call = kinds.iter().position(|k| k == "model_call");
+    let end = kinds.iter().position(|k| k == "run_ended");
+    assert!(
+        matches!((call, end), (Some(c), Some(e)) if c < e),
+        "{kinds:?}"
+    );
+    let calls = model_calls(&state, &run);
+    assert_eq!(calls[0]["outcome"], "run_ended", "{calls:?}");
+    assert!(state.verify().status.success());
+}
+
 #[test]
 fn the_run_token_cap_kills_the_run_with_its_reason_even_when_eight_calls_race() {
     let server = ModelServer::start();
