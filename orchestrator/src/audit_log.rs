@@ -233,6 +233,11 @@ pub enum Event {
         request_digest: String,
         response_bytes: u64,
         response_digest: String,
+        /// The label of the call's output: the join of the labels of what
+        /// the run's context held (`acts::run_content_label`), as the
+        /// run's acts carry it (`untrusted, private`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        label: Option<String>,
     },
 }
 

@@ -1210,7 +1210,7 @@ fn render_show(view: &RunView, json: bool) {
                     .unwrap_or_else(|| "-".into())
             };
             outln!(
-                "    #{} {} {} {}{} {} {}: in {} out {} cached {}, charged {}, {} ms",
+                "    #{} {} {} {}{} {} {}: in {} out {} cached {}, charged {}, {} ms, label {}",
                 seq,
                 text("endpoint"),
                 text("model"),
@@ -1226,7 +1226,8 @@ fn render_show(view: &RunView, json: bool) {
                 num("output_tokens"),
                 num("cached_tokens"),
                 num("charged_tokens"),
-                num("latency_ms")
+                num("latency_ms"),
+                text("label")
             );
         }
     }

@@ -412,6 +412,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
                     &paths,
                     &door_dir,
                     &id,
+                    crate::acts::run_content_label(req.repo_confidentiality),
                     models,
                     req.caps.max_tokens,
                     req.caps.fleet_max_tokens_per_night,
@@ -1229,7 +1230,8 @@ async fn finish<E: ContainerEngine, S: StateStore>(
         lease.stop();
     }
     if let Some(gateway) = held.gateway.take() {
-        gateway.close();
+        // Every model call is audited before the run's end is.
+        gateway.close().await;
     }
     if let Some(door) = held.door.take() {
         door.close();

@@ -79,8 +79,16 @@ fn main() {
     std::fs::create_dir_all(&door).unwrap();
     let paths = orchestrator::store::StatePaths::new(state.path().to_path_buf());
     let _gw = rt.block_on(async {
-        orchestrator::gateway::open(&paths, &door, "bench", models, u64::MAX / 4, u64::MAX / 4)
-            .unwrap()
+        orchestrator::gateway::open(
+            &paths,
+            &door,
+            "bench",
+            orchestrator::acts::run_content_label(policies::Confidentiality::Private),
+            models,
+            u64::MAX / 4,
+            u64::MAX / 4,
+        )
+        .unwrap()
     });
     let socket = door.join("model.sock");
     let direct = || -> Box<dyn Conn> {

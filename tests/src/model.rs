@@ -43,6 +43,8 @@ pub struct ModelRequest {
     /// Every header, names lowercased, in the order received.
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// The client's port: calls on one kept-alive connection share it.
+    pub peer_port: u16,
 }
 
 impl ModelRequest {
@@ -201,13 +203,13 @@ impl ModelServer {
                     tokio::select! {
                         _ = &mut stopped => break,
                         accepted = listener.accept() => {
-                            let Ok((stream, _)) = accepted else { continue };
+                            let Ok((stream, peer)) = accepted else { continue };
                             let _ = stream.set_nodelay(true);
                             let shared = serving.clone();
                             tokio::spawn(async move {
                                 let service = hyper::service::service_fn(move |req| {
                                     let shared = shared.clone();
-                                    async move { Ok::<_, Infallible>(handle(&shared, req).await) }
+                                    async move { Ok::<_, Infallible>(handle(&shared, req, peer.port()).await) }
                                 });
                                 let _ = hyper::server::conn::http1::Builder::new()
                                     .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
@@ -276,7 +278,11 @@ enum Shape {
     Messages,
 }
 
-async fn handle(shared: &Shared, req: Request<hyper::body::Incoming>) -> Response<Body> {
+async fn handle(
+    shared: &Shared,
+    req: Request<hyper::body::Incoming>,
+    peer_port: u16,
+) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let body = body
         .collect()
@@ -284,6 +290,7 @@ async fn handle(shared: &Shared, req: Request<hyper::body::Incoming>) -> Respons
         .map(|b| b.to_bytes())
         .unwrap_or_default();
     let recorded = ModelRequest {
+        peer_port,
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
         headers: parts

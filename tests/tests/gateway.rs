@@ -356,6 +356,103 @@ show(call("responses", False, "gpt-5-mini", {"model": 7}))
     assert!(calls[0]["model"].is_null());
 }
 
+/// Model output is a value like any other: each call's audit entry carries
+/// the label of what the run's context held (the repository's
+/// confidentiality from the owner's configuration, private by default;
+/// the agent's output untrusted), and `show` prints it.
+#[test]
+fn each_model_call_carries_the_runs_content_label() {
+    let server = ModelServer::start();
+    let state = state_with_models(&server, "");
+    let public = make_repo();
+    let private = make_repo();
+    std::fs::write(
+        state.path().join("config.toml"),
+        format!(
+            "[[repository]]\npath = \"{}\"\nconfidentiality = \"public\"\n",
+            public.path().display()
+        ),
+    )
+    .unwrap();
+    // A whole call and a refused one (a model not configured).
+    let script =
+        "show(call(\"chat\", False, \"gpt-5\"))\nshow(call(\"chat\", False, \"gpt-4o\"))\n";
+    for (repo, label) in [
+        (&public, "untrusted, public"),
+        (&private, "untrusted, private"),
+    ] {
+        server.push(Step::text("hello"));
+        let out = run_python(&state, repo.path(), &[], script);
+        let run = run_id(&state);
+        let log = state.output_log(&run);
+        assert!(out.status.success(), "{}{log}", stderr(&out));
+        let calls = model_calls(&state, &run);
+        assert_eq!(calls.len(), 2, "{calls:?}");
+        assert_eq!(calls[0]["outcome"], "ok", "{calls:?}");
+        for c in &calls {
+            assert_eq!(c["label"], label, "{c}");
+        }
+        let shown = state.run(&["show", &run]);
+        let text = stdout(&shown);
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.contains(&format!("label {label}")))
+                .count(),
+            2,
+            "{text}"
+        );
+    }
+    assert!(state.verify().status.success());
+}
+
+/// Every call is an audit entry before the run's end is: an agent that
+/// leaves while its stream is still coming (a slow endpoint) ends the run,
+/// and the gateway ends the stream, settles and audits it first.
+#[test]
+fn a_call_still_streaming_when_the_run_ends_is_audited_before_the_end() {
+    let server = ModelServer::start();
+    server.push(Step::text("late answer").mode(Mode::Slow(std::time::Duration::from_secs(120))));
+    // No heartbeat before the run is long over: nothing else would notice
+    // the agent is gone.
+    let state = state_with_models(&server, "[gateway]\nheartbeat = \"100s\"\n");
+    let repo = make_repo();
+    let out = run_python(
+        &state,
+        repo.path(),
+        &[],
+        r#"
+import time
+threading.Thread(target=lambda: call("chat", True, "gpt-5"), daemon=True).start()
+time.sleep(3)
+print("LEAVING", flush=True)
+"#,
+    );
+    let run = run_id(&state);
+    let log = state.output_log(&run);
+    assert!(out.status.success(), "{}{log}", stderr(&out));
+    assert!(log.contains("LEAVING"), "{log}");
+    assert_eq!(
+        server.requests().len(),
+        1,
+        "the call did not reach the endpoint"
+    );
+    let kinds: Vec<String> = state.show(&run)["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_string())
+        .collect();
+    let call = kinds.iter().position(|k| k == "model_call");
+    let end = kinds.iter().position(|k| k == "run_ended");
+    assert!(
+        matches!((call, end), (Some(c), Some(e)) if c < e),
+        "{kinds:?}"
+    );
+    let calls = model_calls(&state, &run);
+    assert_eq!(calls[0]["outcome"], "run_ended", "{calls:?}");
+    assert!(state.verify().status.success());
+}
+
 #[test]
 fn the_run_token_cap_kills_the_run_with_its_reason_even_when_eight_calls_race() {
     let server = ModelServer::start();
@@ -608,7 +705,16 @@ fn direct_gateway(
     std::fs::create_dir_all(&door).unwrap();
     let paths = orchestrator::store::StatePaths::new(state.path().to_path_buf());
     let handle = rt.block_on(async {
-        orchestrator::gateway::open(&paths, &door, run, models, 1_000_000, 10_000_000).unwrap()
+        orchestrator::gateway::open(
+            &paths,
+            &door,
+            run,
+            orchestrator::acts::run_content_label(policies::Confidentiality::Private),
+            models,
+            1_000_000,
+            10_000_000,
+        )
+        .unwrap()
     });
     (rt, handle, door.join("model.sock"))
 }
@@ -629,6 +735,59 @@ fn raw_call(socket: &Path, path: &str, body: &Value) -> String {
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The gateway keeps its connection to an endpoint alive between a run's
+/// calls (no TCP setup per call), and never reuses one whose response it
+/// did not read to the end (a stream cut at the response cap).
+#[test]
+fn calls_reuse_a_kept_alive_connection_but_never_one_cut_short() {
+    let server = ModelServer::start();
+    let state = state_with_models(&server, "[gateway]\nmax_response = \"1m\"\n");
+    let (_rt, _gw, socket) = direct_gateway(&state, "r1");
+    let chat = json!({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]});
+    server.push(Step::text("one"));
+    server.push(Step::text("two"));
+    server.push(Step::text("x").mode(Mode::Endless));
+    server.push(Step::text("four"));
+    for _ in 0..2 {
+        let out = raw_call(&socket, "/v1/chat/completions", &chat);
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    }
+    let out = raw_call(
+        &socket,
+        "/v1/chat/completions",
+        &json!({"model": "gpt-5", "stream": true}),
+    );
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    let out = raw_call(&socket, "/v1/chat/completions", &chat);
+    assert!(
+        out.starts_with("HTTP/1.1 200") && out.contains("four"),
+        "{out}"
+    );
+    let peers: Vec<u16> = server.requests().iter().map(|r| r.peer_port).collect();
+    assert_eq!(peers.len(), 4, "{peers:?}");
+    assert_eq!(peers[0], peers[1], "the second call made a new connection");
+    assert_eq!(peers[1], peers[2], "{peers:?}");
+    assert_ne!(peers[3], peers[2], "a connection cut short was reused");
+    // Each call's entry is written once its response has gone out.
+    let outcomes = || -> Vec<Value> {
+        rusqlite::Connection::open(state.path().join("state.db"))
+            .unwrap()
+            .prepare("SELECT body FROM audit WHERE kind = 'model_call' ORDER BY seq")
+            .unwrap()
+            .query_map([], |r| r.get::<_, String>(0))
+            .unwrap()
+            .map(|b| serde_json::from_str::<Value>(&b.unwrap()).unwrap()["outcome"].clone())
+            .collect()
+    };
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while outcomes().len() < 4 && std::time::Instant::now() < give_up {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut seen = outcomes();
+    seen.sort_by_key(|o| o.to_string());
+    assert_eq!(seen, ["ok", "ok", "ok", "response_too_large"], "{seen:?}");
 }
 
 #[test]

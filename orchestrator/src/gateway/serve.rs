@@ -15,7 +15,12 @@
 //!   most `max_line` bytes kept to read its usage). Nothing else is held.
 //! - Every call, forwarded or refused, ends in one audit entry, written
 //!   after its settlement (the ledger is `STATE/tokens.db`, apart from the
-//!   audit, so that reservations never wait for an audit append's fsync).
+//!   audit, so that reservations never wait for an audit append's fsync),
+//!   off the response's path: the response has gone out before it.
+//! - Every call ends in its audit entry before the run does:
+//!   [`GatewayHandle::close`] stops accepting, tells the streams still
+//!   running to end (outcome `run_ended`), and returns once every call in
+//!   flight is settled and audited.
 
 use std::convert::Infallible;
 use std::path::Path;
@@ -65,6 +70,10 @@ pub struct GatewayHandle {
     task: tokio::task::JoinHandle<()>,
     /// Set when a budget of this run is spent.
     pub cap_reached: watch::Receiver<Option<CapReached>>,
+    /// Calls not yet audited.
+    in_flight: watch::Receiver<usize>,
+    /// Set when the run ends: streams still running stop.
+    closing: watch::Sender<bool>,
 }
 
 /// A spent budget: the run is to end for it.
@@ -76,9 +85,41 @@ pub struct CapReached {
     pub detail: String,
 }
 
+/// How long [`GatewayHandle::close`] waits for the calls in flight to be
+/// audited once told to end (each is a settlement and an append away).
+pub const DRAIN: Duration = Duration::from_secs(10);
+
 impl GatewayHandle {
-    pub fn close(self) {
+    /// Stops accepting calls, ends the streams still running, and waits
+    /// (at most [`DRAIN`]) until every call is settled and audited.
+    pub async fn close(mut self) {
         self.task.abort();
+        self.closing.send_replace(true);
+        let drained = tokio::time::timeout(DRAIN, self.in_flight.wait_for(|n| *n == 0))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if !drained {
+            tracing::error!(
+                in_flight = *self.in_flight.borrow(),
+                "model calls still in flight when the run ended: their audit entries come after it"
+            );
+        }
+    }
+}
+
+/// One call in flight, from its request to its audit entry.
+struct InFlight(Arc<watch::Sender<usize>>);
+
+impl InFlight {
+    fn start(counter: &Arc<watch::Sender<usize>>) -> InFlight {
+        counter.send_modify(|n| *n += 1);
+        InFlight(counter.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n = n.saturating_sub(1));
     }
 }
 
@@ -88,11 +129,19 @@ struct Gateway {
     run: String,
     run_cap: u64,
     fleet_cap: u64,
+    /// The label of every call's output (`untrusted, private`).
+    label: String,
     paths: StatePaths,
     /// Reservations and settlements (`STATE/tokens.db`).
     ledger: Mutex<Option<TokenLedger>>,
     /// Audit entries.
     auditing: Mutex<Option<Store>>,
+    /// The client to the endpoints, keeping connections alive between calls.
+    upstream: super::upstream::Upstream,
+    /// Calls not yet audited.
+    in_flight: Arc<watch::Sender<usize>>,
+    /// Set when the run ends.
+    closing: watch::Receiver<bool>,
     cap: watch::Sender<Option<CapReached>>,
 }
 
@@ -167,10 +216,13 @@ pub fn cap_detail(scope: tokens::Scope, used: u64, cap: u64) -> String {
 }
 
 /// Binds `door_dir/model.sock` and serves it until the handle is closed.
+/// `content` is the label of what the run's context holds
+/// (`acts::run_content_label`): each call's output carries it.
 pub fn open(
     paths: &StatePaths,
     door_dir: &Path,
     run: &str,
+    content: policies::Label,
     models: Models,
     run_cap: u64,
     fleet_cap: u64,
@@ -182,15 +234,21 @@ pub fn open(
     // The sandbox's user connects; the directory is read-only to it.
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))?;
     let (cap, cap_reached) = watch::channel(None);
+    let (in_flight, in_flight_rx) = watch::channel(0usize);
+    let (closing, closing_rx) = watch::channel(false);
     let limit = Arc::new(tokio::sync::Semaphore::new(models.limits.concurrent));
     let gw = Arc::new(Gateway {
         models,
         run: run.to_string(),
         run_cap,
         fleet_cap,
+        label: crate::acts::label_text(content),
         paths: paths.clone(),
         ledger: Mutex::new(None),
         auditing: Mutex::new(None),
+        upstream: super::upstream::Upstream::new(),
+        in_flight: Arc::new(in_flight),
+        closing: closing_rx,
         cap,
     });
     let task = tokio::spawn(async move {
@@ -217,7 +275,12 @@ pub fn open(
             });
         }
     });
-    Ok(GatewayHandle { task, cap_reached })
+    Ok(GatewayHandle {
+        task,
+        cap_reached,
+        in_flight: in_flight_rx,
+        closing,
+    })
 }
 
 /// What the gateway knows of one call, for its audit entry.
@@ -231,6 +294,7 @@ struct Call {
     request_digest: String,
     night: String,
     reserved: u64,
+    label: String,
 }
 
 fn now_unix() -> i64 {
@@ -246,12 +310,16 @@ fn ms(d: Duration) -> u64 {
 
 async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     let started = Instant::now();
+    // Held until the call's audit entry is written: here for a refusal,
+    // by the pump for a forwarded call.
+    let mut in_flight = Some(InFlight::start(&gw.in_flight));
     let mut call = Call {
         night: tokens::night_of(now_unix()),
         request_digest: crate::audit_log::digest(b""),
+        label: gw.label.clone(),
         ..Default::default()
     };
-    match forward(&gw, req, &mut call, started).await {
+    let response = match forward(&gw, req, &mut call, started, &mut in_flight).await {
         Ok(response) => response,
         Err(Refused {
             refusal,
@@ -289,7 +357,9 @@ async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
             .await;
             error_response(&refusal, body)
         }
-    }
+    };
+    drop(in_flight);
+    response
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -333,6 +403,7 @@ fn model_call(
         request_digest: call.request_digest.clone(),
         response_bytes,
         response_digest,
+        label: Some(call.label.clone()),
     }
 }
 
@@ -402,6 +473,7 @@ async fn forward(
     req: Request<Incoming>,
     call: &mut Call,
     started: Instant,
+    in_flight: &mut Option<InFlight>,
 ) -> Result<Response<Body>, Refused> {
     let limits = *gw.limits();
     let (parts, body) = req.into_parts();
@@ -563,12 +635,30 @@ async fn forward(
     drop(key);
 
     let sent = Instant::now();
-    let response = match tokio::time::timeout(
-        limits.first_byte_timeout,
-        super::upstream::send(&endpoint.base_url, upstream),
-    )
-    .await
-    {
+    let mut closing = gw.closing.clone();
+    let answered = tokio::select! {
+        answered = tokio::time::timeout(
+            limits.first_byte_timeout,
+            gw.upstream.send(&endpoint.base_url, upstream),
+        ) => Some(answered),
+        // The run ended while the endpoint had not answered.
+        _ = closing.wait_for(|closed| *closed) => None,
+    };
+    let Some(answered) = answered else {
+        return Err(settle_refused(
+            gw,
+            call,
+            started,
+            None,
+            Refusal::new(
+                503,
+                "run_ended",
+                "the run ended before the endpoint answered",
+            ),
+        )
+        .await);
+    };
+    let response = match answered {
         Err(_) => {
             return Err(settle_refused(
                 gw,
@@ -622,6 +712,7 @@ async fn forward(
         started,
         first_byte,
         scanner: is_sse.then(|| Scanner::new(shape, prepared, limits.max_line as usize)),
+        in_flight: in_flight.take(),
     };
     tokio::spawn(pump.run(upstream_body, tx));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
@@ -736,6 +827,8 @@ struct Pump {
     first_byte: Duration,
     /// Some for a stream of events; None for a body passed through.
     scanner: Option<Scanner>,
+    /// Released once the call is audited.
+    in_flight: Option<InFlight>,
 }
 
 impl Pump {
@@ -749,6 +842,7 @@ impl Pump {
         let mut copy: Option<Vec<u8>> = self.scanner.is_none().then(Vec::new);
         let mut last_piece = Instant::now();
         let mut outcome: &str = "ok";
+        let mut closing = self.gw.closing.clone();
         let send = |bytes: Vec<u8>, hasher: &mut Sha256, sent: &mut u64| {
             hasher.update(&bytes);
             *sent += bytes.len() as u64;
@@ -767,7 +861,22 @@ impl Pump {
                 break;
             }
             let wait = limits.heartbeat.min(idle_left).min(deadline - now);
-            match tokio::time::timeout(wait, body.frame()).await {
+            if *closing.borrow_and_update() {
+                outcome = "run_ended";
+                break;
+            }
+            let next = tokio::select! {
+                next = tokio::time::timeout(wait, body.frame()) => next,
+                // Told to end, or the handle is gone: the run is over.
+                changed = closing.changed() => match changed {
+                    Ok(()) => continue,
+                    Err(_) => {
+                        outcome = "run_ended";
+                        break;
+                    }
+                },
+            };
+            match next {
                 Err(_) => {
                     // A silence: fill it between events so clients and
                     // proxies keep the stream open.
@@ -868,5 +977,6 @@ impl Pump {
             hex::encode(hasher.finalize()),
         )
         .await;
+        drop(self.in_flight);
     }
 }
