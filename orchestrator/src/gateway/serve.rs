@@ -76,6 +76,14 @@ pub struct CapReached {
     pub detail: String,
 }
 
+/// A handle dropped without `close` (its run's lifecycle panicked in a
+/// process that goes on) still stops serving.
+impl Drop for GatewayHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 impl GatewayHandle {
     pub fn close(self) {
         self.task.abort();
