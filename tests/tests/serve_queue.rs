@@ -5,7 +5,8 @@
 //! runs die with it, and its watchdog or the next `serve` stops their
 //! sandboxes and imports their work; the restarted `serve` settles their
 //! tasks from their runs (none runs twice), the queued task stays queued and
-//! then runs; the audit chain still verifies.
+//! then runs; the audit chain still verifies. A run that fails ends only its
+//! task; a stopped `serve` stops its runs, imports their work and waits.
 
 use tests::browser::Serve;
 use tests::queue::{processes, running_run, states, tasks, wait_tasks};
@@ -115,6 +116,79 @@ fn a_killed_serve_loses_no_task_and_leaves_no_orphan_sandbox() {
         &["ls-tree", "--name-only", r["result_ref"].as_str().unwrap()],
     );
     assert!(files.contains("done-3.txt"), "{files}");
+    assert!(state.containers().is_empty());
+    assert!(state.verify().status.success());
+}
+
+#[test]
+fn a_failing_run_ends_only_its_task_and_a_stopped_serve_ends_its_runs() {
+    let state = State::new();
+    let _cleanup = Cleanup(&state);
+    let repo = make_repo();
+    let enqueue = |image: &str, script: &str| {
+        let out = state.run(&[
+            "enqueue",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--ref",
+            "main",
+            "--image",
+            image,
+            "--",
+            "bash",
+            "-c",
+            script,
+        ]);
+        assert!(out.status.success(), "enqueue: {}", stderr(&out));
+    };
+    enqueue("nightshift-no-such-image:0", "true");
+    enqueue(
+        &image(),
+        &format!("echo 1 > kept.txt; {WAIT_AT_GATE}echo 1 > done.txt"),
+    );
+    let mut serve = Serve::start(&state, &["--max-parallel", "2"]);
+    wait_tasks(&state, "the first task failed", |t| {
+        t[0]["state"] == "failed"
+    });
+    let run = running_run(&state, 1);
+    // The failure is its task's alone, named with nightshift run's exit code.
+    let t = &tasks(&state)[0];
+    assert_eq!(t["progress"]["exit_code"], 5, "{t:#?}");
+    assert!(
+        t["progress"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("nightshift-no-such-image"),
+        "{t:#?}"
+    );
+    assert_eq!(serve.child.try_wait().unwrap(), None, "serve ended");
+    tests::wait_for_file(&state.path().join("worktrees").join(&run).join("kept.txt"));
+
+    // SIGTERM: serve stops its run (its work imported) and waits for it.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(serve.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = serve.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    drop(serve);
+    let t = &tasks(&state)[1];
+    assert_eq!(t["state"], "done", "{t:#?}");
+    assert_eq!(t["progress"]["status"], "interrupted: SIGTERM", "{t:#?}");
+    let r = state
+        .runs()
+        .into_iter()
+        .find(|r| r["id"] == run.as_str())
+        .unwrap();
+    let files = tests::git(
+        repo.path(),
+        &["ls-tree", "--name-only", r["result_ref"].as_str().unwrap()],
+    );
+    assert!(
+        files.contains("kept.txt") && !files.contains("done.txt"),
+        "{files}"
+    );
     assert!(state.containers().is_empty());
     assert!(state.verify().status.success());
 }
