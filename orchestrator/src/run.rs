@@ -1287,7 +1287,7 @@ async fn finish(
         Ok(Ended::KilledBy(who)) => (format!("killed: by {who}"), None, Ok(())),
         Ok(Ended::Stopped(s)) => (
             format!("interrupted: {}", s.name()),
-            Some(format!("nightshift run received {}", s.name())),
+            Some(format!("its supervisor received {}", s.name())),
             Err(RunError::Interrupted {
                 run: id.clone(),
                 signal: s,
