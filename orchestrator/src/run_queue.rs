@@ -24,7 +24,8 @@
 //!   by the kernel when the process dies, however it dies). A dispatcher
 //!   that runs tasks in process returns only once each of its runs has
 //!   ended (asked to stop, they end as `interrupted`), so its lock outlives
-//!   them.
+//!   them; an error in its loop (the store busy) is logged and tried again
+//!   rather than leaving its runs unwatched.
 //! - A run in process that panics or fails ends its task `failed` (a
 //!   panic) or settled from its run's record, with the reason, and nothing
 //!   else: the panic is caught at its tokio task's `JoinHandle`, the run is
@@ -1332,16 +1333,31 @@ pub async fn dispatch_loop(
         .collect();
     summary.adopted.sort();
     summary.settled = recovered.settled;
+    let mut last_error: Option<String> = None;
     loop {
         if *stop.borrow() {
             summary.stopped = true;
             stop_runs(api, opts, &mut watched, &mut summary).await?;
             return Ok(summary);
         }
-        look_after_runs(api, opts, &mut watched, &mut summary).await?;
-        let done = step(api, &config, opts, &me, &mut watched, &mut summary)?;
-        if done && opts.until_empty {
-            return Ok(summary);
+        let looked = match look_after_runs(api, opts, &mut watched, &mut summary).await {
+            Ok(()) => step(api, &config, opts, &me, &mut watched, &mut summary),
+            Err(e) => Err(e),
+        };
+        match looked {
+            Ok(true) if opts.until_empty => return Ok(summary),
+            Ok(_) => last_error = None,
+            // Runs in process live in this loop: an error (the store busy
+            // or unreadable for a while) is said once and tried again,
+            // never a reason to leave them unwatched.
+            Err(e) if matches!(opts.runner, Runner::InProcess(_)) => {
+                let words = e.to_string();
+                if last_error.as_deref() != Some(words.as_str()) {
+                    tracing::error!(error = %words, "the run queue's dispatcher, trying again");
+                    last_error = Some(words);
+                }
+            }
+            Err(e) => return Err(e),
         }
         tokio::select! {
             _ = tokio::time::sleep(opts.poll) => {}
@@ -1698,6 +1714,39 @@ mod tests {
             let r: RunRecord = serde_json::from_slice(&result).unwrap();
             assert_eq!(Some(r.id), t.progress.run);
         }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dispatcher_in_process_outlasts_an_error_in_its_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        let api = Api::new(root.clone(), None);
+        let mut store = api.open_store().unwrap();
+        let config = crate::config::Config::default();
+        enqueue(&mut store, &config, &[spec(dir.path())]).unwrap();
+        // A policy nobody can read: nothing may start, and the loop errs.
+        std::fs::create_dir_all(root.join("rules")).unwrap();
+        std::fs::write(root.join("rules/broken.toml"), "[[rule]\n").unwrap();
+        let runner = Arc::new(Scripted {
+            root: root.clone(),
+            settled: Default::default(),
+        });
+        let opts = DispatchOptions {
+            max_parallel: 1,
+            runner: Runner::InProcess(runner),
+            poll: Duration::from_millis(10),
+            until_empty: true,
+        };
+        let (_stop, stopped) = tokio::sync::watch::channel(false);
+        let api2 = api.clone();
+        let dispatcher = tokio::spawn(async move { dispatch_loop(&api2, &opts, stopped).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(list(&store).unwrap()[0].state, TaskState::Queued);
+        // Readable again: the same dispatcher goes on and runs the task.
+        std::fs::remove_dir_all(root.join("rules")).unwrap();
+        let summary = dispatcher.await.unwrap().unwrap();
+        assert_eq!(summary.started.len(), 1);
+        assert_eq!(list(&store).unwrap()[0].state, TaskState::Done);
     }
 
     fn n(m: u64, c: u64, p: u64) -> Need {
