@@ -2191,7 +2191,8 @@ mod queue_tests {
         // move from `approved` finds it moved, and it carries nothing out.
         let mut q = queue();
         let row = rows(&q.store, Some(&q.act)).unwrap().pop().unwrap();
-        let by = deferred_queue::Owner::verify(&KeyCheck(&q.store, "owner"), &Some(q.key.clone())).unwrap();
+        let by = deferred_queue::Owner::verify(&KeyCheck(&q.store, "owner"), &Some(q.key.clone()))
+            .unwrap();
         let (approved, _) = step(
             &mut q.store,
             &row,

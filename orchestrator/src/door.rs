@@ -123,6 +123,14 @@ pub struct DoorHandle {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// A handle dropped without `close` (its run's lifecycle panicked in a
+/// process that goes on) still stops serving.
+impl Drop for DoorHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 impl DoorHandle {
     pub fn close(self) {
         self.task.abort();

@@ -324,11 +324,23 @@ pub async fn reconcile(
 /// updated. False when there was nothing to do: a live process holds the
 /// claim, the run has ended, or its supervisor is still alive.
 pub async fn settle_orphan(sup: &Supervisor, run: &str, by: &str) -> Result<bool, RunError> {
+    settle_abandoned(sup, run, by, "lost: supervisor vanished").await
+}
+
+/// [`settle_orphan`], the run ending as `status` unless a kill request
+/// says otherwise: also for a run of this very supervisor whose lifecycle
+/// ended without settling it (a panic in a run in process).
+pub async fn settle_abandoned(
+    sup: &Supervisor,
+    run: &str,
+    by: &str,
+    status: &str,
+) -> Result<bool, RunError> {
     let gone = |claimer: &str| !identity_alive(claimer);
     if !lock(sup).claim_settle(run, by, &sup.identity, &gone)? {
         return Ok(false);
     }
-    let settled = settle_claimed(sup, run, by).await;
+    let settled = settle_claimed(sup, run, by, status).await;
     if !matches!(settled, Ok(true)) {
         // Failed or needless: give the claim back (a claimer that dies
         // before this is taken over as gone).
@@ -337,7 +349,12 @@ pub async fn settle_orphan(sup: &Supervisor, run: &str, by: &str) -> Result<bool
     settled
 }
 
-async fn settle_claimed(sup: &Supervisor, run: &str, by: &str) -> Result<bool, RunError> {
+async fn settle_claimed(
+    sup: &Supervisor,
+    run: &str,
+    by: &str,
+    lost: &str,
+) -> Result<bool, RunError> {
     // Re-read under the claim: the list this run was picked from may be old.
     let mut record = lock(sup).run(run)?;
     if crate::store::is_final(&record.status) {
@@ -361,7 +378,7 @@ async fn settle_claimed(sup: &Supervisor, run: &str, by: &str) -> Result<bool, R
     let killed_by = lock(sup).kill_request(run)?;
     let status = match &killed_by {
         Some(who) => format!("killed: by {who}"),
-        None => "lost: supervisor vanished".to_string(),
+        None => lost.to_string(),
     };
     lock(sup).append(
         Some(run),

@@ -30,6 +30,7 @@ pub mod serve;
 pub mod state_store;
 pub mod store;
 pub mod summary;
+pub mod task_runner;
 pub mod terminal;
 
 /// Exit codes of the `nightshift` binary (documented in README.md).

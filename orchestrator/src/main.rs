@@ -11,7 +11,7 @@ use orchestrator::api::{
     ActDetail, Api, ApiError, AuditState, Caller, Command as ApiCommand, KillRecord, KillTarget,
     Outcome, PolicyView, QueueView, Reply, RunView,
 };
-use orchestrator::engine::{Engine, EngineError};
+use orchestrator::engine::Engine;
 use orchestrator::exit;
 use orchestrator::run::{self, RunError, RunRequest, Stop, Supervisor};
 use orchestrator::run_queue::{self, TaskRow, TaskSpec};
@@ -1004,21 +1004,7 @@ async fn perform(
     signals.abort();
     result.map_err(|e| {
         errln!("nightshift: {e}");
-        match e {
-            RunError::BadInput(_) => exit::BAD_INPUT,
-            RunError::Engine(EngineError::ImageMissing(_)) => exit::IMAGE_MISSING,
-            RunError::Engine(EngineError::Unreachable { .. }) => exit::ENGINE,
-            RunError::Engine(_) => exit::INTERNAL,
-            RunError::Refused { .. } => exit::REFUSED,
-            RunError::Store(_) => exit::STATE,
-            RunError::Git(_) => exit::INTERNAL,
-            RunError::Frozen(_) => exit::DENIED,
-            RunError::Policy(_) => exit::BAD_INPUT,
-            RunError::Interrupted { signal, .. } => match signal {
-                Stop::Interrupt => exit::SIGINT,
-                Stop::Terminate => exit::SIGTERM,
-            },
-        }
+        orchestrator::api::run_error_exit_code(&e)
     })
 }
 
@@ -1348,7 +1334,7 @@ async fn dispatch_cmd(api: &Api, max_parallel: usize) -> Result<i32, i32> {
     });
     let options = run_queue::DispatchOptions {
         max_parallel,
-        exe,
+        runner: run_queue::Runner::Child { exe },
         poll: std::time::Duration::from_millis(500),
         until_empty: true,
     };
@@ -2027,23 +2013,31 @@ async fn serve_cmd(
         },
     };
     // The run queue's dispatcher runs beside the pages, on this runtime,
-    // until the server stops; the runs it started go on and the next
-    // dispatcher (a restarted serve, or `tasks run`) adopts them.
+    // until the server stops; its runs are then stopped and waited for.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let dispatcher = async {
         if args.max_parallel == 0 {
             return;
         }
-        let exe = match std::env::current_exe() {
-            Ok(exe) => exe,
+        // Runs in this process, with this process's identity on every
+        // sandbox: the one watchdog above covers them all.
+        let sup = match api.creating_supervisor(&config).await {
+            Ok(sup) => sup,
             Err(e) => {
-                errln!("nightshift serve: no dispatcher (finding my own executable: {e})");
+                errln!(
+                    "nightshift serve: no dispatcher ({})",
+                    terminal::line(&e.to_string())
+                );
                 return;
             }
         };
+        let runner = orchestrator::task_runner::InProcess {
+            sup,
+            config: config.clone(),
+        };
         let options = run_queue::DispatchOptions {
             max_parallel: args.max_parallel,
-            exe,
+            runner: run_queue::Runner::InProcess(Arc::new(runner)),
             poll: std::time::Duration::from_millis(500),
             until_empty: false,
         };

@@ -233,6 +233,22 @@ pub async fn execute<E: ContainerEngine, S: StateStore>(
     req: RunRequest,
     stop: watch::Receiver<Option<Stop>>,
 ) -> Result<RunRecord, RunError> {
+    let id = ulid::Ulid::new().to_string().to_lowercase();
+    execute_as(sup, id, req, stop).await
+}
+
+/// [`execute`] as run `id` (a new ULID, lowercase, that no run has), chosen
+/// by the caller so that it can name the run before it begins (the run
+/// queue's runs in process).
+pub async fn execute_as<E: ContainerEngine, S: StateStore>(
+    sup: &Supervisor<E, S>,
+    id: String,
+    req: RunRequest,
+    stop: watch::Receiver<Option<Stop>>,
+) -> Result<RunRecord, RunError> {
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+        return Err(RunError::BadInput(format!("{id:?} is not a run id")));
+    }
     if req.command.is_empty() {
         return Err(RunError::BadInput(
             "no agent command given (after `--`)".into(),
@@ -275,7 +291,6 @@ pub async fn execute<E: ContainerEngine, S: StateStore>(
             .map_err(|e| RunError::BadInput(e.to_string()))?;
     let image = sup.engine.require_image(&req.image).await?;
 
-    let id = ulid::Ulid::new().to_string().to_lowercase();
     let mut record = RunRecord {
         id: id.clone(),
         created_at: now_rfc3339(),
@@ -806,8 +821,10 @@ async fn token_cap(
     let Some(rx) = rx.as_mut() else {
         return std::future::pending().await;
     };
-    match rx.wait_for(Option::is_some).await {
-        Ok(v) => v.clone(),
+    // The guard is gone before any await (a run's future is `Send`).
+    let reached = rx.wait_for(Option::is_some).await.map(|v| v.clone());
+    match reached {
+        Ok(v) => v,
         Err(_) => std::future::pending().await,
     }
 }
@@ -974,7 +991,7 @@ async fn import_audited(
     record: &mut RunRecord,
     worktree: &std::path::Path,
     base: String,
-    audit: &dyn Fn(Event) -> Result<(), ImportFailure>,
+    audit: &(dyn Fn(Event) -> Result<(), ImportFailure> + Sync),
 ) -> Result<(), ImportFailure> {
     let id = record.id.clone();
     let (repo, run_id, wt) = (
@@ -1310,7 +1327,7 @@ async fn finish<E: ContainerEngine, S: StateStore>(
         Ok(Ended::KilledBy(who)) => (format!("killed: by {who}"), None, Ok(())),
         Ok(Ended::Stopped(s)) => (
             format!("interrupted: {}", s.name()),
-            Some(format!("nightshift run received {}", s.name())),
+            Some(format!("its supervisor received {}", s.name())),
             Err(RunError::Interrupted {
                 run: id.clone(),
                 signal: s,

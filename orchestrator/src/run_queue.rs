@@ -1,11 +1,19 @@
 //! The run queue: tasks enqueued for the supervisor to run later, in order,
 //! at most `max_parallel` at once, honouring the freeze and the fleet caps.
 //!
-//! Each task becomes a run by starting `nightshift run` as a child process
-//! (in its own process group, its output to files under `STATE/tasks/<id>`):
-//! every run keeps the per-run supervisor, watchdog, lease and signal
-//! handling of a foreground `nightshift run`, and a crash of the dispatcher
-//! takes no run with it.
+//! A task becomes a run in one of two ways ([`Runner`]):
+//! - In process (`nightshift serve`): a tokio task calls the same run
+//!   lifecycle as `nightshift run` ([`crate::run::execute_as`]) with the
+//!   process's one supervisor (its store, engine, fleet cgroup and identity,
+//!   which every sandbox carries), so serve's one watchdog covers every
+//!   sandbox it runs. The run's record (or its error) goes to the task's
+//!   files under `STATE/tasks/<id>`. The run's id is chosen, and written in
+//!   the task, before the run begins.
+//! - As a child process (`nightshift tasks run`, the foreground
+//!   dispatcher): `nightshift run` in its own process group, its output to
+//!   the task's files; every run keeps the per-run supervisor, watchdog,
+//!   lease and signal handling of a foreground `nightshift run`, and a crash
+//!   of the dispatcher takes no run with it.
 //!
 //! Invariants:
 //! - A task moves `queued -> starting -> running -> done | failed`, or
@@ -13,10 +21,25 @@
 //!   (`Store::move_task`), so a cancel and a start never both win, and no
 //!   move happens twice.
 //! - One dispatcher per state at a time (`STATE/dispatcher.lock`, released
-//!   by the kernel when the process dies, however it dies).
-//! - `kill -9` of the dispatcher loses nothing: queued tasks stay queued; a
-//!   task caught `starting` goes back to `queued` only when no child was
-//!   spawned for it (no result file, no process carrying its
+//!   by the kernel when the process dies, however it dies). A dispatcher
+//!   that runs tasks in process returns only once each of its runs has
+//!   ended (asked to stop, they end as `interrupted`), so its lock outlives
+//!   them; an error in its loop (the store busy) is logged and tried again
+//!   rather than leaving its runs unwatched.
+//! - A run in process that panics or fails ends its task `failed` (a
+//!   panic) or settled from its run's record, with the reason, and nothing
+//!   else: the panic is caught at its tokio task's `JoinHandle`, the run is
+//!   then settled as an orphan (sandbox removed, work imported, worktree
+//!   removed, record ended), and the other runs and the dispatcher go on.
+//! - `kill -9` of the dispatcher loses nothing: queued tasks stay queued.
+//!   In process, its runs die with it: their sandboxes carry its identity,
+//!   so its watchdog, or the next supervisor's reconciliation, stops them
+//!   and imports their worktrees; the next in-process dispatcher
+//!   reconciles first, then settles each task caught `starting` or
+//!   `running` from its run (waiting for the run's settlement), and sends
+//!   one whose run never got a record back to the queue (nothing ran). A
+//!   child-process task caught `starting` goes back to `queued` only when
+//!   no child was spawned for it (no result file, no process carrying its
 //!   `NIGHTSHIFT_TASK`), else it is adopted or settled; a `running` task
 //!   whose child still lives is adopted (watched until it ends), one whose
 //!   child is gone is settled from its result file (the run's record) or,
@@ -31,8 +54,10 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{Api, ApiError, ErrorKind};
@@ -157,9 +182,12 @@ pub struct Progress {
     /// Its `nightshift run` process (`pid:starttime`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child: Option<String>,
-    /// The run it became.
+    /// The run it became (for a run in process, chosen before it begins).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<String>,
+    /// Run in the dispatcher's process (see the module's note).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_process: bool,
     /// The run's status when it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
@@ -488,13 +516,60 @@ fn fleet_need(config: &crate::config::Config) -> Need {
 
 // ----- the dispatcher (adapter) -----
 
+/// What a run in process ends with: its record, or the exit code
+/// `nightshift run` would have given and the error's words.
+pub type RunOutcome = Result<RunRecord, (i32, String)>;
+
+/// Runs tasks in the dispatcher's process (see the module's note); the
+/// real one is [`crate::task_runner::InProcess`].
+pub trait TaskRunner: Send + Sync {
+    /// Runs `task` as run `run` (its record takes that id) until it ends or
+    /// `stop` says.
+    fn run(
+        &self,
+        task: TaskRow,
+        run: String,
+        stop: tokio::sync::watch::Receiver<Option<crate::run::Stop>>,
+    ) -> BoxFuture<'static, RunOutcome>;
+    /// Settles run `run`, left unsettled by a lifecycle that panicked or by
+    /// a supervisor that vanished: sandbox stopped, work imported, record
+    /// ended with `status` unless a kill says otherwise. False when there
+    /// was nothing to do (ended, or another settler holds it).
+    fn settle(
+        &self,
+        run: String,
+        by: String,
+        status: String,
+    ) -> BoxFuture<'static, Result<bool, String>>;
+    /// Settles the runs of every supervisor of this state that vanished.
+    fn reconcile(&self) -> BoxFuture<'static, Result<(), String>>;
+}
+
+/// How the dispatcher turns a task into a run.
+#[derive(Clone)]
+pub enum Runner {
+    /// `nightshift run` as a child process, from this binary.
+    Child { exe: PathBuf },
+    /// In this process.
+    InProcess(Arc<dyn TaskRunner>),
+}
+
+impl std::fmt::Debug for Runner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Runner::Child { exe } => f.debug_struct("Child").field("exe", exe).finish(),
+            Runner::InProcess(_) => f.write_str("InProcess"),
+        }
+    }
+}
+
 /// How the dispatcher runs.
 #[derive(Debug, Clone)]
 pub struct DispatchOptions {
     /// At most this many tasks running at once.
     pub max_parallel: usize,
-    /// The `nightshift` binary that runs each task.
-    pub exe: PathBuf,
+    /// How each task becomes a run.
+    pub runner: Runner,
     /// How often the queue and the children are looked at.
     pub poll: Duration,
     /// Return once nothing is queued and nothing runs (or only frozen tasks
@@ -608,14 +683,16 @@ fn last_line(path: &Path) -> Option<String> {
         .map(|l| l.chars().take(500).collect())
 }
 
-/// Ends a task whose child has ended: from its result file (the run's
-/// record, as `run --json` prints it), else from the run whose supervisor
-/// was the child, else as failed with the child's last words.
+/// Ends a task whose run has ended: from its result file (the run's
+/// record, as `run --json` prints it), else from its run (named in the
+/// task, or the one whose supervisor was its child), else as failed with the
+/// run's last words. `failure` (a panic) fails it whatever its run says.
 fn settle<S: StateStore + ?Sized>(
     store: &mut S,
     root: &Path,
     task: &TaskRow,
     exit: Option<i32>,
+    failure: Option<String>,
 ) -> Result<Option<TaskState>, ApiError> {
     let dir = task_dir(root, &task.id);
     let mut p = task.progress.clone();
@@ -625,18 +702,28 @@ fn settle<S: StateStore + ?Sized>(
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok());
     let record = record.or_else(|| {
-        let child = p.child.clone()?;
-        store
-            .runs()
-            .ok()?
-            .into_iter()
-            .find(|r| r.supervisor.as_deref() == Some(child.as_str()))
+        let runs = store.runs().ok()?;
+        match (&p.run, &p.child) {
+            (Some(run), _) => runs.into_iter().find(|r| &r.id == run),
+            (None, Some(child)) => runs
+                .into_iter()
+                .find(|r| r.supervisor.as_deref() == Some(child.as_str())),
+            (None, None) => None,
+        }
     });
     let finished = record
         .as_ref()
         .filter(|r| crate::store::is_final(&r.status));
     p.exit_code = exit.or_else(|| finished.map(crate::api::run_exit_code));
     let state = match &record {
+        _ if failure.is_some() => {
+            if let Some(r) = &record {
+                p.run = Some(r.id.clone());
+                p.status = Some(r.status.clone());
+            }
+            p.reason = failure;
+            TaskState::Failed
+        }
         Some(r) if crate::store::is_final(&r.status) => {
             p.run = Some(r.id.clone());
             p.status = Some(r.status.clone());
@@ -657,6 +744,8 @@ fn settle<S: StateStore + ?Sized>(
         // nothing ran, so the task waits again.
         None if exit == Some(crate::exit::DENIED) => {
             let mut q = task.progress.clone();
+            // A run in process gets a new id when it starts again.
+            q.run = None;
             q.reason = last_line(&dir.join("stderr.log"));
             return Ok(store
                 .move_task(
@@ -739,13 +828,13 @@ fn run_args(
 /// spawned and the result file exists before the spawn, so a dispatcher
 /// killed at any point leaves what its successor needs to tell "never
 /// spawned" from "spawned".
-fn start<S: StateStore + ?Sized>(
+fn start_child<S: StateStore + ?Sized>(
     store: &mut S,
     api: &Api,
-    opts: &DispatchOptions,
+    exe: &Path,
     me: &str,
     task: &TaskRow,
-) -> Result<Option<tokio::process::Child>, ApiError> {
+) -> Result<Option<Own>, ApiError> {
     let root = api.root();
     let mut p = Progress {
         dispatcher: Some(me.to_string()),
@@ -768,12 +857,8 @@ fn start<S: StateStore + ?Sized>(
         }
         None => None,
     };
-    let open = |name: &str| {
-        let f = dir.join(name);
-        std::fs::File::create(&f).map_err(|e| state_err(format!("creating {}: {e}", f.display())))
-    };
-    let (stdout, stderr) = (open("result.json")?, open("stderr.log")?);
-    let mut command = tokio::process::Command::new(&opts.exe);
+    let (stdout, stderr) = (create(&dir, "result.json")?, create(&dir, "stderr.log")?);
+    let mut command = tokio::process::Command::new(exe);
     command
         .args(run_args(
             root,
@@ -796,7 +881,7 @@ fn start<S: StateStore + ?Sized>(
     let child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
-            p.reason = Some(format!("starting {}: {e}", opts.exe.display()));
+            p.reason = Some(format!("starting {}: {e}", exe.display()));
             p.ended_at = Some(crate::store::now_rfc3339());
             store.move_task(&task.id, &["starting"], "failed", &progress_json(&p))?;
             return Ok(None);
@@ -804,14 +889,69 @@ fn start<S: StateStore + ?Sized>(
     };
     p.child = child.id().and_then(crate::run::process_identity);
     store.move_task(&task.id, &["starting"], "running", &progress_json(&p))?;
-    Ok(Some(child))
+    Ok(Some(Own::Child(child)))
 }
 
-/// The tasks adopted (by the identity of their child) and those settled.
-type Recovered = (HashMap<String, String>, Vec<(String, TaskState)>);
+fn create(dir: &Path, name: &str) -> Result<std::fs::File, ApiError> {
+    let f = dir.join(name);
+    std::fs::File::create(&f)
+        .map_err(|e| ApiError::new(ErrorKind::State, format!("creating {}: {e}", f.display())))
+}
+
+/// Starts one task's run in this process: its run's id is in the task
+/// (`starting`) before the run begins, so a dispatcher killed at any point
+/// leaves its successor the run to settle the task from (or no record of
+/// it: nothing ran).
+fn start_in_process<S: StateStore + ?Sized>(
+    store: &mut S,
+    root: &Path,
+    runner: &Arc<dyn TaskRunner>,
+    me: &str,
+    task: &TaskRow,
+) -> Result<Option<Own>, ApiError> {
+    let run = ulid::Ulid::new().to_string().to_lowercase();
+    let p = Progress {
+        dispatcher: Some(me.to_string()),
+        run: Some(run.clone()),
+        in_process: true,
+        started_at: Some(crate::store::now_rfc3339()),
+        ..Default::default()
+    };
+    if !store.move_task(&task.id, &["queued"], "starting", &progress_json(&p))? {
+        return Ok(None); // cancelled meanwhile
+    }
+    let dir = task_dir(root, &task.id);
+    crate::store::create_private_dir(&root.join("tasks"))?;
+    crate::store::create_private_dir(&dir)?;
+    create(&dir, "result.json")?;
+    create(&dir, "stderr.log")?;
+    store.move_task(&task.id, &["starting"], "running", &progress_json(&p))?;
+    let (stop, stopped) = tokio::sync::watch::channel(None);
+    let handle = tokio::spawn(runner.run(task.clone(), run.clone(), stopped));
+    Ok(Some(Own::InProcess { run, handle, stop }))
+}
+
+/// A task this dispatcher started.
+enum Own {
+    Child(tokio::process::Child),
+    InProcess {
+        run: String,
+        handle: tokio::task::JoinHandle<RunOutcome>,
+        stop: tokio::sync::watch::Sender<Option<crate::run::Stop>>,
+    },
+}
+
+/// What an earlier dispatcher left: tasks adopted by the identity of their
+/// child, tasks in process waiting for their run's settlement (by run), and
+/// the tasks settled.
+#[derive(Default)]
+struct Recovered {
+    children: HashMap<String, String>,
+    runs: HashMap<String, String>,
+    settled: Vec<(String, TaskState)>,
+}
 
 /// Takes over what an earlier dispatcher left (see the module's note).
-/// Returns the tasks to watch, by the identity of their child.
 fn recover<S: StateStore + ?Sized>(
     store: &mut S,
     root: &Path,
@@ -822,48 +962,79 @@ fn recover<S: StateStore + ?Sized>(
         store: &mut S,
         me: &str,
         task: &TaskRow,
-        child: &str,
+        child: Option<&str>,
         from: &str,
     ) -> Result<bool, ApiError> {
         let mut p = task.progress.clone();
-        p.child = Some(child.to_string());
+        if let Some(child) = child {
+            p.child = Some(child.to_string());
+        }
         p.dispatcher = Some(me.to_string());
         Ok(store.move_task(&task.id, &[from], "running", &progress_json(&p))?)
     }
-    let mut adopted = HashMap::new();
-    let mut settled = Vec::new();
+    let mut found = Recovered::default();
+    let runs = store.runs()?;
     for task in list(store)? {
+        let from = match task.state {
+            TaskState::Starting | TaskState::Running => task.state.name(),
+            _ => continue,
+        };
+        if task.progress.in_process {
+            // Its dispatcher, whose lock this one holds, is gone, and its
+            // run with it.
+            match task
+                .progress
+                .run
+                .as_ref()
+                .and_then(|id| runs.iter().find(|r| &r.id == id))
+            {
+                None => {
+                    let p = Progress::default();
+                    store.move_task(&task.id, &[from], "queued", &progress_json(&p))?;
+                }
+                Some(r) if crate::store::is_final(&r.status) => {
+                    if let Some(s) = settle(store, root, &task, None, None)? {
+                        found.settled.push((task.id.clone(), s));
+                    }
+                }
+                Some(r) => {
+                    if adopt(store, me, &task, None, from)? {
+                        found.runs.insert(task.id.clone(), r.id.clone());
+                    }
+                }
+            }
+            continue;
+        }
         match task.state {
             TaskState::Starting => {
                 if let Some(child) = find_child(&task.id) {
-                    if adopt(store, me, &task, &child, "starting")? {
-                        adopted.insert(task.id.clone(), child);
+                    if adopt(store, me, &task, Some(&child), "starting")? {
+                        found.children.insert(task.id.clone(), child);
                     }
                 } else if task_dir(root, &task.id).join("result.json").exists() {
-                    if let Some(s) = settle(store, root, &task, None)? {
-                        settled.push((task.id.clone(), s));
+                    if let Some(s) = settle(store, root, &task, None, None)? {
+                        found.settled.push((task.id.clone(), s));
                     }
                 } else {
                     let p = Progress::default();
                     store.move_task(&task.id, &["starting"], "queued", &progress_json(&p))?;
                 }
             }
-            TaskState::Running => match task.progress.child.clone() {
+            _ => match task.progress.child.clone() {
                 Some(child) if alive(&child) => {
-                    if adopt(store, me, &task, &child, "running")? {
-                        adopted.insert(task.id.clone(), child);
+                    if adopt(store, me, &task, Some(&child), "running")? {
+                        found.children.insert(task.id.clone(), child);
                     }
                 }
                 _ => {
-                    if let Some(s) = settle(store, root, &task, None)? {
-                        settled.push((task.id.clone(), s));
+                    if let Some(s) = settle(store, root, &task, None, None)? {
+                        found.settled.push((task.id.clone(), s));
                     }
                 }
             },
-            _ => {}
         }
     }
-    Ok((adopted, settled))
+    Ok(found)
 }
 
 /// The freeze's reason, when nightshift is frozen; an unreadable policy is
@@ -873,6 +1044,27 @@ fn frozen<S: StateStore + ?Sized>(store: &S) -> Result<Option<String>, ApiError>
     Ok(set.freeze().map(|f| f.reason.clone()))
 }
 
+/// What the dispatcher watches.
+#[derive(Default)]
+struct Watched {
+    /// Tasks it started.
+    own: HashMap<String, Own>,
+    /// Tasks adopted from an earlier dispatcher, by their child's identity.
+    children: HashMap<String, String>,
+    /// Tasks in process left by an earlier dispatcher, by their run.
+    runs: HashMap<String, String>,
+}
+
+impl Watched {
+    fn idle(&self) -> bool {
+        self.own.is_empty() && self.children.is_empty() && self.runs.is_empty()
+    }
+
+    fn watches(&self, id: &str) -> bool {
+        self.own.contains_key(id) || self.children.contains_key(id) || self.runs.contains_key(id)
+    }
+}
+
 /// One look at the queue: settle ended children, then start what [`admit`]
 /// allows. Synchronous: no store handle lives across an await.
 fn step(
@@ -880,8 +1072,7 @@ fn step(
     config: &crate::config::Config,
     opts: &DispatchOptions,
     me: &str,
-    own: &mut HashMap<String, tokio::process::Child>,
-    adopted: &mut HashMap<String, String>,
+    watched: &mut Watched,
     summary: &mut DispatchSummary,
 ) -> Result<bool, ApiError> {
     let mut store = api.open_store()?;
@@ -890,46 +1081,53 @@ fn step(
         Ok(list(store)?.into_iter().find(|t| t.id == id))
     };
     let mut ended = Vec::new();
-    for (id, child) in own.iter_mut() {
-        if let Ok(Some(status)) = child.try_wait() {
-            ended.push((id.clone(), status.code().or(Some(128 + signal_of(&status)))));
+    for (id, own) in watched.own.iter_mut() {
+        if let Own::Child(child) = own {
+            if let Ok(Some(status)) = child.try_wait() {
+                ended.push((id.clone(), status.code().or(Some(128 + signal_of(&status)))));
+            }
         }
     }
     for (id, code) in ended {
-        own.remove(&id);
+        watched.own.remove(&id);
         if let Some(task) = by_id(&store, &id)? {
-            if let Some(s) = settle(&mut store, root, &task, code)? {
+            if let Some(s) = settle(&mut store, root, &task, code, None)? {
                 summary.settled.push((id, s));
             }
         }
     }
-    let gone: Vec<String> = adopted
+    let gone: Vec<String> = watched
+        .children
         .iter()
         .filter(|(_, child)| !alive(child))
         .map(|(id, _)| id.clone())
         .collect();
     for id in gone {
-        adopted.remove(&id);
+        watched.children.remove(&id);
         if let Some(task) = by_id(&store, &id)? {
-            if let Some(s) = settle(&mut store, root, &task, None)? {
+            if let Some(s) = settle(&mut store, root, &task, None, None)? {
                 summary.settled.push((id, s));
             }
         }
     }
-    let watched = |id: &str| own.contains_key(id) || adopted.contains_key(id);
-    let due = due(&store, config, opts.max_parallel, &watched)?;
+    let due = due(&store, config, opts.max_parallel, &|id: &str| {
+        watched.watches(id)
+    })?;
     summary.frozen = due.frozen.clone();
     let mut left = due.queued;
     for task in &due.start {
         left -= 1;
-        if let Some(child) = start(&mut store, api, opts, me, task)? {
-            own.insert(task.id.clone(), child);
+        let own = match &opts.runner {
+            Runner::Child { exe } => start_child(&mut store, api, exe, me, task)?,
+            Runner::InProcess(runner) => start_in_process(&mut store, root, runner, me, task)?,
+        };
+        if let Some(own) = own {
+            watched.own.insert(task.id.clone(), own);
             summary.started.push(task.id.clone());
         }
     }
     summary.left_queued = left;
-    let idle = own.is_empty() && adopted.is_empty();
-    Ok(idle && (left == 0 || due.frozen.is_some()))
+    Ok(watched.idle() && (left == 0 || due.frozen.is_some()))
 }
 
 /// What one look at the queue may start.
@@ -989,12 +1187,152 @@ fn signal_of(status: &std::process::ExitStatus) -> i32 {
     status.signal().unwrap_or(0)
 }
 
+/// The words of a run's panic (or of its task's cancellation).
+fn panic_words(e: tokio::task::JoinError) -> String {
+    if !e.is_panic() {
+        return "its run was cancelled".into();
+    }
+    let payload = e.into_panic();
+    let words = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into());
+    format!(
+        "its run panicked: {}",
+        words.chars().take(500).collect::<String>()
+    )
+}
+
+/// The run `id`'s record, when the store has one.
+fn run_record(api: &Api, id: &str) -> Result<Option<RunRecord>, ApiError> {
+    Ok(api.open_store()?.runs()?.into_iter().find(|r| r.id == id))
+}
+
+/// Ends the task of a run in process that has ended (or panicked): its
+/// record or error into the task's files, the run settled as an orphan if
+/// its lifecycle did not end it, then the task settled.
+async fn reap(
+    api: &Api,
+    runner: &Arc<dyn TaskRunner>,
+    id: &str,
+    run: &str,
+    ended: Result<RunOutcome, tokio::task::JoinError>,
+    summary: &mut DispatchSummary,
+) -> Result<(), ApiError> {
+    let dir = task_dir(api.root(), id);
+    let write = |name: &str, bytes: &[u8]| {
+        let f = dir.join(name);
+        std::fs::write(&f, bytes)
+            .map_err(|e| ApiError::new(ErrorKind::State, format!("writing {}: {e}", f.display())))
+    };
+    let (exit, failure) = match ended {
+        Ok(Ok(record)) => {
+            let json = serde_json::to_vec_pretty(&record)
+                .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+            write("result.json", &json)?;
+            (None, None)
+        }
+        Ok(Err((code, words))) => {
+            write("stderr.log", format!("nightshift: {words}\n").as_bytes())?;
+            (Some(code), None)
+        }
+        Err(e) => {
+            let words = panic_words(e);
+            tracing::error!(task = %id, run = %run, "{words}");
+            write("stderr.log", format!("nightshift: {words}\n").as_bytes())?;
+            (Some(crate::exit::INTERNAL), Some(words))
+        }
+    };
+    // A lifecycle that did not reach its ending (a panic) leaves its
+    // sandbox, worktree and record: settled here, as an orphan's are.
+    if let Some(r) = run_record(api, run)? {
+        if !crate::store::is_final(&r.status) {
+            let status = match &failure {
+                Some(words) => format!("error: {words}"),
+                None => "error: its run ended without settling".into(),
+            };
+            if let Err(e) = runner.settle(run.to_string(), "serve".into(), status).await {
+                tracing::warn!(run = %run, error = %e, "settling a run that ended without settling");
+            }
+        }
+    }
+    let mut store = api.open_store()?;
+    if let Some(task) = list(&store)?.into_iter().find(|t| t.id == id) {
+        if let Some(s) = settle(&mut store, api.root(), &task, exit, failure)? {
+            summary.settled.push((id.to_string(), s));
+        }
+    }
+    Ok(())
+}
+
+/// Runs in process that have ended are reaped; tasks whose run an earlier
+/// dispatcher left are settled once their run is (settling it if nobody
+/// else is).
+async fn look_after_runs(
+    api: &Api,
+    opts: &DispatchOptions,
+    watched: &mut Watched,
+    summary: &mut DispatchSummary,
+) -> Result<(), ApiError> {
+    let Runner::InProcess(runner) = &opts.runner else {
+        // Without a runner in process, a left run is settled by its
+        // watchdog or by `nightshift reconcile`; its task says so now.
+        for (id, _) in std::mem::take(&mut watched.runs) {
+            let mut store = api.open_store()?;
+            if let Some(task) = list(&store)?.into_iter().find(|t| t.id == id) {
+                if let Some(s) = settle(&mut store, api.root(), &task, None, None)? {
+                    summary.settled.push((id, s));
+                }
+            }
+        }
+        return Ok(());
+    };
+    let finished: Vec<String> = watched
+        .own
+        .iter()
+        .filter(|(_, o)| matches!(o, Own::InProcess { handle, .. } if handle.is_finished()))
+        .map(|(id, _)| id.clone())
+        .collect();
+    for id in finished {
+        if let Some(Own::InProcess { run, handle, .. }) = watched.own.remove(&id) {
+            let ended = handle.await;
+            reap(api, runner, &id, &run, ended, summary).await?;
+        }
+    }
+    let left: Vec<(String, String)> = watched
+        .runs
+        .iter()
+        .map(|(t, r)| (t.clone(), r.clone()))
+        .collect();
+    for (id, run) in left {
+        let settled = run_record(api, &run)?.is_none_or(|r| crate::store::is_final(&r.status));
+        if !settled {
+            // Its watchdog may be at it; a claim decides who settles.
+            let by = "supervisor start".to_string();
+            let status = "lost: supervisor vanished".to_string();
+            if let Err(e) = runner.settle(run.clone(), by, status).await {
+                tracing::warn!(run = %run, error = %e, "settling a run left by a dispatcher");
+            }
+            continue;
+        }
+        watched.runs.remove(&id);
+        let mut store = api.open_store()?;
+        if let Some(task) = list(&store)?.into_iter().find(|t| t.id == id) {
+            if let Some(s) = settle(&mut store, api.root(), &task, None, None)? {
+                summary.settled.push((id, s));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The dispatcher: starts queued tasks in order, at most
 /// `opts.max_parallel` at once, while not frozen and within the fleet's
 /// caps; watches them and records how each ended. Returns when `stop` turns
-/// true (runs keep going; the next dispatcher adopts them) or, with
-/// `until_empty`, once nothing is queued or running (or only a freeze keeps
-/// tasks queued).
+/// true (children keep going and the next dispatcher adopts them; runs in
+/// process are stopped and waited for) or, with `until_empty`, once nothing
+/// is queued or running (or only a freeze keeps tasks queued).
 pub async fn dispatch_loop(
     api: &Api,
     opts: &DispatchOptions,
@@ -1007,36 +1345,87 @@ pub async fn dispatch_loop(
     let _lock = dispatcher_lock(api.root())?;
     let me = crate::api::process_identity();
     let mut summary = DispatchSummary::default();
-    let mut own: HashMap<String, tokio::process::Child> = HashMap::new();
-    let (mut adopted, settled) = {
+    if let Runner::InProcess(runner) = &opts.runner {
+        // Runs of a supervisor that vanished (an earlier serve's among
+        // them) are settled before their tasks are looked at.
+        if let Err(e) = runner.reconcile().await {
+            tracing::warn!(error = %e, "reconciling at the dispatcher's start");
+        }
+    }
+    let recovered = {
         let mut store = api.open_store()?;
         recover(&mut store, api.root(), &me)?
     };
-    summary.adopted = adopted.keys().cloned().collect();
+    let mut watched = Watched {
+        own: HashMap::new(),
+        children: recovered.children,
+        runs: recovered.runs,
+    };
+    summary.adopted = watched
+        .children
+        .keys()
+        .chain(watched.runs.keys())
+        .cloned()
+        .collect();
     summary.adopted.sort();
-    summary.settled = settled;
+    summary.settled = recovered.settled;
+    let mut last_error: Option<String> = None;
     loop {
         if *stop.borrow() {
             summary.stopped = true;
+            stop_runs(api, opts, &mut watched, &mut summary).await?;
             return Ok(summary);
         }
-        let done = step(
-            api,
-            &config,
-            opts,
-            &me,
-            &mut own,
-            &mut adopted,
-            &mut summary,
-        )?;
-        if done && opts.until_empty {
-            return Ok(summary);
+        let looked = match look_after_runs(api, opts, &mut watched, &mut summary).await {
+            Ok(()) => step(api, &config, opts, &me, &mut watched, &mut summary),
+            Err(e) => Err(e),
+        };
+        match looked {
+            Ok(true) if opts.until_empty => return Ok(summary),
+            Ok(_) => last_error = None,
+            // Runs in process live in this loop: an error (the store busy
+            // or unreadable for a while) is said once and tried again,
+            // never a reason to leave them unwatched.
+            Err(e) if matches!(opts.runner, Runner::InProcess(_)) => {
+                let words = e.to_string();
+                if last_error.as_deref() != Some(words.as_str()) {
+                    tracing::error!(error = %words, "the run queue's dispatcher, trying again");
+                    last_error = Some(words);
+                }
+            }
+            Err(e) => return Err(e),
         }
         tokio::select! {
             _ = tokio::time::sleep(opts.poll) => {}
             _ = stop.changed() => {}
         }
     }
+}
+
+/// A stopping dispatcher's runs in process: asked to stop, and waited for
+/// (each ends as `interrupted` through its own ending, its work imported).
+async fn stop_runs(
+    api: &Api,
+    opts: &DispatchOptions,
+    watched: &mut Watched,
+    summary: &mut DispatchSummary,
+) -> Result<(), ApiError> {
+    let Runner::InProcess(runner) = &opts.runner else {
+        return Ok(());
+    };
+    for own in watched.own.values() {
+        if let Own::InProcess { stop, .. } = own {
+            let _ = stop.send(Some(crate::run::Stop::Terminate));
+        }
+    }
+    let ids: Vec<String> = watched.own.keys().cloned().collect();
+    for id in ids {
+        if let Some(Own::InProcess { run, handle, .. }) = watched.own.remove(&id) {
+            let ended = handle.await;
+            reap(api, runner, &id, &run, ended, summary).await?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -1079,7 +1468,11 @@ mod tests {
     fn a_task_caught_starting_before_its_spawn_goes_back_to_the_queue() {
         let dir = tempfile::tempdir().unwrap();
         let (mut store, _) = one_task(dir.path(), "starting", &Progress::default());
-        let (adopted, settled) = recover(&mut store, dir.path(), "me").unwrap();
+        let Recovered {
+            children: adopted,
+            settled,
+            ..
+        } = recover(&mut store, dir.path(), "me").unwrap();
         assert!(adopted.is_empty() && settled.is_empty());
         assert_eq!(the_task(&store).state, TaskState::Queued);
     }
@@ -1099,7 +1492,11 @@ mod tests {
             serde_json::to_vec(&record("r1", "exited 0", GONE)).unwrap(),
         )
         .unwrap();
-        let (adopted, settled) = recover(&mut store, dir.path(), "me").unwrap();
+        let Recovered {
+            children: adopted,
+            settled,
+            ..
+        } = recover(&mut store, dir.path(), "me").unwrap();
         assert!(adopted.is_empty());
         assert_eq!(settled, [(id.clone(), TaskState::Done)]);
         let t = the_task(&store);
@@ -1107,7 +1504,11 @@ mod tests {
         assert_eq!(t.progress.run.as_deref(), Some("r1"));
         assert_eq!(t.progress.exit_code, Some(0));
         // A second dispatcher finds nothing left to do.
-        let (adopted, settled) = recover(&mut store, dir.path(), "other").unwrap();
+        let Recovered {
+            children: adopted,
+            settled,
+            ..
+        } = recover(&mut store, dir.path(), "other").unwrap();
         assert!(adopted.is_empty() && settled.is_empty());
     }
 
@@ -1132,12 +1533,26 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut store, _) = one_task(dir.path(), "running", &Progress::default());
         let task = the_task(&store);
-        let moved = settle(&mut store, dir.path(), &task, Some(crate::exit::DENIED)).unwrap();
+        let moved = settle(
+            &mut store,
+            dir.path(),
+            &task,
+            Some(crate::exit::DENIED),
+            None,
+        )
+        .unwrap();
         assert_eq!(moved, Some(TaskState::Queued));
         // Any other ending without a run fails the task.
         let (mut store, _) = one_task(dir.path(), "running", &Progress::default());
         let task = the_task(&store);
-        let moved = settle(&mut store, dir.path(), &task, Some(crate::exit::BAD_INPUT)).unwrap();
+        let moved = settle(
+            &mut store,
+            dir.path(),
+            &task,
+            Some(crate::exit::BAD_INPUT),
+            None,
+        )
+        .unwrap();
         assert_eq!(moved, Some(TaskState::Failed));
     }
 
@@ -1151,12 +1566,223 @@ mod tests {
             ..Default::default()
         };
         let (mut store, id) = one_task(dir.path(), "running", &progress);
-        let (adopted, settled) = recover(&mut store, dir.path(), "new").unwrap();
+        let Recovered {
+            children: adopted,
+            settled,
+            ..
+        } = recover(&mut store, dir.path(), "new").unwrap();
         assert!(settled.is_empty());
         assert_eq!(adopted.get(&id), Some(&me));
         let t = the_task(&store);
         assert_eq!(t.state, TaskState::Running);
         assert_eq!(t.progress.dispatcher.as_deref(), Some("new"));
+    }
+
+    #[test]
+    fn tasks_of_a_vanished_dispatcher_in_process_are_settled_from_their_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = MemStore::new(dir.path());
+        let config = crate::config::Config::default();
+        let specs = [spec(dir.path()), spec(dir.path()), spec(dir.path())];
+        let ids = enqueue(&mut store, &config, &specs).unwrap();
+        for (id, run) in ids.iter().zip(["ended", "never", "going"]) {
+            let p = Progress {
+                dispatcher: Some(GONE.into()),
+                run: Some(run.into()),
+                in_process: true,
+                ..Default::default()
+            };
+            assert!(store
+                .move_task(id, &["queued"], "running", &progress_json(&p))
+                .unwrap());
+        }
+        store
+            .runs
+            .push(record("ended", "lost: supervisor vanished", GONE));
+        store.runs.push(record("going", "running", GONE));
+        let found = recover(&mut store, dir.path(), "me").unwrap();
+        // Ended: settled from its run. Never recorded: nothing ran, queued
+        // again. Not settled yet: watched until its run is.
+        assert_eq!(found.settled, [(ids[0].clone(), TaskState::Done)]);
+        assert_eq!(found.runs.get(&ids[2]).map(String::as_str), Some("going"));
+        assert!(found.children.is_empty());
+        let tasks = list(&store).unwrap();
+        assert_eq!(
+            tasks[0].progress.status.as_deref(),
+            Some("lost: supervisor vanished")
+        );
+        assert_eq!(tasks[1].state, TaskState::Queued);
+        assert_eq!(tasks[1].progress, Progress::default());
+        assert_eq!(tasks[2].state, TaskState::Running);
+        assert_eq!(tasks[2].progress.dispatcher.as_deref(), Some("me"));
+    }
+
+    /// Runs tasks by their text: `panic` panics with its run recorded
+    /// `running`, `fail` fails before any run, anything else exits 0.
+    struct Scripted {
+        root: PathBuf,
+        settled: std::sync::Mutex<Vec<(String, String)>>,
+    }
+
+    impl TaskRunner for Scripted {
+        fn run(
+            &self,
+            task: TaskRow,
+            run: String,
+            _stop: tokio::sync::watch::Receiver<Option<crate::run::Stop>>,
+        ) -> BoxFuture<'static, RunOutcome> {
+            let root = self.root.clone();
+            Box::pin(async move {
+                let mut r = record(&run, "running", "me");
+                match task.spec.task.as_deref() {
+                    Some("panic") => {
+                        let paths = crate::store::StatePaths::new(root);
+                        crate::store::Store::open(paths)
+                            .unwrap()
+                            .put_run(&r)
+                            .unwrap();
+                        panic!("boom in {run}");
+                    }
+                    Some("fail") => Err((crate::exit::IMAGE_MISSING, "no such image".into())),
+                    _ => {
+                        r.status = "exited 0".into();
+                        Ok(r)
+                    }
+                }
+            })
+        }
+
+        fn settle(
+            &self,
+            run: String,
+            by: String,
+            status: String,
+        ) -> BoxFuture<'static, Result<bool, String>> {
+            self.settled
+                .lock()
+                .unwrap()
+                .push((run.clone(), status.clone()));
+            let paths = crate::store::StatePaths::new(self.root.clone());
+            Box::pin(async move {
+                let store = crate::store::Store::open(paths).map_err(|e| e.to_string())?;
+                let mut r = record(&run, &status, "me");
+                r.reason = Some(format!("settled by {by}"));
+                store.put_run(&r).map_err(|e| e.to_string())?;
+                Ok(true)
+            })
+        }
+
+        fn reconcile(&self) -> BoxFuture<'static, Result<(), String>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_panic_or_failure_in_one_run_in_process_ends_only_its_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        let api = Api::new(root.clone(), None);
+        let mut store = api.open_store().unwrap();
+        let config = crate::config::Config::default();
+        let with = |text: &str| TaskSpec {
+            task: Some(text.into()),
+            ..spec(dir.path())
+        };
+        let ids = enqueue(
+            &mut store,
+            &config,
+            &[with("panic"), with("fine"), with("fail"), with("fine")],
+        )
+        .unwrap();
+        let runner = Arc::new(Scripted {
+            root: root.clone(),
+            settled: Default::default(),
+        });
+        let opts = DispatchOptions {
+            max_parallel: 4,
+            runner: Runner::InProcess(runner.clone()),
+            poll: Duration::from_millis(10),
+            until_empty: true,
+        };
+        let (_stop, stopped) = tokio::sync::watch::channel(false);
+        let summary = dispatch_loop(&api, &opts, stopped).await.unwrap();
+        assert_eq!(summary.started, ids);
+        let tasks = list(&store).unwrap();
+        let states: Vec<TaskState> = tasks.iter().map(|t| t.state).collect();
+        use TaskState::{Done, Failed};
+        assert_eq!(states, [Failed, Done, Failed, Done]);
+        // The panic: its task failed with the panic's words, its run
+        // settled as an orphan's would be, and named.
+        let panicked = &tasks[0].progress;
+        let run = panicked.run.clone().unwrap();
+        assert!(
+            panicked
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("panicked: boom in"),
+            "{panicked:?}"
+        );
+        assert_eq!(
+            panicked.status.as_deref(),
+            Some("error: its run panicked: boom in ".to_string() + &run).as_deref()
+        );
+        assert_eq!(
+            *runner.settled.lock().unwrap(),
+            [(
+                run.clone(),
+                format!("error: its run panicked: boom in {run}")
+            )]
+        );
+        // The failure: its exit code and words, as `nightshift run` gives them.
+        assert_eq!(
+            tasks[2].progress.exit_code,
+            Some(crate::exit::IMAGE_MISSING)
+        );
+        assert_eq!(
+            tasks[2].progress.reason.as_deref(),
+            Some("nightshift: no such image")
+        );
+        // The others ran to their end, their records in their result files.
+        for t in [&tasks[1], &tasks[3]] {
+            assert_eq!(t.progress.status.as_deref(), Some("exited 0"), "{t:?}");
+            let result = std::fs::read(task_dir(&root, &t.id).join("result.json")).unwrap();
+            let r: RunRecord = serde_json::from_slice(&result).unwrap();
+            assert_eq!(Some(r.id), t.progress.run);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dispatcher_in_process_outlasts_an_error_in_its_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        let api = Api::new(root.clone(), None);
+        let mut store = api.open_store().unwrap();
+        let config = crate::config::Config::default();
+        enqueue(&mut store, &config, &[spec(dir.path())]).unwrap();
+        // A policy nobody can read: nothing may start, and the loop errs.
+        std::fs::create_dir_all(root.join("rules")).unwrap();
+        std::fs::write(root.join("rules/broken.toml"), "[[rule]\n").unwrap();
+        let runner = Arc::new(Scripted {
+            root: root.clone(),
+            settled: Default::default(),
+        });
+        let opts = DispatchOptions {
+            max_parallel: 1,
+            runner: Runner::InProcess(runner),
+            poll: Duration::from_millis(10),
+            until_empty: true,
+        };
+        let (_stop, stopped) = tokio::sync::watch::channel(false);
+        let api2 = api.clone();
+        let dispatcher = tokio::spawn(async move { dispatch_loop(&api2, &opts, stopped).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(list(&store).unwrap()[0].state, TaskState::Queued);
+        // Readable again: the same dispatcher goes on and runs the task.
+        std::fs::remove_dir_all(root.join("rules")).unwrap();
+        let summary = dispatcher.await.unwrap().unwrap();
+        assert_eq!(summary.started.len(), 1);
+        assert_eq!(list(&store).unwrap()[0].state, TaskState::Done);
     }
 
     fn n(m: u64, c: u64, p: u64) -> Need {

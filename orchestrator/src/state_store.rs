@@ -36,7 +36,7 @@ use crate::store::{RunRecord, StoreError, StoredTask};
 pub type StoredAct = (serde_json::Value, serde_json::Value, Option<Vec<u8>>);
 
 /// What the door's gate, the act queue and the run queue need of the state.
-pub trait StateStore {
+pub trait StateStore: Send {
     /// The state directory: rule files, destinations, scratch space.
     fn root(&self) -> &Path;
     /// Appends one audit entry.

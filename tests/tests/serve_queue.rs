@@ -1,11 +1,15 @@
-//! `nightshift serve` runs the run queue: queued tasks start in order, at
-//! most `--max-parallel` at once, and `kill -9` of `serve` loses nothing (the
-//! running run goes on and the restarted `serve` adopts it, the queued task
-//! stays queued and starts after it; no task runs twice; the queue's acts and
-//! the audit chain survive).
+//! `nightshift serve` runs the run queue in its own process: queued tasks
+//! start in order, at most `--max-parallel` at once, as runs of `serve`
+//! itself (their sandboxes carry its identity; one watchdog for the whole
+//! process, no per-run supervisor). `kill -9` of `serve` loses nothing: its
+//! runs die with it, and its watchdog or the next `serve` stops their
+//! sandboxes and imports their work; the restarted `serve` settles their
+//! tasks from their runs (none runs twice), the queued task stays queued and
+//! then runs; the audit chain still verifies. A run that fails ends only its
+//! task; a stopped `serve` stops its runs, imports their work and waits.
 
 use tests::browser::Serve;
-use tests::queue::{running_run, states, tasks, wait_tasks};
+use tests::queue::{processes, running_run, states, tasks, wait_tasks};
 use tests::{image, make_repo, open_gate, stderr, stdout, State, WAIT_AT_GATE};
 
 /// Ends every sandbox of the state even when the test fails.
@@ -18,11 +22,11 @@ impl Drop for Cleanup<'_> {
 }
 
 #[test]
-fn a_killed_serve_loses_no_task_and_its_successor_adopts_the_running_run() {
+fn a_killed_serve_loses_no_task_and_leaves_no_orphan_sandbox() {
     let state = State::new();
     let _cleanup = Cleanup(&state);
     let repo = make_repo();
-    for n in 1..=2 {
+    for n in 1..=3 {
         let out = state.run(&[
             "enqueue",
             "--repo",
@@ -36,63 +40,155 @@ fn a_killed_serve_loses_no_task_and_its_successor_adopts_the_running_run() {
             "--",
             "bash",
             "-c",
-            &format!("{WAIT_AT_GATE}echo {n} > done-{n}.txt"),
+            &format!("echo {n} > started-{n}.txt; {WAIT_AT_GATE}echo {n} > done-{n}.txt"),
         ]);
         assert!(out.status.success(), "enqueue: {}", stderr(&out));
         assert_eq!(stdout(&out).lines().count(), 1, "{}", stdout(&out));
     }
-    assert_eq!(states(&state), ["queued", "queued"]);
+    assert_eq!(states(&state), ["queued", "queued", "queued"]);
 
-    // serve starts the first task only (one at a time) ...
-    let mut first = Serve::start(&state, &["--max-parallel", "1"]);
-    let run1 = running_run(&state, 0);
-    assert_eq!(states(&state), ["running", "queued"]);
-    // ... and dies with kill -9 while that run is under way.
+    // serve starts two tasks (two at a time), as its own runs ...
+    let mut first = Serve::start(&state, &["--max-parallel", "2"]);
+    let (run1, run2) = (running_run(&state, 0), running_run(&state, 1));
+    assert_eq!(states(&state), ["running", "running", "queued"]);
+    let serve_id = format!("{}:", first.child.id());
+    for run in [&run1, &run2] {
+        let r = &state.show(run)["run"];
+        assert!(
+            r["supervisor"].as_str().unwrap().starts_with(&serve_id),
+            "not a run of serve: {r:#?}"
+        );
+    }
+    // ... with one watchdog for the whole process and no other supervisor.
+    assert_eq!(processes(&state, "watchdog").len(), 1);
+    assert!(processes(&state, "run").is_empty());
+    for (n, run) in [(1, &run1), (2, &run2)] {
+        let worktree = state.path().join("worktrees").join(run);
+        tests::wait_for_file(&worktree.join(format!("started-{n}.txt")));
+    }
+
+    // serve dies with kill -9 while both runs are under way.
     first.child.kill().unwrap();
     first.child.wait().unwrap();
-    assert_eq!(states(&state), ["running", "queued"]);
-    assert_eq!(
-        state
-            .runs()
-            .iter()
-            .find(|r| r["id"] == run1.as_str())
-            .map(|r| r["status"].clone()),
-        Some("running".into()),
-        "the run died with serve"
-    );
+    assert_eq!(states(&state), ["running", "running", "queued"]);
     drop(first);
 
-    // The next serve adopts the running task, starts nothing beside it, then
-    // the queued one once the first has ended.
-    let second = Serve::start(&state, &["--max-parallel", "1"]);
-    let adopter = format!("{}:", second.child.id());
-    wait_tasks(&state, "the first task adopted", |t| {
-        t[0]["progress"]["dispatcher"]
-            .as_str()
-            .is_some_and(|d| d.starts_with(&adopter))
+    // The next serve settles both tasks from their runs, then runs the
+    // queued one.
+    let second = Serve::start(&state, &["--max-parallel", "2"]);
+    wait_tasks(&state, "the two killed tasks settled", |t| {
+        t[0]["state"] == "done" && t[1]["state"] == "done"
     });
-    assert_eq!(states(&state), ["running", "queued"]);
-    open_gate(&state, &run1);
-    let run2 = running_run(&state, 1);
-    open_gate(&state, &run2);
-    wait_tasks(&state, "both tasks done", |t| {
-        t.iter().all(|t| t["state"] == "done")
-    });
-    drop(second);
-
     let runs = state.runs();
-    assert_eq!(runs.len(), 2, "a task ran twice or not at all: {runs:#?}");
     for (t, run) in tasks(&state).iter().zip([&run1, &run2]) {
         assert_eq!(t["progress"]["run"], run.as_str(), "{t:#?}");
         let r = runs.iter().find(|r| r["id"] == run.as_str()).unwrap();
-        assert_eq!(r["status"], "exited 0", "{r:#?}");
-    }
-    for (n, run) in [&run1, &run2].iter().enumerate() {
-        let r = runs.iter().find(|r| r["id"] == run.as_str()).unwrap();
-        let result = r["result_ref"].as_str().unwrap();
+        assert_eq!(t["progress"]["status"], r["status"], "{t:#?}");
+        let status = r["status"].as_str().unwrap();
+        assert!(
+            status.starts_with("lost") || status.starts_with("killed"),
+            "{r:#?}"
+        );
+        // No orphan: its sandbox and worktree are gone, its work imported.
+        let sandboxes = std::process::Command::new("docker")
+            .args(["ps", "-aq", "--filter"])
+            .arg(format!("label=nightshift.run={run}"))
+            .output()
+            .unwrap();
+        assert!(stdout(&sandboxes).trim().is_empty(), "{run}'s sandbox left");
+        assert!(!state.path().join("worktrees").join(run).exists());
+        let result = r["result_ref"].as_str().expect("imported");
         let files = tests::git(repo.path(), &["ls-tree", "--name-only", result]);
-        assert!(files.contains(&format!("done-{}.txt", n + 1)), "{files}");
+        assert!(files.contains("started-"), "{files}");
+        assert!(!files.contains("done-"), "{files}");
     }
+    let run3 = running_run(&state, 2);
+    open_gate(&state, &run3);
+    wait_tasks(&state, "the third task done", |t| t[2]["state"] == "done");
+    drop(second);
+
+    let runs = state.runs();
+    assert_eq!(runs.len(), 3, "a task ran twice or not at all: {runs:#?}");
+    let r = runs.iter().find(|r| r["id"] == run3.as_str()).unwrap();
+    assert_eq!(r["status"], "exited 0", "{r:#?}");
+    let files = tests::git(
+        repo.path(),
+        &["ls-tree", "--name-only", r["result_ref"].as_str().unwrap()],
+    );
+    assert!(files.contains("done-3.txt"), "{files}");
+    assert!(state.containers().is_empty());
+    assert!(state.verify().status.success());
+}
+
+#[test]
+fn a_failing_run_ends_only_its_task_and_a_stopped_serve_ends_its_runs() {
+    let state = State::new();
+    let _cleanup = Cleanup(&state);
+    let repo = make_repo();
+    let enqueue = |image: &str, script: &str| {
+        let out = state.run(&[
+            "enqueue",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--ref",
+            "main",
+            "--image",
+            image,
+            "--",
+            "bash",
+            "-c",
+            script,
+        ]);
+        assert!(out.status.success(), "enqueue: {}", stderr(&out));
+    };
+    enqueue("nightshift-no-such-image:0", "true");
+    enqueue(
+        &image(),
+        &format!("echo 1 > kept.txt; {WAIT_AT_GATE}echo 1 > done.txt"),
+    );
+    let mut serve = Serve::start(&state, &["--max-parallel", "2"]);
+    wait_tasks(&state, "the first task failed", |t| {
+        t[0]["state"] == "failed"
+    });
+    let run = running_run(&state, 1);
+    // The failure is its task's alone, named with nightshift run's exit code.
+    let t = &tasks(&state)[0];
+    assert_eq!(t["progress"]["exit_code"], 5, "{t:#?}");
+    assert!(
+        t["progress"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("nightshift-no-such-image"),
+        "{t:#?}"
+    );
+    assert_eq!(serve.child.try_wait().unwrap(), None, "serve ended");
+    tests::wait_for_file(&state.path().join("worktrees").join(&run).join("kept.txt"));
+
+    // SIGTERM: serve stops its run (its work imported) and waits for it.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(serve.child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = serve.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    drop(serve);
+    let t = &tasks(&state)[1];
+    assert_eq!(t["state"], "done", "{t:#?}");
+    assert_eq!(t["progress"]["status"], "interrupted: SIGTERM", "{t:#?}");
+    let r = state
+        .runs()
+        .into_iter()
+        .find(|r| r["id"] == run.as_str())
+        .unwrap();
+    let files = tests::git(
+        repo.path(),
+        &["ls-tree", "--name-only", r["result_ref"].as_str().unwrap()],
+    );
+    assert!(
+        files.contains("kept.txt") && !files.contains("done.txt"),
+        "{files}"
+    );
     assert!(state.containers().is_empty());
     assert!(state.verify().status.success());
 }

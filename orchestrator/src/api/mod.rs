@@ -1006,6 +1006,28 @@ impl Api {
             .collect())
     }
 
+    /// What a process that creates sandboxes needs (`serve`'s runs in
+    /// process): the state, the engine, and the fleet cgroup with the
+    /// limits of `config`, this process's identity on every sandbox.
+    pub async fn creating_supervisor(
+        &self,
+        config: &crate::config::Config,
+    ) -> Result<Supervisor, ApiError> {
+        let store = self.open_store()?;
+        let engine = crate::engine::Engine::connect().await?;
+        let state_tag = crate::state_tag(&self.root);
+        let fleet = run::FleetHandle::ensure(&state_tag, &config.fleet())
+            .map_err(|e| ApiError::new(ErrorKind::Internal, e))?;
+        Ok(Supervisor {
+            engine,
+            store: Arc::new(Mutex::new(store)),
+            state_tag,
+            identity: process_identity(),
+            fleet: Some(fleet),
+            sandbox_user: config.sandbox_user(),
+        })
+    }
+
     fn decide(
         &self,
         acts: &[String],
@@ -1069,6 +1091,29 @@ pub fn run_exit_code(record: &RunRecord) -> i32 {
             exit::OK
         }
         run::ImportState::Whole => exit::FAILED,
+    }
+}
+
+/// The exit code `nightshift run` gives for a run that ended in `error`
+/// (README.md's table).
+pub fn run_error_exit_code(error: &run::RunError) -> i32 {
+    use crate::engine::EngineError;
+    use crate::exit;
+    use run::{RunError, Stop};
+    match error {
+        RunError::BadInput(_) => exit::BAD_INPUT,
+        RunError::Engine(EngineError::ImageMissing(_)) => exit::IMAGE_MISSING,
+        RunError::Engine(EngineError::Unreachable { .. }) => exit::ENGINE,
+        RunError::Engine(_) => exit::INTERNAL,
+        RunError::Refused { .. } => exit::REFUSED,
+        RunError::Store(_) => exit::STATE,
+        RunError::Git(_) => exit::INTERNAL,
+        RunError::Frozen(_) => exit::DENIED,
+        RunError::Policy(_) => exit::BAD_INPUT,
+        RunError::Interrupted { signal, .. } => match signal {
+            Stop::Interrupt => exit::SIGINT,
+            Stop::Terminate => exit::SIGTERM,
+        },
     }
 }
 

@@ -89,6 +89,14 @@ pub struct CapReached {
 /// audited once told to end (each is a settlement and an append away).
 pub const DRAIN: Duration = Duration::from_secs(10);
 
+/// A handle dropped without `close` (its run's lifecycle panicked in a
+/// process that goes on) still stops serving.
+impl Drop for GatewayHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 impl GatewayHandle {
     /// Stops accepting calls, ends the streams still running, and waits
     /// (at most [`DRAIN`]) until every call is settled and audited.
