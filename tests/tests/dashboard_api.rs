@@ -418,6 +418,16 @@ fn morning_reports_an_old_entry_rewritten_under_a_running_serve() {
     let later = chain_of(&owner);
     assert_eq!(later["intact"], true, "{later}");
     assert!(later["entries"].as_u64().unwrap() > through, "{later}");
+    // From the last entry verified before it (by the previous load, or
+    // by a background walk in between), to the end.
+    assert_eq!(later["walked"], "new entries", "{later}");
+    let from = later["walked_from"].as_u64().unwrap();
+    assert!(from >= through, "{later}");
+    assert_eq!(
+        later["walked_entries"].as_u64().unwrap(),
+        later["entries"].as_u64().unwrap() - from + 1,
+        "{later}"
+    );
     assert!(later["whole_at"].is_string(), "{later}");
     assert_eq!(later["whole_every"], 1, "{later}");
 

@@ -211,8 +211,9 @@ pub struct ChainState {
     pub walked: Option<&'static str>,
     /// Why this load walked the whole chain.
     pub why_whole: Option<&'static str>,
-    /// How many entries this load walked.
+    /// How many entries this load walked, from which one.
     pub walked_entries: u64,
+    pub walked_from: Option<u64>,
     /// The last whole walk that verified: when, and through which entry.
     pub whole_at: Option<String>,
     pub whole_through: Option<u64>,
@@ -361,6 +362,11 @@ pub fn check_on_load(memo: &std::sync::Mutex<Memo>, store: &Store, whole_every: 
         lock().record(&begun, &seen, c.0);
     }
     let m = lock().clone();
+    let walked_from = match &todo {
+        Plan::Whole(_) => Some(1),
+        Plan::After(from) if !failed_after => Some(from.seq),
+        _ => None,
+    };
     state_of(
         &m,
         &seen,
@@ -369,7 +375,7 @@ pub fn check_on_load(memo: &std::sync::Mutex<Memo>, store: &Store, whole_every: 
             Plan::After(_) => (Some("new entries"), None),
             Plan::Known => (None, None),
         },
-        walked,
+        (walked, walked_from),
         entries_stored,
         whole_every,
     )
@@ -413,7 +419,7 @@ fn state_of(
     m: &Memo,
     seen: &Seen,
     (walked, why_whole): (Option<&'static str>, Option<&'static str>),
-    walked_entries: u64,
+    (walked_entries, walked_from): (u64, Option<u64>),
     entries_stored: Option<u64>,
     whole_every: u64,
 ) -> ChainState {
@@ -422,6 +428,7 @@ fn state_of(
         walked,
         why_whole,
         walked_entries,
+        walked_from,
         whole_at: m.whole.as_ref().map(|(at, _)| at.clone()),
         whole_through: m.whole.as_ref().map(|(_, n)| *n),
         whole_every,

@@ -183,9 +183,12 @@ pub fn morning(who: &Viewer, m: &Morning) -> Markup {
 /// load walked, and the last walk of the whole chain.
 fn chain_section(c: &ChainState) -> Markup {
     let walked = html! {
-        @match (c.walked, c.why_whole) {
-            (Some(w), Some(why)) => { "This load walked the " (w) " (" (c.walked_entries) " entries: " (why) "). " }
-            (Some(w), None) => { "This load walked the " (w) " (" (c.walked_entries) "). " }
+        @match (c.walked, c.why_whole, c.walked_from) {
+            (Some(w), Some(why), _) => { "This load walked the " (w) " (" (c.walked_entries) " entries: " (why) "). " }
+            (Some(_), None, Some(from)) if c.walked_entries > 0 => {
+                "This load walked entries " (from) " to " (from + c.walked_entries - 1)
+                " (the last verified again, and those appended since). "
+            }
             _ => {}
         }
     };
