@@ -1,6 +1,8 @@
 //! Server time of the dashboard's two heaviest pages: Queue with 10,000
-//! pending acts (one page of 50) and Morning over 1,000 runs (with the
-//! audit chain verified), from the state to the rendered HTML. Run:
+//! pending acts (one page of 50) and Morning over 1,000 runs (its first
+//! load walks the whole audit chain, later ones only the entries appended
+//! since), from the state to the rendered HTML; and the whole-chain walk
+//! that `serve` runs in the background. Run:
 //! `cargo run --release -p orchestrator --example bench_serve` (figures in
 //! docs/benchmarks.md). Not a test: it asserts nothing and prints timings.
 
@@ -10,6 +12,7 @@ use std::time::Instant;
 use deferred_queue::{Act, Content, Door, Routing, Target};
 use orchestrator::audit_log::Event;
 use orchestrator::serve::backend::{self, Backend};
+use orchestrator::serve::chain;
 use orchestrator::serve::guard::Role;
 use orchestrator::serve::pages::{self, Viewer};
 use orchestrator::store::{now_rfc3339, RunRecord, StatePaths, Store};
@@ -159,10 +162,41 @@ fn main() {
             pages::queue(&who, None, &q).into_string().len()
         })
     });
-    time_it("morning over the runs (chain verified)", &|| {
+    time_it(
+        "morning over the runs (first load walks the whole chain, later ones the new entries)",
+        &|| {
+            b.with_store(|s| {
+                let m = backend::morning(&b, s, "1970-01-01T00:00:00Z").unwrap();
+                pages::morning(&who, &m).into_string().len()
+            })
+        },
+    );
+    // A night's worth of new entries since the last load, then one load.
+    b.with_store(|s| {
+        for i in 0..100 {
+            let e = Event::Act {
+                act: format!("new{i}"),
+                transition: "pending".into(),
+                fields: serde_json::json!({}),
+            };
+            s.append(None, &e, i % 10 == 0).unwrap();
+        }
+    });
+    let t = Instant::now();
+    let walked = b.with_store(|s| {
+        let m = backend::morning(&b, s, "1970-01-01T00:00:00Z").unwrap();
+        pages::morning(&who, &m).into_string();
+        m.chain.walked_entries
+    });
+    println!(
+        "morning after 100 new entries: {:.1} ms ({walked} entries walked)",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    time_it("whole-chain walk (the background's, every period)", &|| {
         b.with_store(|s| {
-            let m = backend::morning(s, "1970-01-01T00:00:00Z").unwrap();
-            pages::morning(&who, &m).into_string().len()
+            let memo = std::sync::Mutex::new(chain::Memo::default());
+            chain::check_whole(&memo, s);
+            0
         })
     });
 }

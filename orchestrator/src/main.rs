@@ -292,6 +292,9 @@ struct ServeArgs {
     /// The owner's key, used only for an owner's decisions (default: STATE/owner.key).
     #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
     owner_key_file: Option<PathBuf>,
+    /// Walk the whole audit chain every this many seconds (Morning walks only new entries).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    chain_check_every: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -2007,6 +2010,7 @@ async fn serve_cmd(
         owner_key: args
             .owner_key_file
             .unwrap_or_else(|| root.join("owner.key")),
+        chain_every: std::time::Duration::from_secs(args.chain_check_every),
         tls: match (args.tls_cert, args.tls_key) {
             (Some(cert), Some(key)) => Some(orchestrator::serve::TlsFiles { cert, key }),
             _ => None,

@@ -1125,6 +1125,19 @@ impl Store {
         })
     }
 
+    /// As [`Store::audit_snapshot`], with only the entries from `seq` on:
+    /// what a check of the chain's new entries reads.
+    pub fn audit_snapshot_from(&self, seq: u64) -> Result<AuditSnapshot, StoreError> {
+        let head = self.read_head()?;
+        let checkpoints = self.checkpoints()?;
+        let entries = self.entries_from(seq)?;
+        Ok(AuditSnapshot {
+            head,
+            checkpoints,
+            entries,
+        })
+    }
+
     fn write_checkpoint(&self, cp: &Checkpoint) -> Result<(), StoreError> {
         let path = self.paths.checkpoints();
         let io = |source| StoreError::Io {
@@ -1152,6 +1165,24 @@ impl Store {
             .map_err(sql("reading the audit log"))?;
         let rows = stmt
             .query_map([], row_to_raw)
+            .map_err(sql("reading the audit log"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(raw_to_entry(row.map_err(sql("reading the audit log"))?)?);
+        }
+        Ok(out)
+    }
+
+    /// The entries from `seq` on, in order.
+    pub fn entries_from(&self, seq: u64) -> Result<Vec<Entry>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT seq, time, kind, run, body, prev, hash FROM audit WHERE seq >= ?1 ORDER BY seq",
+            )
+            .map_err(sql("reading the audit log"))?;
+        let rows = stmt
+            .query_map(params![i64::try_from(seq).unwrap_or(i64::MAX)], row_to_raw)
             .map_err(sql("reading the audit log"))?;
         let mut out = Vec::new();
         for row in rows {

@@ -479,4 +479,95 @@ fn the_openapi_description_is_served_to_a_session_only() {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json"))
             .unwrap();
     assert!(r.body == checked_in, "served: {}", r.body);
+
+fn chain_of(client: &Client) -> serde_json::Value {
+    let r = client.get("/api/v1/morning");
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["chain"].clone()
+}
+
+/// Morning walks only the entries appended since its last check, and a
+/// whole walk in the background finds an OLD entry rewritten, without a
+/// restart (a check of new entries alone never would: the rewritten entry
+/// lies before every entry it walks).
+#[test]
+fn morning_reports_an_old_entry_rewritten_under_a_running_serve() {
+    let state = State::new();
+    assert!(state.run(&["owner", "init"]).status.success());
+    add_accounts(&state);
+    for why in ["one", "two"] {
+        let out = state.run(&["freeze", "--why", why]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let key = state.path().join("owner.key");
+        let out = state.run(&["thaw", "--owner-key-file", key.to_str().unwrap()]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let serve = Serve::start(&state, &["--chain-check-every", "1"]);
+    let owner = Client::login(&serve, OWNER, OWNER_PASSWORD);
+    let first = chain_of(&owner);
+    assert_eq!(first["intact"], true, "{first}");
+    let through = first["entries"].as_u64().unwrap();
+    assert!(through >= 4, "{first}");
+
+    // New entries: the next load walks them (and the last verified entry).
+    let out = state.run(&["freeze", "--why", "three"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let later = chain_of(&owner);
+    assert_eq!(later["intact"], true, "{later}");
+    assert!(later["entries"].as_u64().unwrap() > through, "{later}");
+    // From the last entry verified before it (by the previous load, or
+    // by a background walk in between), to the end.
+    assert_eq!(later["walked"], "new entries", "{later}");
+    let from = later["walked_from"].as_u64().unwrap();
+    assert!(from >= through, "{later}");
+    assert_eq!(
+        later["walked_entries"].as_u64().unwrap(),
+        later["entries"].as_u64().unwrap() - from + 1,
+        "{later}"
+    );
+    assert!(later["whole_at"].is_string(), "{later}");
+    assert_eq!(later["whole_every"], 1, "{later}");
+
+    // An old entry rewritten in place (same seq, same stored hash).
+    let db = rusqlite::Connection::open(state.path().join("state.db")).unwrap();
+    let changed = db
+        .execute(
+            "UPDATE audit SET body = json_set(body, '$.forged', 1) WHERE seq = 2",
+            [],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(db);
+    let started = std::time::Instant::now();
+    let broken = loop {
+        let c = chain_of(&owner);
+        if c["intact"] == false {
+            break c;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "a rewritten old entry never showed on Morning: {c}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let error = broken["error"].as_str().unwrap();
+    assert!(error.starts_with("audit entry 2:"), "{broken}");
+    assert!(error.contains("altered"), "{broken}");
+    assert!(broken["broken_at"].is_string(), "{broken}");
+    // The page says so too, and keeps saying so on later loads.
+    let page = request(
+        serve.addr,
+        "GET",
+        "/",
+        &[("Host", &serve.host()), ("Cookie", &owner.cookie)],
+        "",
+    );
+    assert_eq!(page.status, 200);
+    assert!(
+        page.body.contains("BROKEN: audit entry 2:"),
+        "{}",
+        page.body
+    );
+    assert_eq!(chain_of(&owner)["intact"], false);
+    assert!(!state.verify().status.success());
 }

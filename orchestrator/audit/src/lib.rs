@@ -45,6 +45,11 @@
 //! 3. No checkpoint names an entry past the end (truncation).
 //! 4. With [`verify_with_head`]: the head names an entry that exists
 //!    (truncation) and matches it (rewrite).
+//! 5. [`verify_after`] makes the same checks from an entry already verified
+//!    (its checkpoint) onwards: that entry must be unchanged, and everything
+//!    after it is walked as above. It costs only the new entries, and sees a
+//!    change before that entry only when the change moved it: a reader that
+//!    uses it must still run a whole [`verify`] now and then.
 //!
 //! The first failure is reported with the position of the entry it concerns
 //! (the seq that entry should have had) and stops the walk.
@@ -69,7 +74,9 @@ mod verify;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-pub use verify::{verify, verify_with_head, BadCheckpoint, BadEntry, Verified, VerifyError};
+pub use verify::{
+    verify, verify_after, verify_with_head, BadCheckpoint, BadEntry, Verified, VerifyError,
+};
 
 /// The id of one log. Every hash is bound to it, so an entry spliced in from
 /// another log does not verify. The caller picks it at random (at least 128

@@ -66,6 +66,8 @@ pub enum BadEntry {
     HeadTruncated { head: u64 },
     #[error("does not match the chain's head (the log was rewritten at or before this entry)")]
     HeadMismatch,
+    #[error("is not the entry verified earlier (the log was rewritten at or before this entry)")]
+    StartMismatch,
 }
 
 /// What is wrong with the checkpoint file.
@@ -85,13 +87,73 @@ pub fn verify(
     checkpoints: &[Checkpoint],
 ) -> Result<Verified, VerifyError> {
     check_checkpoints(checkpoints)?;
+    walk(log, (0, &genesis(log)), entries, checkpoints, 1)
+}
 
-    let genesis = genesis(log);
+/// The chain from `start` (an entry an earlier [`verify`] or `verify_after`
+/// accepted: its seq, hash and time) onwards: `entries` are the stored
+/// entries from `start.seq` on, the first of which must still be `start`
+/// itself; each later one is checked as [`verify`] checks it, against the
+/// checkpoints after `start` and the head (when it names `start` or later).
+///
+/// This sees every change at or after `start`, and a change before it only
+/// when it moved `start` itself: an old entry rewritten (with the rest of
+/// the chain left alone) needs a whole [`verify`] to be found.
+pub fn verify_after(
+    log: &LogId,
+    start: &Checkpoint,
+    entries: &[Entry],
+    checkpoints: &[Checkpoint],
+    head: Option<&Checkpoint>,
+) -> Result<Verified, VerifyError> {
+    check_checkpoints(checkpoints)?;
+    let moved = VerifyError::Entry {
+        seq: start.seq,
+        reason: BadEntry::StartMismatch,
+    };
+    let Some(first) = entries.first() else {
+        return Err(moved);
+    };
+    if start.seq == 0
+        || first.seq != start.seq
+        || first.hash != start.hash
+        || first.time != start.time
+    {
+        return Err(moved);
+    }
+    // `start` itself is walked again (from the link it stores), so an entry
+    // altered under its old hash is found too.
+    let skipped = checkpoints.partition_point(|c| c.seq < start.seq);
+    let mut verified = walk(
+        log,
+        (start.seq - 1, &first.prev),
+        entries,
+        &checkpoints[skipped..],
+        skipped as u64 + 1,
+    )?;
+    // Those before `start` were checked when `start` was.
+    verified.checkpoints = checkpoints.len() as u64;
+    check_head(verified, head, |seq| {
+        seq.checked_sub(start.seq)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| entries.get(i))
+    })
+}
+
+/// Checks `entries` as the chain's entries after `after` (its seq and hash:
+/// 0 and the genesis hash for the whole chain); `checkpoints` are sorted,
+/// name entries after it, and the first is number `first_index` of the file.
+fn walk(
+    log: &LogId,
+    after: (u64, &str),
+    entries: &[Entry],
+    checkpoints: &[Checkpoint],
+    first_index: u64,
+) -> Result<Verified, VerifyError> {
     let mut seen: HashMap<&str, u64> = HashMap::with_capacity(entries.len());
-    let mut prev: &str = &genesis;
+    let (mut position, mut prev) = after;
     // Checkpoints are sorted by seq (checked above), so one cursor suffices.
-    let mut next_checkpoint = checkpoints.iter().zip(1u64..).peekable();
-    let mut position = 0u64;
+    let mut next_checkpoint = checkpoints.iter().zip(first_index..).peekable();
 
     for entry in entries {
         position += 1;
@@ -161,6 +223,21 @@ pub fn verify_with_head(
     head: Option<&Checkpoint>,
 ) -> Result<Verified, VerifyError> {
     let verified = verify(log, entries, checkpoints)?;
+    // Seq 0 is the empty log's head; `seq - 1` indexes the named entry.
+    check_head(verified, head, |seq| {
+        seq.checked_sub(1)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| entries.get(i))
+    })
+}
+
+/// The head against the verified chain: it may not name an entry past the
+/// end, and the entry it names (when `entry_at` has it) must match it.
+fn check_head<'e>(
+    verified: Verified,
+    head: Option<&Checkpoint>,
+    entry_at: impl Fn(u64) -> Option<&'e Entry>,
+) -> Result<Verified, VerifyError> {
     let Some(head) = head else {
         return Ok(verified);
     };
@@ -170,12 +247,7 @@ pub fn verify_with_head(
             reason: BadEntry::HeadTruncated { head: head.seq },
         });
     }
-    // Seq 0 is the empty log's head; `seq - 1` indexes the named entry.
-    if let Some(entry) = head
-        .seq
-        .checked_sub(1)
-        .and_then(|i| usize::try_from(i).ok().and_then(|i| entries.get(i)))
-    {
+    if let Some(entry) = entry_at(head.seq) {
         if entry.hash != head.hash || entry.time != head.time {
             return Err(VerifyError::Entry {
                 seq: head.seq,
@@ -546,5 +618,79 @@ mod tests {
         let loaded: Vec<Entry> = serde_json::from_str(&stored)?;
         assert_eq!(verify(&log(), &loaded, &cps).map(|v| v.entries), Ok(4));
         Ok(())
+    }
+
+    fn after(
+        entries: &[Entry],
+        start: u64,
+        cps: &[Checkpoint],
+        head: Option<&Checkpoint>,
+    ) -> Result<Verified, VerifyError> {
+        let i = usize::try_from(start - 1).unwrap_or(0);
+        let anchor = checkpoint(&chain(start)[i]);
+        verify_after(&log(), &anchor, &entries[i.min(entries.len())..], cps, head)
+    }
+
+    #[test]
+    fn verify_after_agrees_with_verify_on_every_change_after_the_start() {
+        let good = chain(8);
+        let cps = at(&good, &[2, 5, 8]);
+        let head = checkpoint(&good[7]);
+        for start in 1..=8u64 {
+            assert_eq!(
+                after(&good, start, &cps, Some(&head)),
+                verify_with_head(&log(), &good, &cps, Some(&head)),
+                "untouched, from {start}"
+            );
+        }
+        // Each entry after the start altered, removed, or the tail cut.
+        for start in 1..=7u64 {
+            for k in (start as usize + 1)..=8 {
+                let mut altered = good.clone();
+                altered[k - 1].body.insert("bytes".into(), json!(1));
+                let mut removed = good.clone();
+                removed.remove(k - 1);
+                let cut = good[..k - 1].to_vec();
+                for bad in [altered, removed, cut] {
+                    assert_eq!(
+                        after(&bad, start, &cps, Some(&head)).map_err(|e| e.to_string()),
+                        verify_with_head(&log(), &bad, &cps, Some(&head))
+                            .map_err(|e| e.to_string()),
+                        "from {start}, entry {k}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn verify_after_names_a_start_that_moved_and_misses_older_changes() {
+        let good = chain(6);
+        let cps = at(&good, &[3, 6]);
+        let mut moved = good.clone();
+        moved[3].body.insert("bytes".into(), json!(1));
+        assert_eq!(
+            after(&moved, 4, &cps, None),
+            Err(VerifyError::Entry {
+                seq: 4,
+                reason: BadEntry::Altered
+            })
+        );
+        let resealed = chain_in(&LogId("another".into()), 6).unwrap_or_default();
+        moved[3] = resealed[3].clone();
+        assert_eq!(
+            after(&moved, 4, &cps, None),
+            Err(VerifyError::Entry {
+                seq: 4,
+                reason: BadEntry::StartMismatch
+            })
+        );
+        assert!(after(&good[..3], 4, &cps, None).is_err(), "start missing");
+        // An older entry rewritten: only the whole walk finds it (the
+        // reason a reader must still run `verify` now and then).
+        let mut old = good.clone();
+        old[1].body.insert("bytes".into(), json!(1));
+        assert_eq!(after(&old, 4, &cps, None).map(|v| v.entries), Ok(6));
+        assert_eq!(failure(&old, &cps), Some((2, BadEntry::Altered)));
     }
 }

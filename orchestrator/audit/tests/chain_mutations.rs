@@ -10,7 +10,8 @@
 //! never generated: it is undetectable by design (see the crate note).
 
 use orchestrator_audit::{
-    checkpoint, seal, verify, BadEntry, Checkpoint, Entry, LogId, SealError, Verified, VerifyError,
+    checkpoint, seal, verify, verify_after, BadEntry, Checkpoint, Entry, LogId, SealError,
+    Verified, VerifyError,
 };
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -497,6 +498,7 @@ proptest! {
         marks in prop::collection::vec(any::<bool>(), 60),
         log in "[0-9A-Z]{26}",
         m in mutation(),
+        start in any::<Index>(),
     ) {
         let log = LogId(log);
         let mut entries = seal_all(&log, &records).map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -518,6 +520,7 @@ proptest! {
         let loaded: Vec<Entry> = serde_json::from_str(&stored).map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assert_eq!(verify(&log, &loaded, &cps), Ok(expected_ok));
 
+        let original = entries.clone();
         let expected = apply(&m, &log, &records, &mut entries, &mut cps)
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         prop_assume!(expected.is_some());
@@ -531,6 +534,17 @@ proptest! {
                 }
             }
             other => prop_assert!(false, "expected a failure at entry {}, got {:?}", expected.seq, other),
+        }
+
+        // From an entry verified earlier that the mutation left in place
+        // (and all before it), `verify_after` names the same first bad entry.
+        let k = start.index(n) + 1;
+        if expected.seq > k as u64 && entries.len() >= k && entries[..k] == original[..k] {
+            let from = checkpoint(&original[k - 1]);
+            match verify_after(&log, &from, &entries[k - 1..], &cps, None) {
+                Err(VerifyError::Entry { seq, .. }) => prop_assert_eq!(seq, expected.seq),
+                other => prop_assert!(false, "from {}: expected a failure at entry {}, got {:?}", k, expected.seq, other),
+            }
         }
     }
 }

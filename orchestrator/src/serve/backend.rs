@@ -17,9 +17,11 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use deferred_queue::{Content, State, Target};
 
+use super::chain;
 use super::guard::Role;
 use super::risky::risky_path;
 use crate::acts::{self, Row};
@@ -28,6 +30,9 @@ use crate::api::{
     Reply,
 };
 use crate::store::{RunRecord, Store, StoreError};
+
+/// How often `serve` walks the whole audit chain by default.
+pub const DEFAULT_CHAIN_EVERY: Duration = Duration::from_secs(60);
 
 /// Most bytes of a diff or of a run's output shown on a page.
 pub const SHOWN_BYTES: usize = 256 * 1024;
@@ -72,6 +77,10 @@ pub struct Backend {
     pub api: Api,
     /// Diffs by (repo, from, to): commits never change, so neither do they.
     diffs: Arc<Mutex<DiffCache>>,
+    /// What the audit chain's checks established (`chain.rs`).
+    chain: Arc<Mutex<chain::Memo>>,
+    /// How often the whole chain is walked in the background.
+    pub chain_every: Duration,
 }
 
 impl Backend {
@@ -82,6 +91,8 @@ impl Backend {
             store: Arc::new(Mutex::new(store)),
             owner_key,
             diffs: Arc::default(),
+            chain: Arc::default(),
+            chain_every: DEFAULT_CHAIN_EVERY,
         }
     }
 
@@ -256,49 +267,33 @@ pub fn outcome(r: &RunRecord) -> &'static str {
     }
 }
 
-/// The audit chain's state, as the Morning page shows it.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct ChainState {
-    pub intact: bool,
-    pub entries: u64,
-    pub head: Option<String>,
-    pub last_checkpoint: Option<u64>,
-    pub error: Option<String>,
+pub use super::chain::ChainState;
+
+/// The audit chain's state for a Morning load: the entries appended since
+/// the last check walked now, the whole chain in the background
+/// ([`watch_chain`]); see `chain.rs`.
+pub fn chain_state(backend: &Backend, store: &Store) -> ChainState {
+    chain::check_on_load(&backend.chain, store, backend.chain_every.as_secs())
 }
 
-pub fn chain_state(store: &Store) -> ChainState {
-    match store.audit_snapshot() {
-        Ok(snap) => {
-            let last_checkpoint = snap.checkpoints.last().map(|c| c.seq);
-            match orchestrator_audit::verify_with_head(
-                store.log(),
-                &snap.entries,
-                &snap.checkpoints,
-                snap.head.as_ref(),
-            ) {
-                Ok(v) => ChainState {
-                    intact: true,
-                    entries: v.entries,
-                    head: Some(v.head.to_string()),
-                    last_checkpoint,
-                    error: None,
-                },
-                Err(e) => ChainState {
-                    intact: false,
-                    entries: snap.entries.len() as u64,
-                    head: None,
-                    last_checkpoint,
-                    error: Some(e.to_string()),
-                },
-            }
+/// Walks the whole chain every `backend.chain_every`, on a store handle of
+/// its own, until the process ends.
+pub async fn watch_chain(backend: Backend) {
+    let store = match Store::open(crate::store::StatePaths::new(backend.root.clone())) {
+        Ok(s) => Arc::new(Mutex::new(s)),
+        Err(e) => {
+            tracing::warn!(error = %e, "no background check of the audit chain");
+            return;
         }
-        Err(e) => ChainState {
-            intact: false,
-            entries: 0,
-            head: None,
-            last_checkpoint: None,
-            error: Some(e.to_string()),
-        },
+    };
+    loop {
+        let (memo, store2) = (backend.chain.clone(), store.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            let store = store2.lock().unwrap_or_else(|p| p.into_inner());
+            chain::check_whole(&memo, &store);
+        })
+        .await;
+        tokio::time::sleep(backend.chain_every).await;
     }
 }
 
@@ -355,7 +350,7 @@ pub fn hours_ago(hours: i64) -> String {
         .unwrap_or_default()
 }
 
-pub fn morning(store: &Store, since: &str) -> Result<Morning, BackendError> {
+pub fn morning(backend: &Backend, store: &Store, since: &str) -> Result<Morning, BackendError> {
     let runs: Vec<RunRecord> = store
         .runs()?
         .into_iter()
@@ -381,7 +376,7 @@ pub fn morning(store: &Store, since: &str) -> Result<Morning, BackendError> {
         acts_waiting: waiting,
         acts_done: done as usize,
         refusals: refusal_views(store, None, since)?,
-        chain: chain_state(store),
+        chain: chain_state(backend, store),
         frozen: freeze_state(store)?,
     })
 }

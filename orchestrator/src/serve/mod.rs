@@ -19,6 +19,7 @@
 //!   non-ASCII character (`terminal::json`).
 
 pub mod backend;
+pub mod chain;
 pub mod guard;
 pub mod pages;
 pub mod risky;
@@ -87,6 +88,9 @@ pub struct ServeOptions {
     pub owner_key: PathBuf,
     /// The configuration file the API reads (default `STATE/config.toml`).
     pub config: Option<PathBuf>,
+    /// How often the whole audit chain is walked in the background (a
+    /// Morning load walks only the entries appended since the last check).
+    pub chain_every: Duration,
     /// Serve HTTPS with this certificate chain and private key (PEM files).
     pub tls: Option<TlsFiles>,
 }
@@ -514,8 +518,11 @@ pub async fn serve(
         addr: opts.bind,
         source,
     })?;
+    let mut backend = Backend::new(root, store, opts.owner_key).with_config(opts.config);
+    backend.chain_every = opts.chain_every.max(Duration::from_secs(1));
+    tokio::spawn(backend::watch_chain(backend.clone()));
     let app = App {
-        backend: Backend::new(root, store, opts.owner_key).with_config(opts.config),
+        backend,
         hosts: Arc::new(guard::default_hosts(bound, &opts.allow_hosts)),
         tls,
         // Ten attempts at once from one address, then one every 6 s;
@@ -705,14 +712,14 @@ async fn page_morning(
     Query(q): Query<SinceQuery>,
 ) -> Response {
     let since = since_or_default(&q);
-    let r = blocking(&app, move |_, st| backend::morning(st, &since?)).await;
+    let r = blocking(&app, move |b, st| backend::morning(b, st, &since?)).await;
     let who = s.viewer();
     page(Some(&who), r, |m| pages::morning(&who, &m))
 }
 
 async fn api_morning(State(app): State<App>, Query(q): Query<SinceQuery>) -> Response {
     let since = since_or_default(&q);
-    api(blocking(&app, move |_, st| backend::morning(st, &since?)).await)
+    api(blocking(&app, move |b, st| backend::morning(b, st, &since?)).await)
 }
 
 fn all_runs(st: &Store) -> Result<Vec<(String, crate::store::RunRecord)>, BackendError> {

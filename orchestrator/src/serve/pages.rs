@@ -15,7 +15,9 @@
 
 use maud::{html, Markup, DOCTYPE};
 
-use super::backend::{ActView, Diff, Morning, PolicyView, QueuePage, RefusalView, RunView};
+use super::backend::{
+    ActView, ChainState, Diff, Morning, PolicyView, QueuePage, RefusalView, RunView,
+};
 use super::guard::Role;
 use crate::store::RunRecord;
 use crate::terminal;
@@ -167,12 +169,7 @@ pub fn morning(who: &Viewer, m: &Morning) -> Markup {
             }
             section #chain {
                 h2 { "Audit chain" }
-                @if m.chain.intact {
-                    p.ok { "verified: " (m.chain.entries) " entries, head " code { (m.chain.head.as_deref().unwrap_or("-")) }
-                        @if let Some(c) = m.chain.last_checkpoint { ", last checkpoint #" (c) } }
-                } @else {
-                    p.error { "BROKEN: " (v(m.chain.error.as_deref().unwrap_or("unknown"))) }
-                }
+                (chain_section(&m.chain))
             }
             section #runs {
                 h2 { "Runs (" (m.runs.len()) ")" }
@@ -180,6 +177,48 @@ pub fn morning(who: &Viewer, m: &Morning) -> Markup {
             }
         },
     )
+}
+
+/// Exactly what was verified and when: through which entry, what this
+/// load walked, and the last walk of the whole chain.
+fn chain_section(c: &ChainState) -> Markup {
+    let walked = html! {
+        @match (c.walked, c.why_whole, c.walked_from) {
+            (Some(w), Some(why), _) => { "This load walked the " (w) " (" (c.walked_entries) " entries: " (why) "). " }
+            (Some(_), None, Some(from)) if c.walked_entries > 0 => {
+                "This load walked entries " (from) " to " (from + c.walked_entries - 1)
+                " (the last verified again, and those appended since). "
+            }
+            _ => {}
+        }
+    };
+    let whole = html! {
+        @match (&c.whole_at, c.whole_through) {
+            (Some(at), Some(n)) => { "Whole chain last verified at " span #chain-whole-at { (v(at)) } " (entries 1 to " (n) "); " }
+            _ => { "The whole chain has not been verified yet; " }
+        }
+        "it is walked again every " (c.whole_every) " s."
+    };
+    html! {
+        @if c.intact {
+            p.ok #chain-verified {
+                "verified through entry " strong { (c.entries) }
+                @if let Some(at) = &c.verified_at { " at " (v(at)) }
+                ", head " code { (c.head.as_deref().unwrap_or("-")) }
+                @if let Some(cp) = c.last_checkpoint { ", last checkpoint #" (cp) }
+            }
+            p.detail { (walked) (whole) }
+        } @else {
+            p.error #chain-broken {
+                "BROKEN: " (v(c.error.as_deref().unwrap_or("unknown")))
+                @if let Some(at) = &c.broken_at {
+                    " (found at " (v(at)) " by "
+                    @if c.broken_by_whole_walk { "a walk of the whole chain" } @else { "a walk of the new entries" } ")"
+                }
+            }
+            p.detail { (whole) }
+        }
+    }
 }
 
 pub fn runs(who: &Viewer, frozen: Option<&str>, runs: &[(String, RunRecord)]) -> Markup {
