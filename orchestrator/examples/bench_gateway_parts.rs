@@ -162,12 +162,11 @@ fn main() -> anyhow::Result<()> {
     };
     row(
         "loopback HTTP call, new connection each",
-        timed(
-            n,
-            || call(&orchestrator::gateway::upstream::Upstream::new()),
-        ),
+        timed(n, || {
+            call(&orchestrator::gateway::upstream::Upstream::new(&[]))
+        }),
     );
-    let kept = orchestrator::gateway::upstream::Upstream::new();
+    let kept = orchestrator::gateway::upstream::Upstream::new(&[]);
     call(&kept);
     row(
         "loopback HTTP call, connection kept alive",

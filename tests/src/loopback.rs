@@ -101,6 +101,13 @@ impl std::fmt::Debug for TestCa {
 #[derive(Clone)]
 pub struct ServerTls(Arc<tokio_rustls::rustls::ServerConfig>);
 
+impl ServerTls {
+    /// An acceptor for a server of this crate that speaks TLS with it.
+    pub(crate) fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        tokio_rustls::TlsAcceptor::from(self.0.clone())
+    }
+}
+
 impl std::fmt::Debug for ServerTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ServerTls")

@@ -175,6 +175,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct ModelServer {
     addr: SocketAddr,
+    tls: bool,
     shared: Arc<Shared>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
@@ -183,6 +184,18 @@ pub struct ModelServer {
 impl ModelServer {
     /// Starts a server on 127.0.0.1 on a free port.
     pub fn start() -> ModelServer {
+        Self::start_with(None)
+    }
+
+    /// Starts a server on 127.0.0.1 that speaks HTTPS with `tls` (a
+    /// certificate of a test CA, `crate::loopback::TestCa`).
+    pub fn start_tls(tls: crate::loopback::ServerTls) -> ModelServer {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<crate::loopback::ServerTls>) -> ModelServer {
+        let with_tls = tls.is_some();
+        let acceptor = tls.map(|t| t.acceptor());
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding 127.0.0.1");
         listener
             .set_nonblocking(true)
@@ -206,14 +219,16 @@ impl ModelServer {
                             let Ok((stream, peer)) = accepted else { continue };
                             let _ = stream.set_nodelay(true);
                             let shared = serving.clone();
+                            let acceptor = acceptor.clone();
                             tokio::spawn(async move {
-                                let service = hyper::service::service_fn(move |req| {
-                                    let shared = shared.clone();
-                                    async move { Ok::<_, Infallible>(handle(&shared, req, peer.port()).await) }
-                                });
-                                let _ = hyper::server::conn::http1::Builder::new()
-                                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                                    .await;
+                                match acceptor {
+                                    Some(acceptor) => {
+                                        // A client that refuses the certificate ends here.
+                                        let Ok(tls) = acceptor.accept(stream).await else { return };
+                                        serve_connection(tls, shared, peer).await;
+                                    }
+                                    None => serve_connection(stream, shared, peer).await,
+                                }
                             });
                         }
                     }
@@ -223,6 +238,7 @@ impl ModelServer {
         });
         ModelServer {
             addr,
+            tls: with_tls,
             shared,
             stop: Some(stop),
             thread: Some(thread),
@@ -248,15 +264,31 @@ impl ModelServer {
         self.addr.port()
     }
 
-    /// `http://127.0.0.1:PORT` (no trailing slash, no `/v1`).
+    /// `http://127.0.0.1:PORT` (`https://` when started with TLS; no
+    /// trailing slash, no `/v1`).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Every request so far, in order.
     pub fn requests(&self) -> Vec<ModelRequest> {
         lock(&self.shared.log).clone()
     }
+}
+
+/// Serves one connection (plain or TLS) until the client closes it.
+async fn serve_connection<I>(io: I, shared: Arc<Shared>, peer: SocketAddr)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |req| {
+        let shared = shared.clone();
+        async move { Ok::<_, Infallible>(handle(&shared, req, peer.port()).await) }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(hyper_util::rt::TokioIo::new(io), service)
+        .await;
 }
 
 impl Drop for ModelServer {

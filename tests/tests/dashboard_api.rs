@@ -479,6 +479,7 @@ fn the_openapi_description_is_served_to_a_session_only() {
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/openapi.json"))
             .unwrap();
     assert!(r.body == checked_in, "served: {}", r.body);
+}
 
 fn chain_of(client: &Client) -> serde_json::Value {
     let r = client.get("/api/v1/morning");

@@ -820,3 +820,75 @@ fn an_oversized_line_is_cut_directly() {
     );
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
 }
+
+/// TLS to an endpoint is verified: a server whose certificate no trusted
+/// authority signed gets nothing (the call fails before a byte of the
+/// request leaves), and the endpoint's own `ca_file` is trusted for it
+/// alone, not for another endpoint on another port.
+#[test]
+fn tls_to_an_endpoint_is_verified_and_its_ca_file_trusted_for_it_alone() {
+    use tests::loopback::TestCa;
+    let ca = TestCa::new("model endpoint CA");
+    let server = ModelServer::start_tls(ca.server());
+    let other = ModelServer::start_tls(ca.server());
+    assert!(server.url().starts_with("https://127.0.0.1:"));
+    let chat = json!({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]});
+
+    // No ca_file: the test CA is no system authority, so nothing is sent.
+    let state = state_with_models(&server, "");
+    let (_rt, _gw, socket) = direct_gateway(&state, "r1");
+    server.push(Step::text("unreached"));
+    let out = raw_call(&socket, "/v1/chat/completions", &chat);
+    assert!(!out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.contains("oai"), "the error names the endpoint: {out}");
+    assert!(
+        server.requests().is_empty(),
+        "a request crossed unverified TLS"
+    );
+
+    // With the CA as the endpoint's ca_file: the call goes through, over TLS.
+    let state = State::new();
+    let secrets = state.path().join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    let key = secrets.join("openai.key");
+    std::fs::write(&key, format!("{KEY}\n")).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let ca_file = ca.write(&secrets, "ca.pem");
+    std::fs::write(
+        state.path().join("models.toml"),
+        format!(
+            "[endpoints.oai]\napi = \"openai\"\nbase_url = \"{}/v1\"\nkey_file = \"{}\"\nmodels = [\"gpt-5*\"]\nca_file = \"{}\"\n\n\
+             [endpoints.claude]\napi = \"anthropic\"\nbase_url = \"{}\"\nkey_file = \"{}\"\nmodels = [\"claude-*\"]\n",
+            server.url(),
+            key.display(),
+            ca_file.display(),
+            other.url(),
+            key.display(),
+        ),
+    )
+    .unwrap();
+    let (_rt2, _gw2, socket) = direct_gateway(&state, "r2");
+    let out = raw_call(&socket, "/v1/chat/completions", &chat);
+    assert!(
+        out.starts_with("HTTP/1.1 200") && out.contains("unreached"),
+        "{out}"
+    );
+    assert_eq!(server.requests().len(), 1);
+    assert_eq!(
+        server.requests()[0].header("authorization"),
+        Some(format!("Bearer {KEY}").as_str())
+    );
+
+    // The same CA is not trusted for the endpoint that did not name it.
+    other.push(Step::text("unreached either"));
+    let out = raw_call(
+        &socket,
+        "/v1/messages",
+        &json!({"model": "claude-x", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert!(!out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(
+        other.requests().is_empty(),
+        "another endpoint's CA was trusted"
+    );
+}

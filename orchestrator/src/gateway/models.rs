@@ -44,6 +44,8 @@ struct RawEndpoint {
     base_url: String,
     key_file: PathBuf,
     models: Vec<String>,
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -144,6 +146,9 @@ pub struct Endpoint {
     pub base_url: BaseUrl,
     pub key_file: PathBuf,
     pub models: Vec<String>,
+    /// PEM certificates of authorities trusted for this endpoint only,
+    /// besides the system's (a self-hosted endpoint with its own CA).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The whole of `models.toml`.
@@ -225,6 +230,16 @@ impl Models {
                     e.key_file
                 )));
             }
+            if let Some(ca) = &e.ca_file {
+                if !ca.is_absolute() {
+                    return Err(invalid(format!("ca_file {ca:?} must be an absolute path")));
+                }
+                if !base_url.tls {
+                    return Err(invalid(
+                        "ca_file is for an https:// endpoint; this one is plain http".into(),
+                    ));
+                }
+            }
             if e.models.is_empty() {
                 return Err(invalid(
                     "models is empty: list the model globs the agent may ask for".into(),
@@ -243,6 +258,7 @@ impl Models {
                 base_url,
                 key_file: e.key_file,
                 models: e.models,
+                ca_file: e.ca_file,
             });
         }
         let d = Limits::default();
@@ -432,6 +448,20 @@ mod tests {
         ] {
             assert!(parse_base_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_ca_file_is_absolute_and_only_for_https() {
+        let p = Path::new("models.toml");
+        let ok = Models::parse(p, "[endpoints.a]\napi = \"openai\"\nbase_url = \"https://x\"\nkey_file = \"/k\"\nmodels = [\"m\"]\nca_file = \"/etc/ca.pem\"\n").unwrap();
+        assert_eq!(
+            ok.endpoints[0].ca_file.as_deref(),
+            Some(Path::new("/etc/ca.pem"))
+        );
+        let e = Models::parse(p, "[endpoints.a]\napi = \"openai\"\nbase_url = \"https://x\"\nkey_file = \"/k\"\nmodels = [\"m\"]\nca_file = \"ca.pem\"\n").unwrap_err().to_string();
+        assert!(e.contains("ca_file") && e.contains("absolute"), "{e}");
+        let e = Models::parse(p, "[endpoints.a]\napi = \"openai\"\nbase_url = \"http://127.0.0.1:9\"\nkey_file = \"/k\"\nmodels = [\"m\"]\nca_file = \"/ca.pem\"\n").unwrap_err().to_string();
+        assert!(e.contains("ca_file") && e.contains("https"), "{e}");
     }
 
     #[test]

@@ -245,6 +245,7 @@ pub fn open(
     let (in_flight, in_flight_rx) = watch::channel(0usize);
     let (closing, closing_rx) = watch::channel(false);
     let limit = Arc::new(tokio::sync::Semaphore::new(models.limits.concurrent));
+    let upstream = super::upstream::Upstream::new(&models.endpoints);
     let gw = Arc::new(Gateway {
         models,
         run: run.to_string(),
@@ -254,7 +255,7 @@ pub fn open(
         paths: paths.clone(),
         ledger: Mutex::new(None),
         auditing: Mutex::new(None),
-        upstream: super::upstream::Upstream::new(),
+        upstream,
         in_flight: Arc::new(in_flight),
         closing: closing_rx,
         cap,

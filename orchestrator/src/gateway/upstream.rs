@@ -1,6 +1,7 @@
 //! The gateway's client to a configured endpoint: TCP, TLS with certificate
-//! verification (rustls with the ring provider, the system's roots), HTTP/1.1
-//! (hyper, through hyper-util's pooling client).
+//! verification (rustls with the ring provider, the system's roots plus the
+//! endpoint's own `ca_file`, trusted for that endpoint's host and port
+//! only), HTTP/1.1 (hyper, through hyper-util's pooling client).
 //!
 //! Connections are kept alive and reused between the calls of one gateway
 //! (one run) to the same endpoint: the TCP connect, the TLS handshake and
@@ -11,7 +12,9 @@
 //! stream cut for a cap, a client gone) is never reused. Idle connections are
 //! closed after [`IDLE`], and all of them when the run's gateway closes.
 
+use std::collections::HashMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
@@ -27,7 +30,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::models::BaseUrl;
+use super::models::{BaseUrl, Endpoint};
 
 /// How long an idle connection to an endpoint is kept for the next call.
 pub const IDLE: Duration = Duration::from_secs(30);
@@ -60,32 +63,64 @@ impl UpstreamError {
     }
 }
 
-/// The TLS configuration, made once per process: the system's roots.
-fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
-    static CONFIG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
-    CONFIG
-        .get_or_init(|| {
-            let mut roots = rustls::RootCertStore::empty();
-            let found = rustls_native_certs::load_native_certs();
-            for cert in found.certs {
-                let _ = roots.add(cert);
-            }
-            if roots.is_empty() {
-                return Err(format!(
-                    "the system's root certificates: none could be loaded ({} errors)",
-                    found.errors.len()
-                ));
-            }
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let mut config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .map_err(|e| e.to_string())?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            config.alpn_protocols = vec![b"http/1.1".to_vec()];
-            Ok(Arc::new(config))
-        })
-        .clone()
+/// The system's roots, loaded once per process (empty when none could be:
+/// then only an endpoint's `ca_file` can make a connection).
+fn system_roots() -> &'static rustls::RootCertStore {
+    static ROOTS: OnceLock<rustls::RootCertStore> = OnceLock::new();
+    ROOTS.get_or_init(|| {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_native_certs::load_native_certs().certs {
+            let _ = roots.add(cert);
+        }
+        roots
+    })
+}
+
+/// The TLS configuration for one endpoint: the system's roots and the
+/// authorities in `ca_files` (that endpoint's own, read at each connection,
+/// so a replaced file takes effect and a broken one is named).
+fn tls_config(ca_files: &[PathBuf]) -> Result<Arc<rustls::ClientConfig>, String> {
+    static SYSTEM: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
+    let build = |roots: rustls::RootCertStore| -> Result<Arc<rustls::ClientConfig>, String> {
+        if roots.is_empty() {
+            return Err(
+                "no root certificate: the system's could not be loaded and the endpoint has no ca_file"
+                    .into(),
+            );
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    };
+    if ca_files.is_empty() {
+        return SYSTEM.get_or_init(|| build(system_roots().clone())).clone();
+    }
+    let mut roots = system_roots().clone();
+    for path in ca_files {
+        let fail = |why: String| format!("the endpoint's ca_file {}: {why}", path.display());
+        let certs: Vec<rustls::pki_types::CertificateDer<'static>> =
+            rustls::pki_types::pem::PemObject::pem_file_iter(path)
+                .map_err(|e| fail(e.to_string()))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| fail(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(fail("it holds no PEM certificate".into()));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| fail(e.to_string()))?;
+        }
+    }
+    build(roots)
+}
+
+/// The key an endpoint's extra authorities are found by: host and port.
+fn host_key(host: &str, port: u16) -> String {
+    format!("{}:{port}", host.to_ascii_lowercase())
 }
 
 /// A connection to an endpoint: plain TCP (loopback only, `models` checks)
@@ -160,9 +195,13 @@ impl Connection for Stream {
 }
 
 /// Makes a connection for the pool: TCP to the URI's host and port, then
-/// TLS (verifying the certificate for that host) when its scheme is https.
-#[derive(Clone, Copy, Debug)]
-struct Connector;
+/// TLS (verifying the certificate for that host) when its scheme is https,
+/// trusting the system's roots and the `ca_file`s of the endpoints at that
+/// host and port (`extra`), never another endpoint's.
+#[derive(Clone, Debug, Default)]
+struct Connector {
+    extra: Arc<HashMap<String, Vec<PathBuf>>>,
+}
 
 type Connecting = Pin<Box<dyn Future<Output = std::io::Result<TokioIo<Stream>>> + Send>>;
 
@@ -176,6 +215,7 @@ impl tower::Service<Uri> for Connector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
+        let extra = self.extra.clone();
         Box::pin(async move {
             let invalid =
                 |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
@@ -196,7 +236,11 @@ impl tower::Service<Uri> for Connector {
             if !tls {
                 return Ok(TokioIo::new(Stream::Plain(tcp)));
             }
-            let config = tls_config().map_err(std::io::Error::other)?;
+            let ca_files = extra
+                .get(&host_key(&host, port))
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let config = tls_config(ca_files).map_err(std::io::Error::other)?;
             let name = rustls::pki_types::ServerName::try_from(host)
                 .map_err(|e| invalid(e.to_string()))?;
             let stream = tokio_rustls::TlsConnector::from(config)
@@ -214,19 +258,26 @@ pub struct Upstream {
     client: Client<Connector, Full<Bytes>>,
 }
 
-impl Default for Upstream {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl Upstream {
-    pub fn new() -> Self {
+    /// A client for `endpoints` (their `ca_file`s, each for its own host
+    /// and port).
+    pub fn new(endpoints: &[Endpoint]) -> Self {
+        let mut extra: HashMap<String, Vec<PathBuf>> = HashMap::new();
+        for e in endpoints {
+            if let (true, Some(ca)) = (e.base_url.tls, &e.ca_file) {
+                extra
+                    .entry(host_key(&e.base_url.host, e.base_url.port))
+                    .or_default()
+                    .push(ca.clone());
+            }
+        }
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(IDLE)
             .pool_max_idle_per_host(IDLE_PER_ENDPOINT)
-            .build(Connector);
+            .build(Connector {
+                extra: Arc::new(extra),
+            });
         Upstream { client }
     }
 
