@@ -211,6 +211,7 @@ CREATE TABLE IF NOT EXISTS audit (
     hash TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS audit_run ON audit(run);
+CREATE INDEX IF NOT EXISTS audit_kind_time ON audit(kind, time);
 CREATE TABLE IF NOT EXISTS kill_requests (
     run TEXT PRIMARY KEY,
     by TEXT NOT NULL,
@@ -1227,6 +1228,30 @@ impl Store {
         let mut out = Vec::new();
         for row in rows {
             out.push(raw_to_entry(row.map_err(sql("reading the audit log"))?)?);
+        }
+        Ok(out)
+    }
+
+    /// The run and body of every entry of `kind` written at or after
+    /// `since` (RFC 3339, as entries are timed), oldest first.
+    pub fn bodies_of_kind_since(
+        &self,
+        kind: &str,
+        since: &str,
+    ) -> Result<Vec<(Option<String>, serde_json::Value)>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT run, body FROM audit WHERE kind = ?1 AND time >= ?2 ORDER BY seq")
+            .map_err(sql("reading the audit log"))?;
+        let rows = stmt
+            .query_map(params![kind, since], |r| {
+                Ok((r.get::<_, Option<String>>(0)?, r.get::<_, String>(1)?))
+            })
+            .map_err(sql("reading the audit log"))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (run, body) = row.map_err(sql("reading the audit log"))?;
+            out.push((run, serde_json::from_str(&body).unwrap_or_default()));
         }
         Ok(out)
     }

@@ -572,3 +572,64 @@ fn morning_reports_an_old_entry_rewritten_under_a_running_serve() {
     assert_eq!(chain_of(&owner)["intact"], false);
     assert!(!state.verify().status.success());
 }
+
+/// Morning and the Run page show the night's model tokens: charged, the
+/// run's cap, the calls, from the gateway's `model_call` entries.
+#[test]
+fn morning_and_the_run_page_show_model_token_spend() {
+    use tests::model::{ModelServer, Step};
+    let server = ModelServer::start();
+    server.push(Step::text("one").usage(30, 9));
+    server.push(Step::text("two").usage(20, 7));
+    let state = tests::agents::state_with_models(&server);
+    assert!(state.run(&["owner", "init"]).status.success());
+    add_accounts(&state);
+    let repo = tests::make_repo();
+    let call = r#"
+import json, os, urllib.request
+for _ in range(2):
+    req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+        headers={"authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "content-type": "application/json"})
+    urllib.request.urlopen(req, timeout=60).read()
+"#;
+    let out = state.run(&[
+        "run",
+        "--repo",
+        repo.path().to_str().unwrap(),
+        "--image",
+        &tests::image(),
+        "--max-tokens",
+        "100000",
+        "--",
+        "python3",
+        "-c",
+        call,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = tests::only_run(&state)["id"].as_str().unwrap().to_string();
+
+    let serve = Serve::start(&state, &[]);
+    let viewer = Client::login(&serve, VIEWER, VIEWER_PASSWORD);
+    let m = viewer.get("/api/v1/morning");
+    assert_eq!(m.status, 200, "{}", m.body);
+    let tokens = &m.json()["tokens"];
+    assert_eq!(tokens["calls"], 2, "{tokens}");
+    assert_eq!(tokens["input_tokens"], 50, "{tokens}");
+    assert_eq!(tokens["output_tokens"], 16, "{tokens}");
+    assert_eq!(tokens["charged_tokens"], 66, "{tokens}");
+    assert_eq!(m.json()["tokens_by_run"][0][0], run.as_str());
+    let page = viewer.get("/");
+    assert!(
+        page.body.contains("id=\"tokens-charged\">66<"),
+        "{}",
+        page.body
+    );
+    let page = viewer.get(&format!("/runs/{run}"));
+    assert_eq!(page.status, 200);
+    assert!(
+        page.body.contains("66 charged of 100000 over 2 calls"),
+        "{}",
+        page.body
+    );
+}

@@ -312,6 +312,10 @@ pub struct Morning {
     pub refusals: Vec<RefusalView>,
     pub chain: ChainState,
     pub frozen: Option<String>,
+    /// Model tokens since `since`, all runs together and per run (the
+    /// runs with calls, most charged first).
+    pub tokens: crate::gateway::CallsSummary,
+    pub tokens_by_run: Vec<(String, crate::gateway::CallsSummary)>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -366,7 +370,24 @@ pub fn morning(backend: &Backend, store: &Store, since: &str) -> Result<Morning,
     }
     let (_, waiting) = store.acts_in_states(&["pending", "stale"], 0, 0)?;
     let (_, done) = store.acts_in_states(&["done"], 0, 0)?;
+    let calls = store.bodies_of_kind_since("model_call", since)?;
+    let tokens = crate::gateway::summarize(calls.iter().map(|(_, b)| b));
+    let mut per_run: std::collections::BTreeMap<String, Vec<&serde_json::Value>> =
+        std::collections::BTreeMap::new();
+    for (run, body) in &calls {
+        per_run
+            .entry(run.clone().unwrap_or_default())
+            .or_default()
+            .push(body);
+    }
+    let mut tokens_by_run: Vec<(String, crate::gateway::CallsSummary)> = per_run
+        .into_iter()
+        .map(|(run, bodies)| (run, crate::gateway::summarize(bodies)))
+        .collect();
+    tokens_by_run.sort_by(|a, b| b.1.charged_tokens.cmp(&a.1.charged_tokens));
     Ok(Morning {
+        tokens,
+        tokens_by_run,
         since: since.to_string(),
         runs: runs
             .into_iter()
@@ -505,6 +526,8 @@ pub fn queue(
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RunView {
     pub run: RunRecord,
+    /// The run's model calls and tokens against its cap.
+    pub model: crate::gateway::CallsSummary,
     pub acts: Vec<ActView>,
     pub refusals: Vec<RefusalView>,
     pub audit: Vec<serde_json::Value>,
@@ -547,8 +570,14 @@ pub fn run_view(backend: &Backend, store: &Store, id: &str) -> Result<RunView, B
         .filter(|r| r.act.run == id)
         .map(|r| act_view(backend, store, r, false))
         .collect();
-    let audit = store
-        .entries_for_run(id)?
+    let entries = store.entries_for_run(id)?;
+    let model = crate::gateway::summarize(
+        entries
+            .iter()
+            .filter(|e| e.kind == "model_call")
+            .map(|e| &e.body),
+    );
+    let audit = entries
         .iter()
         .map(|e| serde_json::json!({"seq": e.seq, "time": e.time, "kind": e.kind, "body": e.body, "hash": e.hash}))
         .collect();
@@ -558,6 +587,7 @@ pub fn run_view(backend: &Backend, store: &Store, id: &str) -> Result<RunView, B
     };
     let (output, output_truncated) = output_tail(&output_path(store, id));
     Ok(RunView {
+        model,
         refusals: refusal_views(store, Some(id), "")?,
         run,
         acts,

@@ -167,6 +167,30 @@ pub fn morning(who: &Viewer, m: &Morning) -> Markup {
                 ul { @for (o, n) in &m.by_outcome { li { (o) ": " strong { (n) } } } }
                 p { "Acts waiting: " strong #acts-waiting { (m.acts_waiting) } " · carried out: " (m.acts_done) " · " a href="/queue" { "decide them" } }
             }
+            section #tokens {
+                h2 { "Model tokens" }
+                @if m.tokens.calls == 0 {
+                    p { "No model call in this period." }
+                } @else {
+                    p {
+                        "Charged: " strong #tokens-charged { (m.tokens.charged_tokens) }
+                        " (input " (m.tokens.input_tokens) ", output " (m.tokens.output_tokens)
+                        ", cached " (m.tokens.cached_tokens) ") over " (m.tokens.calls) " calls; "
+                        (m.tokens.refused) " refused, " (m.tokens.without_usage) " without usage (charged whole)."
+                    }
+                    table {
+                        tr { th { "run" } th { "calls" } th { "charged" } th { "cap" } }
+                        @for (run, t) in &m.tokens_by_run {
+                            tr {
+                                td { (run_link(run)) }
+                                td { (t.calls) }
+                                td { (t.charged_tokens) }
+                                td { (t.token_cap.map(|c| c.to_string()).unwrap_or("-".into())) }
+                            }
+                        }
+                    }
+                }
+            }
             section #chain {
                 h2 { "Audit chain" }
                 (chain_section(&m.chain))
@@ -363,6 +387,14 @@ pub fn run(who: &Viewer, frozen: Option<&str>, r: &RunView) -> Markup {
                     "peak memory " (run.peak_memory_bytes.map(|b| format!("{:.1} MiB", b as f64 / 1048576.0)).unwrap_or("-".into()))
                     " · cpu " (run.cpu_ns.map(|n| format!("{:.2} s", n as f64 / 1e9)).unwrap_or("-".into()))
                     " · duration " (run.duration_ms.map(|n| format!("{:.1} s", n as f64 / 1e3)).unwrap_or("-".into()))
+                } }
+                tr { th { "model tokens" } td #model-tokens {
+                    @if r.model.calls == 0 { "no model call" } @else {
+                        (r.model.charged_tokens) " charged"
+                        @if let Some(cap) = r.model.token_cap { " of " (cap) }
+                        " over " (r.model.calls) " calls (input " (r.model.input_tokens) ", output " (r.model.output_tokens)
+                        "; " (r.model.refused) " refused, " (r.model.without_usage) " without usage)"
+                    }
                 } }
             }
             section #attestation {
