@@ -384,7 +384,7 @@ pub fn morning(backend: &Backend, store: &Store, since: &str) -> Result<Morning,
         .into_iter()
         .map(|(run, bodies)| (run, crate::gateway::summarize(bodies)))
         .collect();
-    tokens_by_run.sort_by(|a, b| b.1.charged_tokens.cmp(&a.1.charged_tokens));
+    tokens_by_run.sort_by_key(|t| std::cmp::Reverse(t.1.charged_tokens));
     Ok(Morning {
         tokens,
         tokens_by_run,
@@ -571,12 +571,12 @@ pub fn run_view(backend: &Backend, store: &Store, id: &str) -> Result<RunView, B
         .map(|r| act_view(backend, store, r, false))
         .collect();
     let entries = store.entries_for_run(id)?;
-    let model = crate::gateway::summarize(
-        entries
-            .iter()
-            .filter(|e| e.kind == "model_call")
-            .map(|e| &e.body),
-    );
+    let calls: Vec<serde_json::Value> = entries
+        .iter()
+        .filter(|e| e.kind == "model_call")
+        .map(|e| serde_json::Value::Object(e.body.clone()))
+        .collect();
+    let model = crate::gateway::summarize(&calls);
     let audit = entries
         .iter()
         .map(|e| serde_json::json!({"seq": e.seq, "time": e.time, "kind": e.kind, "body": e.body, "hash": e.hash}))
