@@ -56,6 +56,35 @@ impl State {
         self.cmd().args(args).output().expect("running nightshift")
     }
 
+    /// The bodies of this state's audit entries of `kind`, oldest first,
+    /// read from its database.
+    pub fn audit_bodies(&self, kind: &str) -> Vec<serde_json::Value> {
+        self.audit_runs_and_bodies(kind)
+            .into_iter()
+            .map(|(_, body)| body)
+            .collect()
+    }
+
+    /// The run and body of this state's audit entries of `kind`, oldest
+    /// first.
+    pub fn audit_runs_and_bodies(&self, kind: &str) -> Vec<(Option<String>, serde_json::Value)> {
+        let db = rusqlite::Connection::open(self.path().join("state.db")).expect("state.db");
+        let mut stmt = db
+            .prepare("SELECT run, body FROM audit WHERE kind = ?1 ORDER BY seq")
+            .expect("the audit table");
+        let rows = stmt
+            .query_map([kind], |r| {
+                Ok((r.get::<_, Option<String>>(0)?, r.get::<_, String>(1)?))
+            })
+            .expect("reading the audit table")
+            .map(|r| {
+                let (run, body) = r.expect("an audit row");
+                (run, serde_json::from_str(&body).expect("audit body json"))
+            })
+            .collect();
+        rows
+    }
+
     /// `nightshift runs --json`.
     pub fn runs(&self) -> Vec<serde_json::Value> {
         let out = self.run(&["runs", "--json"]);

@@ -11,14 +11,7 @@ use tests::{stderr, stdout};
 
 /// The audit bodies of `kind`, oldest first, read from the state's database.
 fn audit_bodies(m: &Morning, kind: &str) -> Vec<serde_json::Value> {
-    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
-    let mut stmt = db
-        .prepare("SELECT body FROM audit WHERE kind = ?1 ORDER BY seq")
-        .unwrap();
-    stmt.query_map([kind], |r| r.get::<_, String>(0))
-        .unwrap()
-        .map(|b| serde_json::from_str(&b.unwrap()).unwrap())
-        .collect()
+    m.state.audit_bodies(kind)
 }
 
 fn decided_by(m: &Morning, act: &str, transition: &str) -> serde_json::Value {

@@ -387,14 +387,7 @@ fn the_live_output_stream_names_only_known_runs() {
 
 /// The audit bodies of `kind`, oldest first, read from the state's database.
 fn audit_bodies(state: &State, kind: &str) -> Vec<serde_json::Value> {
-    let db = rusqlite::Connection::open(state.path().join("state.db")).unwrap();
-    let mut stmt = db
-        .prepare("SELECT body FROM audit WHERE kind = ?1 ORDER BY seq")
-        .unwrap();
-    stmt.query_map([kind], |r| r.get::<_, String>(0))
-        .unwrap()
-        .map(|b| serde_json::from_str(&b.unwrap()).unwrap())
-        .collect()
+    state.audit_bodies(kind)
 }
 
 #[test]

@@ -320,16 +320,7 @@ fn with_a_configured_time_the_summary_waits_for_it_and_goes_once() {
 }
 
 fn summary_entries(state: &State) -> Vec<serde_json::Value> {
-    let db = rusqlite::Connection::open(state.path().join("state.db")).expect("state.db");
-    let mut stmt = db
-        .prepare("SELECT body FROM audit WHERE kind = 'summary_sent' ORDER BY seq")
-        .unwrap();
-    let rows = stmt
-        .query_map([], |r| r.get::<_, String>(0))
-        .unwrap()
-        .map(|b| serde_json::from_str(&b.unwrap()).expect("audit body json"))
-        .collect();
-    rows
+    state.audit_bodies("summary_sent")
 }
 
 #[test]

@@ -33,21 +33,7 @@ authority = "test"
 }
 
 fn decisions(state: &State) -> Vec<(Option<String>, serde_json::Value)> {
-    let db = rusqlite::Connection::open(state.path().join("state.db")).expect("state.db");
-    let mut stmt = db
-        .prepare("SELECT run, body FROM audit WHERE kind = 'policy_decision' ORDER BY seq")
-        .unwrap();
-    let rows = stmt
-        .query_map([], |r| {
-            Ok((r.get::<_, Option<String>>(0)?, r.get::<_, String>(1)?))
-        })
-        .unwrap()
-        .map(|r| {
-            let (run, body) = r.unwrap();
-            (run, serde_json::from_str(&body).expect("audit body json"))
-        })
-        .collect();
-    rows
+    state.audit_runs_and_bodies("policy_decision")
 }
 
 const AGENT: &str = r#"

@@ -75,16 +75,7 @@ fn check(state: &State, rules: &Path, actor: &str, tool: &str, input: &str) -> O
 }
 
 fn decisions(state: &State) -> Vec<serde_json::Value> {
-    let db = rusqlite::Connection::open(state.path().join("state.db")).expect("state.db");
-    let mut stmt = db
-        .prepare("SELECT body FROM audit WHERE kind = 'policy_decision' ORDER BY seq")
-        .unwrap();
-    let rows = stmt
-        .query_map([], |r| r.get::<_, String>(0))
-        .unwrap()
-        .map(|b| serde_json::from_str(&b.unwrap()).expect("audit body json"))
-        .collect();
-    rows
+    state.audit_bodies("policy_decision")
 }
 
 #[test]

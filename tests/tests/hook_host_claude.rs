@@ -291,16 +291,7 @@ match = [{ field = "command", matches = '^touch ' }]
 "#;
 
 fn decisions(state: &State) -> Vec<Value> {
-    let db = rusqlite::Connection::open(state.path().join("state.db")).expect("state.db");
-    let mut stmt = db
-        .prepare("SELECT body FROM audit WHERE kind = 'policy_decision' ORDER BY seq")
-        .unwrap();
-    let rows = stmt
-        .query_map([], |r| r.get::<_, String>(0))
-        .unwrap()
-        .map(|b| serde_json::from_str(&b.unwrap()).expect("audit body json"))
-        .collect();
-    rows
+    state.audit_bodies("policy_decision")
 }
 
 #[test]

@@ -39,16 +39,7 @@ fn run(m: &Morning, dry: bool, script: &str) -> String {
 }
 
 fn audit(m: &Morning, kind: &str) -> Vec<serde_json::Value> {
-    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
-    let mut stmt = db
-        .prepare("SELECT body FROM audit WHERE kind = ?1 ORDER BY seq")
-        .unwrap();
-    let rows = stmt
-        .query_map([kind], |r| r.get::<_, String>(0))
-        .unwrap()
-        .map(|b| serde_json::from_str(&b.unwrap()).unwrap())
-        .collect();
-    rows
+    m.state.audit_bodies(kind)
 }
 
 fn propose(m: &Morning) -> serde_json::Value {
