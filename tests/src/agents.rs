@@ -19,6 +19,12 @@ pub const ANTHROPIC_KEY: &str = "sk-ant-real-key-c0ffee77";
 /// key in a private file: endpoint `claude` (Messages, `claude-*`) and
 /// endpoint `oai` (Chat Completions and Responses, `gpt-5*`).
 pub fn state_with_models(server: &ModelServer) -> State {
+    state_with_models_and(server, "")
+}
+
+/// [`state_with_models`], with `extra` appended to `models.toml` (e.g. a
+/// `[gateway]` table).
+pub fn state_with_models_and(server: &ModelServer, extra: &str) -> State {
     let state = State::new();
     let secrets = state.path().join("secrets");
     std::fs::create_dir(&secrets).unwrap();
@@ -34,7 +40,7 @@ pub fn state_with_models(server: &ModelServer) -> State {
         state.path().join("models.toml"),
         format!(
             "[endpoints.claude]\napi = \"anthropic\"\nbase_url = \"{url}\"\nkey_file = \"{}\"\nmodels = [\"claude-*\"]\n\n\
-             [endpoints.oai]\napi = \"openai\"\nbase_url = \"{url}/v1\"\nkey_file = \"{}\"\nmodels = [\"gpt-5*\"]\n",
+             [endpoints.oai]\napi = \"openai\"\nbase_url = \"{url}/v1\"\nkey_file = \"{}\"\nmodels = [\"gpt-5*\"]\n\n{extra}",
             anthropic.display(),
             openai.display(),
             url = server.url(),
@@ -53,4 +59,48 @@ pub fn model_calls(state: &State, run: &str) -> Vec<Value> {
         .filter(|e| e["kind"] == "model_call")
         .map(|e| e["body"].clone())
         .collect()
+}
+
+/// The reason the rule of [`refuse_recursive_deletes`] gives.
+pub const RECURSIVE_DELETE_REFUSAL: &str =
+    "refused by rule no-recursive-delete: Recursive deletes are not done by agents";
+
+/// Gives `state` a rule that refuses a run's recursive `rm` through the
+/// harness hook (tool `Bash`), as the hook tests of real agents need it.
+pub fn refuse_recursive_deletes(state: &State) {
+    assert!(state.run(&["runs"]).status.success());
+    let rules = state.path().join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(
+        rules.join("10-tools.toml"),
+        r#"[[rule]]
+id = "no-recursive-delete"
+subject = "run-*"
+tools = ["Bash"]
+effect = "refuse"
+reason = "Recursive deletes are not done by agents; delete files by name."
+authority = "test"
+match = [{ field = "command", matches = 'rm\s+-[a-zA-Z]*r' }]
+"#,
+    )
+    .unwrap();
+}
+
+/// Asserts that run `run` has exactly one policy decision, the refusal of
+/// [`refuse_recursive_deletes`]'s rule for its `Bash` call, that the audit
+/// chain verifies and that no container is left.
+pub fn assert_one_recursive_delete_refused(state: &State, run: &str) {
+    let audit = state.show(run)["audit"].as_array().unwrap().clone();
+    let refusals: Vec<&Value> = audit
+        .iter()
+        .filter(|e| e["kind"] == "policy_decision")
+        .map(|e| &e["body"])
+        .collect();
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert_eq!(refusals[0]["door"], "Bash");
+    assert_eq!(refusals[0]["verdict"], "refuse");
+    assert_eq!(refusals[0]["rule"], "no-recursive-delete");
+    assert_eq!(refusals[0]["actor"], format!("run-{run}"));
+    assert!(state.verify().status.success());
+    assert!(state.containers().is_empty());
 }

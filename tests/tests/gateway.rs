@@ -14,8 +14,8 @@ use serde_json::{json, Value};
 use tests::model::{Mode, ModelServer, Step};
 use tests::{image, make_repo, stderr, stdout, State};
 
-const KEY: &str = "sk-real-model-key-7d41c0ffee";
-const ANTHROPIC_KEY: &str = "sk-ant-real-key-93be11";
+const KEY: &str = tests::agents::OPENAI_KEY;
+const ANTHROPIC_KEY: &str = tests::agents::ANTHROPIC_KEY;
 
 /// The client the agent runs: python3's urllib, through the environment the
 /// run was given (`OPENAI_BASE_URL`, `ANTHROPIC_BASE_URL` and their
@@ -83,29 +83,7 @@ def show(r):
 /// A state whose `models.toml` points both families at `server`, with keys
 /// in private files; `extra` is appended (e.g. a `[gateway]` table).
 fn state_with_models(server: &ModelServer, extra: &str) -> State {
-    let state = State::new();
-    let secrets = state.path().join("secrets");
-    std::fs::create_dir(&secrets).unwrap();
-    let key_file = |name: &str, key: &str| {
-        let p = secrets.join(name);
-        std::fs::write(&p, format!("{key}\n")).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-        p
-    };
-    let openai = key_file("openai.key", KEY);
-    let anthropic = key_file("anthropic.key", ANTHROPIC_KEY);
-    std::fs::write(
-        state.path().join("models.toml"),
-        format!(
-            "[endpoints.claude]\napi = \"anthropic\"\nbase_url = \"{url}\"\nkey_file = \"{}\"\nmodels = [\"claude-*\"]\n\n\
-             [endpoints.oai]\napi = \"openai\"\nbase_url = \"{url}/v1\"\nkey_file = \"{}\"\nmodels = [\"gpt-5*\"]\n\n{extra}",
-            anthropic.display(),
-            openai.display(),
-            url = server.url(),
-        ),
-    )
-    .unwrap();
-    state
+    tests::agents::state_with_models_and(server, extra)
 }
 
 fn run_python(state: &State, repo: &Path, args: &[&str], script: &str) -> Output {

@@ -200,22 +200,7 @@ fn real_codexs_hook_refuses_a_scripted_recursive_rm_through_the_door() {
     ));
     server.push(Step::text("Done."));
     let state = state_with_models(&server);
-    assert!(state.run(&["runs"]).status.success());
-    let rules = state.path().join("rules");
-    std::fs::create_dir_all(&rules).unwrap();
-    std::fs::write(
-        rules.join("10-tools.toml"),
-        r#"[[rule]]
-id = "no-recursive-delete"
-subject = "run-*"
-tools = ["Bash"]
-effect = "refuse"
-reason = "Recursive deletes are not done by agents; delete files by name."
-authority = "test"
-match = [{ field = "command", matches = 'rm\s+-[a-zA-Z]*r' }]
-"#,
-    )
-    .unwrap();
+    tests::agents::refuse_recursive_deletes(&state);
     let repo = make_repo();
     let (out, id) = run_agent(&state, "codex", repo.path(), "Clean up the src directory.");
     let log = state.output_log(&id);
@@ -231,26 +216,14 @@ match = [{ field = "command", matches = 'rm\s+-[a-zA-Z]*r' }]
     assert_eq!(outputs.len(), 2, "{outputs:?}");
     assert!(
         outputs[0].1.contains("Command blocked by PreToolUse hook")
-            && outputs[0].1.contains(
-                "refused by rule no-recursive-delete: Recursive deletes are not done by agents"
-            ),
+            && outputs[0]
+                .1
+                .contains(tests::agents::RECURSIVE_DELETE_REFUSAL),
         "{outputs:?}"
     );
     assert!(outputs[1].1.contains("SENTINEL-SURVIVED"), "{outputs:?}");
     // The refusal is audited with the run, the tool and the rule.
-    let audit = state.show(&id)["audit"].as_array().unwrap().clone();
-    let refusals: Vec<&Value> = audit
-        .iter()
-        .filter(|e| e["kind"] == "policy_decision")
-        .map(|e| &e["body"])
-        .collect();
-    assert_eq!(refusals.len(), 1, "{refusals:?}");
-    assert_eq!(refusals[0]["door"], "Bash");
-    assert_eq!(refusals[0]["verdict"], "refuse");
-    assert_eq!(refusals[0]["rule"], "no-recursive-delete");
-    assert_eq!(refusals[0]["actor"], format!("run-{id}"));
-    assert!(state.verify().status.success());
-    assert!(state.containers().is_empty());
+    tests::agents::assert_one_recursive_delete_refused(&state, &id);
 }
 
 #[test]

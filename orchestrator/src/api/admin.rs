@@ -119,6 +119,47 @@ fn policy_error(e: crate::policy::PolicyError) -> ApiError {
     e.into()
 }
 
+/// The rules in force as the owner reads them (`policy list`, the
+/// dashboard's Policy page): generation, freeze, active rules with their
+/// lock state, pending proposals, and which rules bind `actor`'s tool calls.
+pub fn policy_view(
+    store: &Store,
+    rules: Option<&Path>,
+    actor: Option<String>,
+) -> Result<PolicyView, crate::policy::PolicyError> {
+    let set = crate::policy::load(store, rules)?;
+    let now = crate::policy::now();
+    let actor = actor.filter(|a| !a.is_empty());
+    let binding = crate::policy::rules_binding_tool_calls(&set, actor.as_deref(), now)
+        .iter()
+        .map(|r| r.id().to_string())
+        .collect();
+    let active = set
+        .active(now)
+        .map(|r| {
+            let mut v = serde_json::to_value(r).unwrap_or_default();
+            if let Some(entry) = set.entries().get(r.id()) {
+                v["locked"] = entry.locked.into();
+            }
+            v
+        })
+        .collect();
+    Ok(PolicyView {
+        generation: set.generation().to_string(),
+        frozen: set
+            .freeze()
+            .map(|f| (f.reason.clone(), f.authority.to_string())),
+        active,
+        pending: set
+            .pending()
+            .iter()
+            .map(|(id, p)| (id.to_string(), format!("{:?}", p.author)))
+            .collect(),
+        actor,
+        binding,
+    })
+}
+
 impl Api {
     pub(super) fn policy_list(
         &self,
@@ -126,37 +167,9 @@ impl Api {
         actor: Option<String>,
     ) -> Result<Reply, ApiError> {
         let store = self.open_store()?;
-        let set = crate::policy::load(&store, rules).map_err(policy_error)?;
-        let now = crate::policy::now();
-        let actor = actor.filter(|a| !a.is_empty());
-        let binding = crate::policy::rules_binding_tool_calls(&set, actor.as_deref(), now)
-            .iter()
-            .map(|r| r.id().to_string())
-            .collect();
-        let active = set
-            .active(now)
-            .map(|r| {
-                let mut v = serde_json::to_value(r).unwrap_or_default();
-                if let Some(entry) = set.entries().get(r.id()) {
-                    v["locked"] = entry.locked.into();
-                }
-                v
-            })
-            .collect();
-        Ok(Reply::Policy(Box::new(PolicyView {
-            generation: set.generation().to_string(),
-            frozen: set
-                .freeze()
-                .map(|f| (f.reason.clone(), f.authority.to_string())),
-            active,
-            pending: set
-                .pending()
-                .iter()
-                .map(|(id, p)| (id.to_string(), format!("{:?}", p.author)))
-                .collect(),
-            actor,
-            binding,
-        })))
+        Ok(Reply::Policy(Box::new(
+            policy_view(&store, rules, actor).map_err(policy_error)?,
+        )))
     }
 
     pub(super) fn policy_explain(

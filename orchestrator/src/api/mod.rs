@@ -26,7 +26,8 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 pub use admin::{
-    absolute, ActDetail, BodyDetail, HookAnswer, Lease, PolicyView, Secret, StaleDetail, UserRow,
+    absolute, policy_view, ActDetail, BodyDetail, HookAnswer, Lease, PolicyView, Secret,
+    StaleDetail, UserRow,
 };
 pub use error::{from_act_error, ApiError, ErrorKind};
 pub use openapi::openapi_json;

@@ -606,28 +606,15 @@ pub struct PolicyView {
     pub pending: Vec<(String, String)>,
 }
 
+/// The Policy page's view: `policy list`'s, as the command API builds it.
 pub fn policy_view(store: &Store) -> Result<PolicyView, BackendError> {
-    let set = crate::policy::load(store, None).map_err(|e| BackendError::Failed(e.to_string()))?;
-    let now = crate::policy::now();
-    let active = set
-        .active(now)
-        .map(|r| {
-            let mut v = serde_json::to_value(r).unwrap_or_default();
-            if let Some(entry) = set.entries().get(r.id()) {
-                v["locked"] = entry.locked.into();
-            }
-            v
-        })
-        .collect();
+    let v = crate::api::policy_view(store, None, None)
+        .map_err(|e| BackendError::Failed(e.to_string()))?;
     Ok(PolicyView {
-        generation: set.generation().to_string(),
-        frozen: set.freeze().map(|f| f.reason.clone()),
-        active,
-        pending: set
-            .pending()
-            .iter()
-            .map(|(id, p)| (id.to_string(), format!("{:?}", p.author)))
-            .collect(),
+        generation: v.generation,
+        frozen: v.frozen.map(|(reason, _)| reason),
+        active: v.active,
+        pending: v.pending,
     })
 }
 
