@@ -626,3 +626,28 @@ for _ in range(2):
         page.body
     );
 }
+
+/// The Policy page shows what `policy list` shows: the generation and every
+/// rule in force (both built by the command API).
+#[test]
+fn the_policy_page_shows_the_rules_policy_list_shows() {
+    let (state, serve) = setup();
+    let out = state.run(&["policy", "list", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let viewer = Client::login(&serve, VIEWER, VIEWER_PASSWORD);
+    let page = viewer.get("/policy");
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body
+            .contains(list["generation"].as_str().expect("a generation")),
+        "{}",
+        page.body
+    );
+    let active = list["active"].as_array().expect("active rules");
+    assert!(!active.is_empty(), "{list}");
+    for rule in active {
+        let id = rule["id"].as_str().expect("a rule id");
+        assert!(page.body.contains(id), "rule {id} missing: {}", page.body);
+    }
+}
