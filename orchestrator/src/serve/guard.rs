@@ -127,7 +127,8 @@ pub fn same_origin(p: &Provenance<'_>) -> Result<(), CsrfRefusal> {
 pub struct ExternalOrigin {
     /// `https://name[:port]`, lowercase, the port left out when 443.
     pub origin: String,
-    /// The `Host` values that name it: `name` and `name:443`, or `name:port`.
+    /// The `Host` values that name it: `name` and `name:443`, or
+    /// `name:port` and `name` (a proxy may pass the name alone).
     pub hosts: Vec<String>,
 }
 
@@ -183,7 +184,8 @@ impl ExternalOrigin {
         } else {
             ExternalOrigin {
                 origin: format!("https://{name}:{port}"),
-                hosts: vec![format!("{name}:{port}")],
+                // A proxy may pass the name alone (nginx's `$host`).
+                hosts: vec![format!("{name}:{port}"), name.to_string()],
             }
         })
     }
@@ -359,9 +361,9 @@ mod tests {
         assert_eq!(e.hosts, ["dash.example", "dash.example:443"]);
         let e = ExternalOrigin::parse("https://dash.example:8443/").unwrap();
         assert_eq!(e.origin, "https://dash.example:8443");
-        assert_eq!(e.hosts, ["dash.example:8443"]);
+        assert_eq!(e.hosts, ["dash.example:8443", "dash.example"]);
         let e = ExternalOrigin::parse("https://[::1]:9").unwrap();
-        assert_eq!(e.hosts, ["[::1]:9"]);
+        assert_eq!(e.hosts, ["[::1]:9", "[::1]"]);
         for bad in [
             "http://dash.example",
             "dash.example",

@@ -458,8 +458,22 @@ fn changes_state(method: &Method) -> bool {
 }
 
 /// The `Host` allowlist, then where the request comes from ([`Arrival`],
-/// put into the request) and `Strict-Transport-Security` when secure.
-async fn host_check(State(app): State<App>, mut req: Request, next: Next) -> Response {
+/// put into the request); `Strict-Transport-Security` on every answer
+/// over TLS (ours, or the trusted proxy's).
+async fn host_check(State(app): State<App>, req: Request, next: Next) -> Response {
+    let tls = app.tls;
+    let (mut resp, secure) = arrive(app, req, next).await;
+    if tls || secure {
+        resp.headers_mut().insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            HeaderValue::from_static(HSTS),
+        );
+    }
+    resp
+}
+
+/// [`host_check`]'s checks: the answer, and whether it goes out over TLS.
+async fn arrive(app: App, mut req: Request, next: Next) -> (Response, bool) {
     let json = wants_json(req.headers(), req.uri().path());
     let host = req
         .headers()
@@ -471,11 +485,12 @@ async fn host_check(State(app): State<App>, mut req: Request, next: Next) -> Res
         .as_ref()
         .is_some_and(|e| host.is_some_and(|h| e.hosts.iter().any(|a| a.eq_ignore_ascii_case(h))));
     if !external && !guard::host_allowed(host, &app.hosts) {
-        return refuse(
+        let no = refuse(
             json,
             StatusCode::MISDIRECTED_REQUEST,
             "this Host is not served here",
         );
+        return (no, false);
     }
     let peer = req
         .extensions()
@@ -491,19 +506,14 @@ async fn host_check(State(app): State<App>, mut req: Request, next: Next) -> Res
     let arrival = match guard::arrival(&app.front, app.tls, peer, host.unwrap_or(""), &forwarded)
     {
         Ok(a) => a,
-        Err(why) if external => return refuse(json, StatusCode::MISDIRECTED_REQUEST, &why),
-        Err(why) => return refuse(json, StatusCode::BAD_REQUEST, &why),
+        Err(why) if external => {
+            return (refuse(json, StatusCode::MISDIRECTED_REQUEST, &why), false)
+        }
+        Err(why) => return (refuse(json, StatusCode::BAD_REQUEST, &why), false),
     };
     let secure = arrival.secure;
     req.extensions_mut().insert(arrival);
-    let mut resp = next.run(req).await;
-    if secure {
-        resp.headers_mut().insert(
-            header::STRICT_TRANSPORT_SECURITY,
-            HeaderValue::from_static(HSTS),
-        );
-    }
-    resp
+    (next.run(req).await, secure)
 }
 
 fn arrival_of(req: &Request) -> Arrival {
