@@ -810,3 +810,49 @@ fn morning_on_a_fresh_state_shows_the_chain_intact() {
         "{last}"
     );
 }
+
+/// The supervisor's peak resident memory (`VmHWM`), in KiB.
+fn peak_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Logins flooding in from many addresses at once: each password check
+/// holds 19 MiB (Argon2id), and only two run at once; the others wait.
+/// The supervisor's peak memory grows by the two, not by the flood.
+#[test]
+fn a_login_flood_holds_the_memory_of_two_password_checks() {
+    let (_state, serve) = setup();
+    // Warm: the dummy hash is made, one check has run.
+    Client::login(&serve, OWNER, OWNER_PASSWORD);
+    let pid = serve.child.id();
+    let before = peak_kib(pid);
+    let flood: Vec<_> = (1..=48u8)
+        .map(|i| {
+            let (addr, host) = (serve.addr, serve.host());
+            std::thread::spawn(move || {
+                request_from(
+                    std::net::IpAddr::from([127, 0, 1, i]),
+                    addr,
+                    "POST",
+                    "/api/v1/login",
+                    &[("Host", &host), ("Content-Type", "application/json")],
+                    &json!({"name": format!("nobody{i}"), "password": "guess guess guess"})
+                        .to_string(),
+                )
+                .status
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = flood.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(statuses.iter().all(|s| *s == 401), "{statuses:?}");
+    let grown = peak_kib(pid).saturating_sub(before);
+    eprintln!("serve's peak memory: {before} KiB before the flood, grew {grown} KiB");
+    // Two checks of 19 MiB and room for the 48 connections; 48 checks at
+    // once would be over 900 MiB.
+    assert!(grown < 64 * 1024, "the flood grew serve's peak by {grown} KiB");
+}

@@ -22,7 +22,8 @@
 //!   `Strict-Transport-Security`.
 //! - Failed logins are limited per client address and per (account,
 //!   address) (`throttle.rs`): a correct password from an address that has
-//!   not failed is never refused.
+//!   not failed is never refused. At most [`VERIFYING_AT_ONCE`] passwords
+//!   are verified at once (19 MiB each); other logins wait.
 //! - Agent-written text is data: see `pages.rs`; the JSON escapes every
 //!   non-ASCII character (`terminal::json`).
 
@@ -69,6 +70,9 @@ const STREAM_CAP: u64 = 1 << 20;
 const SESSION_CANDIDATES: usize = 4;
 /// Most keys each login limiter holds (see `throttle.rs`).
 const LOGIN_KEYS: usize = 16 * 1024;
+/// Most passwords verified at once: each Argon2id verification holds
+/// 19 MiB, so logins flooding in wait their turn instead of adding memory.
+const VERIFYING_AT_ONCE: usize = 2;
 const HSTS: &str = "max-age=31536000";
 
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
@@ -221,6 +225,7 @@ struct App {
     tls: bool,
     front: Arc<Front>,
     logins: Arc<Mutex<Logins>>,
+    verifying: Arc<tokio::sync::Semaphore>,
 }
 
 /// Failed logins, per client address and per (account, address).
@@ -653,6 +658,7 @@ pub async fn serve(
         tls,
         front: Arc::new(opts.front),
         logins: Arc::new(Mutex::new(Logins::new())),
+        verifying: Arc::new(tokio::sync::Semaphore::new(VERIFYING_AT_ONCE)),
     };
     // The owner's socket: the command line's way in (`socket.rs`).
     let owner_socket = match socket::bind(&app.backend.root).await {
@@ -1122,7 +1128,10 @@ async fn api_login(
     }
     let b = app.backend.clone();
     let old_id = old.map(|s| s.id_sha256.clone());
+    // Held until the verification ends (the semaphore is never closed).
+    let permit = app.verifying.clone().acquire_owned().await;
     let result = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         b.with_store(|st| -> Result<Option<(String, String, Role)>, String> {
             let role = users::authenticate(st, &name, &password).map_err(|e| e.to_string())?;
             let Some(role) = role else { return Ok(None) };
