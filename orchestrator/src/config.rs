@@ -304,7 +304,7 @@ impl Config {
             .map(crate::serve::guard::ExternalOrigin::parse)
             .transpose()
             .map_err(|e| format!("serve.external_origin: {e}"))?;
-        if external.is_some() != !s.trusted_proxies.is_empty() {
+        if external.is_some() == s.trusted_proxies.is_empty() {
             return Err(
                 "serve.external_origin and serve.trusted_proxies go together: the origin browsers use and the addresses of the proxies that serve it"
                     .into(),
@@ -448,8 +448,8 @@ mod tests {
         let front = c.front().unwrap();
         assert_eq!(front.external.unwrap().origin, "https://dash.example");
         assert_eq!(front.trusted_proxies.len(), 1);
-        let e = Config::parse(p, "[serve]\nexternal_origin = \"https://dash.example\"\n")
-            .unwrap_err();
+        let e =
+            Config::parse(p, "[serve]\nexternal_origin = \"https://dash.example\"\n").unwrap_err();
         assert!(e.to_string().contains("go together"), "{e}");
         let e = Config::parse(
             p,

@@ -680,7 +680,10 @@ fn a_guesser_elsewhere_never_locks_the_owner_out() {
         guesses.iter().all(|s| *s == 401 || *s == 429),
         "{guesses:?}"
     );
-    assert!(guesses.contains(&429), "8 guesses never limited: {guesses:?}");
+    assert!(
+        guesses.contains(&429),
+        "8 guesses never limited: {guesses:?}"
+    );
     // The owner, from an address that has not failed: in, at once.
     let r = login_from(&serve, "127.0.0.1", OWNER, OWNER_PASSWORD);
     assert_eq!(r.status, 200, "the owner was locked out: {}", r.body);
@@ -690,9 +693,20 @@ fn a_guesser_elsewhere_never_locks_the_owner_out() {
     assert_eq!(r.status, 429, "{}", r.body);
     // Spraying names from one address: limited per address.
     let sprayed: Vec<u16> = (0..12)
-        .map(|i| login_from(&serve, "127.0.0.3", &format!("user{i}"), "guess guess guess").status)
+        .map(|i| {
+            login_from(
+                &serve,
+                "127.0.0.3",
+                &format!("user{i}"),
+                "guess guess guess",
+            )
+            .status
+        })
         .collect();
-    assert!(sprayed.contains(&429), "12 names never limited: {sprayed:?}");
+    assert!(
+        sprayed.contains(&429),
+        "12 names never limited: {sprayed:?}"
+    );
     // And the viewer, from yet another address, is not affected.
     let r = login_from(&serve, "127.0.0.4", VIEWER, VIEWER_PASSWORD);
     assert_eq!(r.status, 200, "{}", r.body);
@@ -768,7 +782,10 @@ fn a_duplicated_session_cookie_takes_the_live_session() {
         serve.addr,
         "GET",
         "/api/v1/session",
-        &[("Host", &host), ("Cookie", &format!("nightshift_session=zz; {dead}"))],
+        &[
+            ("Host", &host),
+            ("Cookie", &format!("nightshift_session=zz; {dead}")),
+        ],
         "",
     );
     assert_eq!(r.status, 401, "{}", r.body);
@@ -854,5 +871,8 @@ fn a_login_flood_holds_the_memory_of_two_password_checks() {
     eprintln!("serve's peak memory: {before} KiB before the flood, grew {grown} KiB");
     // Two checks of 19 MiB and room for the 48 connections; 48 checks at
     // once would be over 900 MiB.
-    assert!(grown < 64 * 1024, "the flood grew serve's peak by {grown} KiB");
+    assert!(
+        grown < 64 * 1024,
+        "the flood grew serve's peak by {grown} KiB"
+    );
 }

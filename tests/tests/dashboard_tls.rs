@@ -252,15 +252,27 @@ fn behind_a_tls_proxy_the_external_origin_logs_in_with_a_secure_cookie() {
     let (state, serve, proxy, cert, origin) = behind_a_proxy();
     let host = origin.trim_start_matches("https://").to_string();
     let via = |from: &str, request: &str| {
-        https_from(from.parse().unwrap(), &cert.ca, proxy.addr, "dash.test", request)
+        https_from(
+            from.parse().unwrap(),
+            &cert.ca,
+            proxy.addr,
+            "dash.test",
+            request,
+        )
     };
     let login = serde_json::json!({"name": OWNER, "password": OWNER_PASSWORD}).to_string();
-    let answer = via("127.0.0.1", &post(&host, &origin, "/api/v1/login", "", &login));
+    let answer = via(
+        "127.0.0.1",
+        &post(&host, &origin, "/api/v1/login", "", &login),
+    );
     assert_eq!(status(&answer), 200, "{answer}");
     let set = header(&answer, "set-cookie").unwrap_or_else(|| panic!("{answer}"));
     assert!(set.starts_with("__Host-nightshift_session="), "{set}");
     assert!(set.contains("; Secure"), "{set}");
-    assert!(header(&answer, "strict-transport-security").is_some(), "{answer}");
+    assert!(
+        header(&answer, "strict-transport-security").is_some(),
+        "{answer}"
+    );
     let cookie = set.split(';').next().unwrap().to_string();
     let body = answer.split("\r\n\r\n").nth(1).unwrap();
     let csrf = serde_json::from_str::<serde_json::Value>(body).unwrap()["csrf"]
@@ -268,20 +280,36 @@ fn behind_a_tls_proxy_the_external_origin_logs_in_with_a_secure_cookie() {
         .unwrap()
         .to_string();
     // A state change from the external origin, with the session.
-    let extra = format!("Cookie: {cookie}\r\nX-CSRF-Token: {csrf}\r\nSec-Fetch-Site: same-origin\r\n");
+    let extra =
+        format!("Cookie: {cookie}\r\nX-CSRF-Token: {csrf}\r\nSec-Fetch-Site: same-origin\r\n");
     let answer = via(
         "127.0.0.1",
-        &post(&host, &origin, "/api/v1/freeze", &extra, "{\"why\":\"via the proxy\"}"),
+        &post(
+            &host,
+            &origin,
+            "/api/v1/freeze",
+            &extra,
+            "{\"why\":\"via the proxy\"}",
+        ),
     );
     assert_eq!(status(&answer), 200, "{answer}");
     // The plain-HTTP origin is not this one.
     let answer = via(
         "127.0.0.1",
-        &post(&host, &format!("http://{host}"), "/api/v1/thaw", &extra, "{}"),
+        &post(
+            &host,
+            &format!("http://{host}"),
+            "/api/v1/thaw",
+            &extra,
+            "{}",
+        ),
     );
     assert_eq!(status(&answer), 403, "{answer}");
     // A proxy that passes the name alone (nginx's `$host`).
-    let answer = via("127.0.0.1", &post("dash.test", &origin, "/api/v1/login", "", &login));
+    let answer = via(
+        "127.0.0.1",
+        &post("dash.test", &origin, "/api/v1/login", "", &login),
+    );
     assert_eq!(status(&answer), 200, "{answer}");
 
     // Not through the proxy: the external origin is not served, and
@@ -300,13 +328,7 @@ fn behind_a_tls_proxy_the_external_origin_logs_in_with_a_secure_cookie() {
     );
     assert_eq!(r.status, 421, "{}", r.body);
     // The bound address still serves its own (plain, loopback) origin.
-    let r = request(
-        serve.addr,
-        "GET",
-        "/login",
-        &[("Host", &serve.host())],
-        "",
-    );
+    let r = request(serve.addr, "GET", "/login", &[("Host", &serve.host())], "");
     assert_eq!(r.status, 200);
     assert!(r.header("strict-transport-security").is_none());
     drop(state);

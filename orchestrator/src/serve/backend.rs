@@ -506,7 +506,9 @@ pub fn queue(
     let offset = page
         .checked_mul(per_page)
         .filter(|o| i64::try_from(*o).is_ok())
-        .ok_or_else(|| BackendError::BadInput(format!("page {page}: past any page there can be")))?;
+        .ok_or_else(|| {
+            BackendError::BadInput(format!("page {page}: past any page there can be"))
+        })?;
     let (rows, total) = store.acts_in_states(&["pending", "stale"], offset, per_page)?;
     let mut acts = Vec::new();
     for (act, state, content) in rows {

@@ -392,7 +392,14 @@ mod tests {
         assert!(a.secure);
         assert_eq!(a.origin, "https://dash.example");
         // A client's own X-Forwarded-For is the left part the proxy appends to.
-        let a = arrival(&front, false, proxy, "dash.example", &["1.2.3.4", "10.0.0.1"]).unwrap();
+        let a = arrival(
+            &front,
+            false,
+            proxy,
+            "dash.example",
+            &["1.2.3.4", "10.0.0.1"],
+        )
+        .unwrap();
         assert_eq!(a.client, "1.2.3.4".parse::<IpAddr>().unwrap());
         // Anyone else: the peer, whatever it claims, and never the proxy's origin.
         let stranger: IpAddr = "5.5.5.5".parse().unwrap();
@@ -407,7 +414,10 @@ mod tests {
         assert_eq!(a.client, proxy);
         // Under serve's own TLS.
         let a = arrival(&Front::default(), true, stranger, "h:1", &["1.2.3.4"]).unwrap();
-        assert_eq!((a.client, a.secure, a.origin.as_str()), (stranger, true, "https://h:1"));
+        assert_eq!(
+            (a.client, a.secure, a.origin.as_str()),
+            (stranger, true, "https://h:1")
+        );
     }
 
     #[test]

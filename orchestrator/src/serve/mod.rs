@@ -53,8 +53,8 @@ use tower_http::set_header::SetResponseHeaderLayer;
 use crate::api::Command as ApiCommand;
 use backend::{Backend, BackendError};
 use guard::{Arrival, Front, Provenance, Role};
-use throttle::{Quota, Throttle};
 use pages::Viewer;
+use throttle::{Quota, Throttle};
 
 use crate::store::{StatePaths, Store};
 
@@ -484,11 +484,10 @@ async fn arrive(app: App, mut req: Request, next: Next) -> (Response, bool) {
         .headers()
         .get(header::HOST)
         .and_then(|v| v.to_str().ok());
-    let external = app
-        .front
-        .external
-        .as_ref()
-        .is_some_and(|e| host.is_some_and(|h| e.hosts.iter().any(|a| a.eq_ignore_ascii_case(h))));
+    let external =
+        app.front.external.as_ref().is_some_and(|e| {
+            host.is_some_and(|h| e.hosts.iter().any(|a| a.eq_ignore_ascii_case(h)))
+        });
     if !external && !guard::host_allowed(host, &app.hosts) {
         let no = refuse(
             json,
@@ -508,8 +507,7 @@ async fn arrive(app: App, mut req: Request, next: Next) -> (Response, bool) {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .collect();
-    let arrival = match guard::arrival(&app.front, app.tls, peer, host.unwrap_or(""), &forwarded)
-    {
+    let arrival = match guard::arrival(&app.front, app.tls, peer, host.unwrap_or(""), &forwarded) {
         Ok(a) => a,
         Err(why) if external => {
             return (refuse(json, StatusCode::MISDIRECTED_REQUEST, &why), false)
@@ -522,11 +520,14 @@ async fn arrive(app: App, mut req: Request, next: Next) -> (Response, bool) {
 }
 
 fn arrival_of(req: &Request) -> Arrival {
-    req.extensions().get::<Arrival>().cloned().unwrap_or(Arrival {
-        client: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-        secure: false,
-        origin: String::new(),
-    })
+    req.extensions()
+        .get::<Arrival>()
+        .cloned()
+        .unwrap_or(Arrival {
+            client: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            secure: false,
+            origin: String::new(),
+        })
 }
 
 /// Authentication, CSRF and the owner's role, for every route (see the note).
@@ -1118,7 +1119,11 @@ async fn api_login(
     let client = guard::client_key(arrival.client);
     // A name that is no account's is counted as one name: the memory
     // held does not grow with the names tried.
-    let account = if users::valid_name(&name) { name.clone() } else { String::new() };
+    let account = if users::valid_name(&name) {
+        name.clone()
+    } else {
+        String::new()
+    };
     let logins = || app.logins.lock().unwrap_or_else(|p| p.into_inner());
     if !logins().attempt(client, &account, Instant::now()) {
         return fail(

@@ -60,20 +60,23 @@ impl<K: Hash + Eq + Clone> Throttle<K> {
         let since = |p: Instant| now.saturating_duration_since(p);
         let full = !self.drained_at.contains_key(&key) && self.drained_at.len() >= self.cap;
         // Swept every minute, and at most once a second when full.
-        let wait = if full { Duration::from_secs(1) } else { PRUNE_EVERY };
+        let wait = if full {
+            Duration::from_secs(1)
+        } else {
+            PRUNE_EVERY
+        };
         if self.pruned_at.is_none_or(|p| since(p) >= wait) {
             self.prune(now);
         }
-        if full {
-            if self.drained_at.len() >= self.cap {
-                let nearest = self
-                    .drained_at
-                    .iter()
-                    .min_by_key(|(_, at)| **at)
-                    .map(|(k, _)| k.clone());
-                if let Some(k) = nearest {
-                    self.drained_at.remove(&k);
-                }
+        // Still full: the key nearest to drained makes room.
+        if full && self.drained_at.len() >= self.cap {
+            let nearest = self
+                .drained_at
+                .iter()
+                .min_by_key(|(_, at)| **at)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = nearest {
+                self.drained_at.remove(&k);
             }
         }
         let at = self.drained_at.entry(key).or_insert(now);
@@ -157,10 +160,7 @@ mod tests {
             assert!(t.len() <= 1024);
         }
         assert_eq!(t.len(), 1024);
-        t.charge(
-            "1.1.1.1".parse().unwrap(),
-            now + Duration::from_secs(3600),
-        );
+        t.charge("1.1.1.1".parse().unwrap(), now + Duration::from_secs(3600));
         assert_eq!(t.len(), 1, "drained keys were not pruned");
     }
 }

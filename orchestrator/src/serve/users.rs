@@ -147,9 +147,8 @@ pub fn authenticate(store: &Store, name: &str, password: &str) -> Result<Option<
             .flatten()),
         None => {
             // Made once (others wait for it rather than each making one).
-            let dummy = DUMMY.get_or_init(|| {
-                hash_password("not a password of anyone").unwrap_or_default()
-            });
+            let dummy =
+                DUMMY.get_or_init(|| hash_password("not a password of anyone").unwrap_or_default());
             let _ = verify_hash(dummy, password);
             Ok(None)
         }
