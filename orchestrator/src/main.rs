@@ -2002,8 +2002,9 @@ async fn serve_cmd(
     let identity = orchestrator::run::process_identity(std::process::id())
         .unwrap_or_else(|| format!("{}:0", std::process::id()));
     spawn_watchdog(root, config_path, &identity);
+    // Checked when the configuration was read; a second look costs nothing.
     let front = config.front().map_err(|e| {
-        eprintln!("nightshift: {e}");
+        errln!("nightshift: {e}");
         exit::BAD_INPUT
     })?;
     let opts = orchestrator::serve::ServeOptions {
