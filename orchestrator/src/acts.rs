@@ -610,6 +610,10 @@ fn agent_reason(commit: &str, e: &orchestrator_git::GitError) -> String {
         | E::TotalBytesExceeded { .. }
         | E::ObjectIdMismatch { .. }
         | E::InvalidCommitId { .. } => format!("commit {commit} was refused: {e}"),
+        // What was sent can never pass: retrying the same objects is futile.
+        E::InvalidTreeEntry { .. } | E::HostileWorktree { .. } | E::BadRef { .. } => format!(
+            "commit {commit} was refused and never will be as it is: {e}; the act was not queued"
+        ),
         _ => format!(
             "the supervisor could not store commit {commit}; the act was not queued, try again later"
         ),
@@ -2336,5 +2340,38 @@ mod queue_tests {
             .map(|e| e.body["verdict"].clone())
             .collect();
         assert_eq!(verdicts.len(), 1, "{:?}", store.kinds());
+    }
+}
+
+#[cfg(test)]
+mod reason_tests {
+    use super::agent_reason;
+    use orchestrator_git::GitError;
+
+    /// A tree that can never pass says so; the supervisor's own trouble
+    /// asks for a retry.
+    #[test]
+    fn a_permanent_refusal_never_says_try_again() {
+        let c = "0123456789012345678901234567890123456789";
+        let bad = agent_reason(
+            c,
+            &GitError::InvalidTreeEntry {
+                tree: "ab".repeat(20),
+                name: ".git".into(),
+                why: "a reserved name",
+            },
+        );
+        assert!(!bad.contains("try again"), "{bad}");
+        assert!(bad.contains("never will be"), "{bad}");
+        assert!(bad.contains("refused entry \".git\""), "{bad}");
+        let trouble = agent_reason(
+            c,
+            &GitError::Io {
+                action: "writing",
+                path: "/nowhere".into(),
+                source: std::io::Error::other("disk full"),
+            },
+        );
+        assert!(trouble.contains("try again later"), "{trouble}");
     }
 }

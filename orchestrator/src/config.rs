@@ -169,6 +169,18 @@ pub struct RepositoryConfig {
     pub confidentiality: policies::Confidentiality,
 }
 
+/// `[serve]`: a TLS proxy in front of `nightshift serve --insecure-network`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    /// The origin browsers use, `https://NAME[:PORT]`.
+    pub external_origin: Option<String>,
+    /// The proxies' addresses: only their connections may use the external
+    /// origin, and only their `X-Forwarded-For` names the client.
+    #[serde(default)]
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -182,6 +194,8 @@ pub struct Config {
     pub fleet: FleetCaps,
     #[serde(default)]
     pub queue: QueueConfig,
+    #[serde(default)]
+    pub serve: ServeConfig,
 }
 
 /// The fleet's limits after defaults.
@@ -239,6 +253,10 @@ impl Config {
                 });
             }
         }
+        config.front().map_err(|message| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        })?;
         let fleet = config.fleet();
         if let Some(cpus) = config.caps.cpus {
             if !(cpus > 0.0 && cpus <= fleet.cpus) {
@@ -274,6 +292,28 @@ impl Config {
                 .max_tokens_per_night
                 .unwrap_or(d.fleet_max_tokens_per_night),
         }
+    }
+
+    /// What stands in front of `serve` (`[serve]`): an external origin and
+    /// the proxies trusted for it, both or neither.
+    pub fn front(&self) -> Result<crate::serve::guard::Front, String> {
+        let s = &self.serve;
+        let external = s
+            .external_origin
+            .as_deref()
+            .map(crate::serve::guard::ExternalOrigin::parse)
+            .transpose()
+            .map_err(|e| format!("serve.external_origin: {e}"))?;
+        if external.is_some() == s.trusted_proxies.is_empty() {
+            return Err(
+                "serve.external_origin and serve.trusted_proxies go together: the origin browsers use and the addresses of the proxies that serve it"
+                    .into(),
+            );
+        }
+        Ok(crate::serve::guard::Front {
+            external,
+            trusted_proxies: s.trusted_proxies.clone(),
+        })
     }
 
     /// The user sandboxes run as, after defaults.
@@ -394,6 +434,30 @@ mod tests {
         assert_eq!(c.caps().max_tokens, 5000);
         assert_eq!(c.caps().fleet_max_tokens_per_night, 90000);
         let e = Config::parse(p, "[fleet]\nmax_tokens_per_night = -1\n").unwrap_err();
+        assert!(e.to_string().starts_with("x.toml: line 2:"), "{e}");
+    }
+
+    #[test]
+    fn a_proxy_in_front_needs_its_origin_and_addresses() {
+        let p = Path::new("x.toml");
+        let c = Config::parse(
+            p,
+            "[serve]\nexternal_origin = \"https://dash.example\"\ntrusted_proxies = [\"127.0.0.1\"]\n",
+        )
+        .unwrap();
+        let front = c.front().unwrap();
+        assert_eq!(front.external.unwrap().origin, "https://dash.example");
+        assert_eq!(front.trusted_proxies.len(), 1);
+        let e =
+            Config::parse(p, "[serve]\nexternal_origin = \"https://dash.example\"\n").unwrap_err();
+        assert!(e.to_string().contains("go together"), "{e}");
+        let e = Config::parse(
+            p,
+            "[serve]\nexternal_origin = \"http://dash.example\"\ntrusted_proxies = [\"::1\"]\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("serve.external_origin"), "{e}");
+        let e = Config::parse(p, "[serve]\ntrusted_proxies = [\"proxy\"]\n").unwrap_err();
         assert!(e.to_string().starts_with("x.toml: line 2:"), "{e}");
     }
 

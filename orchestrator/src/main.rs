@@ -2002,7 +2002,13 @@ async fn serve_cmd(
     let identity = orchestrator::run::process_identity(std::process::id())
         .unwrap_or_else(|| format!("{}:0", std::process::id()));
     spawn_watchdog(root, config_path, &identity);
+    // Checked when the configuration was read; a second look costs nothing.
+    let front = config.front().map_err(|e| {
+        errln!("nightshift: {e}");
+        exit::BAD_INPUT
+    })?;
     let opts = orchestrator::serve::ServeOptions {
+        front,
         config: config_path.map(std::path::Path::to_path_buf),
         bind: args.bind,
         allow_hosts: args.allow_hosts,

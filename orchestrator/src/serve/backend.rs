@@ -503,7 +503,13 @@ pub fn queue(
     per_page: u64,
 ) -> Result<QueuePage, BackendError> {
     let per_page = per_page.clamp(1, 200);
-    let (rows, total) = store.acts_in_states(&["pending", "stale"], page * per_page, per_page)?;
+    let offset = page
+        .checked_mul(per_page)
+        .filter(|o| i64::try_from(*o).is_ok())
+        .ok_or_else(|| {
+            BackendError::BadInput(format!("page {page}: past any page there can be"))
+        })?;
+    let (rows, total) = store.acts_in_states(&["pending", "stale"], offset, per_page)?;
     let mut acts = Vec::new();
     for (act, state, content) in rows {
         let row = Row {
