@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited, StreamBody};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
@@ -38,9 +38,11 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 
 use super::models::{Api, Endpoint, Limits, Models};
+use super::request;
 use super::route::{self, Refusal, Shape};
-use super::sse::{self, Scanner, Usage};
+use super::sse::{self, Prepared, Scanner, Usage};
 use super::tokens::{self, Ask};
+use super::upstream::Pieces;
 use crate::audit_log::Event;
 use crate::store::{StatePaths, Store, TokenLedger};
 
@@ -139,6 +141,11 @@ struct Gateway {
     fleet_cap: u64,
     /// The label of every call's output (`untrusted, private`).
     label: String,
+    /// The run's content is private: no server tool (the label gate).
+    private: bool,
+    /// Request bodies this run may hold at once, in KiB (`max_request`).
+    run_held: Arc<tokio::sync::Semaphore>,
+    run_held_kib: u32,
     paths: StatePaths,
     /// Reservations and settlements (`STATE/tokens.db`).
     ledger: Mutex<Option<TokenLedger>>,
@@ -246,12 +253,17 @@ pub fn open(
     let (closing, closing_rx) = watch::channel(false);
     let limit = Arc::new(tokio::sync::Semaphore::new(models.limits.concurrent));
     let upstream = super::upstream::Upstream::new(&models.endpoints);
+    let run_held_kib =
+        u32::try_from(models.limits.max_request.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
     let gw = Arc::new(Gateway {
         models,
         run: run.to_string(),
         run_cap,
         fleet_cap,
         label: crate::acts::label_text(content),
+        private: content.confidentiality != policies::Confidentiality::Public,
+        run_held: Arc::new(tokio::sync::Semaphore::new(run_held_kib as usize)),
+        run_held_kib,
         paths: paths.clone(),
         ledger: Mutex::new(None),
         auditing: Mutex::new(None),
@@ -476,6 +488,99 @@ impl From<Refusal> for Refused {
     }
 }
 
+fn too_big(limits: &Limits) -> Refusal {
+    Refusal::new(
+        413,
+        "request_size",
+        format!(
+            "the request is over the gateway's limit of {} bytes",
+            limits.max_request
+        ),
+    )
+}
+
+/// Request bodies held at once by the whole process, in KiB: a few bodies
+/// at the default limit, however many runs and calls there are.
+pub const PROCESS_HELD_KIB: u32 = 64 * 1024;
+
+fn process_held() -> &'static Arc<tokio::sync::Semaphore> {
+    static HELD: std::sync::OnceLock<Arc<tokio::sync::Semaphore>> = std::sync::OnceLock::new();
+    HELD.get_or_init(|| Arc::new(tokio::sync::Semaphore::new(PROCESS_HELD_KIB as usize)))
+}
+
+/// What a held body counts against: the run's bodies and the process's.
+type Held = (
+    tokio::sync::OwnedSemaphorePermit,
+    tokio::sync::OwnedSemaphorePermit,
+);
+
+/// Waits (at most `request_timeout`) until a body of `declared` bytes (the
+/// limit when not declared) may be held: at most `max_request` bytes of
+/// bodies per run and [`PROCESS_HELD_KIB`] per process, each counted until
+/// the endpoint has taken it.
+async fn hold_body(gw: &Gateway, declared: Option<u64>, limits: &Limits) -> Result<Held, Refusal> {
+    let bytes = declared
+        .unwrap_or(limits.max_request)
+        .min(limits.max_request);
+    let kib = bytes.div_ceil(1024).max(1);
+    let run_kib = u32::try_from(kib.min(u64::from(gw.run_held_kib))).unwrap_or(u32::MAX);
+    let process_kib = u32::try_from(kib.min(u64::from(PROCESS_HELD_KIB))).unwrap_or(u32::MAX);
+    let wait = async {
+        let run = gw.run_held.clone().acquire_many_owned(run_kib).await.ok()?;
+        let process = process_held()
+            .clone()
+            .acquire_many_owned(process_kib)
+            .await
+            .ok()?;
+        Some((run, process))
+    };
+    match tokio::time::timeout(limits.request_timeout, wait).await {
+        Ok(Some(held)) => Ok(held),
+        _ => Err(Refusal::new(
+            429,
+            "request_busy",
+            "the gateway holds as many request bodies as it may at once; retry shortly",
+        )),
+    }
+}
+
+/// Reads a request's body whole (at most `max_request` bytes, within
+/// `request_timeout`) into one buffer.
+async fn read_body(
+    mut body: Incoming,
+    declared: Option<u64>,
+    limits: &Limits,
+) -> Result<Bytes, Refusal> {
+    let mut buf =
+        bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limits.max_request) as usize);
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| {
+                Refusal::new(400, "request_read", "the request's body could not be read")
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if (buf.len() + data.len()) as u64 > limits.max_request {
+                    return Err(too_big(limits));
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(limits.request_timeout, read).await {
+        Err(_) => Err(Refusal::new(
+            408,
+            "request_time",
+            format!(
+                "the request's body did not arrive within {} s",
+                limits.request_timeout.as_secs()
+            ),
+        )),
+        Ok(Err(r)) => Err(r),
+        Ok(Ok(())) => Ok(buf.freeze()),
+    }
+}
+
 /// Forwards one call; a refusal for anything the gateway will not do.
 async fn forward(
     gw: &Arc<Gateway>,
@@ -493,60 +598,45 @@ async fn forward(
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let too_big = || {
-        Refusal::new(
-            413,
-            "request_size",
-            format!(
-                "the request is over the gateway's limit of {} bytes",
-                limits.max_request
-            ),
-        )
-    };
     if declared.is_some_and(|n| n > limits.max_request) {
-        return Err(too_big().into());
+        return Err(too_big(&limits).into());
     }
-    let limited = Limited::new(body, limits.max_request as usize);
-    let body = match tokio::time::timeout(limits.request_timeout, limited.collect()).await {
-        Err(_) => {
-            return Err(Refusal::new(
-                408,
-                "request_time",
-                format!(
-                    "the request's body did not arrive within {} s",
-                    limits.request_timeout.as_secs()
-                ),
-            )
-            .into())
-        }
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return Err(too_big().into()),
-        Ok(Err(_)) => {
-            return Err(
-                Refusal::new(400, "request_read", "the request's body could not be read").into(),
-            )
-        }
-        Ok(Ok(b)) => b.to_bytes(),
-    };
+    let held = hold_body(gw, declared, &limits).await?;
+    let body = read_body(body, declared, &limits).await?;
     call.request_bytes = body.len() as u64;
     call.request_digest = crate::audit_log::digest(&body);
-    let mut json: Value = serde_json::from_slice(&body).map_err(|e| {
-        Refusal::new(
-            400,
-            "request_json",
-            format!("the request's body is not JSON: {e}"),
-        )
-    })?;
-    let endpoint: Endpoint = route::route(&gw.models, shape, &json)?.clone();
+
+    // Only what the gateway understands goes on (see `request`); what is
+    // allowed beyond the fixed list is the endpoint's, for this run.
+    let model = request::model(&body).map_err(|d| d.refusal())?;
+    let endpoint: Endpoint = route::route(&gw.models, shape, &model)?.clone();
+    let allow = request::Allow {
+        server_tools: &endpoint.server_tools,
+        private: gw.private,
+        max_choices: endpoint.max_choices,
+    };
+    let checked = request::check(shape, &body, &allow).map_err(|d| d.refusal())?;
     call.endpoint = Some(endpoint.alias.clone());
-    call.model = json
-        .get("model")
-        .and_then(Value::as_str)
-        .map(str::to_string);
+    call.model = Some(checked.model.clone());
+    for header in ["anthropic-beta", "openai-beta"] {
+        let mut values = Vec::new();
+        for v in parts.headers.get_all(header) {
+            values.push(v.to_str().map_err(|_| {
+                Refusal::new(
+                    400,
+                    "request_header",
+                    format!("header {header} is not text"),
+                )
+            })?);
+        }
+        request::check_betas(header, &values, shape, &allow).map_err(|d| d.refusal())?;
+    }
 
     // Reserve the worst case against the run's and the fleet's budgets.
     let ask = Ask {
-        input_bound: body.len() as u64,
-        requested_output: sse::requested_output(shape, &json),
+        input_bound: checked.input_bound(body.len()),
+        requested_output: checked.output_bound,
+        choices: checked.choices,
     };
     let (run, night, run_cap, fleet_cap) =
         (gw.run.clone(), call.night.clone(), gw.run_cap, gw.fleet_cap);
@@ -574,9 +664,13 @@ async fn forward(
         }
     };
     call.reserved = grant.tokens;
-    let prepared = sse::prepare(shape, &mut json, grant.max_output);
+    let prepared = Prepared {
+        stream: checked.stream,
+        client_wants_usage: checked.client_wants_usage,
+    };
     call.stream = prepared.stream;
-    let forwarded = Bytes::from(serde_json::to_vec(&json).unwrap_or_default());
+    let forwarded = Pieces::new(checked.forwarded(&body, grant.max_output), held);
+    drop(body);
 
     // From here on the reservation is held: every way out settles it.
     let key = match super::key::read(&endpoint.key_file) {
@@ -611,7 +705,7 @@ async fn forward(
                 .map(|q| format!("?{q}"))
                 .unwrap_or_default()
         ))
-        .body(Full::new(forwarded));
+        .body(forwarded);
     let mut upstream = match built {
         Ok(r) => r,
         Err(_) => {
