@@ -982,25 +982,138 @@ fn every_way_out_through_the_gateway_is_refused_and_nothing_reaches_the_endpoint
     let secret = "https://attacker.example/collect?repo=private-content";
     // (what, path, extra header, body)
     let cases: Vec<(&str, &str, &str, Value)> = vec![
-        ("mcp_servers", "/v1/messages", "", messages(json!({"mcp_servers": [{"type": "url", "url": secret, "name": "x"}]}))),
-        ("web_fetch tool", "/v1/messages", "", messages(json!({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]}))),
-        ("web_search tool", "/v1/messages", "", messages(json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}))),
-        ("image url source", "/v1/messages", "", messages(json!({"messages": user(json!([{"type": "image", "source": {"type": "url", "url": secret}}]))}))),
-        ("document url source", "/v1/messages", "", messages(json!({"messages": user(json!([{"type": "document", "source": {"type": "url", "url": secret}}]))}))),
-        ("file source", "/v1/messages", "", messages(json!({"messages": user(json!([{"type": "image", "source": {"type": "file", "file_id": "file_1"}}]))}))),
-        ("url inside a tool result", "/v1/messages", "", messages(json!({"messages": user(json!([{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {"type": "url", "url": secret}}]}]))}))),
-        ("mcp beta", "/v1/messages", "anthropic-beta: mcp-client-2025-04-04\r\n", messages(json!({}))),
-        ("files beta", "/v1/messages", "anthropic-beta: files-api-2025-04-14\r\n", messages(json!({}))),
-        ("chat image url", "/v1/chat/completions", "", chat(json!({"messages": user(json!([{"type": "image_url", "image_url": {"url": secret}}]))}))),
-        ("chat web_search_options", "/v1/chat/completions", "", chat(json!({"web_search_options": {}}))),
-        ("chat file", "/v1/chat/completions", "", chat(json!({"messages": user(json!([{"type": "file", "file": {"file_id": "file_1"}}]))}))),
-        ("responses mcp tool", "/v1/responses", "", responses(json!({"tools": [{"type": "mcp", "server_label": "x", "server_url": secret, "require_approval": "never"}]}))),
-        ("responses web_search", "/v1/responses", "", responses(json!({"tools": [{"type": "web_search"}]}))),
-        ("responses previous_response_id", "/v1/responses", "", responses(json!({"previous_response_id": "resp_1"}))),
-        ("responses conversation", "/v1/responses", "", responses(json!({"conversation": "conv_1"}))),
-        ("responses image url", "/v1/responses", "", responses(json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": secret}]}]}))),
-        ("responses file url", "/v1/responses", "", responses(json!({"input": [{"role": "user", "content": [{"type": "input_file", "file_url": secret}]}]}))),
-        ("responses item reference", "/v1/responses", "", responses(json!({"input": [{"type": "item_reference", "id": "msg_1"}]}))),
+        (
+            "mcp_servers",
+            "/v1/messages",
+            "",
+            messages(json!({"mcp_servers": [{"type": "url", "url": secret, "name": "x"}]})),
+        ),
+        (
+            "web_fetch tool",
+            "/v1/messages",
+            "",
+            messages(json!({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]})),
+        ),
+        (
+            "web_search tool",
+            "/v1/messages",
+            "",
+            messages(json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]})),
+        ),
+        (
+            "image url source",
+            "/v1/messages",
+            "",
+            messages(
+                json!({"messages": user(json!([{"type": "image", "source": {"type": "url", "url": secret}}]))}),
+            ),
+        ),
+        (
+            "document url source",
+            "/v1/messages",
+            "",
+            messages(
+                json!({"messages": user(json!([{"type": "document", "source": {"type": "url", "url": secret}}]))}),
+            ),
+        ),
+        (
+            "file source",
+            "/v1/messages",
+            "",
+            messages(
+                json!({"messages": user(json!([{"type": "image", "source": {"type": "file", "file_id": "file_1"}}]))}),
+            ),
+        ),
+        (
+            "url inside a tool result",
+            "/v1/messages",
+            "",
+            messages(
+                json!({"messages": user(json!([{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {"type": "url", "url": secret}}]}]))}),
+            ),
+        ),
+        (
+            "mcp beta",
+            "/v1/messages",
+            "anthropic-beta: mcp-client-2025-04-04\r\n",
+            messages(json!({})),
+        ),
+        (
+            "files beta",
+            "/v1/messages",
+            "anthropic-beta: files-api-2025-04-14\r\n",
+            messages(json!({})),
+        ),
+        (
+            "chat image url",
+            "/v1/chat/completions",
+            "",
+            chat(
+                json!({"messages": user(json!([{"type": "image_url", "image_url": {"url": secret}}]))}),
+            ),
+        ),
+        (
+            "chat web_search_options",
+            "/v1/chat/completions",
+            "",
+            chat(json!({"web_search_options": {}})),
+        ),
+        (
+            "chat file",
+            "/v1/chat/completions",
+            "",
+            chat(
+                json!({"messages": user(json!([{"type": "file", "file": {"file_id": "file_1"}}]))}),
+            ),
+        ),
+        (
+            "responses mcp tool",
+            "/v1/responses",
+            "",
+            responses(
+                json!({"tools": [{"type": "mcp", "server_label": "x", "server_url": secret, "require_approval": "never"}]}),
+            ),
+        ),
+        (
+            "responses web_search",
+            "/v1/responses",
+            "",
+            responses(json!({"tools": [{"type": "web_search"}]})),
+        ),
+        (
+            "responses previous_response_id",
+            "/v1/responses",
+            "",
+            responses(json!({"previous_response_id": "resp_1"})),
+        ),
+        (
+            "responses conversation",
+            "/v1/responses",
+            "",
+            responses(json!({"conversation": "conv_1"})),
+        ),
+        (
+            "responses image url",
+            "/v1/responses",
+            "",
+            responses(
+                json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": secret}]}]}),
+            ),
+        ),
+        (
+            "responses file url",
+            "/v1/responses",
+            "",
+            responses(
+                json!({"input": [{"role": "user", "content": [{"type": "input_file", "file_url": secret}]}]}),
+            ),
+        ),
+        (
+            "responses item reference",
+            "/v1/responses",
+            "",
+            responses(json!({"input": [{"type": "item_reference", "id": "msg_1"}]})),
+        ),
     ];
     let mut refused = 0;
     for (what, path, headers, body) in &cases {
@@ -1016,20 +1129,29 @@ fn every_way_out_through_the_gateway_is_refused_and_nothing_reaches_the_endpoint
                 message.starts_with("refused by nightshift's model gateway: "),
                 "{what}: {message}"
             );
-            assert_eq!(error["error"]["code"], "nightshift_request_egress", "{what}");
+            assert_eq!(
+                error["error"]["code"], "nightshift_request_egress",
+                "{what}"
+            );
             refused += 1;
         }
     }
     assert!(
         server.requests().is_empty(),
         "reached the endpoint: {:?}",
-        server.requests().iter().map(|r| r.json()).collect::<Vec<_>>()
+        server
+            .requests()
+            .iter()
+            .map(|r| r.json())
+            .collect::<Vec<_>>()
     );
     // The reason names where: the agent can fix its request.
     let out = raw_call(
         &socket,
         "/v1/messages",
-        &messages(json!({"messages": user(json!([{"type": "text", "text": "x"}, {"type": "image", "source": {"type": "url", "url": secret}}]))})),
+        &messages(
+            json!({"messages": user(json!([{"type": "text", "text": "x"}, {"type": "image", "source": {"type": "url", "url": secret}}]))}),
+        ),
     );
     assert!(out.contains("`messages[0].content[1].source`"), "{out}");
     refused += 1;
@@ -1063,7 +1185,10 @@ fn an_enabled_server_tool_passes_only_for_a_public_run() {
         "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}]});
     let (_rt, _gw, socket) = direct_gateway(&state, "private");
     let out = raw_call(&socket, "/v1/messages", &body);
-    assert!(out.starts_with("HTTP/1.1 403") && out.contains("private"), "{out}");
+    assert!(
+        out.starts_with("HTTP/1.1 403") && out.contains("private"),
+        "{out}"
+    );
     assert!(server.requests().is_empty());
     let (_rt2, _gw2, socket) = direct_gateway_with(
         &state,
@@ -1092,7 +1217,10 @@ fn n_choices_are_refused_or_reserved_whole_and_the_cap_holds() {
     let (_rt, _gw, socket) =
         direct_gateway_with(&state, "r1", policies::Confidentiality::Private, 5000);
     let out = raw_call(&socket, "/v1/chat/completions", &body);
-    assert!(out.starts_with("HTTP/1.1 400") && out.contains("max_choices"), "{out}");
+    assert!(
+        out.starts_with("HTTP/1.1 400") && out.contains("max_choices"),
+        "{out}"
+    );
     assert!(server.requests().is_empty());
 
     // Allowed by the owner: each call fits the cap whole.
@@ -1212,4 +1340,109 @@ print("STATUSES " + json.dumps(sorted(statuses, key=str)), flush=True)
         peak_kib < 128 * 1024,
         "supervisor peak {peak_kib} KiB with 16 bodies of 32 MiB"
     );
+}
+
+/// A small filesystem of its own (a tmpfs), unmounted on drop.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn new(size: &str) -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs (needs root): {}",
+            stderr(&out)
+        );
+        SmallDisk { dir }
+    }
+
+    /// Fills the disk to the last byte.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.dir.path().join("fill")).unwrap();
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).is_ok() {}
+        while f.write_all(&[0]).is_ok() {}
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.dir.path().join("fill")).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .output();
+    }
+}
+
+/// On a full state disk a model call cannot be audited: it is refused
+/// (never made unaudited), the calls after it are refused and told why
+/// until the audit log can be written, and every entry that waited is
+/// written once there is room: no call is missing from the audit.
+#[test]
+fn model_calls_on_a_full_disk_are_refused_and_every_one_is_audited() {
+    let disk = SmallDisk::new("16m");
+    let server = ModelServer::start();
+    let template = state_with_models(&server, "");
+    let state = State {
+        dir: tempfile::tempdir_in(disk.dir.path()).unwrap(),
+    };
+    std::fs::copy(
+        template.path().join("models.toml"),
+        state.path().join("models.toml"),
+    )
+    .unwrap();
+    // The state's store exists (as `nightshift` leaves it).
+    assert!(state.run(&["runs"]).status.success());
+    let (rt, gw, socket) = direct_gateway(&state, "r1");
+    let chat = json!({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]});
+    server.push(Step::text("before"));
+    let out = raw_call(&socket, "/v1/chat/completions", &chat);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert_eq!(wait_for_calls(&state, "r1", 1).len(), 1);
+
+    disk.fill();
+    // Enough calls that the store must write past its preallocated pages.
+    let mut statuses = Vec::new();
+    let mut told = false;
+    for i in 0..20 {
+        server.push(Step::text("during"));
+        let out = raw_call(&socket, "/v1/chat/completions", &chat);
+        let (status, body) = status_and_body(&out);
+        statuses.push(status);
+        told |= status == 503 && body.contains("cannot write its audit log");
+        if i > 3 && told {
+            break;
+        }
+    }
+    assert!(told, "no call was refused for the audit: {statuses:?}");
+    let made = statuses.len() + 1;
+
+    disk.free();
+    server.push(Step::text("after"));
+    let out = raw_call(&socket, "/v1/chat/completions", &chat);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    rt.block_on(gw.close());
+    let calls = direct_calls(&state, "r1");
+    let outcomes: Vec<&str> = calls
+        .iter()
+        .map(|c| c["outcome"].as_str().unwrap())
+        .collect();
+    eprintln!("statuses {statuses:?}, outcomes {outcomes:?}");
+    assert_eq!(calls.len(), made + 1, "{outcomes:?} for {statuses:?}");
+    assert!(outcomes.contains(&"refused:audit"), "{outcomes:?}");
+    // Every call the endpoint answered is in the audit.
+    let answered = outcomes.iter().filter(|o| **o == "ok").count();
+    assert_eq!(answered, server.requests().len(), "{outcomes:?}");
+    assert!(state.verify().status.success());
 }

@@ -24,6 +24,7 @@
 
 use std::convert::Infallible;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,9 @@ use super::upstream::Pieces;
 use crate::audit_log::Event;
 use crate::store::{StatePaths, Store, TokenLedger};
 
+/// Audit entries kept waiting while the audit log cannot be written (the
+/// calls refused meanwhile are each one).
+pub const MAX_UNAUDITED: usize = 1024;
 /// A request's head must arrive within this.
 pub const HEAD_DEADLINE: Duration = Duration::from_secs(10);
 /// The request headers passed on to an endpoint (all others are dropped).
@@ -76,6 +80,7 @@ pub struct GatewayHandle {
     in_flight: watch::Receiver<usize>,
     /// Set when the run ends: streams still running stop.
     closing: watch::Sender<bool>,
+    gw: Arc<Gateway>,
 }
 
 /// A spent budget: the run is to end for it.
@@ -114,6 +119,21 @@ impl GatewayHandle {
                 "model calls still in flight when the run ended: their audit entries come after it"
             );
         }
+        // Entries that waited for the audit log get their last chance.
+        if !self.gw.audit_writable().await {
+            let waiting = self.gw.unaudited.lock().map(|w| w.len()).unwrap_or(0);
+            tracing::error!(
+                run = %self.gw.run,
+                waiting,
+                "the run ends with model calls whose audit entries could not be written"
+            );
+        }
+    }
+
+    /// Whether the gateway is refusing calls because its audit log cannot
+    /// be written (the run should end).
+    pub fn audit_failing(&self) -> bool {
+        self.gw.audit_failing.load(Ordering::SeqCst)
     }
 }
 
@@ -151,6 +171,10 @@ struct Gateway {
     ledger: Mutex<Option<TokenLedger>>,
     /// Audit entries.
     auditing: Mutex<Option<Store>>,
+    /// Entries not yet written (the audit log could not be written).
+    unaudited: Mutex<std::collections::VecDeque<Event>>,
+    /// Set while entries wait: calls are refused.
+    audit_failing: AtomicBool,
     /// The client to the endpoints, keeping connections alive between calls.
     upstream: super::upstream::Upstream,
     /// Calls not yet audited.
@@ -184,24 +208,76 @@ impl Gateway {
         .map_err(|e| e.to_string())?
     }
 
-    /// Appends one audit entry through the gateway's own store connection.
+    /// Appends one audit entry through the gateway's own store connection,
+    /// after the entries still waiting from an earlier failure, in order.
+    /// An entry that cannot be written waits (at most [`MAX_UNAUDITED`])
+    /// and the gateway refuses calls until they are written.
     async fn audit(self: &Arc<Self>, event: Event) {
         let gw = self.clone();
-        let done = tokio::task::spawn_blocking(move || {
-            let mut guard = gw.auditing.lock().unwrap_or_else(|p| p.into_inner());
-            if guard.is_none() {
-                *guard = Some(Store::open(gw.paths.clone()).map_err(|e| e.to_string())?);
-            }
-            let store = guard.as_mut().ok_or("no store")?;
-            store
-                .append(Some(&gw.run), &event, false)
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-        .await;
-        if let Ok(Err(e)) | Err(e) = done.map_err(|e| e.to_string()) {
+        let done = tokio::task::spawn_blocking(move || gw.append_waiting(Some(event))).await;
+        if let Err(e) = done {
             tracing::error!(error = %e, "auditing a model call failed");
         }
+    }
+
+    /// Writes the entries waiting (and `event`), stopping at the first
+    /// failure; true when nothing waits any more.
+    fn append_waiting(&self, event: Option<Event>) -> bool {
+        let mut waiting = self.unaudited.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(event) = event {
+            if waiting.len() < MAX_UNAUDITED {
+                waiting.push_back(event);
+            } else {
+                tracing::error!(
+                    run = %self.run,
+                    "a model call's audit entry is lost: {MAX_UNAUDITED} entries already wait for the audit log to be writable"
+                );
+            }
+        }
+        let mut guard = self.auditing.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(event) = waiting.front() {
+            let written = (|| {
+                if guard.is_none() {
+                    *guard = Some(Store::open(self.paths.clone()).map_err(|e| e.to_string())?);
+                }
+                let store = guard.as_mut().ok_or("no store")?;
+                store
+                    .append(Some(&self.run), event, false)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })();
+            match written {
+                Ok(()) => {
+                    waiting.pop_front();
+                }
+                Err(e) => {
+                    // A connection that failed may hold a broken transaction.
+                    *guard = None;
+                    if !self.audit_failing.swap(true, Ordering::SeqCst) {
+                        tracing::error!(
+                            run = %self.run,
+                            error = %e,
+                            "the model gateway cannot write its audit log: calls are refused until it can"
+                        );
+                    }
+                    return false;
+                }
+            }
+        }
+        self.audit_failing.store(false, Ordering::SeqCst);
+        true
+    }
+
+    /// Whether the audit log can be written (entries waiting are written
+    /// first); false while it cannot.
+    async fn audit_writable(self: &Arc<Self>) -> bool {
+        if !self.audit_failing.load(Ordering::SeqCst) {
+            return true;
+        }
+        let gw = self.clone();
+        tokio::task::spawn_blocking(move || gw.append_waiting(None))
+            .await
+            .unwrap_or(false)
     }
 
     fn cap_spent(&self, scope: tokens::Scope, used: u64, cap: u64) {
@@ -267,11 +343,14 @@ pub fn open(
         paths: paths.clone(),
         ledger: Mutex::new(None),
         auditing: Mutex::new(None),
+        unaudited: Mutex::new(Default::default()),
+        audit_failing: AtomicBool::new(false),
         upstream,
         in_flight: Arc::new(in_flight),
         closing: closing_rx,
         cap,
     });
+    let kept = gw.clone();
     let task = tokio::spawn(async move {
         loop {
             let Ok(permit) = limit.clone().acquire_owned().await else {
@@ -301,6 +380,7 @@ pub fn open(
         cap_reached,
         in_flight: in_flight_rx,
         closing,
+        gw: kept,
     })
 }
 
@@ -593,6 +673,16 @@ async fn forward(
     let (parts, body) = req.into_parts();
     let shape = route::shape(parts.method.as_str(), parts.uri.path())?;
     call.shape = Some(shape);
+    // A call that could not be audited is never made: while the audit log
+    // cannot be written, every call is refused, and told why.
+    if !gw.audit_writable().await {
+        return Err(Refusal::new(
+            503,
+            "audit",
+            "refused by nightshift: the supervisor cannot write its audit log (is the state's disk full?); model calls are refused until it can: end the run",
+        )
+        .into());
+    }
     let declared = parts
         .headers
         .get(CONTENT_LENGTH)
