@@ -73,6 +73,16 @@ pub const ANTHROPIC_BETAS: &[&str] = &[
     "structured-outputs-2025-11-13",
     "structured-outputs-2025-12-15",
     "computer-use-2025-01-24",
+    // Sent by Claude Code 2.1 (seen in its requests): how the model is
+    // driven between turns and which tools are deferred, nothing fetched
+    // (a server tool they could enable is still refused in `tools`).
+    "advanced-tool-use-2025-11-20",
+    "mid-conversation-tool-changes-2026-07-01",
+    "mid-conversation-system-2026-04-07",
+    "per-turn-control-2026-07-01",
+    "thinking-token-count-2026-05-13",
+    "redact-thinking-2026-02-12",
+    "prompt-caching-scope-2026-01-05",
 ];
 /// `anthropic-beta` values forwarded only when the named server tool is
 /// enabled (and allowed for the run).
@@ -420,6 +430,12 @@ fn server_tool_allowed(allow: &Allow, name: &str) -> Result<(), String> {
     if name.contains("mcp") {
         return Err("MCP reaches servers the agent names; nightshift never forwards it".into());
     }
+    if !super::models::SERVER_TOOLS.contains(&name) {
+        return Err(format!(
+            "a tool or block of type {:?} is unknown to nightshift's gateway: it may make the provider reach outside the sandbox, so it is not forwarded",
+            name.chars().take(100).collect::<String>()
+        ));
+    }
     if !allow.server_tools.iter().any(|t| t == name) {
         return Err(format!(
             "the server-side tool {name:?} makes the provider reach outside the sandbox; it is not enabled for this endpoint (`server_tools` in models.toml)"
@@ -604,13 +620,26 @@ impl Walk<'_, '_> {
             match &*k {
                 "role" => {
                     let r = string(v, &p)?;
-                    if r != "user" && r != "assistant" {
-                        return Err(Denied::new(&p, "must be \"user\" or \"assistant\""));
+                    // `system`: Claude Code's instructions between turns.
+                    if r != "user" && r != "assistant" && r != "system" {
+                        return Err(Denied::new(
+                            &p,
+                            "must be \"user\", \"assistant\" or \"system\"",
+                        ));
                     }
                     role = true;
                 }
                 "content" => self.anthropic_content(v, &p, ANTHROPIC_BLOCKS)?,
-                _ => return Err(unknown(path, "a message", &k, &["role", "content"])),
+                // Claude Code's per-turn effort.
+                "output_config" => {}
+                _ => {
+                    return Err(unknown(
+                        path,
+                        "a message",
+                        &k,
+                        &["role", "content", "output_config"],
+                    ))
+                }
             }
         }
         if !role {
@@ -792,6 +821,8 @@ impl Walk<'_, '_> {
                 "input_schema",
                 "cache_control",
                 "strict",
+                "defer_loading",
+                "input_examples",
             ];
             for (k, _) in &fields {
                 if !keys.contains(&&**k) {
@@ -1016,6 +1047,7 @@ impl Walk<'_, '_> {
             "truncation",
             "user",
             "include",
+            "client_metadata",
         ];
         let path = key;
         match key {
@@ -1197,8 +1229,28 @@ impl Walk<'_, '_> {
             "function" => &["type", "name", "description", "parameters", "strict"],
             "custom" => &["type", "name", "description", "format"],
             "local_shell" | "shell" | "apply_patch" => &["type"],
+            // A group of function tools (Codex's sub-agent tools).
+            "namespace" => &["type", "name", "description", "tools"],
             other => return self.server_tool(&join(path, "type"), other),
         };
+        if &*kind == "namespace" {
+            if let Some((_, tools)) = fields.iter().find(|(k, _)| k == "tools") {
+                let p = join(path, "tools");
+                each(tools, &p, |i, t| {
+                    let pp = format!("{p}[{i}]");
+                    self.count(&pp)?;
+                    let inner = object(t, &pp)?;
+                    let kind = kind_of(&inner, &pp)?;
+                    if &*kind != "function" {
+                        return Err(Denied::egress(
+                            &join(&pp, "type"),
+                            "a namespace holds function tools only",
+                        ));
+                    }
+                    self.responses_tool(t, &pp)
+                })?;
+            }
+        }
         for (k, _) in &fields {
             if !keys.contains(&&**k) {
                 return Err(unknown(path, &format!("a {kind:?} tool"), k, keys));
