@@ -152,7 +152,10 @@ fn main() -> anyhow::Result<()> {
         hyper::Request::builder()
             .method("POST")
             .uri("/v1/chat/completions")
-            .body(Full::new(Bytes::from_static(b"{}")))
+            .body(orchestrator::gateway::upstream::Pieces::new(
+                vec![Bytes::from_static(b"{}")],
+                (),
+            ))
             .unwrap()
     };
     let call = |upstream: &orchestrator::gateway::upstream::Upstream| {

@@ -1320,6 +1320,12 @@ print("STATUSES " + json.dumps(sorted(statuses, key=str)), flush=True)
     let run = run_id(&state);
     let log = state.output_log(&run);
     assert!(out.status.success(), "{}{log}", stderr(&out));
+    eprintln!("supervisor peak {peak_kib} KiB");
+    assert!(peak_kib > 0);
+    assert!(
+        peak_kib < 128 * 1024,
+        "supervisor peak {peak_kib} KiB with 16 bodies of 32 MiB"
+    );
     let line = log
         .lines()
         .find_map(|l| l.strip_prefix("STATUSES "))
@@ -1334,12 +1340,6 @@ print("STATUSES " + json.dumps(sorted(statuses, key=str)), flush=True)
     );
     assert!(statuses.iter().any(|s| s == 400), "{statuses:?}");
     assert!(server.requests().is_empty());
-    eprintln!("supervisor peak {peak_kib} KiB");
-    assert!(peak_kib > 0);
-    assert!(
-        peak_kib < 128 * 1024,
-        "supervisor peak {peak_kib} KiB with 16 bodies of 32 MiB"
-    );
 }
 
 /// A small filesystem of its own (a tmpfs), unmounted on drop.
