@@ -7,9 +7,16 @@
 //!   request's head must arrive within [`HEAD_DEADLINE`] and its body within
 //!   `Limits::request_timeout`, at most `max_request` bytes: a slow or flooding
 //!   client holds a bounded part of the supervisor for a bounded time.
-//! - Only the headers in [`FORWARDED`] reach the endpoint; the sandbox's
-//!   `Authorization` / `x-api-key` never do: the key is the endpoint's, read
-//!   from its file for this call.
+//! - Request bodies held at once are bounded: `max_request` bytes per run
+//!   and [`PROCESS_HELD_KIB`] per process, counted from before the body is
+//!   read until the endpoint has taken the forwarded body; a call that finds
+//!   no room within `request_timeout` gets a 429. A body is held once: the
+//!   check (`request`) borrows from it and the forwarded body is slices of
+//!   it ([`Pieces`]).
+//! - Only what `request::check` passes is forwarded, and only the headers
+//!   in [`FORWARDED`] (a beta header only with values on its list); the
+//!   sandbox's `Authorization` / `x-api-key` never do: the key is the
+//!   endpoint's, read from its file for this call.
 //! - A response is passed on as it arrives: whole events of a stream (at
 //!   most `max_line` bytes held), or the pieces of a JSON body (a copy of at
 //!   most `max_line` bytes kept to read its usage). Nothing else is held.
@@ -17,6 +24,11 @@
 //!   after its settlement (the ledger is `STATE/tokens.db`, apart from the
 //!   audit, so that reservations never wait for an audit append's fsync),
 //!   off the response's path: the response has gone out before it.
+//! - No call is made while an entry cannot be written: an entry that fails
+//!   (a full disk) waits in order (at most [`MAX_UNAUDITED`]), and every
+//!   call is refused (`refused:audit`, telling the agent to end the run)
+//!   until the waiting entries are written, which each call tries first and
+//!   [`GatewayHandle::close`] tries last.
 //! - Every call ends in its audit entry before the run does:
 //!   [`GatewayHandle::close`] stops accepting, tells the streams still
 //!   running to end (outcome `run_ended`), and returns once every call in
