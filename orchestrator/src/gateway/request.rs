@@ -1505,6 +1505,43 @@ mod tests {
         assert_eq!(f["input"], body["input"]);
     }
 
+    /// What Claude Code 2.1 and Codex 0.163 send (read from their requests
+    /// through the gateway) passes.
+    #[test]
+    fn what_the_real_agents_send_passes() {
+        ok(
+            Shape::Messages,
+            json!({"model": "claude-opus-5-5", "max_tokens": 128000, "stream": true,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                {"role": "system", "content": [{"type": "text", "text": "env", "cache_control": {"type": "ephemeral"}}],
+                 "output_config": {"effort": "medium"}}],
+            "system": [{"type": "text", "text": "x"}],
+            "tools": [{"name": "Bash", "description": "d", "input_schema": {}, "defer_loading": true}],
+            "metadata": {"user_id": "u"}, "thinking": {"type": "adaptive", "display": "omitted"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+            "output_config": {"effort": "medium"}}),
+        );
+        let betas = "claude-code-20250219,advanced-tool-use-2025-11-20,mid-conversation-tool-changes-2026-07-01,per-turn-control-2026-07-01,thinking-token-count-2026-05-13,effort-2025-11-24,interleaved-thinking-2025-05-14,context-management-2025-06-27";
+        assert!(check_betas("anthropic-beta", &[betas], Shape::Messages, &Allow::NONE).is_ok());
+        ok(
+            Shape::Responses,
+            json!({"model": "gpt-5-codex", "stream": true, "store": false,
+            "input": [{"type": "message", "id": "msg_1", "role": "developer", "content": [{"type": "input_text", "text": "x"}]}],
+            "tools": [{"type": "function", "name": "exec_command", "description": "d", "strict": false, "parameters": {}},
+                {"type": "namespace", "name": "multi_agent_v1", "description": "d",
+                 "tools": [{"type": "function", "name": "close_agent", "description": "d", "strict": false, "parameters": {}}]}],
+            "tool_choice": "auto", "parallel_tool_calls": true, "reasoning": {"summary": "auto"},
+            "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k", "client_metadata": {"session_id": "s"}}),
+        );
+        // Codex's default live web search is refused (its preset turns it off).
+        let d = denied(
+            Shape::Responses,
+            json!({"model": "g", "input": "hi",
+            "tools": [{"type": "web_search", "external_web_access": true}]}),
+        );
+        assert!(d.egress);
+    }
+
     #[test]
     fn every_way_out_is_refused_in_each_shape() {
         let m = |content: serde_json::Value| json!({"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": content}]});
