@@ -913,6 +913,14 @@ impl Walk<'_, '_> {
             "function_call",
             "refusal",
             "audio",
+            // An earlier answer sent back as litellm returned it
+            // (mini-swe-agent does): data the provider acts on no more
+            // than on text.
+            "annotations",
+            "provider_specific_fields",
+            "reasoning_content",
+            "thinking_blocks",
+            "images",
         ];
         let mut role = false;
         for (k, v) in object(raw, path)? {
@@ -940,6 +948,13 @@ impl Walk<'_, '_> {
                     return Err(Denied::egress(
                         &p,
                         "an audio reference names output stored at the provider; nightshift never forwards it",
+                    ))
+                }
+                // Images an earlier answer generated: URLs, never forwarded.
+                "images" if !is_null(v) && v.get() != "[]" => {
+                    return Err(Denied::egress(
+                        &p,
+                        "images of an earlier answer are URLs the provider would fetch; nightshift forwards only inline images in user content",
                     ))
                 }
                 k if KEYS.contains(&k) => {}
@@ -1532,6 +1547,17 @@ mod tests {
                  "tools": [{"type": "function", "name": "close_agent", "description": "d", "strict": false, "parameters": {}}]}],
             "tool_choice": "auto", "parallel_tool_calls": true, "reasoning": {"summary": "auto"},
             "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k", "client_metadata": {"session_id": "s"}}),
+        );
+        // An answer sent back as litellm returns it (mini-swe-agent).
+        ok(
+            Shape::Chat,
+            json!({"model": "gpt-5-mini", "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": null, "function_call": null, "refusal": null, "annotations": [],
+             "provider_specific_fields": {"refusal": null},
+             "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "ok"}],
+            "tools": [{"type": "function", "function": {"name": "bash", "parameters": {}}}]}),
         );
         // Codex's default live web search is refused (its preset turns it off).
         let d = denied(
