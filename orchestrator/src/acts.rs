@@ -17,10 +17,18 @@
 //!   and recorded with its would-be verdict (`report::record_dry_act`).
 //! - What an act carries is bound when it is requested: a push's or pull
 //!   request's commit is the one the request names, taken from the pack the
-//!   agent sent with it (indexed in a scratch directory of the supervisor's,
-//!   hash-checked, required to be connected to what the host holds) and
-//!   copied into the host repository under `refs/nightshift/acts/<id>`; a
-//!   message's body is kept in the state store and bound by its digest.
+//!   agent sent with it (scanned against the import limits before anything
+//!   inflates it, indexed in a scratch directory of the supervisor's,
+//!   hash-checked, and required to reference only objects of the pack or
+//!   reachable from the run's base commit: never another branch's or
+//!   anything else the host alone holds, refused with the same reply as an
+//!   id nobody has) and copied into the host repository under
+//!   `refs/nightshift/acts/<id>`; a message's body is kept in the state
+//!   store and bound by its digest.
+//! - What the owner is shown of a push or pull request is every commit it
+//!   would publish that the destination does not hold yet ([`publishes`]:
+//!   the destination's refs read at the time), not only the change after
+//!   the run's base.
 //! - Nothing here reads the run's worktree: while the sandbox runs, its
 //!   tree is never opened, listed or deleted from by path. A deletion (the
 //!   all-zero commit) reads nothing at all; after the policy it is refused

@@ -8,6 +8,7 @@
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
+use tests::browser::{add_accounts, Client, Serve, OWNER, OWNER_PASSWORD};
 use tests::{git, image, make_repo, stderr, stdout, State};
 
 /// A raw door client, written to `/tmp/door.py`: `push(commit, ref, pack)`
@@ -424,4 +425,23 @@ nightshift-act push origin HEAD:main; echo "push=$?"
         !shown.contains("    initial\n"),
         "a commit origin holds is listed: {shown}"
     );
+    // The dashboard's Queue page lists the same commits.
+    assert!(n.state.run(&["owner", "init"]).status.success());
+    add_accounts(&n.state);
+    let serve = Serve::start(&n.state, &[]);
+    let page = Client::login(&serve, OWNER, OWNER_PASSWORD).get("/queue");
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains("commits it would publish (3, "),
+        "{}",
+        page.body
+    );
+    for subject in [
+        "agent: work",
+        "local: never published 1",
+        "local: never published 2",
+    ] {
+        assert!(page.body.contains(subject), "{subject}: {}", page.body);
+    }
+    assert!(!page.body.contains("    initial\n"), "{}", page.body);
 }

@@ -68,8 +68,7 @@ pub fn require_owner(role: Role, what: &'static str) -> Result<(), BackendError>
 type DiffCache = HashMap<(String, String, String), Arc<Diff>>;
 
 /// What acts would publish by (repository, commit, destination), and when read.
-type PublishesCache =
-    HashMap<(String, String, String), (std::time::Instant, Arc<acts::Publishes>)>;
+type PublishesCache = HashMap<(String, String, String), (std::time::Instant, Arc<acts::Publishes>)>;
 
 /// How long what an act would publish is kept before the destination is read again.
 const PUBLISHES_KEPT: Duration = Duration::from_secs(60);

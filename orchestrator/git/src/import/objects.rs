@@ -23,10 +23,12 @@
 //!   A tree the host already holds is not checked again here: the checkout
 //!   checks every tree it writes ([`crate::checkout`]).
 //!
-//! Residual risk, not closed here: a hostile *pack* can hold a delta whose base
-//! object is far larger than the limits (deflate shrinks zeros about 1000:1);
-//! libgit2 inflates that base in memory. Memory is then bounded by about 1000x
-//! the worktree's size cap, not by `ImportLimits`.
+//! Residual risk, not closed here for the worktree's own packs (a pack sent
+//! over the door is scanned first: [`super::pack_scan`]): a hostile pack in
+//! the worktree can hold a delta whose base object is far larger than the
+//! limits (deflate shrinks zeros about 1000:1); libgit2 inflates that base in
+//! memory when the delta is read. Memory is then bounded by about 1000x the
+//! worktree's size cap, not by `ImportLimits`.
 
 use std::collections::HashSet;
 use std::fs;
