@@ -671,6 +671,38 @@ mod tests {
         assert_eq!(got.objects_copied, 0);
     }
 
+    /// The walk of the base's history stops at its budget: what lies past
+    /// it is not found, a random id costs at most the budget, and within it
+    /// commits, trees and blobs are found by their kind only.
+    #[test]
+    fn the_walk_of_the_bases_history_is_bounded() {
+        let (host, _clone, first, _) = repos(0);
+        for i in 0..20 {
+            std::fs::write(host.path().join(format!("f{i}")), format!("{i}\n")).unwrap();
+            git(host.path(), &["add", "-A"]);
+            git(host.path(), &["commit", "-qm", &format!("c{i}")]);
+        }
+        let tip = git2::Oid::from_str(&git(host.path(), &["rev-parse", "HEAD"])).unwrap();
+        let first = git2::Oid::from_str(&first).unwrap();
+        let blob = git2::Oid::from_str(&git(host.path(), &["rev-parse", "HEAD~19:f0"])).unwrap();
+        let random = git2::Oid::from_str("3b18e512dba79e4c8300dd08aeb37f8e728b8dad").unwrap();
+        let repo = git2::Repository::open(host.path()).unwrap();
+
+        let mut small = BaseHistory::new(&repo, tip, 5).unwrap();
+        assert!(!small.holds(first, ObjectType::Commit).unwrap());
+        assert!(!small.holds(random, ObjectType::Blob).unwrap());
+        assert!(small.visited() <= 6, "{}", small.visited());
+
+        let mut whole = BaseHistory::new(&repo, tip, 1_000_000).unwrap();
+        assert!(whole.holds(first, ObjectType::Commit).unwrap());
+        assert!(whole.holds(blob, ObjectType::Blob).unwrap());
+        assert!(!whole.holds(blob, ObjectType::Tree).unwrap());
+        assert!(!whole.holds(random, ObjectType::Commit).unwrap());
+        assert!(!whole.holds(random, ObjectType::Blob).unwrap());
+        // Everything of a 21-commit history, and nothing more.
+        assert!(whole.visited() < 200, "{}", whole.visited());
+    }
+
     /// The delta bomb (a 64 KiB zero blob and a delta re-creating it 4096
     /// times: 256 MiB from a pack of a few KiB) is refused by the scan,
     /// before the indexer inflates anything.
