@@ -31,7 +31,7 @@
 mod objects;
 mod observe;
 mod pack;
-mod pack_scan;
+pub(crate) mod pack_scan;
 mod refs;
 
 pub use pack::{receive_pack, PackSpec};

@@ -13,7 +13,7 @@
 //!   data) is checked before its stream is inflated.
 //! - A delta's own header (the varints of its base size and result size) is
 //!   read from the first bytes of its inflated data; both are checked against
-//!   `max_object_bytes`. The result of a delta chain is the result of its
+//!   `max_delta_bytes`. The result of a delta chain is the result of its
 //!   last delta, and every intermediate result is some delta's result, so
 //!   each is bounded, and all of them count towards `max_total_bytes`.
 //! - A zlib stream that inflates past the size its header declares (a zlib
@@ -37,8 +37,10 @@ use super::ImportLimits;
 pub struct PackLimits {
     /// Most objects the pack's header may declare.
     pub max_objects: u64,
-    /// Largest inflated object, delta data, delta base or delta result, in bytes.
+    /// Largest inflated object or delta data, in bytes.
     pub max_object_bytes: u64,
+    /// Largest base or result a delta may name, in bytes.
+    pub max_delta_bytes: u64,
     /// Most bytes of inflated objects, delta data and delta results in all.
     pub max_total_bytes: u64,
 }
@@ -48,7 +50,24 @@ impl From<ImportLimits> for PackLimits {
         PackLimits {
             max_objects: l.max_objects,
             max_object_bytes: l.max_file_bytes,
+            max_delta_bytes: l.max_file_bytes,
             max_total_bytes: l.max_total_bytes,
+        }
+    }
+}
+
+impl PackLimits {
+    /// For the packs of a worktree at import: an object is read only after
+    /// its header is checked against `max_file_bytes` (libgit2 reads a
+    /// delta's result size without inflating it), so whole objects and the
+    /// total are not bounded here; what is bounded is what reading a delta
+    /// inflates besides: its base, and its result.
+    pub fn for_worktree(l: ImportLimits) -> Self {
+        PackLimits {
+            max_objects: u64::MAX,
+            max_object_bytes: u64::MAX,
+            max_delta_bytes: l.max_file_bytes,
+            max_total_bytes: u64::MAX,
         }
     }
 }
@@ -324,20 +343,20 @@ pub fn scan_pack<R: Read>(reader: R, limits: &PackLimits) -> Result<PackSummary,
                 varint(&head[..kept], &mut pos).ok_or(malformed("a delta header cut short"))?;
             let result =
                 varint(&head[..kept], &mut pos).ok_or(malformed("a delta header cut short"))?;
-            if base > limits.max_object_bytes {
+            if base > limits.max_delta_bytes {
                 return Err(PackScanError::DeltaBaseTooLarge {
                     index,
                     at,
                     size: base,
-                    limit: limits.max_object_bytes,
+                    limit: limits.max_delta_bytes,
                 });
             }
-            if result > limits.max_object_bytes {
+            if result > limits.max_delta_bytes {
                 return Err(PackScanError::DeltaResultTooLarge {
                     index,
                     at,
                     size: result,
-                    limit: limits.max_object_bytes,
+                    limit: limits.max_delta_bytes,
                 });
             }
             add_total(&mut summary, result)?;
@@ -452,6 +471,14 @@ pub(super) fn delta_bomb_for_tests(copies: usize) -> Vec<u8> {
     tests::delta_bomb(copies)
 }
 
+/// The delta bomb with a third object: an offset delta on the bomb's result
+/// whose own result is 10 bytes (reading it inflates the bomb's result).
+/// Returns the pack and the 10-byte object's content.
+#[cfg(test)]
+pub(super) fn hidden_delta_bomb_for_tests(copies: usize) -> (Vec<u8>, Vec<u8>) {
+    tests::hidden_delta_bomb(copies)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -463,6 +490,7 @@ mod tests {
         PackLimits {
             max_objects: 100,
             max_object_bytes: 1 << 20,
+            max_delta_bytes: 1 << 20,
             max_total_bytes: 4 << 20,
         }
     }
@@ -562,6 +590,36 @@ mod tests {
             blob(&base),
             ref_delta_on(id, 1 << 16, (copies as u64) << 16, &instr),
         ])
+    }
+
+    pub(super) fn hidden_delta_bomb(copies: usize) -> (Vec<u8>, Vec<u8>) {
+        let base = vec![0u8; 1 << 16];
+        let mut id = Sha1::new();
+        id.update(b"blob 65536\0");
+        id.update(&base);
+        let id: [u8; 20] = id.finalize().into();
+        let instr = vec![0x80u8; copies];
+        let first = blob(&base);
+        let bomb = ref_delta_on(id, 1 << 16, (copies as u64) << 16, &instr);
+        let bomb_at = 12 + first.0.len() + first.1.len();
+        let small_at = bomb_at + bomb.0.len() + bomb.1.len();
+        // Copy 10 bytes from offset 0 (size byte 1 = 10).
+        let mut data = size_varint((copies as u64) << 16);
+        data.extend(size_varint(10));
+        data.extend_from_slice(&[0x90, 10]);
+        let mut h = obj_header(6, data.len() as u64);
+        // Offset encoding of the distance back to the bomb.
+        let mut back = (small_at - bomb_at) as u64;
+        let mut enc = vec![(back & 0x7f) as u8];
+        back >>= 7;
+        while back > 0 {
+            back -= 1;
+            enc.push(0x80 | (back & 0x7f) as u8);
+            back >>= 7;
+        }
+        enc.reverse();
+        h.extend(enc);
+        (pack(&[first, bomb, (h, deflate(&data))]), vec![0u8; 10])
     }
 
     #[test]
