@@ -445,3 +445,146 @@ nightshift-act push origin HEAD:main; echo "push=$?"
     }
     assert!(!page.body.contains("    initial\n"), "{}", page.body);
 }
+
+/// `/tmp/plant.py`: writes into the worktree's `.git/objects/pack` a pack
+/// and its index holding a 64 KiB zero blob, a delta re-creating it 16384
+/// times (1 GiB) and a 10-byte offset delta on that 1 GiB result; prints
+/// the 10-byte blob's id.
+const PLANT_PY: &str = r#"
+import hashlib, struct, zlib, sys
+sys.path.insert(0, "/tmp")
+from bomb import hdr, varint
+def sha_of(kind, size, chunks):
+    h = hashlib.sha1(b"%s %d\0" % (kind, size))
+    for c in chunks:
+        h.update(c)
+    return h.digest()
+base = b"\0" * 65536
+copies = 16384
+base_id = hashlib.sha1(b"blob 65536\0" + base).digest()
+big = copies << 16
+big_id = sha_of(b"blob", big, (base for _ in range(copies)))
+small_id = hashlib.sha1(b"blob 10\0" + b"\0" * 10).digest()
+objs = []
+o1 = hdr(3, len(base)) + zlib.compress(base, 9)
+d2 = varint(65536) + varint(big) + b"\x80" * copies
+o2 = hdr(7, len(d2)) + base_id + zlib.compress(d2, 9)
+off1 = 12
+off2 = off1 + len(o1)
+off3 = off2 + len(o2)
+d3 = varint(big) + varint(10) + b"\x90\x0a"
+back = off3 - off2
+enc = [back & 0x7f]
+back >>= 7
+while back:
+    back -= 1
+    enc.append(0x80 | (back & 0x7f))
+    back >>= 7
+o3 = hdr(6, len(d3)) + bytes(reversed(enc)) + zlib.compress(d3, 9)
+body = b"PACK" + struct.pack(">II", 2, 3) + o1 + o2 + o3
+pack = body + hashlib.sha1(body).digest()
+entries = sorted([(base_id, off1, zlib.crc32(o1)), (big_id, off2, zlib.crc32(o2)), (small_id, off3, zlib.crc32(o3))])
+idx = b"\xfftOc" + struct.pack(">I", 2)
+for i in range(256):
+    idx += struct.pack(">I", sum(1 for e in entries if e[0][0] <= i))
+for e in entries:
+    idx += e[0]
+for e in entries:
+    idx += struct.pack(">I", e[2] & 0xffffffff)
+for e in entries:
+    idx += struct.pack(">I", e[1])
+idx += pack[-20:]
+idx += hashlib.sha1(idx).digest()
+name = pack[-20:].hex()
+open(".git/objects/pack/pack-%s.pack" % name, "wb").write(pack)
+open(".git/objects/pack/pack-%s.idx" % name, "wb").write(idx)
+print(small_id.hex())
+"#;
+
+/// The agent plants a delta bomb in its own `.git/objects/pack` (a pack
+/// with its index: a 10-byte blob that is a delta on a 1 GiB delta result)
+/// and commits a tree naming the 10-byte blob. At import the pack is found
+/// over the limits and removed before anything reads it: the history is
+/// dropped (the working files still come back), and the supervisor's peak
+/// resident memory over the whole run stays under its bound.
+#[test]
+fn a_delta_bomb_planted_in_the_worktree_is_removed_before_the_import_reads_it() {
+    let n = setup();
+    let time_out = n.state.path().join("maxrss");
+    let out = std::process::Command::new("/usr/bin/time")
+        .arg("-f")
+        .arg("%M")
+        .arg("-o")
+        .arg(&time_out)
+        .arg(tests::nightshift_bin())
+        .env("NIGHTSHIFT_STATE_DIR", n.state.path())
+        .args([
+            "run",
+            "--repo",
+            n.repo.path().to_str().unwrap(),
+            "--image",
+            &image(),
+            "--",
+            "bash",
+            "-c",
+            &script(&format!(
+                r#"cat > /tmp/plant.py <<'PY'
+{PLANT_PY}
+PY
+small=$(python3 /tmp/plant.py)
+echo "small=$small"
+git update-index --add --cacheinfo "100644,$small,small.bin"
+t=$(git write-tree)
+c=$(git commit-tree "$t" -p HEAD -m bomb)
+git update-ref HEAD "$c"
+echo "committed=$c"
+echo kept > kept.txt
+"#
+            )),
+        ])
+        .output()
+        .unwrap();
+    let log = n.state.output_log(&run_id(&n));
+    // Exit 10: the run's history was dropped, its files imported.
+    assert_eq!(
+        out.status.code(),
+        Some(10),
+        "{}{}\n{log}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(value(&log, "committed").len() == 40, "{log}");
+    // GNU time writes "Command exited with non-zero status 10" first.
+    let maxrss: u64 = std::fs::read_to_string(&time_out)
+        .unwrap()
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .expect("the peak resident memory from /usr/bin/time");
+    eprintln!("supervisor peak resident memory over the run: {maxrss} KiB");
+    let run = n.state.runs().last().unwrap().clone();
+    let imported = n
+        .state
+        .audit_bodies("observed_state")
+        .last()
+        .cloned()
+        .unwrap();
+    let text = imported.to_string();
+    assert!(
+        text.contains("a pack over the import limits"),
+        "the planted pack was not removed and listed: {text}"
+    );
+    eprintln!("{text}");
+    assert!(
+        maxrss < IMPORT_PEAK_BOUND_KIB,
+        "the supervisor's peak resident memory was {maxrss} KiB"
+    );
+    // The working files still came back.
+    let result = run["result_ref"].as_str().unwrap_or("").to_string();
+    let shown = git(n.repo.path(), &["show", &format!("{result}:kept.txt")]);
+    assert_eq!(shown.trim(), "kept");
+}
+
+/// The supervisor's peak over a whole run: its idle figure (about 50 MiB
+/// here) and 100 MiB.
+const IMPORT_PEAK_BOUND_KIB: u64 = 150 * 1024;
