@@ -545,6 +545,14 @@ echo kept > kept.txt
         .output()
         .unwrap();
     let log = n.state.output_log(&run_id(&n));
+    // GNU time writes "Command exited with non-zero status 10" first.
+    let maxrss: u64 = std::fs::read_to_string(&time_out)
+        .unwrap()
+        .lines()
+        .last()
+        .and_then(|l| l.trim().parse().ok())
+        .expect("the peak resident memory from /usr/bin/time");
+    eprintln!("supervisor peak resident memory over the run: {maxrss} KiB");
     // Exit 10: the run's history was dropped, its files imported.
     assert_eq!(
         out.status.code(),
@@ -554,14 +562,6 @@ echo kept > kept.txt
         stderr(&out)
     );
     assert!(value(&log, "committed").len() == 40, "{log}");
-    // GNU time writes "Command exited with non-zero status 10" first.
-    let maxrss: u64 = std::fs::read_to_string(&time_out)
-        .unwrap()
-        .lines()
-        .last()
-        .and_then(|l| l.trim().parse().ok())
-        .expect("the peak resident memory from /usr/bin/time");
-    eprintln!("supervisor peak resident memory over the run: {maxrss} KiB");
     let run = n.state.runs().last().unwrap().clone();
     let imported = n
         .state
