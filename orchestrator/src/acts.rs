@@ -17,10 +17,18 @@
 //!   and recorded with its would-be verdict (`report::record_dry_act`).
 //! - What an act carries is bound when it is requested: a push's or pull
 //!   request's commit is the one the request names, taken from the pack the
-//!   agent sent with it (indexed in a scratch directory of the supervisor's,
-//!   hash-checked, required to be connected to what the host holds) and
-//!   copied into the host repository under `refs/nightshift/acts/<id>`; a
-//!   message's body is kept in the state store and bound by its digest.
+//!   agent sent with it (scanned against the import limits before anything
+//!   inflates it, indexed in a scratch directory of the supervisor's,
+//!   hash-checked, and required to reference only objects of the pack or
+//!   reachable from the run's base commit: never another branch's or
+//!   anything else the host alone holds, refused with the same reply as an
+//!   id nobody has) and copied into the host repository under
+//!   `refs/nightshift/acts/<id>`; a message's body is kept in the state
+//!   store and bound by its digest.
+//! - What the owner is shown of a push or pull request is every commit it
+//!   would publish that the destination does not hold yet ([`publishes`]:
+//!   the destination's refs read at the time), not only the change after
+//!   the run's base.
 //! - Nothing here reads the run's worktree: while the sandbox runs, its
 //!   tree is never opened, listed or deleted from by path. A deletion (the
 //!   all-zero commit) reads nothing at all; after the policy it is refused
@@ -598,10 +606,13 @@ fn agent_reason(commit: &str, e: &orchestrator_git::GitError) -> String {
     use orchestrator_git::GitError as E;
     match e {
         E::NotConnected { missing, .. } => format!(
-            "commit {commit} is not connected: object {missing} is neither in the pack sent nor in the repository the run started from"
+            "commit {commit} is not connected: object {missing} is neither in the pack sent nor reachable from the commit the run started from"
         ),
         E::BadPack { why } => {
             format!("the pack sent for commit {commit} is not a valid git pack: {why}")
+        }
+        E::PackOverLimits { why } => {
+            format!("the pack sent for commit {commit} was refused before it was indexed: {why}")
         }
         E::MissingObject { .. }
         | E::MalformedObject { .. }
@@ -1715,6 +1726,117 @@ pub fn refusals(store: &Store, run: Option<&str>) -> Result<Vec<Refusal>, StoreE
             }
         })
         .collect())
+}
+
+/// Most commits [`publishes`] lists (all are counted).
+pub const MAX_LISTED_COMMITS: u64 = 1000;
+
+/// What a push or pull request would publish that its destination does not
+/// hold yet: every commit reachable from the act's commit and from none of
+/// the destination's refs (not only the change against the run's base or a
+/// first parent: a merge's other parents, and a base the destination never
+/// had, are listed too).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Publishes {
+    /// `commit ID` and subject lines, newest first, at most
+    /// [`MAX_LISTED_COMMITS`] of them (the host's git log; agent-written:
+    /// escape before showing).
+    pub log: Vec<u8>,
+    /// How many commits in all.
+    pub count: u64,
+    /// What the destination was taken to hold (supervisor-written).
+    pub against: String,
+}
+
+/// The commits the destination holds, as far as can be told now: the ids
+/// of every ref the remote advertises (for a pull request, the forge's
+/// remote), or, when it cannot be read, the ref the push was bound to.
+/// Returns the ids and a line saying which.
+pub fn destination_holds(dest: &Destinations, act: &Act) -> (Vec<String>, String) {
+    let alias = &act.routing.destination;
+    let remote_alias = match &act.routing.target {
+        Target::PullRequest { .. } => dest.forges.get(alias).map(|f| f.remote.as_str()),
+        _ => Some(alias.as_str()),
+    };
+    let bound = match &act.routing.target {
+        Target::Push {
+            target_ref,
+            expected_old,
+        } => Some((target_ref.clone(), expected_old.clone())),
+        _ => None,
+    };
+    let read = remote_alias
+        .and_then(|a| dest.remotes.get(a).map(|r| (a, r)))
+        .ok_or_else(|| "it is no longer configured".to_string())
+        .and_then(|(a, r)| {
+            orchestrator_executors::remote_heads(r)
+                .map(|heads| (a, heads))
+                .map_err(|e| e.audit_reason())
+        });
+    match (read, bound) {
+        (Ok((a, heads)), _) => (
+            heads.into_iter().map(|(_, id)| id).collect(),
+            format!("not on any ref of remote {a} now"),
+        ),
+        (Err(why), Some((target_ref, Some(old)))) => (
+            vec![old.clone()],
+            format!(
+                "not in {target_ref} as bound ({old}); the destination could not be read now: {why}"
+            ),
+        ),
+        (Err(why), _) => (
+            Vec::new(),
+            format!("every commit: the destination could not be read now: {why}"),
+        ),
+    }
+}
+
+/// The commits reachable from `commit` and from none of `held` in the host
+/// repository `repo` (the host's git; ids the host lacks are ignored, so
+/// their commits are listed: never fewer than would be published). `None`
+/// when git could not say.
+pub fn publishes(repo: &Path, commit: &str, held: &[String], against: String) -> Option<Publishes> {
+    let is_id = |s: &str| s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if !is_id(commit) {
+        return None;
+    }
+    let mut revs = format!("{commit}\n");
+    for id in held.iter().filter(|id| is_id(id)) {
+        revs.push_str(&format!("^{id}\n"));
+    }
+    let git = |args: &[&str]| -> Option<Vec<u8>> {
+        use std::io::Write;
+        let mut child = std::process::Command::new("git")
+            .arg("-C")
+            .arg(repo)
+            .args(["-c", "core.pager=cat"])
+            .args(args)
+            .args(["--ignore-missing", "--stdin"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        let mut stdin = child.stdin.take()?;
+        let written = stdin.write_all(revs.as_bytes());
+        drop(stdin);
+        let out = child.wait_with_output().ok()?;
+        (written.is_ok() && out.status.success()).then_some(out.stdout)
+    };
+    let count = git(&["rev-list", "--count"])?;
+    let count = String::from_utf8_lossy(&count).trim().parse().ok()?;
+    let log = git(&[
+        "log",
+        "--no-decorate",
+        "--no-color",
+        &format!("--max-count={MAX_LISTED_COMMITS}"),
+        "--format=commit %H%n    %s",
+    ])?;
+    Some(Publishes {
+        log,
+        count,
+        against,
+    })
 }
 
 /// A message body as the owner reads it in `queue show`: whole, line by

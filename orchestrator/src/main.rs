@@ -1841,10 +1841,31 @@ fn render_act(d: &ActDetail) {
     }
 }
 
-/// The commits and diff from the run's base to the act's commit, escaped.
+/// The commits the act would publish that the destination lacks, then the
+/// diff from the run's base to the act's commit, escaped.
 fn print_diff(d: &ActDetail) {
-    for bytes in [&d.log, &d.diff].into_iter().flatten() {
-        out!("{}", terminal::block(bytes));
+    match &d.publishes {
+        Some(p) => {
+            outln!(
+                "commits it would publish ({}, {}):",
+                p.count,
+                terminal::line(&p.against)
+            );
+            out!("{}", terminal::block(&p.log));
+            let listed = p.count.min(orchestrator::acts::MAX_LISTED_COMMITS);
+            if p.count > listed {
+                outln!("... and {} more commits", p.count - listed);
+            }
+        }
+        None => {
+            outln!("commits after the run's base (what it would publish could not be listed):");
+            if let Some(log) = &d.log {
+                out!("{}", terminal::block(log));
+            }
+        }
+    }
+    if let Some(diff) = &d.diff {
+        out!("{}", terminal::block(diff));
     }
 }
 
