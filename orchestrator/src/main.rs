@@ -136,6 +136,17 @@ enum Command {
         #[arg(long)]
         supervisor: String,
     },
+    /// (internal) The host-side end of one sandbox's lease: kills the
+    /// container when its heartbeat stops growing (see `lease.rs`).
+    #[command(hide = true)]
+    LeaseEnd {
+        #[arg(long)]
+        container: String,
+        #[arg(long)]
+        heartbeat: PathBuf,
+        #[arg(long)]
+        bound_ms: u64,
+    },
     /// Find sandboxes and runs whose supervisor vanished, and settle them.
     Reconcile,
     /// Retry the import of a run whose import failed (its worktree was kept).
@@ -585,6 +596,21 @@ async fn dispatch(cli: Cli) -> i32 {
             respond(&api, ApiCommand::Kill { target, freeze, by }, false).await
         }
         Command::Watchdog { supervisor } => watchdog_cmd(&api, &supervisor).await,
+        Command::LeaseEnd {
+            container,
+            heartbeat,
+            bound_ms,
+        } => {
+            let bound = std::time::Duration::from_millis(bound_ms);
+            match connect().await {
+                Ok(engine) => {
+                    orchestrator::lease::end_on_lapse(&engine, &container, &heartbeat, bound)
+                        .await;
+                    Ok(exit::OK)
+                }
+                Err(code) => Err(code),
+            }
+        }
         Command::Reconcile => respond(&api, ApiCommand::Reconcile {}, false).await,
         Command::Import { run } => respond(&api, ApiCommand::Import { run }, false).await,
         Command::Queue {

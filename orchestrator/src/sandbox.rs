@@ -42,12 +42,21 @@ pub const SANDBOX_GID: u32 = 1000;
 pub const DEFAULT_SANDBOX_ID: u32 = 2_000_000_000;
 /// nightshift's seccomp profile: moby's default allowlist (the reference for
 /// what the engine allows by default) less io_uring, ptrace and
-/// process_vm_*, the 32-bit `socketcall`, and every rule that needs a
-/// capability (bpf, perf_event_open, keyring calls, mount, namespaces, ...:
-/// nightshift grants none); `socket` only for AF_UNIX, AF_INET, AF_INET6 and
-/// AF_NETLINK with NETLINK_ROUTE (no AF_VSOCK, no other netlink family);
-/// `personality` only as Docker allows it. Sent to the engine by content and
-/// attested by its digest.
+/// process_vm_*, `name_to_handle_at` (file handles name host inodes; its
+/// twin `open_by_handle_at` needs a capability), the memory protection key
+/// calls `pkey_*` (Docker's own default refuses them; programs fall back
+/// without them), and every rule that needs a capability (bpf,
+/// perf_event_open, keyring calls, mount, namespaces, ...: nightshift grants
+/// none); `socket` only for AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK with
+/// NETLINK_ROUTE (no AF_VSOCK, no other netlink family); `personality` only
+/// as Docker allows it.
+///
+/// Only each architecture's native ABI: no sub-architecture (x86's 32-bit
+/// `int 0x80` and x32, arm's 32-bit, ...), so every 32-bit entry point fails
+/// closed (the kernel kills the caller: SIGSYS). An argument filter cannot
+/// hold there: libseccomp turns a `socket` rule into a `socketcall` rule
+/// whose family it cannot see, and the 32-bit `ipc` multiplexes likewise.
+/// Sent to the engine by content and attested by its digest.
 pub const SECCOMP_PROFILE: &str = include_str!("seccomp.json");
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// The sandbox's main process: the lease wrapper in the door's `bin/`.
@@ -304,6 +313,14 @@ impl SandboxSpec {
         }
     }
 
+    /// Whether the lease wrapper is the container's PID 1 itself (no engine
+    /// init): every sandbox with a door. As its PID namespace's init it
+    /// receives no signal from inside that it has no handler for, SIGSTOP
+    /// and SIGKILL included, and the kernel ends the namespace when it exits.
+    pub fn lease_is_pid1(&self) -> bool {
+        self.command.first().map(String::as_str) == Some(LEASE_WRAPPER)
+    }
+
     pub fn user(&self) -> String {
         format!("{}:{}", self.user.uid, self.user.gid)
     }
@@ -387,6 +404,7 @@ impl SandboxSpec {
                 .unwrap_or_default(),
             max_shm_bytes: self.caps.shm_bytes(),
             max_file_bytes: i64::try_from(self.caps.max_worktree_bytes).unwrap_or(i64::MAX),
+            main_process: self.lease_is_pid1().then(|| LEASE_WRAPPER.to_string()),
         }
     }
 }
@@ -450,6 +468,42 @@ mod tests {
             assert_eq!(rule["args"][0]["index"], 0, "{rule}");
             assert_eq!(rule["args"][0]["op"], "SCMP_CMP_EQ", "{rule}");
         }
+        for name in [
+            "name_to_handle_at",
+            "open_by_handle_at",
+            "pkey_alloc",
+            "pkey_free",
+            "pkey_mprotect",
+        ] {
+            assert!(!allowed(name), "{name} is allowed");
+        }
+    }
+
+    /// An argument filter holds only on the native ABI: a 32-bit entry point
+    /// (`int 0x80`'s `socketcall`, x32, arm's 32-bit) reaches the same
+    /// kernel code with arguments the filter cannot see. So the profile
+    /// lists each architecture alone, and none of the 32-bit ones at all.
+    #[test]
+    fn the_profile_lists_only_native_architectures() {
+        let profile: serde_json::Value = serde_json::from_str(SECCOMP_PROFILE).unwrap();
+        assert!(profile["architectures"].is_null(), "{}", profile["architectures"]);
+        let natives = [
+            "SCMP_ARCH_X86_64",
+            "SCMP_ARCH_AARCH64",
+            "SCMP_ARCH_MIPS64",
+            "SCMP_ARCH_MIPSEL64",
+            "SCMP_ARCH_S390X",
+            "SCMP_ARCH_RISCV64",
+            "SCMP_ARCH_LOONGARCH64",
+        ];
+        let map = profile["archMap"].as_array().unwrap();
+        assert!(!map.is_empty());
+        for entry in map {
+            let arch = entry["architecture"].as_str().unwrap();
+            assert!(natives.contains(&arch), "{arch} is not a native 64-bit ABI");
+            let subs = entry["subArchitectures"].as_array().map_or(0, Vec::len);
+            assert_eq!(subs, 0, "{arch} lists sub-architectures: {entry}");
+        }
     }
 
     #[test]
@@ -493,6 +547,7 @@ mod tests {
             "/proc/cmdline",
             "/proc/config.gz",
             "/sys/kernel/vmcoreinfo",
+            "/sys/kernel/boot_params",
         ] {
             assert!(masked.iter().any(|m| m == p), "{p}");
         }
