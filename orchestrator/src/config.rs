@@ -240,6 +240,26 @@ impl Config {
             }
         }
         let fleet = config.fleet();
+        // The sandboxes' shared `nproc` limit must stay above every process
+        // the fleet may hold (see `SandboxSpec::ulimits`).
+        if fleet.pids > crate::sandbox::SHARED_NPROC as u64 {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!(
+                    "fleet.pids = {} is more than the {} processes all sandboxes share (their nproc limit)",
+                    fleet.pids,
+                    crate::sandbox::SHARED_NPROC
+                ),
+            });
+        }
+        if let Some(pids) = config.caps.pids {
+            if pids > fleet.pids {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: format!("caps.pids = {pids} is more than fleet.pids ({})", fleet.pids),
+                });
+            }
+        }
         if let Some(cpus) = config.caps.cpus {
             if !(cpus > 0.0 && cpus <= fleet.cpus) {
                 return Err(ConfigError::Invalid {
@@ -371,6 +391,16 @@ mod tests {
         assert!(e.to_string().starts_with("x.toml: line 3:"), "{e}");
         let e = Config::parse(p, "[fleet]\ncpus = 1.0\n[caps]\ncpus = 2.0\n").unwrap_err();
         assert!(e.to_string().contains("fleet.cpus"), "{e}");
+    }
+
+    #[test]
+    fn no_cap_exceeds_the_fleet_nor_the_fleet_the_shared_nproc() {
+        let p = Path::new("/x/config.toml");
+        let e = Config::parse(p, "[fleet]\npids = 600\n[caps]\npids = 601\n").unwrap_err();
+        assert!(e.to_string().contains("caps.pids = 601"), "{e}");
+        assert!(Config::parse(p, "[fleet]\npids = 600\n[caps]\npids = 600\n").is_ok());
+        let e = Config::parse(p, "[fleet]\npids = 20000\n").unwrap_err();
+        assert!(e.to_string().contains("fleet.pids = 20000"), "{e}");
     }
 
     #[test]

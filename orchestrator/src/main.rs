@@ -959,6 +959,18 @@ async fn run_cmd(
         max_tokens: args.max_tokens.unwrap_or(defaults.max_tokens),
         fleet_max_tokens_per_night: defaults.fleet_max_tokens_per_night,
     };
+    // No run asks for more than the whole fleet (see `run_queue::within_fleet`).
+    let need = orchestrator::run_queue::Need {
+        memory_bytes: caps.memory_bytes.max(0) as u64,
+        milli_cpus: (caps.nano_cpus.max(0) / 1_000_000) as u64,
+        pids: caps.pids.max(0) as u64,
+    };
+    if let Err(e) =
+        orchestrator::run_queue::within_fleet(need, orchestrator::run_queue::fleet_need(&config))
+    {
+        errln!("nightshift: {e}");
+        return Err(exit::BAD_INPUT);
+    }
     let (preset_image, command) = match args.agent.as_deref() {
         None => (None, args.command),
         Some(name) => {
@@ -1012,6 +1024,21 @@ async fn perform(
     // Sandboxes left by a supervisor that vanished are settled first.
     if let Err(e) = orchestrator::killswitch::reconcile(&sup, None, "supervisor start").await {
         errln!("nightshift: reconciling: {e}");
+    }
+    // Admission, as for a queued task: the fleet's processes are shared by
+    // every sandbox, so this run starts only if they hold room for it.
+    let fleet_pids = config.fleet().pids;
+    let running = orchestrator::run_queue::running_pids(&sup.engine, &sup.state_tag, fleet_pids)
+        .await
+        .map_err(|e| {
+            errln!("nightshift: {e}");
+            exit::ENGINE
+        })?;
+    if let Err(e) =
+        orchestrator::run_queue::admit_pids(req.caps.pids.max(0) as u64, &running, fleet_pids)
+    {
+        errln!("nightshift: {e}");
+        return Err(exit::DENIED);
     }
     spawn_watchdog(root, config_path, &sup.identity);
     let (tx, rx) = tokio::sync::watch::channel(None);

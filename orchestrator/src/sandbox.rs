@@ -328,10 +328,13 @@ impl SandboxSpec {
     /// Resource limits per process: open files; no core dumps (a dump of
     /// the agent is written where the host may read it, and can be large);
     /// no file larger than the worktree cap; processes bounded by
-    /// [`SHARED_NPROC`] (the kernel counts `nproc` per uid across the host,
-    /// and every sandbox runs as the same uid: a per-run figure here would
-    /// let one sandbox starve the others' forks; the pids cgroup stays the
-    /// per-run bound);
+    /// [`SHARED_NPROC`], whatever the run's caps (the kernel counts `nproc`
+    /// per uid across the host, and every sandbox runs as the same uid: a
+    /// figure that followed one run's cap would let that sandbox starve the
+    /// others' forks). The pids cgroup is the per-run bound, each run's cap
+    /// is at most the fleet's, the fleet's at most [`SHARED_NPROC`]
+    /// (`config`), and admission keeps the running caps' sum within the
+    /// fleet's: one state's sandboxes together never reach it;
     /// a bounded stack (8 MiB soft, as Linux's default; never unlimited,
     /// which would also switch off the randomised mmap layout).
     pub fn ulimits(&self) -> Vec<Ulimit> {
@@ -355,8 +358,8 @@ impl SandboxSpec {
             },
             Ulimit {
                 name: "nproc",
-                soft: SHARED_NPROC.max(c.pids),
-                hard: SHARED_NPROC.max(c.pids),
+                soft: SHARED_NPROC,
+                hard: SHARED_NPROC,
             },
             Ulimit {
                 name: "stack",
@@ -398,7 +401,7 @@ impl SandboxSpec {
             image_env,
             max_memory_bytes: self.caps.memory_bytes,
             max_pids: self.caps.pids,
-            max_nproc: SHARED_NPROC.max(self.caps.pids),
+            max_nproc: SHARED_NPROC,
             allowed_tmpfs: self.tmpfs.keys().cloned().collect::<BTreeSet<_>>(),
             seccomp_profile_digest: orchestrator_attest::seccomp_profile_digest(SECCOMP_PROFILE)
                 .unwrap_or_default(),
@@ -540,7 +543,20 @@ mod tests {
         let get = |n: &str| limits.iter().find(|u| u.name == n).unwrap();
         assert_eq!((get("core").soft, get("core").hard), (0, 0));
         assert_eq!(get("fsize").hard, caps.max_worktree_bytes as i64);
-        assert_eq!(get("nproc").hard, SHARED_NPROC.max(caps.pids));
+        assert_eq!(get("nproc").hard, SHARED_NPROC);
+        // Never the run's own cap: one run asking for more cannot raise the
+        // limit every sandbox shares.
+        let greedy = SandboxSpec {
+            caps: Caps {
+                pids: 4 * SHARED_NPROC,
+                ..Caps::default()
+            },
+            ..spec()
+        };
+        let limits = greedy.ulimits();
+        let nproc = limits.iter().find(|u| u.name == "nproc").unwrap();
+        assert_eq!((nproc.soft, nproc.hard), (SHARED_NPROC, SHARED_NPROC));
+        assert_eq!(greedy.expectations(vec![]).max_nproc, SHARED_NPROC);
         let masked = spec().masked_paths();
         for p in [
             "/proc/kcore",
