@@ -604,8 +604,7 @@ async fn dispatch(cli: Cli) -> i32 {
             let bound = std::time::Duration::from_millis(bound_ms);
             match connect().await {
                 Ok(engine) => {
-                    orchestrator::lease::end_on_lapse(&engine, &container, &heartbeat, bound)
-                        .await;
+                    orchestrator::lease::end_on_lapse(&engine, &container, &heartbeat, bound).await;
                     Ok(exit::OK)
                 }
                 Err(code) => Err(code),

@@ -344,7 +344,10 @@ enum Ended {
     KilledBy(String),
     /// The lease lapsed: the supervisor renewed nothing for this long, and
     /// the sandbox ended itself (or its host-side end killed it).
-    LeaseLapsed { silence: Duration, bound: Duration },
+    LeaseLapsed {
+        silence: Duration,
+        bound: Duration,
+    },
 }
 
 async fn steps<E: ContainerEngine, S: StateStore>(

@@ -539,7 +539,11 @@ pub async fn running_pids<E: crate::container_engine::ContainerEngine>(
 ) -> Result<Vec<u64>, crate::engine::EngineError> {
     let mut caps = Vec::new();
     for c in engine.managed(None).await? {
-        let ours = c.labels.get(crate::sandbox::LABEL_STATE).map(String::as_str) == Some(state_tag);
+        let ours = c
+            .labels
+            .get(crate::sandbox::LABEL_STATE)
+            .map(String::as_str)
+            == Some(state_tag);
         if !ours || !c.running {
             continue;
         }
@@ -1890,7 +1894,10 @@ mod tests {
     fn a_run_outside_the_queue_is_admitted_only_within_the_fleets_processes() {
         assert!(admit_pids(300, &[300], 600).is_ok());
         let e = admit_pids(301, &[300], 600).unwrap_err();
-        assert!(e.contains("300 of its 600") && e.contains("asks for 301"), "{e}");
+        assert!(
+            e.contains("300 of its 600") && e.contains("asks for 301"),
+            "{e}"
+        );
         assert!(admit_pids(600, &[], 600).is_ok());
         assert!(admit_pids(1, &[u64::MAX, 1], 600).is_err());
     }

@@ -489,7 +489,11 @@ mod tests {
     #[test]
     fn the_profile_lists_only_native_architectures() {
         let profile: serde_json::Value = serde_json::from_str(SECCOMP_PROFILE).unwrap();
-        assert!(profile["architectures"].is_null(), "{}", profile["architectures"]);
+        assert!(
+            profile["architectures"].is_null(),
+            "{}",
+            profile["architectures"]
+        );
         let natives = [
             "SCMP_ARCH_X86_64",
             "SCMP_ARCH_AARCH64",

@@ -203,7 +203,9 @@ fn the_agent_cannot_stop_its_lease_and_the_sandbox_ends_without_supervisor_or_wa
     kill_supervisor_and_watchdog(&state, &c);
     let took = stopped_within(&state, Duration::from_secs(3) + MARGIN);
     c.wait_with_output().unwrap();
-    eprintln!("sandbox stopped {took:?} after kill -9 of its supervisor and watchdog (lease {LEASE})");
+    eprintln!(
+        "sandbox stopped {took:?} after kill -9 of its supervisor and watchdog (lease {LEASE})"
+    );
     // The next start settles the run with the agent's work imported.
     let out = state.run(&["reconcile"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -277,13 +279,20 @@ fn a_lapsed_lease_is_named_in_the_status_and_the_audit() {
     eprintln!("sandbox ended itself {took:?} after its supervisor was stopped");
     let out = c.wait_with_output().unwrap();
     let run = &state.runs()[0];
-    assert_eq!(run["status"], "killed: lease lapsed", "{run} {}", stderr(&out));
+    assert_eq!(
+        run["status"],
+        "killed: lease lapsed",
+        "{run} {}",
+        stderr(&out)
+    );
     assert!(
-        run["reason"].as_str().unwrap_or("").contains("renewed no heartbeat"),
+        run["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("renewed no heartbeat"),
         "{run}"
     );
-    let exited = state
-        .show(&id)["audit"]
+    let exited = state.show(&id)["audit"]
         .as_array()
         .unwrap()
         .iter()

@@ -347,7 +347,11 @@ fn refused_socket_families_stay_refused_through_every_entry_point() {
         }
     }
     for family in refused {
-        assert_eq!(get(&p, &format!("sock-native-{family}")), "refused", "{log}");
+        assert_eq!(
+            get(&p, &format!("sock-native-{family}")),
+            "refused",
+            "{log}"
+        );
     }
     // The probe itself works: what the profile allows is created.
     assert_eq!(get(&p, "sock-native-netlink_route"), "created", "{log}");
