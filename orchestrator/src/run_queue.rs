@@ -338,7 +338,7 @@ pub fn resolve(
             )));
         }
     }
-    within_fleet(need(&spec, config), fleet_need(config)).map_err(at)?;
+    within_fleet(need(spec, config), fleet_need(config)).map_err(at)?;
     for (name, value) in [("pids", spec.pids), ("max_files", spec.max_files)] {
         if value == Some(0) || value.is_some_and(|v| v > i64::MAX as u64) {
             return Err(at(format!("{name} must be a positive number")));
