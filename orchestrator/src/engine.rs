@@ -3,6 +3,9 @@
 //! Invariants:
 //! - Every container is created from a [`SandboxSpec`]; there is no other
 //!   way to create one here, so no call site can forget a hardening flag.
+//!   Nor the lease's host-side end: a container whose lease wrapper is PID 1
+//!   gets its `nightshift lease-end` process at creation, or is removed
+//!   (`crate::lease::spawn_end`).
 //! - Inspection hands the attestation the engine's own document (the Engine
 //!   API's inspect JSON), not our request.
 //! - The worktree's bind mount takes no option from here: it inherits

@@ -49,7 +49,16 @@
 //!   `max_parallel` running, and never more than the fleet's memory, CPUs
 //!   and processes in caps summed over the running tasks, except that a task
 //!   that alone exceeds the fleet may start when nothing else runs (the fleet
-//!   cgroup still bounds it), so the queue never stalls forever.
+//!   cgroup still bounds it), so the queue never stalls forever. No new task
+//!   can be such a task: one whose caps exceed the fleet's is refused when
+//!   enqueued ([`within_fleet`]), as `nightshift run` refuses one.
+//! - A run started outside the queue (`nightshift run`, each child of
+//!   `tasks run`) passes admission too ([`admit_pids`]): its pids cap and
+//!   those of the state's running sandboxes (as the engine reports them,
+//!   [`running_pids`]) stay within the fleet's, whose pids cgroup they all
+//!   share; otherwise it is refused, naming the figures. Two runs admitted
+//!   at the same instant can still both start (no lock spans the check and
+//!   the container's creation); the fleet's cgroup still bounds them.
 
 use std::collections::HashMap;
 use std::io::Read;

@@ -8,9 +8,14 @@
 //! - The sandbox runs as the configured [`SandboxUser`], never as the image's
 //!   own user, and under nightshift's seccomp profile ([`SECCOMP_PROFILE`]),
 //!   sent by content.
-//! - A sandbox with a door runs the door's lease wrapper as its main process
-//!   ([`lease_command`]), the agent's command as the wrapper's child: the
-//!   sandbox ends when its supervisor stops renewing the lease.
+//! - A sandbox with a door runs the door's lease wrapper as its PID 1, with
+//!   no engine init ([`lease_command`], [`SandboxSpec::lease_is_pid1`]),
+//!   the agent's command as the wrapper's child: the sandbox ends when its
+//!   supervisor stops renewing the lease, and nothing inside can stop the
+//!   wrapper (a PID namespace's init gets no signal from inside that it has
+//!   no handler for).
+//! - `nproc` is [`SHARED_NPROC`] whatever the run asks: the kernel counts it
+//!   per uid across the host, and all sandboxes share the uid.
 //! - The same spec yields the engine request (in `engine`) and the
 //!   attestation's expectations (here), so what we ask for and what we check
 //!   cannot drift apart; the check itself runs on what the engine reports.
