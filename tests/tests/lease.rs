@@ -212,6 +212,15 @@ fn the_agent_cannot_stop_its_lease_and_the_sandbox_ends_without_supervisor_or_wa
     assert!(state.containers().is_empty());
     let run = &state.runs()[0];
     assert_eq!(run["status"], "lost: supervisor vanished", "{run}");
+    // The sandbox ended itself (the wrapper's status), and the run says why.
+    assert_eq!(run["exit_code"], 125, "{run}");
+    assert!(
+        run["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("its lease lapsed"),
+        "{run}"
+    );
     assert_eq!(
         tests::git(
             repo.path(),
