@@ -258,6 +258,29 @@ impl Config {
             message,
         })?;
         let fleet = config.fleet();
+        // The sandboxes' shared `nproc` limit must stay above every process
+        // the fleet may hold (see `SandboxSpec::ulimits`).
+        if fleet.pids > crate::sandbox::SHARED_NPROC as u64 {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!(
+                    "fleet.pids = {} is more than the {} processes all sandboxes share (their nproc limit)",
+                    fleet.pids,
+                    crate::sandbox::SHARED_NPROC
+                ),
+            });
+        }
+        if let Some(pids) = config.caps.pids {
+            if pids > fleet.pids {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "caps.pids = {pids} is more than fleet.pids ({})",
+                        fleet.pids
+                    ),
+                });
+            }
+        }
         if let Some(cpus) = config.caps.cpus {
             if !(cpus > 0.0 && cpus <= fleet.cpus) {
                 return Err(ConfigError::Invalid {
@@ -273,13 +296,20 @@ impl Config {
     }
 
     /// The per-run caps after defaults.
+    /// A run's caps never exceed the fleet's: memory and processes are at
+    /// most the fleet's (a small fleet lowers the built-in defaults).
     pub fn caps(&self) -> Caps {
         let d = Caps::default();
         let c = &self.caps;
+        let fleet = self.fleet();
+        let at_most = |v: i64, limit: u64| v.min(i64::try_from(limit).unwrap_or(i64::MAX));
         Caps {
-            memory_bytes: c.memory.map(|s| s.0 as i64).unwrap_or(d.memory_bytes),
+            memory_bytes: at_most(
+                c.memory.map(|s| s.0 as i64).unwrap_or(d.memory_bytes),
+                fleet.memory_bytes,
+            ),
             nano_cpus: c.cpus.map(|v| (v * 1e9) as i64).unwrap_or(d.nano_cpus),
-            pids: c.pids.map(|v| v as i64).unwrap_or(d.pids),
+            pids: at_most(c.pids.map(|v| v as i64).unwrap_or(d.pids), fleet.pids),
             open_files: c.max_files.map(|v| v as i64).unwrap_or(d.open_files),
             timeout: c.timeout.map(|s| s.0).unwrap_or(d.timeout),
             max_output_bytes: c.max_output.map(|s| s.0).unwrap_or(d.max_output_bytes),
@@ -411,6 +441,20 @@ mod tests {
         assert!(e.to_string().starts_with("x.toml: line 3:"), "{e}");
         let e = Config::parse(p, "[fleet]\ncpus = 1.0\n[caps]\ncpus = 2.0\n").unwrap_err();
         assert!(e.to_string().contains("fleet.cpus"), "{e}");
+    }
+
+    #[test]
+    fn no_cap_exceeds_the_fleet_nor_the_fleet_the_shared_nproc() {
+        let p = Path::new("/x/config.toml");
+        let e = Config::parse(p, "[fleet]\npids = 600\n[caps]\npids = 601\n").unwrap_err();
+        assert!(e.to_string().contains("caps.pids = 601"), "{e}");
+        assert!(Config::parse(p, "[fleet]\npids = 600\n[caps]\npids = 600\n").is_ok());
+        let e = Config::parse(p, "[fleet]\npids = 20000\n").unwrap_err();
+        assert!(e.to_string().contains("fleet.pids = 20000"), "{e}");
+        // A small fleet lowers the defaults to its own.
+        let small = Config::parse(p, "[fleet]\npids = 100\nmemory = \"300m\"\n").unwrap();
+        assert_eq!(small.caps().pids, 100);
+        assert_eq!(small.caps().memory_bytes, 300 << 20);
     }
 
     #[test]

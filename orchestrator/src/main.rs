@@ -136,6 +136,17 @@ enum Command {
         #[arg(long)]
         supervisor: String,
     },
+    /// (internal) The host-side end of one sandbox's lease: kills the
+    /// container when its heartbeat stops growing (see `lease.rs`).
+    #[command(hide = true)]
+    LeaseEnd {
+        #[arg(long)]
+        container: String,
+        #[arg(long)]
+        heartbeat: PathBuf,
+        #[arg(long)]
+        bound_ms: u64,
+    },
     /// Find sandboxes and runs whose supervisor vanished, and settle them.
     Reconcile,
     /// Retry the import of a run whose import failed (its worktree was kept).
@@ -585,6 +596,20 @@ async fn dispatch(cli: Cli) -> i32 {
             respond(&api, ApiCommand::Kill { target, freeze, by }, false).await
         }
         Command::Watchdog { supervisor } => watchdog_cmd(&api, &supervisor).await,
+        Command::LeaseEnd {
+            container,
+            heartbeat,
+            bound_ms,
+        } => {
+            let bound = std::time::Duration::from_millis(bound_ms);
+            match connect().await {
+                Ok(engine) => {
+                    orchestrator::lease::end_on_lapse(&engine, &container, &heartbeat, bound).await;
+                    Ok(exit::OK)
+                }
+                Err(code) => Err(code),
+            }
+        }
         Command::Reconcile => respond(&api, ApiCommand::Reconcile {}, false).await,
         Command::Import { run } => respond(&api, ApiCommand::Import { run }, false).await,
         Command::Queue {
@@ -933,6 +958,18 @@ async fn run_cmd(
         max_tokens: args.max_tokens.unwrap_or(defaults.max_tokens),
         fleet_max_tokens_per_night: defaults.fleet_max_tokens_per_night,
     };
+    // No run asks for more than the whole fleet (see `run_queue::within_fleet`).
+    let need = orchestrator::run_queue::Need {
+        memory_bytes: caps.memory_bytes.max(0) as u64,
+        milli_cpus: (caps.nano_cpus.max(0) / 1_000_000) as u64,
+        pids: caps.pids.max(0) as u64,
+    };
+    if let Err(e) =
+        orchestrator::run_queue::within_fleet(need, orchestrator::run_queue::fleet_need(&config))
+    {
+        errln!("nightshift: {e}");
+        return Err(exit::BAD_INPUT);
+    }
     let (preset_image, command) = match args.agent.as_deref() {
         None => (None, args.command),
         Some(name) => {
@@ -986,6 +1023,21 @@ async fn perform(
     // Sandboxes left by a supervisor that vanished are settled first.
     if let Err(e) = orchestrator::killswitch::reconcile(&sup, None, "supervisor start").await {
         errln!("nightshift: reconciling: {e}");
+    }
+    // Admission, as for a queued task: the fleet's processes are shared by
+    // every sandbox, so this run starts only if they hold room for it.
+    let fleet_pids = config.fleet().pids;
+    let running = orchestrator::run_queue::running_pids(&sup.engine, &sup.state_tag, fleet_pids)
+        .await
+        .map_err(|e| {
+            errln!("nightshift: {e}");
+            exit::ENGINE
+        })?;
+    if let Err(e) =
+        orchestrator::run_queue::admit_pids(req.caps.pids.max(0) as u64, &running, fleet_pids)
+    {
+        errln!("nightshift: {e}");
+        return Err(exit::DENIED);
     }
     spawn_watchdog(root, config_path, &sup.identity);
     let (tx, rx) = tokio::sync::watch::channel(None);
