@@ -936,11 +936,18 @@ async fn run_cmd(
     let (preset_image, command) = match args.agent.as_deref() {
         None => (None, args.command),
         Some(name) => {
-            let preset = orchestrator::agents::preset(agent_preset(name)?, args.model.as_deref())
-                .map_err(|e| {
-                errln!("nightshift: {e}");
-                exit::USAGE
-            })?;
+            let agent = agent_preset(name)?;
+            let preset =
+                orchestrator::agents::preset(agent, args.model.as_deref()).map_err(|e| {
+                    errln!("nightshift: {e}");
+                    exit::USAGE
+                })?;
+            orchestrator::agents::check_repository(agent, &args.repo, &args.base_ref).map_err(
+                |e| {
+                    errln!("nightshift: {e}");
+                    exit::BAD_INPUT
+                },
+            )?;
             (Some(preset.image), preset.command)
         }
     };

@@ -215,7 +215,9 @@ mod tests {
             for effect in [Effect::Refuse, Effect::Ask] {
                 let e = classify_declaration(actor, &rule(actor, effect, false)).unwrap_err();
                 assert!(matches!(e.why, Loosening::OtherSubject { .. }), "{e}");
-                assert!(e.to_string().contains("binds more than the declaring agent"));
+                assert!(e
+                    .to_string()
+                    .contains("binds more than the declaring agent"));
             }
             let e =
                 classify_retirement(actor, &rule(actor, Effect::Allow, false), false).unwrap_err();

@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use policies::rulefile::rule_set_from_files;
 use policies::rule::shell_join;
+use policies::rulefile::rule_set_from_files;
 use policies::{evaluate, Request, RuleSet, Timestamp, Verdict, RECURSIVE_DELETE_RULE};
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -45,7 +45,11 @@ fn the_spellings_the_attack_used_are_refused() {
         json!(["sh", "-c", "cd /workspace && rm -r -f src"]),
         json!(["bash", ["-c", "rm -rf x"]]),
     ] {
-        assert_eq!(verdict(&rules, command.clone()), Verdict::Refuse, "{command}");
+        assert_eq!(
+            verdict(&rules, command.clone()),
+            Verdict::Refuse,
+            "{command}"
+        );
     }
     for command in [
         json!("rm -f src/a.txt"),
@@ -56,20 +60,38 @@ fn the_spellings_the_attack_used_are_refused() {
         json!(["ls", "-R"]),
         json!("git status"),
     ] {
-        assert_eq!(verdict(&rules, command.clone()), Verdict::Allow, "{command}");
+        assert_eq!(
+            verdict(&rules, command.clone()),
+            Verdict::Allow,
+            "{command}"
+        );
     }
 }
 
 /// How `rm` may be named.
 fn rm_word() -> impl Strategy<Value = String> {
-    prop::sample::select(vec!["rm", "/bin/rm", "/usr/bin/rm", "\\rm", "\"rm\"", "'rm'"])
-        .prop_map(str::to_owned)
+    prop::sample::select(vec![
+        "rm",
+        "/bin/rm",
+        "/usr/bin/rm",
+        "\\rm",
+        "\"rm\"",
+        "'rm'",
+    ])
+    .prop_map(str::to_owned)
 }
 
 /// What may come before the command.
 fn prefix() -> impl Strategy<Value = String> {
-    prop::sample::select(vec!["", "sudo ", "cd /workspace && ", "xargs ", "git ", "command "])
-        .prop_map(str::to_owned)
+    prop::sample::select(vec![
+        "",
+        "sudo ",
+        "cd /workspace && ",
+        "xargs ",
+        "git ",
+        "command ",
+    ])
+    .prop_map(str::to_owned)
 }
 
 /// Whitespace between words.
@@ -87,8 +109,17 @@ fn recursive_option() -> impl Strategy<Value = String> {
 
 /// An option that does not.
 fn other_option() -> impl Strategy<Value = String> {
-    prop::sample::select(vec!["-f", "-v", "-i", "-fv", "--force", "--verbose", "--dir", "-d"])
-        .prop_map(str::to_owned)
+    prop::sample::select(vec![
+        "-f",
+        "-v",
+        "-i",
+        "-fv",
+        "--force",
+        "--verbose",
+        "--dir",
+        "-d",
+    ])
+    .prop_map(str::to_owned)
 }
 
 fn operand() -> impl Strategy<Value = String> {

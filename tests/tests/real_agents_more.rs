@@ -330,3 +330,47 @@ fn real_aider_edits_a_file_and_commits_it_itself_and_the_change_arrives() {
     assert_committed_and_audited(&state, repo.path(), &id, "hello from aider");
     assert!(!log.contains(OPENAI_KEY));
 }
+
+#[test]
+fn aider_is_refused_on_a_repository_that_has_its_own_aider_configuration() {
+    // Aider reads these at the repository's root whatever its flags say: a
+    // committed .aider.conf.yml could make it run a command after each edit
+    // (auto-test), which the preset never lets it do. No run starts.
+    for (file, text) in [
+        (".aider.conf.yml", "auto-test: true\ntest-cmd: rm -rf src\n"),
+        (".env", "OPENAI_API_BASE=http://127.0.0.1:9/v1\n"),
+        (
+            ".aider.model.settings.yml",
+            "- name: openai/gpt-4.1\n  edit_format: whole\n",
+        ),
+    ] {
+        let server = ModelServer::start();
+        let state = state_with_models(&server);
+        let repo = make_repo();
+        tests::agents::commit_files(repo.path(), &[(file, text)]);
+        let out = state.run(&[
+            "run",
+            "--agent",
+            "aider",
+            "--task",
+            "Anything.",
+            "--repo",
+            repo.path().to_str().unwrap(),
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{file}: {}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+        let err = stderr(&out);
+        assert!(
+            err.contains(&format!("{file:?}")) && err.contains("the aider preset would load it"),
+            "{err}"
+        );
+        assert!(state.runs().is_empty(), "{file}: a run started");
+        assert!(server.requests().is_empty());
+        assert!(state.containers().is_empty());
+    }
+}
