@@ -70,6 +70,62 @@ pub const MAX_ACTS_PER_RUN: u64 = 200;
 /// never read again from whatever file is at `STATE/config.toml`.
 static QUEUE_TTLS: std::sync::OnceLock<(i64, i64)> = std::sync::OnceLock::new();
 
+/// The queue's bounds of this process, set once like [`QUEUE_TTLS`].
+static QUEUE_BOUNDS: std::sync::OnceLock<crate::config::QueueBounds> = std::sync::OnceLock::new();
+
+/// Sets the queue's bounds from the process's configuration
+/// ([`crate::config::Config::queue_bounds`]); the first call wins.
+pub fn use_queue_bounds(bounds: crate::config::QueueBounds) {
+    let _ = QUEUE_BOUNDS.set(bounds);
+}
+
+fn queue_bounds() -> crate::config::QueueBounds {
+    *QUEUE_BOUNDS.get_or_init(|| crate::config::Config::default().queue_bounds())
+}
+
+/// The start of the night `unix_seconds` belongs to (noon UTC), RFC 3339.
+pub fn night_start(unix_seconds: i64) -> String {
+    let start = (unix_seconds - 12 * 3600).div_euclid(86_400) * 86_400 + 12 * 3600;
+    time::OffsetDateTime::from_unix_timestamp(start)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
+}
+
+/// The refusal of a request past one of the queue's bounds, if any:
+/// `tonight` acts requested tonight by every run, `of_repository` by the
+/// runs of this run's repository.
+pub fn queue_bound_refusal(
+    bounds: crate::config::QueueBounds,
+    tonight: u64,
+    of_repository: u64,
+) -> Option<(&'static str, String)> {
+    if tonight >= bounds.per_night {
+        return Some((
+            "nightshift:queue-night",
+            format!(
+                "all runs together have requested {tonight} acts tonight, the most a night may \
+                 ([queue] max_acts_per_night = {})",
+                bounds.per_night
+            ),
+        ));
+    }
+    if of_repository >= bounds.per_repository {
+        return Some((
+            "nightshift:queue-repository",
+            format!(
+                "this repository's runs have requested {of_repository} acts tonight, the most one \
+                 repository may ([queue] max_acts_per_repository = {})",
+                bounds.per_repository
+            ),
+        ));
+    }
+    None
+}
+
 /// Sets the queue's lifetimes from the process's configuration
 /// ([`crate::config::Config::queue_ttls`]); the first call wins.
 pub fn use_queue_ttls(ttls: (i64, i64)) {
@@ -393,6 +449,25 @@ fn decide<S: StateStore + ?Sized>(
             }
         }
         _ => {}
+    }
+    let since = night_start(now());
+    let repo = door.repo.display().to_string();
+    match (
+        store.count_acts_since(&since, None),
+        store.count_acts_since(&since, Some(&repo)),
+    ) {
+        (Ok(tonight), Ok(of_repository)) => {
+            if let Some((rule, reason)) =
+                queue_bound_refusal(queue_bounds(), tonight, of_repository)
+            {
+                return refused(rule, reason);
+            }
+        }
+        _ => {
+            return Response::Error {
+                reason: "the supervisor could not count tonight's acts; try again later".into(),
+            }
+        }
     }
     let dest = match destinations(store) {
         Ok(d) => d,
