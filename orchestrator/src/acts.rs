@@ -1106,6 +1106,20 @@ fn recompute<S: StateStore + ?Sized>(
         })?;
         let current =
             orchestrator_executors::remote_ref(remote, target_ref).map_err(|e| e.audit_reason())?;
+        if let Content::Commit { commit } = &act.content {
+            if current.as_deref() != Some(commit.as_str()) {
+                if let Some(why) = moves_an_opened_pull_request(
+                    store,
+                    dest,
+                    &act.routing.destination,
+                    target_ref,
+                    commit,
+                    &act.id,
+                )? {
+                    return Err(why);
+                }
+            }
+        }
         now_act.routing.target = Target::Push {
             target_ref: target_ref.clone(),
             expected_old: current,
@@ -1136,11 +1150,23 @@ fn head_is_bindable<S: StateStore + ?Sized>(
     head_ref: &str,
     head_commit: &str,
 ) -> Result<Option<String>, String> {
-    let (_, remote) = forge_remote(dest, act)?;
+    let (forge, remote) = forge_remote(dest, act)?;
     let now = orchestrator_executors::remote_ref(remote, head_ref).map_err(|e| e.audit_reason())?;
     let Some(now) = now else {
         return Ok(None);
     };
+    if now != head_commit {
+        if let Some(why) = moves_an_opened_pull_request(
+            store,
+            dest,
+            &forge.remote,
+            head_ref,
+            head_commit,
+            &act.id,
+        )? {
+            return Err(why);
+        }
+    }
     let run = store.run(&act.run).map_err(|e| e.to_string())?;
     let extends = orchestrator_executors::extends(Path::new(&run.repo), head_commit, &now)
         .map_err(|e| e.audit_reason())?;
@@ -1151,6 +1177,50 @@ fn head_is_bindable<S: StateStore + ?Sized>(
             "the head branch {head_ref} now holds {now}, which the approved {head_commit} does not extend"
         ))
     }
+}
+
+/// Why moving branch `branch` of git remote `remote` (an alias) to `commit`
+/// would move the head of a pull request another act (not `this`) opened,
+/// naming that pull request and act; `None` when it would move none. A pull
+/// request opened by nightshift is bound to the commit its owner approved:
+/// a later act (another pull request on the same head, bases `main` and
+/// `release`, or a push to that branch) must not move it under the
+/// reviewer, so it goes stale instead.
+fn moves_an_opened_pull_request<S: StateStore + ?Sized>(
+    store: &S,
+    dest: &Destinations,
+    remote: &str,
+    branch: &str,
+    commit: &str,
+    this: &str,
+) -> Result<Option<String>, String> {
+    let branch = branch.strip_prefix("refs/heads/").unwrap_or(branch);
+    for row in rows(store, None).map_err(|e| e.to_string())? {
+        if row.act.id == this {
+            continue;
+        }
+        let (
+            State::Done { outcome, .. },
+            Target::PullRequest { head_ref, .. },
+            Content::PullRequest { head_commit, .. },
+        ) = (&row.state, &row.act.routing.target, &row.act.content)
+        else {
+            continue;
+        };
+        let same_remote = dest
+            .forges
+            .get(&row.act.routing.destination)
+            .is_some_and(|f| f.remote == remote);
+        let head = head_ref.strip_prefix("refs/heads/").unwrap_or(head_ref);
+        if same_remote && head == branch && head_commit != commit {
+            return Ok(Some(format!(
+                "moving branch {branch} to {commit} would move the head of {} that act {} opened at {head_commit}; reject this act, or close that pull request and rebind",
+                outcome.split(" (").next().unwrap_or(outcome),
+                row.act.id
+            )));
+        }
+    }
+    Ok(None)
 }
 
 /// The forge of a pull-request act and the git remote that holds its branches.
@@ -1451,6 +1521,20 @@ pub fn rebind<S: StateStore + ?Sized>(
         })?;
         let current =
             orchestrator_executors::remote_ref(remote, target_ref).map_err(|e| e.audit_reason())?;
+        if let Content::Commit { commit } = &act.content {
+            if current.as_deref() != Some(commit.as_str()) {
+                if let Some(why) = moves_an_opened_pull_request(
+                    store,
+                    &dest,
+                    &act.routing.destination,
+                    target_ref,
+                    commit,
+                    &act.id,
+                )? {
+                    return Err(why);
+                }
+            }
+        }
         change = format!(
             "; lease {} -> {}",
             expected_old.as_deref().unwrap_or("(absent)"),
