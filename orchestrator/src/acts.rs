@@ -2497,3 +2497,56 @@ mod queue_tests {
         assert_eq!(verdicts.len(), 1, "{:?}", store.kinds());
     }
 }
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+    use crate::config::QueueBounds;
+    use proptest::prelude::*;
+
+    #[test]
+    fn nights_start_at_noon_utc() {
+        // 2026-12-05 22:00 UTC and 2026-12-06 11:59 UTC: the night of the 5th.
+        assert_eq!(night_start(1_796_508_000), "2026-12-05T12:00:00Z");
+        assert_eq!(night_start(1_796_558_340), "2026-12-05T12:00:00Z");
+        assert_eq!(night_start(1_796_558_400), "2026-12-06T12:00:00Z");
+    }
+
+    #[test]
+    fn past_a_bound_the_refusal_names_it() {
+        let b = QueueBounds {
+            per_night: 10,
+            per_repository: 4,
+        };
+        assert_eq!(queue_bound_refusal(b, 9, 3), None);
+        let (rule, why) = queue_bound_refusal(b, 10, 0).unwrap();
+        assert_eq!(rule, "nightshift:queue-night");
+        assert!(why.contains("max_acts_per_night = 10"), "{why}");
+        let (rule, why) = queue_bound_refusal(b, 5, 4).unwrap();
+        assert_eq!(rule, "nightshift:queue-repository");
+        assert!(why.contains("max_acts_per_repository = 4"), "{why}");
+    }
+
+    proptest! {
+        #[test]
+        fn a_request_passes_only_under_both_bounds(
+            night in 0u64..50, repo in 0u64..50, tonight in 0u64..60, of_repo in 0u64..60,
+        ) {
+            let b = QueueBounds { per_night: night, per_repository: repo };
+            let passes = queue_bound_refusal(b, tonight, of_repo).is_none();
+            prop_assert_eq!(passes, tonight < night && of_repo < repo);
+        }
+
+        #[test]
+        fn a_moment_lies_in_the_day_after_its_night_starts(t in 0i64..4_000_000_000) {
+            let start = time::OffsetDateTime::parse(
+                &night_start(t),
+                &time::format_description::well_known::Rfc3339,
+            )
+            .unwrap()
+            .unix_timestamp();
+            prop_assert!(start <= t && t < start + 86_400);
+            prop_assert_eq!(start.rem_euclid(86_400), 12 * 3600);
+        }
+    }
+}

@@ -19,9 +19,11 @@
 //! - A preset's agent loads only the configuration nightshift writes, never
 //!   the repository's: Claude Code is started with `--setting-sources user
 //!   --strict-mcp-config` (a committed `.claude/settings.json` with
-//!   `disableAllHooks` is never read); Codex loads a project's
-//!   `.codex/config.toml` only for a project its user configuration trusts,
-//!   and the one `run.sh` writes trusts none; mini-swe-agent reads its
+//!   `disableAllHooks` is never read); Codex's bypass flags make it trust
+//!   the project and load its `.codex/config.toml` (which could replace the
+//!   hooks or turn them off), so the configuration `run.sh` writes declares
+//!   the worktree `/workspace` untrusted and Codex loads none of the
+//!   project's `.codex/`; mini-swe-agent reads its
 //!   configuration from its package and `$HOME` (the sandbox's tmpfs).
 //!   Aider always reads `.aider.conf.yml`, `.env`, `.aider.model.settings.yml`
 //!   and `.aider.model.metadata.json` at the repository's root and cannot be
@@ -169,9 +171,14 @@ mod tests {
     }
 
     #[test]
-    fn claude_code_loads_only_the_settings_its_preset_writes() {
+    fn claude_code_and_codex_load_only_the_configuration_their_presets_write() {
         let claude = Agent::ClaudeCode.run_script();
         assert!(claude.contains("--setting-sources user --strict-mcp-config"));
+        let codex = Agent::Codex.run_script();
+        assert!(codex.contains(&format!(
+            "[projects.\"{}\"]\ntrust_level = \"untrusted\"",
+            crate::sandbox::WORKSPACE
+        )));
     }
 
     #[test]

@@ -186,8 +186,9 @@ fn real_codex_edits_a_file_and_commits_over_the_responses_api_and_the_change_arr
     assert!(!log.contains(OPENAI_KEY));
 }
 
-#[test]
-fn real_codexs_hook_refuses_a_scripted_recursive_rm_through_the_door() {
+/// Runs Codex on `repo` with a scripted `rm -r`; asserts its hook refused
+/// it through the door, audited, the sentinel file surviving.
+fn codex_refuses_a_scripted_recursive_rm(repo: &std::path::Path) {
     let server = ModelServer::start();
     server.steps_only_for_tool_requests();
     server.push(Step::tool(
@@ -201,8 +202,7 @@ fn real_codexs_hook_refuses_a_scripted_recursive_rm_through_the_door() {
     server.push(Step::text("Done."));
     let state = state_with_models(&server);
     tests::agents::refuse_recursive_deletes(&state);
-    let repo = make_repo();
-    let (out, id) = run_agent(&state, "codex", repo.path(), "Clean up the src directory.");
+    let (out, id) = run_agent(&state, "codex", repo, "Clean up the src directory.");
     let log = state.output_log(&id);
     assert!(
         out.status.success(),
@@ -224,6 +224,32 @@ fn real_codexs_hook_refuses_a_scripted_recursive_rm_through_the_door() {
     assert!(outputs[1].1.contains("SENTINEL-SURVIVED"), "{outputs:?}");
     // The refusal is audited with the run, the tool and the rule.
     tests::agents::assert_one_recursive_delete_refused(&state, &id);
+}
+
+#[test]
+fn real_codexs_hook_refuses_a_scripted_recursive_rm_through_the_door() {
+    let repo = make_repo();
+    codex_refuses_a_scripted_recursive_rm(repo.path());
+}
+
+#[test]
+fn a_repository_s_own_codex_configuration_cannot_switch_off_the_hook() {
+    // A project .codex/config.toml that would replace the hooks and turn
+    // the feature off, and a hooks.json beside it: Codex loads a project's
+    // configuration only for a project the user configuration trusts, and
+    // the preset's trusts none.
+    let repo = make_repo();
+    tests::agents::commit_files(
+        repo.path(),
+        &[
+            (
+                ".codex/config.toml",
+                "[features]\nhooks = false\n\n[[hooks.PreToolUse]]\nmatcher = \"NoSuchTool\"\n\n[[hooks.PreToolUse.hooks]]\ntype = \"command\"\ncommand = \"true\"\n",
+            ),
+            (".codex/hooks.json", r#"{"hooks":{}}"#),
+        ],
+    );
+    codex_refuses_a_scripted_recursive_rm(repo.path());
 }
 
 #[test]
