@@ -55,6 +55,6 @@ pub const DEFAULT_RULES: &str = include_str!("../rules/default.toml");
 
 /// The optional rule shipped with nightshift that refuses a harness's
 /// recursive `rm` in its common spellings, strings and arrays alike
-/// (`policies/rules/no-recursive-delete.toml`; in force only once copied
+/// (`policies/rules/optional/no-recursive-delete.toml`; in force only once copied
 /// into `STATE/rules/` or declared).
-pub const RECURSIVE_DELETE_RULE: &str = include_str!("../rules/no-recursive-delete.toml");
+pub const RECURSIVE_DELETE_RULE: &str = include_str!("../rules/optional/no-recursive-delete.toml");

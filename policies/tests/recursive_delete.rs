@@ -1,5 +1,5 @@
 //! The shipped optional rule `no-recursive-delete`
-//! (`policies/rules/no-recursive-delete.toml`) refuses a recursive `rm` in
+//! (`policies/rules/optional/no-recursive-delete.toml`) refuses a recursive `rm` in
 //! its common spellings, as a string, as an argv array and as a shell and
 //! its line; and commands that delete nothing recursively pass.
 

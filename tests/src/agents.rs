@@ -67,7 +67,7 @@ pub const RECURSIVE_DELETE_REFUSAL: &str =
 
 /// Gives `state` the optional rule nightshift ships that refuses a
 /// recursive `rm` through the harness hook (tool `Bash`,
-/// `policies/rules/no-recursive-delete.toml`), as the hook tests of real
+/// `policies/rules/optional/no-recursive-delete.toml`), as the hook tests of real
 /// agents need it.
 pub fn refuse_recursive_deletes(state: &State) {
     assert!(state.run(&["runs"]).status.success());
@@ -75,7 +75,7 @@ pub fn refuse_recursive_deletes(state: &State) {
     std::fs::create_dir_all(&rules).unwrap();
     std::fs::write(
         rules.join("10-tools.toml"),
-        include_str!("../../policies/rules/no-recursive-delete.toml"),
+        include_str!("../../policies/rules/optional/no-recursive-delete.toml"),
     )
     .unwrap();
 }
