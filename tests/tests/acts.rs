@@ -787,6 +787,24 @@ fn the_queue_is_bounded_per_night_and_per_repository_and_a_run_is_rejected_at_on
         "the other run's acts wait still"
     );
     // Without the owner's key nothing is rejected; an unknown run is named.
+    let wrong = m.state.path().join("not-the-key");
+    std::fs::write(&wrong, "not the key\n").unwrap();
+    let out = m.state.run(&[
+        "reject",
+        "--run",
+        &first,
+        "--why",
+        "x",
+        "--owner-key-file",
+        wrong.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(9),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
     let out = m
         .state
         .cmd()

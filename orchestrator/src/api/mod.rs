@@ -758,6 +758,8 @@ impl Api {
                 why,
                 owner_key_file,
             } => {
+                // The owner first: who may not reject learns nothing of the run.
+                owner(&self.open_store()?, owner_key_file.as_deref())?;
                 let acts = self.pending_of_run(&run)?;
                 self.decide(
                     &acts,
