@@ -1,7 +1,9 @@
 //! The policy hook inside a real sandbox: `nightshift-act policy-check`
 //! reads a harness's hook payload, asks the run's rules through the door,
 //! and exits 0 only when they allow the call; refusals and asks are
-//! audited with the run; any failure of the door refuses (fail closed).
+//! audited with the run; any failure of the door refuses (fail closed). A
+//! command given as an array (an argv, a shell and its line) is matched as
+//! its words and its shell line, under a measured memory bound.
 
 use tests::{image, make_repo, only_run, stderr, stdout, State};
 

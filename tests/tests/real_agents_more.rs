@@ -10,7 +10,10 @@
 //! tokens. Codex's
 //! PreToolUse hook refuses a scripted `rm -r` through the door (not
 //! `rm -rf`: Codex's own guard rejects `rm -f` forms by itself, which
-//! would hide a hook that never ran).
+//! would hide a hook that never ran), also when the repository commits its
+//! own `.codex/config.toml` that would switch it off (the preset declares
+//! the worktree untrusted). Aider, which always loads `.aider.conf.yml` and
+//! `.env` at the repository's root, is refused on a repository that has them.
 //!
 //! The shell tools these versions offer (read from the tools their
 //! requests list): Codex CLI 0.163.0 `exec_command` with `{"cmd": ...}`
