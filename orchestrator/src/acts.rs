@@ -78,6 +78,62 @@ pub const MAX_ACTS_PER_RUN: u64 = 200;
 /// never read again from whatever file is at `STATE/config.toml`.
 static QUEUE_TTLS: std::sync::OnceLock<(i64, i64)> = std::sync::OnceLock::new();
 
+/// The queue's bounds of this process, set once like [`QUEUE_TTLS`].
+static QUEUE_BOUNDS: std::sync::OnceLock<crate::config::QueueBounds> = std::sync::OnceLock::new();
+
+/// Sets the queue's bounds from the process's configuration
+/// ([`crate::config::Config::queue_bounds`]); the first call wins.
+pub fn use_queue_bounds(bounds: crate::config::QueueBounds) {
+    let _ = QUEUE_BOUNDS.set(bounds);
+}
+
+fn queue_bounds() -> crate::config::QueueBounds {
+    *QUEUE_BOUNDS.get_or_init(|| crate::config::Config::default().queue_bounds())
+}
+
+/// The start of the night `unix_seconds` belongs to (noon UTC), RFC 3339.
+pub fn night_start(unix_seconds: i64) -> String {
+    let start = (unix_seconds - 12 * 3600).div_euclid(86_400) * 86_400 + 12 * 3600;
+    time::OffsetDateTime::from_unix_timestamp(start)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
+}
+
+/// The refusal of a request past one of the queue's bounds, if any:
+/// `tonight` acts requested tonight by every run, `of_repository` by the
+/// runs of this run's repository.
+pub fn queue_bound_refusal(
+    bounds: crate::config::QueueBounds,
+    tonight: u64,
+    of_repository: u64,
+) -> Option<(&'static str, String)> {
+    if tonight >= bounds.per_night {
+        return Some((
+            "nightshift:queue-night",
+            format!(
+                "all runs together have requested {tonight} acts tonight, the most a night may \
+                 ([queue] max_acts_per_night = {})",
+                bounds.per_night
+            ),
+        ));
+    }
+    if of_repository >= bounds.per_repository {
+        return Some((
+            "nightshift:queue-repository",
+            format!(
+                "this repository's runs have requested {of_repository} acts tonight, the most one \
+                 repository may ([queue] max_acts_per_repository = {})",
+                bounds.per_repository
+            ),
+        ));
+    }
+    None
+}
+
 /// Sets the queue's lifetimes from the process's configuration
 /// ([`crate::config::Config::queue_ttls`]); the first call wins.
 pub fn use_queue_ttls(ttls: (i64, i64)) {
@@ -401,6 +457,25 @@ fn decide<S: StateStore + ?Sized>(
             }
         }
         _ => {}
+    }
+    let since = night_start(now());
+    let repo = door.repo.display().to_string();
+    match (
+        store.count_acts_since(&since, None),
+        store.count_acts_since(&since, Some(&repo)),
+    ) {
+        (Ok(tonight), Ok(of_repository)) => {
+            if let Some((rule, reason)) =
+                queue_bound_refusal(queue_bounds(), tonight, of_repository)
+            {
+                return refused(rule, reason);
+            }
+        }
+        _ => {
+            return Response::Error {
+                reason: "the supervisor could not count tonight's acts; try again later".into(),
+            }
+        }
     }
     let dest = match destinations(store) {
         Ok(d) => d,
@@ -1046,6 +1121,20 @@ fn recompute<S: StateStore + ?Sized>(
         })?;
         let current =
             orchestrator_executors::remote_ref(remote, target_ref).map_err(|e| e.audit_reason())?;
+        if let Content::Commit { commit } = &act.content {
+            if current.as_deref() != Some(commit.as_str()) {
+                if let Some(why) = moves_an_opened_pull_request(
+                    store,
+                    dest,
+                    &act.routing.destination,
+                    target_ref,
+                    commit,
+                    &act.id,
+                )? {
+                    return Err(why);
+                }
+            }
+        }
         now_act.routing.target = Target::Push {
             target_ref: target_ref.clone(),
             expected_old: current,
@@ -1076,11 +1165,23 @@ fn head_is_bindable<S: StateStore + ?Sized>(
     head_ref: &str,
     head_commit: &str,
 ) -> Result<Option<String>, String> {
-    let (_, remote) = forge_remote(dest, act)?;
+    let (forge, remote) = forge_remote(dest, act)?;
     let now = orchestrator_executors::remote_ref(remote, head_ref).map_err(|e| e.audit_reason())?;
     let Some(now) = now else {
         return Ok(None);
     };
+    if now != head_commit {
+        if let Some(why) = moves_an_opened_pull_request(
+            store,
+            dest,
+            &forge.remote,
+            head_ref,
+            head_commit,
+            &act.id,
+        )? {
+            return Err(why);
+        }
+    }
     let run = store.run(&act.run).map_err(|e| e.to_string())?;
     let extends = orchestrator_executors::extends(Path::new(&run.repo), head_commit, &now)
         .map_err(|e| e.audit_reason())?;
@@ -1091,6 +1192,50 @@ fn head_is_bindable<S: StateStore + ?Sized>(
             "the head branch {head_ref} now holds {now}, which the approved {head_commit} does not extend"
         ))
     }
+}
+
+/// Why moving branch `branch` of git remote `remote` (an alias) to `commit`
+/// would move the head of a pull request another act (not `this`) opened,
+/// naming that pull request and act; `None` when it would move none. A pull
+/// request opened by nightshift is bound to the commit its owner approved:
+/// a later act (another pull request on the same head, bases `main` and
+/// `release`, or a push to that branch) must not move it under the
+/// reviewer, so it goes stale instead.
+fn moves_an_opened_pull_request<S: StateStore + ?Sized>(
+    store: &S,
+    dest: &Destinations,
+    remote: &str,
+    branch: &str,
+    commit: &str,
+    this: &str,
+) -> Result<Option<String>, String> {
+    let branch = branch.strip_prefix("refs/heads/").unwrap_or(branch);
+    for row in rows(store, None).map_err(|e| e.to_string())? {
+        if row.act.id == this {
+            continue;
+        }
+        let (
+            State::Done { outcome, .. },
+            Target::PullRequest { head_ref, .. },
+            Content::PullRequest { head_commit, .. },
+        ) = (&row.state, &row.act.routing.target, &row.act.content)
+        else {
+            continue;
+        };
+        let same_remote = dest
+            .forges
+            .get(&row.act.routing.destination)
+            .is_some_and(|f| f.remote == remote);
+        let head = head_ref.strip_prefix("refs/heads/").unwrap_or(head_ref);
+        if same_remote && head == branch && head_commit != commit {
+            return Ok(Some(format!(
+                "moving branch {branch} to {commit} would move the head of {} that act {} opened at {head_commit}; reject this act, or close that pull request and rebind",
+                outcome.split(" (").next().unwrap_or(outcome),
+                row.act.id
+            )));
+        }
+    }
+    Ok(None)
 }
 
 /// The forge of a pull-request act and the git remote that holds its branches.
@@ -1391,6 +1536,20 @@ pub fn rebind<S: StateStore + ?Sized>(
         })?;
         let current =
             orchestrator_executors::remote_ref(remote, target_ref).map_err(|e| e.audit_reason())?;
+        if let Content::Commit { commit } = &act.content {
+            if current.as_deref() != Some(commit.as_str()) {
+                if let Some(why) = moves_an_opened_pull_request(
+                    store,
+                    &dest,
+                    &act.routing.destination,
+                    target_ref,
+                    commit,
+                    &act.id,
+                )? {
+                    return Err(why);
+                }
+            }
+        }
         change = format!(
             "; lease {} -> {}",
             expected_old.as_deref().unwrap_or("(absent)"),
@@ -2495,5 +2654,58 @@ mod reason_tests {
             },
         );
         assert!(trouble.contains("try again later"), "{trouble}");
+    }
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+    use crate::config::QueueBounds;
+    use proptest::prelude::*;
+
+    #[test]
+    fn nights_start_at_noon_utc() {
+        // 2026-12-05 22:00 UTC and 2026-12-06 11:59 UTC: the night of the 5th.
+        assert_eq!(night_start(1_796_508_000), "2026-12-05T12:00:00Z");
+        assert_eq!(night_start(1_796_558_340), "2026-12-05T12:00:00Z");
+        assert_eq!(night_start(1_796_558_400), "2026-12-06T12:00:00Z");
+    }
+
+    #[test]
+    fn past_a_bound_the_refusal_names_it() {
+        let b = QueueBounds {
+            per_night: 10,
+            per_repository: 4,
+        };
+        assert_eq!(queue_bound_refusal(b, 9, 3), None);
+        let (rule, why) = queue_bound_refusal(b, 10, 0).unwrap();
+        assert_eq!(rule, "nightshift:queue-night");
+        assert!(why.contains("max_acts_per_night = 10"), "{why}");
+        let (rule, why) = queue_bound_refusal(b, 5, 4).unwrap();
+        assert_eq!(rule, "nightshift:queue-repository");
+        assert!(why.contains("max_acts_per_repository = 4"), "{why}");
+    }
+
+    proptest! {
+        #[test]
+        fn a_request_passes_only_under_both_bounds(
+            night in 0u64..50, repo in 0u64..50, tonight in 0u64..60, of_repo in 0u64..60,
+        ) {
+            let b = QueueBounds { per_night: night, per_repository: repo };
+            let passes = queue_bound_refusal(b, tonight, of_repo).is_none();
+            prop_assert_eq!(passes, tonight < night && of_repo < repo);
+        }
+
+        #[test]
+        fn a_moment_lies_in_the_day_after_its_night_starts(t in 0i64..4_000_000_000) {
+            let start = time::OffsetDateTime::parse(
+                &night_start(t),
+                &time::format_description::well_known::Rfc3339,
+            )
+            .unwrap()
+            .unix_timestamp();
+            prop_assert!(start <= t && t < start + 86_400);
+            prop_assert_eq!(start.rem_euclid(86_400), 12 * 3600);
+        }
     }
 }

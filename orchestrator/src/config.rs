@@ -146,7 +146,27 @@ pub struct FleetCaps {
 pub struct QueueConfig {
     pub pending_ttl: Option<Span>,
     pub approval_ttl: Option<Span>,
+    /// Acts all runs together may request per night (noon to noon UTC);
+    /// past it every request is refused (`nightshift:queue-night`).
+    pub max_acts_per_night: Option<u64>,
+    /// Acts the runs of one repository may request per night; past it that
+    /// repository's requests are refused (`nightshift:queue-repository`).
+    pub max_acts_per_repository: Option<u64>,
 }
+
+/// The queue's bounds after defaults: acts per night (all runs), acts per
+/// repository per night.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueBounds {
+    pub per_night: u64,
+    pub per_repository: u64,
+}
+
+/// Default of `[queue] max_acts_per_night`: five runs' worth of the per-run
+/// cap, more than a person reviews in a morning.
+pub const DEFAULT_MAX_ACTS_PER_NIGHT: u64 = 1000;
+/// Default of `[queue] max_acts_per_repository`.
+pub const DEFAULT_MAX_ACTS_PER_REPOSITORY: u64 = 400;
 
 /// Who a sandbox runs as. Both default to
 /// [`crate::sandbox::DEFAULT_SANDBOX_ID`]; each run refuses to start when
@@ -367,6 +387,20 @@ impl Config {
                 .map(|s| s.0.as_secs() as i64)
                 .unwrap_or(24 * 3600),
         )
+    }
+
+    /// The queue's bounds, the defaults for what the file leaves out.
+    pub fn queue_bounds(&self) -> QueueBounds {
+        QueueBounds {
+            per_night: self
+                .queue
+                .max_acts_per_night
+                .unwrap_or(DEFAULT_MAX_ACTS_PER_NIGHT),
+            per_repository: self
+                .queue
+                .max_acts_per_repository
+                .unwrap_or(DEFAULT_MAX_ACTS_PER_REPOSITORY),
+        }
     }
 
     pub fn fleet(&self) -> Fleet {

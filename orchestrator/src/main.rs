@@ -121,10 +121,14 @@ enum Command {
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
         owner_key_file: Option<PathBuf>,
     },
-    /// Reject acts (needs the owner's credential).
+    /// Reject acts (needs the owner's credential); with --run, every act of
+    /// that run still waiting for a person.
     Reject {
-        #[arg(required = true)]
+        #[arg(required_unless_present = "run", conflicts_with = "run")]
         acts: Vec<String>,
+        /// Reject every pending act of this run.
+        #[arg(long)]
+        run: Option<String>,
         #[arg(long)]
         why: String,
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
@@ -634,13 +638,21 @@ async fn dispatch(cli: Cli) -> i32 {
         }
         Command::Reject {
             acts,
+            run,
             why,
             owner_key_file,
         } => {
-            let command = ApiCommand::Reject {
-                acts,
-                why,
-                owner_key_file,
+            let command = match run {
+                Some(run) => ApiCommand::RejectRun {
+                    run,
+                    why,
+                    owner_key_file,
+                },
+                None => ApiCommand::Reject {
+                    acts,
+                    why,
+                    owner_key_file,
+                },
             };
             respond(&api, command, false).await
         }
@@ -911,6 +923,7 @@ async fn run_cmd(
     let config = load_config(root, config_path)?;
     // The door queues acts with this run's configuration's lifetimes.
     orchestrator::acts::use_queue_ttls(config.queue_ttls());
+    orchestrator::acts::use_queue_bounds(config.queue_bounds());
     let task = match (&args.task, &args.task_file) {
         (Some(t), _) => t.clone(),
         (None, Some(f)) => {
@@ -973,11 +986,18 @@ async fn run_cmd(
     let (preset_image, command) = match args.agent.as_deref() {
         None => (None, args.command),
         Some(name) => {
-            let preset = orchestrator::agents::preset(agent_preset(name)?, args.model.as_deref())
-                .map_err(|e| {
-                errln!("nightshift: {e}");
-                exit::USAGE
-            })?;
+            let agent = agent_preset(name)?;
+            let preset =
+                orchestrator::agents::preset(agent, args.model.as_deref()).map_err(|e| {
+                    errln!("nightshift: {e}");
+                    exit::USAGE
+                })?;
+            orchestrator::agents::check_repository(agent, &args.repo, &args.base_ref).map_err(
+                |e| {
+                    errln!("nightshift: {e}");
+                    exit::BAD_INPUT
+                },
+            )?;
             (Some(preset.image), preset.command)
         }
     };
@@ -1478,6 +1498,7 @@ async fn demo_cmd(
 ) -> Result<i32, i32> {
     let config = load_config(root, config_path)?;
     orchestrator::acts::use_queue_ttls(config.queue_ttls());
+    orchestrator::acts::use_queue_bounds(config.queue_bounds());
     std::fs::create_dir_all(root).map_err(|e| {
         errln!("nightshift: creating {}: {e}", root.display());
         exit::STATE
@@ -2071,6 +2092,7 @@ async fn serve_cmd(
 ) -> Result<i32, i32> {
     let config = load_config(root, config_path)?;
     orchestrator::acts::use_queue_ttls(config.queue_ttls());
+    orchestrator::acts::use_queue_bounds(config.queue_bounds());
     open_store(root)?;
     let identity = orchestrator::run::process_identity(std::process::id())
         .unwrap_or_else(|| format!("{}:0", std::process::id()));

@@ -42,7 +42,7 @@ mod run_id;
 mod tree_names;
 mod worktree;
 
-pub use base::{resolve_base, Base};
+pub use base::{resolve_base, root_entries, Base};
 pub use error::GitError;
 pub use import::{
     diffstat_between, import_failure_kind, import_run, receive_pack, scan_pack, Captured,

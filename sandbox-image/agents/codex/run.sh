@@ -8,6 +8,9 @@
 # tool as `Bash` with `tool_input.command`, as Claude Code does). Codex runs
 # only hooks it trusts, and silently skips the others: hence
 # --dangerously-bypass-hook-trust (the hook is ours, written here).
+# The bypass flags also make Codex trust the project and load its
+# .codex/config.toml (which could replace the hooks or switch them off):
+# the worktree is declared untrusted, so only this file is loaded.
 set -euo pipefail
 mkdir -p "$HOME/.codex"
 cat > "$HOME/.codex/config.toml" <<TOML
@@ -19,6 +22,9 @@ web_search = "disabled"
 
 [analytics]
 enabled = false
+
+[projects."/workspace"]
+trust_level = "untrusted"
 
 [model_providers.nightshift]
 name = "nightshift model gateway"
