@@ -62,6 +62,7 @@ fn main() -> anyhow::Result<()> {
     let ask = Ask {
         input_bound: 200,
         requested_output: Some(100),
+        choices: 1,
     };
     row(
         "token reservation (one tokens.db transaction)",
@@ -151,7 +152,10 @@ fn main() -> anyhow::Result<()> {
         hyper::Request::builder()
             .method("POST")
             .uri("/v1/chat/completions")
-            .body(Full::new(Bytes::from_static(b"{}")))
+            .body(orchestrator::gateway::upstream::Pieces::new(
+                vec![Bytes::from_static(b"{}")],
+                (),
+            ))
             .unwrap()
     };
     let call = |upstream: &orchestrator::gateway::upstream::Upstream| {

@@ -17,10 +17,18 @@
 //!   and recorded with its would-be verdict (`report::record_dry_act`).
 //! - What an act carries is bound when it is requested: a push's or pull
 //!   request's commit is the one the request names, taken from the pack the
-//!   agent sent with it (indexed in a scratch directory of the supervisor's,
-//!   hash-checked, required to be connected to what the host holds) and
-//!   copied into the host repository under `refs/nightshift/acts/<id>`; a
-//!   message's body is kept in the state store and bound by its digest.
+//!   agent sent with it (scanned against the import limits before anything
+//!   inflates it, indexed in a scratch directory of the supervisor's,
+//!   hash-checked, and required to reference only objects of the pack or
+//!   reachable from the run's base commit: never another branch's or
+//!   anything else the host alone holds, refused with the same reply as an
+//!   id nobody has) and copied into the host repository under
+//!   `refs/nightshift/acts/<id>`; a message's body is kept in the state
+//!   store and bound by its digest.
+//! - What the owner is shown of a push or pull request is every commit it
+//!   would publish that the destination does not hold yet ([`publishes`]:
+//!   the destination's refs read at the time), not only the change after
+//!   the run's base.
 //! - Nothing here reads the run's worktree: while the sandbox runs, its
 //!   tree is never opened, listed or deleted from by path. A deletion (the
 //!   all-zero commit) reads nothing at all; after the policy it is refused
@@ -69,6 +77,62 @@ pub const MAX_ACTS_PER_RUN: u64 = 200;
 /// the one configuration the process loaded and checked ([`use_queue_ttls`]),
 /// never read again from whatever file is at `STATE/config.toml`.
 static QUEUE_TTLS: std::sync::OnceLock<(i64, i64)> = std::sync::OnceLock::new();
+
+/// The queue's bounds of this process, set once like [`QUEUE_TTLS`].
+static QUEUE_BOUNDS: std::sync::OnceLock<crate::config::QueueBounds> = std::sync::OnceLock::new();
+
+/// Sets the queue's bounds from the process's configuration
+/// ([`crate::config::Config::queue_bounds`]); the first call wins.
+pub fn use_queue_bounds(bounds: crate::config::QueueBounds) {
+    let _ = QUEUE_BOUNDS.set(bounds);
+}
+
+fn queue_bounds() -> crate::config::QueueBounds {
+    *QUEUE_BOUNDS.get_or_init(|| crate::config::Config::default().queue_bounds())
+}
+
+/// The start of the night `unix_seconds` belongs to (noon UTC), RFC 3339.
+pub fn night_start(unix_seconds: i64) -> String {
+    let start = (unix_seconds - 12 * 3600).div_euclid(86_400) * 86_400 + 12 * 3600;
+    time::OffsetDateTime::from_unix_timestamp(start)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
+}
+
+/// The refusal of a request past one of the queue's bounds, if any:
+/// `tonight` acts requested tonight by every run, `of_repository` by the
+/// runs of this run's repository.
+pub fn queue_bound_refusal(
+    bounds: crate::config::QueueBounds,
+    tonight: u64,
+    of_repository: u64,
+) -> Option<(&'static str, String)> {
+    if tonight >= bounds.per_night {
+        return Some((
+            "nightshift:queue-night",
+            format!(
+                "all runs together have requested {tonight} acts tonight, the most a night may \
+                 ([queue] max_acts_per_night = {})",
+                bounds.per_night
+            ),
+        ));
+    }
+    if of_repository >= bounds.per_repository {
+        return Some((
+            "nightshift:queue-repository",
+            format!(
+                "this repository's runs have requested {of_repository} acts tonight, the most one \
+                 repository may ([queue] max_acts_per_repository = {})",
+                bounds.per_repository
+            ),
+        ));
+    }
+    None
+}
 
 /// Sets the queue's lifetimes from the process's configuration
 /// ([`crate::config::Config::queue_ttls`]); the first call wins.
@@ -394,6 +458,25 @@ fn decide<S: StateStore + ?Sized>(
         }
         _ => {}
     }
+    let since = night_start(now());
+    let repo = door.repo.display().to_string();
+    match (
+        store.count_acts_since(&since, None),
+        store.count_acts_since(&since, Some(&repo)),
+    ) {
+        (Ok(tonight), Ok(of_repository)) => {
+            if let Some((rule, reason)) =
+                queue_bound_refusal(queue_bounds(), tonight, of_repository)
+            {
+                return refused(rule, reason);
+            }
+        }
+        _ => {
+            return Response::Error {
+                reason: "the supervisor could not count tonight's acts; try again later".into(),
+            }
+        }
+    }
     let dest = match destinations(store) {
         Ok(d) => d,
         Err(e) => return refused("nightshift:routing", e),
@@ -598,10 +681,13 @@ fn agent_reason(commit: &str, e: &orchestrator_git::GitError) -> String {
     use orchestrator_git::GitError as E;
     match e {
         E::NotConnected { missing, .. } => format!(
-            "commit {commit} is not connected: object {missing} is neither in the pack sent nor in the repository the run started from"
+            "commit {commit} is not connected: object {missing} is neither in the pack sent nor reachable from the commit the run started from"
         ),
         E::BadPack { why } => {
             format!("the pack sent for commit {commit} is not a valid git pack: {why}")
+        }
+        E::PackOverLimits { why } => {
+            format!("the pack sent for commit {commit} was refused before it was indexed: {why}")
         }
         E::MissingObject { .. }
         | E::MalformedObject { .. }
@@ -610,6 +696,10 @@ fn agent_reason(commit: &str, e: &orchestrator_git::GitError) -> String {
         | E::TotalBytesExceeded { .. }
         | E::ObjectIdMismatch { .. }
         | E::InvalidCommitId { .. } => format!("commit {commit} was refused: {e}"),
+        // What was sent can never pass: retrying the same objects is futile.
+        E::InvalidTreeEntry { .. } | E::HostileWorktree { .. } | E::BadRef { .. } => format!(
+            "commit {commit} was refused and never will be as it is: {e}; the act was not queued"
+        ),
         _ => format!(
             "the supervisor could not store commit {commit}; the act was not queued, try again later"
         ),
@@ -1031,6 +1121,20 @@ fn recompute<S: StateStore + ?Sized>(
         })?;
         let current =
             orchestrator_executors::remote_ref(remote, target_ref).map_err(|e| e.audit_reason())?;
+        if let Content::Commit { commit } = &act.content {
+            if current.as_deref() != Some(commit.as_str()) {
+                if let Some(why) = moves_an_opened_pull_request(
+                    store,
+                    dest,
+                    &act.routing.destination,
+                    target_ref,
+                    commit,
+                    &act.id,
+                )? {
+                    return Err(why);
+                }
+            }
+        }
         now_act.routing.target = Target::Push {
             target_ref: target_ref.clone(),
             expected_old: current,
@@ -1061,11 +1165,23 @@ fn head_is_bindable<S: StateStore + ?Sized>(
     head_ref: &str,
     head_commit: &str,
 ) -> Result<Option<String>, String> {
-    let (_, remote) = forge_remote(dest, act)?;
+    let (forge, remote) = forge_remote(dest, act)?;
     let now = orchestrator_executors::remote_ref(remote, head_ref).map_err(|e| e.audit_reason())?;
     let Some(now) = now else {
         return Ok(None);
     };
+    if now != head_commit {
+        if let Some(why) = moves_an_opened_pull_request(
+            store,
+            dest,
+            &forge.remote,
+            head_ref,
+            head_commit,
+            &act.id,
+        )? {
+            return Err(why);
+        }
+    }
     let run = store.run(&act.run).map_err(|e| e.to_string())?;
     let extends = orchestrator_executors::extends(Path::new(&run.repo), head_commit, &now)
         .map_err(|e| e.audit_reason())?;
@@ -1076,6 +1192,50 @@ fn head_is_bindable<S: StateStore + ?Sized>(
             "the head branch {head_ref} now holds {now}, which the approved {head_commit} does not extend"
         ))
     }
+}
+
+/// Why moving branch `branch` of git remote `remote` (an alias) to `commit`
+/// would move the head of a pull request another act (not `this`) opened,
+/// naming that pull request and act; `None` when it would move none. A pull
+/// request opened by nightshift is bound to the commit its owner approved:
+/// a later act (another pull request on the same head, bases `main` and
+/// `release`, or a push to that branch) must not move it under the
+/// reviewer, so it goes stale instead.
+fn moves_an_opened_pull_request<S: StateStore + ?Sized>(
+    store: &S,
+    dest: &Destinations,
+    remote: &str,
+    branch: &str,
+    commit: &str,
+    this: &str,
+) -> Result<Option<String>, String> {
+    let branch = branch.strip_prefix("refs/heads/").unwrap_or(branch);
+    for row in rows(store, None).map_err(|e| e.to_string())? {
+        if row.act.id == this {
+            continue;
+        }
+        let (
+            State::Done { outcome, .. },
+            Target::PullRequest { head_ref, .. },
+            Content::PullRequest { head_commit, .. },
+        ) = (&row.state, &row.act.routing.target, &row.act.content)
+        else {
+            continue;
+        };
+        let same_remote = dest
+            .forges
+            .get(&row.act.routing.destination)
+            .is_some_and(|f| f.remote == remote);
+        let head = head_ref.strip_prefix("refs/heads/").unwrap_or(head_ref);
+        if same_remote && head == branch && head_commit != commit {
+            return Ok(Some(format!(
+                "moving branch {branch} to {commit} would move the head of {} that act {} opened at {head_commit}; reject this act, or close that pull request and rebind",
+                outcome.split(" (").next().unwrap_or(outcome),
+                row.act.id
+            )));
+        }
+    }
+    Ok(None)
 }
 
 /// The forge of a pull-request act and the git remote that holds its branches.
@@ -1376,6 +1536,20 @@ pub fn rebind<S: StateStore + ?Sized>(
         })?;
         let current =
             orchestrator_executors::remote_ref(remote, target_ref).map_err(|e| e.audit_reason())?;
+        if let Content::Commit { commit } = &act.content {
+            if current.as_deref() != Some(commit.as_str()) {
+                if let Some(why) = moves_an_opened_pull_request(
+                    store,
+                    &dest,
+                    &act.routing.destination,
+                    target_ref,
+                    commit,
+                    &act.id,
+                )? {
+                    return Err(why);
+                }
+            }
+        }
         change = format!(
             "; lease {} -> {}",
             expected_old.as_deref().unwrap_or("(absent)"),
@@ -1711,6 +1885,117 @@ pub fn refusals(store: &Store, run: Option<&str>) -> Result<Vec<Refusal>, StoreE
             }
         })
         .collect())
+}
+
+/// Most commits [`publishes`] lists (all are counted).
+pub const MAX_LISTED_COMMITS: u64 = 1000;
+
+/// What a push or pull request would publish that its destination does not
+/// hold yet: every commit reachable from the act's commit and from none of
+/// the destination's refs (not only the change against the run's base or a
+/// first parent: a merge's other parents, and a base the destination never
+/// had, are listed too).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Publishes {
+    /// `commit ID` and subject lines, newest first, at most
+    /// [`MAX_LISTED_COMMITS`] of them (the host's git log; agent-written:
+    /// escape before showing).
+    pub log: Vec<u8>,
+    /// How many commits in all.
+    pub count: u64,
+    /// What the destination was taken to hold (supervisor-written).
+    pub against: String,
+}
+
+/// The commits the destination holds, as far as can be told now: the ids
+/// of every ref the remote advertises (for a pull request, the forge's
+/// remote), or, when it cannot be read, the ref the push was bound to.
+/// Returns the ids and a line saying which.
+pub fn destination_holds(dest: &Destinations, act: &Act) -> (Vec<String>, String) {
+    let alias = &act.routing.destination;
+    let remote_alias = match &act.routing.target {
+        Target::PullRequest { .. } => dest.forges.get(alias).map(|f| f.remote.as_str()),
+        _ => Some(alias.as_str()),
+    };
+    let bound = match &act.routing.target {
+        Target::Push {
+            target_ref,
+            expected_old,
+        } => Some((target_ref.clone(), expected_old.clone())),
+        _ => None,
+    };
+    let read = remote_alias
+        .and_then(|a| dest.remotes.get(a).map(|r| (a, r)))
+        .ok_or_else(|| "it is no longer configured".to_string())
+        .and_then(|(a, r)| {
+            orchestrator_executors::remote_heads(r)
+                .map(|heads| (a, heads))
+                .map_err(|e| e.audit_reason())
+        });
+    match (read, bound) {
+        (Ok((a, heads)), _) => (
+            heads.into_iter().map(|(_, id)| id).collect(),
+            format!("not on any ref of remote {a} now"),
+        ),
+        (Err(why), Some((target_ref, Some(old)))) => (
+            vec![old.clone()],
+            format!(
+                "not in {target_ref} as bound ({old}); the destination could not be read now: {why}"
+            ),
+        ),
+        (Err(why), _) => (
+            Vec::new(),
+            format!("every commit: the destination could not be read now: {why}"),
+        ),
+    }
+}
+
+/// The commits reachable from `commit` and from none of `held` in the host
+/// repository `repo` (the host's git; ids the host lacks are ignored, so
+/// their commits are listed: never fewer than would be published). `None`
+/// when git could not say.
+pub fn publishes(repo: &Path, commit: &str, held: &[String], against: String) -> Option<Publishes> {
+    let is_id = |s: &str| s.len() == 40 && s.bytes().all(|b| b.is_ascii_hexdigit());
+    if !is_id(commit) {
+        return None;
+    }
+    let mut revs = format!("{commit}\n");
+    for id in held.iter().filter(|id| is_id(id)) {
+        revs.push_str(&format!("^{id}\n"));
+    }
+    let git = |args: &[&str]| -> Option<Vec<u8>> {
+        use std::io::Write;
+        let mut child = std::process::Command::new("git")
+            .arg("-C")
+            .arg(repo)
+            .args(["-c", "core.pager=cat"])
+            .args(args)
+            .args(["--ignore-missing", "--stdin"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .ok()?;
+        let mut stdin = child.stdin.take()?;
+        let written = stdin.write_all(revs.as_bytes());
+        drop(stdin);
+        let out = child.wait_with_output().ok()?;
+        (written.is_ok() && out.status.success()).then_some(out.stdout)
+    };
+    let count = git(&["rev-list", "--count"])?;
+    let count = String::from_utf8_lossy(&count).trim().parse().ok()?;
+    let log = git(&[
+        "log",
+        "--no-decorate",
+        "--no-color",
+        &format!("--max-count={MAX_LISTED_COMMITS}"),
+        "--format=commit %H%n    %s",
+    ])?;
+    Some(Publishes {
+        log,
+        count,
+        against,
+    })
 }
 
 /// A message body as the owner reads it in `queue show`: whole, line by
@@ -2336,5 +2621,91 @@ mod queue_tests {
             .map(|e| e.body["verdict"].clone())
             .collect();
         assert_eq!(verdicts.len(), 1, "{:?}", store.kinds());
+    }
+}
+
+#[cfg(test)]
+mod reason_tests {
+    use super::agent_reason;
+    use orchestrator_git::GitError;
+
+    /// A tree that can never pass says so; the supervisor's own trouble
+    /// asks for a retry.
+    #[test]
+    fn a_permanent_refusal_never_says_try_again() {
+        let c = "0123456789012345678901234567890123456789";
+        let bad = agent_reason(
+            c,
+            &GitError::InvalidTreeEntry {
+                tree: "ab".repeat(20),
+                name: ".git".into(),
+                why: "a reserved name",
+            },
+        );
+        assert!(!bad.contains("try again"), "{bad}");
+        assert!(bad.contains("never will be"), "{bad}");
+        assert!(bad.contains("refused entry \".git\""), "{bad}");
+        let trouble = agent_reason(
+            c,
+            &GitError::Io {
+                action: "writing",
+                path: "/nowhere".into(),
+                source: std::io::Error::other("disk full"),
+            },
+        );
+        assert!(trouble.contains("try again later"), "{trouble}");
+    }
+}
+
+#[cfg(test)]
+mod bound_tests {
+    use super::*;
+    use crate::config::QueueBounds;
+    use proptest::prelude::*;
+
+    #[test]
+    fn nights_start_at_noon_utc() {
+        // 2026-12-05 22:00 UTC and 2026-12-06 11:59 UTC: the night of the 5th.
+        assert_eq!(night_start(1_796_508_000), "2026-12-05T12:00:00Z");
+        assert_eq!(night_start(1_796_558_340), "2026-12-05T12:00:00Z");
+        assert_eq!(night_start(1_796_558_400), "2026-12-06T12:00:00Z");
+    }
+
+    #[test]
+    fn past_a_bound_the_refusal_names_it() {
+        let b = QueueBounds {
+            per_night: 10,
+            per_repository: 4,
+        };
+        assert_eq!(queue_bound_refusal(b, 9, 3), None);
+        let (rule, why) = queue_bound_refusal(b, 10, 0).unwrap();
+        assert_eq!(rule, "nightshift:queue-night");
+        assert!(why.contains("max_acts_per_night = 10"), "{why}");
+        let (rule, why) = queue_bound_refusal(b, 5, 4).unwrap();
+        assert_eq!(rule, "nightshift:queue-repository");
+        assert!(why.contains("max_acts_per_repository = 4"), "{why}");
+    }
+
+    proptest! {
+        #[test]
+        fn a_request_passes_only_under_both_bounds(
+            night in 0u64..50, repo in 0u64..50, tonight in 0u64..60, of_repo in 0u64..60,
+        ) {
+            let b = QueueBounds { per_night: night, per_repository: repo };
+            let passes = queue_bound_refusal(b, tonight, of_repo).is_none();
+            prop_assert_eq!(passes, tonight < night && of_repo < repo);
+        }
+
+        #[test]
+        fn a_moment_lies_in_the_day_after_its_night_starts(t in 0i64..4_000_000_000) {
+            let start = time::OffsetDateTime::parse(
+                &night_start(t),
+                &time::format_description::well_known::Rfc3339,
+            )
+            .unwrap()
+            .unix_timestamp();
+            prop_assert!(start <= t && t < start + 86_400);
+            prop_assert_eq!(start.rem_euclid(86_400), 12 * 3600);
+        }
     }
 }

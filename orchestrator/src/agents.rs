@@ -16,8 +16,69 @@
 //!   policy-check`, fail closed).
 //! - A model name is a name, never an option: it is refused unless it is
 //!   1 to 128 of `A-Z a-z 0-9 . _ : / -` not starting with `-`.
+//! - A preset's agent loads only the configuration nightshift writes, never
+//!   the repository's: Claude Code is started with `--setting-sources user
+//!   --strict-mcp-config` (a committed `.claude/settings.json` with
+//!   `disableAllHooks` is never read); Codex's bypass flags make it trust
+//!   the project and load its `.codex/config.toml` (which could replace the
+//!   hooks or turn them off), so the configuration `run.sh` writes declares
+//!   the worktree `/workspace` untrusted and Codex loads none of the
+//!   project's `.codex/`; mini-swe-agent reads its
+//!   configuration from its package and `$HOME` (the sandbox's tmpfs).
+//!   Aider always reads `.aider.conf.yml`, `.env`, `.aider.model.settings.yml`
+//!   and `.aider.model.metadata.json` at the repository's root and cannot be
+//!   told not to: a run of the aider preset on a base commit that has any of
+//!   them is refused before it starts ([`project_config_refusal`]), naming
+//!   the files.
+
+use std::path::Path;
 
 use crate::image::Agent;
+
+/// Files at a repository's root that `agent` would read as its own
+/// configuration and that no flag switches off.
+pub fn project_config(agent: Agent) -> &'static [&'static str] {
+    match agent {
+        Agent::Aider => &[
+            ".aider.conf.yml",
+            ".env",
+            ".aider.model.settings.yml",
+            ".aider.model.metadata.json",
+        ],
+        Agent::ClaudeCode | Agent::Codex | Agent::MiniSweAgent | Agent::PythonSdks => &[],
+    }
+}
+
+/// The refusal of a run of `agent` on a base commit whose root holds
+/// `present` (those of [`project_config`] it has), or `Ok` when it holds none.
+pub fn project_config_refusal(agent: Agent, present: &[String]) -> Result<(), String> {
+    if present.is_empty() {
+        return Ok(());
+    }
+    let names: Vec<String> = present.iter().map(|n| format!("{n:?}")).collect();
+    Err(format!(
+        "the repository's base commit has {}: the {} preset would load it as its own configuration \
+         (it cannot be told not to), which could change what the agent runs; remove it from the \
+         base, or run another preset",
+        names.join(", "),
+        agent.name()
+    ))
+}
+
+/// Checks the base commit `base_ref` of the host repository `repo` (its
+/// objects only) for `agent`'s project configuration; refused as
+/// [`project_config_refusal`] says. A ref or repository that cannot be read
+/// is left to the run, which refuses it with its own error.
+pub fn check_repository(agent: Agent, repo: &Path, base_ref: &str) -> Result<(), String> {
+    let names = project_config(agent);
+    if names.is_empty() {
+        return Ok(());
+    }
+    match orchestrator_git::root_entries(repo, base_ref, names) {
+        Ok(present) => project_config_refusal(agent, &present),
+        Err(_) => Ok(()),
+    }
+}
 
 /// The command every agent image runs: its preset's `run.sh`.
 pub const ENTRYPOINT: &str = "nightshift-agent";
@@ -107,6 +168,30 @@ mod tests {
         assert!(Agent::Aider
             .run_script()
             .contains("--message \"$NIGHTSHIFT_TASK\""));
+    }
+
+    #[test]
+    fn claude_code_and_codex_load_only_the_configuration_their_presets_write() {
+        let claude = Agent::ClaudeCode.run_script();
+        assert!(claude.contains("--setting-sources user --strict-mcp-config"));
+        let codex = Agent::Codex.run_script();
+        assert!(codex.contains(&format!(
+            "[projects.\"{}\"]\ntrust_level = \"untrusted\"",
+            crate::sandbox::WORKSPACE
+        )));
+    }
+
+    #[test]
+    fn only_aider_has_project_configuration_it_cannot_ignore() {
+        for agent in Agent::ALL {
+            assert!(project_config_refusal(agent, &[]).is_ok());
+            assert_eq!(project_config(agent).is_empty(), agent != Agent::Aider);
+        }
+        let e = project_config_refusal(Agent::Aider, &[".aider.conf.yml".into()]).unwrap_err();
+        assert!(
+            e.contains("\".aider.conf.yml\"") && e.contains("aider preset"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -146,7 +146,27 @@ pub struct FleetCaps {
 pub struct QueueConfig {
     pub pending_ttl: Option<Span>,
     pub approval_ttl: Option<Span>,
+    /// Acts all runs together may request per night (noon to noon UTC);
+    /// past it every request is refused (`nightshift:queue-night`).
+    pub max_acts_per_night: Option<u64>,
+    /// Acts the runs of one repository may request per night; past it that
+    /// repository's requests are refused (`nightshift:queue-repository`).
+    pub max_acts_per_repository: Option<u64>,
 }
+
+/// The queue's bounds after defaults: acts per night (all runs), acts per
+/// repository per night.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueBounds {
+    pub per_night: u64,
+    pub per_repository: u64,
+}
+
+/// Default of `[queue] max_acts_per_night`: five runs' worth of the per-run
+/// cap, more than a person reviews in a morning.
+pub const DEFAULT_MAX_ACTS_PER_NIGHT: u64 = 1000;
+/// Default of `[queue] max_acts_per_repository`.
+pub const DEFAULT_MAX_ACTS_PER_REPOSITORY: u64 = 400;
 
 /// Who a sandbox runs as. Both default to
 /// [`crate::sandbox::DEFAULT_SANDBOX_ID`]; each run refuses to start when
@@ -169,6 +189,18 @@ pub struct RepositoryConfig {
     pub confidentiality: policies::Confidentiality,
 }
 
+/// `[serve]`: a TLS proxy in front of `nightshift serve --insecure-network`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    /// The origin browsers use, `https://NAME[:PORT]`.
+    pub external_origin: Option<String>,
+    /// The proxies' addresses: only their connections may use the external
+    /// origin, and only their `X-Forwarded-For` names the client.
+    #[serde(default)]
+    pub trusted_proxies: Vec<std::net::IpAddr>,
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
@@ -182,6 +214,8 @@ pub struct Config {
     pub fleet: FleetCaps,
     #[serde(default)]
     pub queue: QueueConfig,
+    #[serde(default)]
+    pub serve: ServeConfig,
 }
 
 /// The fleet's limits after defaults.
@@ -239,7 +273,34 @@ impl Config {
                 });
             }
         }
+        config.front().map_err(|message| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        })?;
         let fleet = config.fleet();
+        // The sandboxes' shared `nproc` limit must stay above every process
+        // the fleet may hold (see `SandboxSpec::ulimits`).
+        if fleet.pids > crate::sandbox::SHARED_NPROC as u64 {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!(
+                    "fleet.pids = {} is more than the {} processes all sandboxes share (their nproc limit)",
+                    fleet.pids,
+                    crate::sandbox::SHARED_NPROC
+                ),
+            });
+        }
+        if let Some(pids) = config.caps.pids {
+            if pids > fleet.pids {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "caps.pids = {pids} is more than fleet.pids ({})",
+                        fleet.pids
+                    ),
+                });
+            }
+        }
         if let Some(cpus) = config.caps.cpus {
             if !(cpus > 0.0 && cpus <= fleet.cpus) {
                 return Err(ConfigError::Invalid {
@@ -255,13 +316,20 @@ impl Config {
     }
 
     /// The per-run caps after defaults.
+    /// A run's caps never exceed the fleet's: memory and processes are at
+    /// most the fleet's (a small fleet lowers the built-in defaults).
     pub fn caps(&self) -> Caps {
         let d = Caps::default();
         let c = &self.caps;
+        let fleet = self.fleet();
+        let at_most = |v: i64, limit: u64| v.min(i64::try_from(limit).unwrap_or(i64::MAX));
         Caps {
-            memory_bytes: c.memory.map(|s| s.0 as i64).unwrap_or(d.memory_bytes),
+            memory_bytes: at_most(
+                c.memory.map(|s| s.0 as i64).unwrap_or(d.memory_bytes),
+                fleet.memory_bytes,
+            ),
             nano_cpus: c.cpus.map(|v| (v * 1e9) as i64).unwrap_or(d.nano_cpus),
-            pids: c.pids.map(|v| v as i64).unwrap_or(d.pids),
+            pids: at_most(c.pids.map(|v| v as i64).unwrap_or(d.pids), fleet.pids),
             open_files: c.max_files.map(|v| v as i64).unwrap_or(d.open_files),
             timeout: c.timeout.map(|s| s.0).unwrap_or(d.timeout),
             max_output_bytes: c.max_output.map(|s| s.0).unwrap_or(d.max_output_bytes),
@@ -274,6 +342,28 @@ impl Config {
                 .max_tokens_per_night
                 .unwrap_or(d.fleet_max_tokens_per_night),
         }
+    }
+
+    /// What stands in front of `serve` (`[serve]`): an external origin and
+    /// the proxies trusted for it, both or neither.
+    pub fn front(&self) -> Result<crate::serve::guard::Front, String> {
+        let s = &self.serve;
+        let external = s
+            .external_origin
+            .as_deref()
+            .map(crate::serve::guard::ExternalOrigin::parse)
+            .transpose()
+            .map_err(|e| format!("serve.external_origin: {e}"))?;
+        if external.is_some() == s.trusted_proxies.is_empty() {
+            return Err(
+                "serve.external_origin and serve.trusted_proxies go together: the origin browsers use and the addresses of the proxies that serve it"
+                    .into(),
+            );
+        }
+        Ok(crate::serve::guard::Front {
+            external,
+            trusted_proxies: s.trusted_proxies.clone(),
+        })
     }
 
     /// The user sandboxes run as, after defaults.
@@ -297,6 +387,20 @@ impl Config {
                 .map(|s| s.0.as_secs() as i64)
                 .unwrap_or(24 * 3600),
         )
+    }
+
+    /// The queue's bounds, the defaults for what the file leaves out.
+    pub fn queue_bounds(&self) -> QueueBounds {
+        QueueBounds {
+            per_night: self
+                .queue
+                .max_acts_per_night
+                .unwrap_or(DEFAULT_MAX_ACTS_PER_NIGHT),
+            per_repository: self
+                .queue
+                .max_acts_per_repository
+                .unwrap_or(DEFAULT_MAX_ACTS_PER_REPOSITORY),
+        }
     }
 
     pub fn fleet(&self) -> Fleet {
@@ -374,6 +478,20 @@ mod tests {
     }
 
     #[test]
+    fn no_cap_exceeds_the_fleet_nor_the_fleet_the_shared_nproc() {
+        let p = Path::new("/x/config.toml");
+        let e = Config::parse(p, "[fleet]\npids = 600\n[caps]\npids = 601\n").unwrap_err();
+        assert!(e.to_string().contains("caps.pids = 601"), "{e}");
+        assert!(Config::parse(p, "[fleet]\npids = 600\n[caps]\npids = 600\n").is_ok());
+        let e = Config::parse(p, "[fleet]\npids = 20000\n").unwrap_err();
+        assert!(e.to_string().contains("fleet.pids = 20000"), "{e}");
+        // A small fleet lowers the defaults to its own.
+        let small = Config::parse(p, "[fleet]\npids = 100\nmemory = \"300m\"\n").unwrap();
+        assert_eq!(small.caps().pids, 100);
+        assert_eq!(small.caps().memory_bytes, 300 << 20);
+    }
+
+    #[test]
     fn the_lease_is_configurable_and_thirty_seconds_by_default() {
         let p = Path::new("x.toml");
         assert_eq!(Config::default().caps().lease, Duration::from_secs(30));
@@ -394,6 +512,30 @@ mod tests {
         assert_eq!(c.caps().max_tokens, 5000);
         assert_eq!(c.caps().fleet_max_tokens_per_night, 90000);
         let e = Config::parse(p, "[fleet]\nmax_tokens_per_night = -1\n").unwrap_err();
+        assert!(e.to_string().starts_with("x.toml: line 2:"), "{e}");
+    }
+
+    #[test]
+    fn a_proxy_in_front_needs_its_origin_and_addresses() {
+        let p = Path::new("x.toml");
+        let c = Config::parse(
+            p,
+            "[serve]\nexternal_origin = \"https://dash.example\"\ntrusted_proxies = [\"127.0.0.1\"]\n",
+        )
+        .unwrap();
+        let front = c.front().unwrap();
+        assert_eq!(front.external.unwrap().origin, "https://dash.example");
+        assert_eq!(front.trusted_proxies.len(), 1);
+        let e =
+            Config::parse(p, "[serve]\nexternal_origin = \"https://dash.example\"\n").unwrap_err();
+        assert!(e.to_string().contains("go together"), "{e}");
+        let e = Config::parse(
+            p,
+            "[serve]\nexternal_origin = \"http://dash.example\"\ntrusted_proxies = [\"::1\"]\n",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("serve.external_origin"), "{e}");
+        let e = Config::parse(p, "[serve]\ntrusted_proxies = [\"proxy\"]\n").unwrap_err();
         assert!(e.to_string().starts_with("x.toml: line 2:"), "{e}");
     }
 

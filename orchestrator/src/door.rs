@@ -24,7 +24,10 @@
 //!   before a byte of it is read; it is read within a deadline that grows
 //!   with its size, into a scratch directory the supervisor owns
 //!   (`STATE/scratch/<run>/<n>`, never the worktree), and that directory is
-//!   removed once the request is answered. Nothing here, nor in the gate,
+//!   removed once the request is answered. What the pack would cost once
+//!   inflated is checked from its headers before anything inflates it
+//!   (`orchestrator_git::scan_pack`, called by the gate's binding), so a
+//!   delta bomb is refused for the price of a 32 KiB buffer. Nothing here, nor in the gate,
 //!   reads the run's worktree: the host never opens the sandbox's `.git`
 //!   while the sandbox runs.
 //! - A reply never holds a host path: the gate's texts are phrased for the

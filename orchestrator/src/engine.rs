@@ -3,6 +3,9 @@
 //! Invariants:
 //! - Every container is created from a [`SandboxSpec`]; there is no other
 //!   way to create one here, so no call site can forget a hardening flag.
+//!   Nor the lease's host-side end: a container whose lease wrapper is PID 1
+//!   gets its `nightshift lease-end` process at creation, or is removed
+//!   (`crate::lease::spawn_end`).
 //! - Inspection hands the attestation the engine's own document (the Engine
 //!   API's inspect JSON), not our request.
 //! - The worktree's bind mount takes no option from here: it inherits
@@ -196,7 +199,9 @@ impl Engine {
             ),
             cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
             ipc_mode: Some("private".into()),
-            init: Some(true),
+            // The lease wrapper is PID 1 itself (it reaps; see
+            // `SandboxSpec::lease_is_pid1`); without it, the engine's init.
+            init: Some(!spec.lease_is_pid1()),
             log_config: Some(HostConfigLogConfig {
                 typ: Some("none".into()),
                 config: Some(HashMap::new()),
@@ -235,7 +240,35 @@ impl Engine {
             .create_container(Some(options), body)
             .await
             .map_err(api(format!("creating container {}", spec.name)))?;
+        // The lease's host-side end, with the container: no call site can
+        // forget it (see `crate::lease`). Without it, no container.
+        if let (true, Some(door)) = (spec.lease_is_pid1(), spec.door.as_ref()) {
+            if let Err(e) = crate::lease::spawn_end(&created.id, door, spec.caps.lease) {
+                let _ = self.remove(&created.id).await;
+                return Err(EngineError::Api {
+                    doing: format!("starting the lease's host-side end for {}", spec.name),
+                    source: bollard::errors::Error::IOError { err: e },
+                });
+            }
+        }
         Ok(created.id)
+    }
+
+    /// The container's state as the engine names it (`created`, `running`,
+    /// `exited`, ...), or `None` when it is gone.
+    pub async fn status(&self, id: &str) -> Result<Option<String>, EngineError> {
+        match self.docker.inspect_container(id, None).await {
+            Ok(c) => Ok(Some(
+                c.state
+                    .and_then(|s| s.status)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+            )),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(None),
+            Err(e) => Err(api(format!("inspecting container {id}"))(e)),
+        }
     }
 
     /// The engine's inspect document for a container, as JSON.

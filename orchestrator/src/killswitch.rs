@@ -372,6 +372,21 @@ async fn settle_claimed(
         .into_iter()
         .map(|c| c.id)
         .collect();
+    // A sandbox that had already ended by its lease (the wrapper's 125, or
+    // the host-side end's kill) says so in the run's reason: its supervisor
+    // is gone, so the lease went unrenewed whatever else happened.
+    let mut lease_lapsed = false;
+    for c in &containers {
+        if let Ok(state) = sup.engine.exit_state(c).await {
+            if !state.running
+                && !state.oom_killed
+                && crate::lease::lapsed(state.exit_code, Duration::MAX, Duration::ZERO)
+            {
+                lease_lapsed = true;
+                record.exit_code = state.exit_code;
+            }
+        }
+    }
     for c in &containers {
         sup.engine.remove(c).await?;
     }
@@ -422,9 +437,14 @@ async fn settle_claimed(
     let (status, import_reason) =
         crate::run::status_after_import(&mut record, status, failure.as_ref(), &worktree);
     record.status = status.clone();
+    let lapse = if lease_lapsed && killed_by.is_none() {
+        "; its sandbox had ended itself: its lease lapsed"
+    } else {
+        ""
+    };
     record.reason = Some(match import_reason {
-        Some(why) => format!("settled by {by}; {why}"),
-        None => format!("settled by {by}"),
+        Some(why) => format!("settled by {by}{lapse}; {why}"),
+        None => format!("settled by {by}{lapse}"),
     });
     record.ended_at = Some(now_rfc3339());
     let ended = lock(sup).end_run(

@@ -121,10 +121,14 @@ enum Command {
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
         owner_key_file: Option<PathBuf>,
     },
-    /// Reject acts (needs the owner's credential).
+    /// Reject acts (needs the owner's credential); with --run, every act of
+    /// that run still waiting for a person.
     Reject {
-        #[arg(required = true)]
+        #[arg(required_unless_present = "run", conflicts_with = "run")]
         acts: Vec<String>,
+        /// Reject every pending act of this run.
+        #[arg(long)]
+        run: Option<String>,
         #[arg(long)]
         why: String,
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
@@ -135,6 +139,17 @@ enum Command {
     Watchdog {
         #[arg(long)]
         supervisor: String,
+    },
+    /// (internal) The host-side end of one sandbox's lease: kills the
+    /// container when its heartbeat stops growing (see `lease.rs`).
+    #[command(hide = true)]
+    LeaseEnd {
+        #[arg(long)]
+        container: String,
+        #[arg(long)]
+        heartbeat: PathBuf,
+        #[arg(long)]
+        bound_ms: u64,
     },
     /// Find sandboxes and runs whose supervisor vanished, and settle them.
     Reconcile,
@@ -585,6 +600,20 @@ async fn dispatch(cli: Cli) -> i32 {
             respond(&api, ApiCommand::Kill { target, freeze, by }, false).await
         }
         Command::Watchdog { supervisor } => watchdog_cmd(&api, &supervisor).await,
+        Command::LeaseEnd {
+            container,
+            heartbeat,
+            bound_ms,
+        } => {
+            let bound = std::time::Duration::from_millis(bound_ms);
+            match connect().await {
+                Ok(engine) => {
+                    orchestrator::lease::end_on_lapse(&engine, &container, &heartbeat, bound).await;
+                    Ok(exit::OK)
+                }
+                Err(code) => Err(code),
+            }
+        }
         Command::Reconcile => respond(&api, ApiCommand::Reconcile {}, false).await,
         Command::Import { run } => respond(&api, ApiCommand::Import { run }, false).await,
         Command::Queue {
@@ -609,13 +638,21 @@ async fn dispatch(cli: Cli) -> i32 {
         }
         Command::Reject {
             acts,
+            run,
             why,
             owner_key_file,
         } => {
-            let command = ApiCommand::Reject {
-                acts,
-                why,
-                owner_key_file,
+            let command = match run {
+                Some(run) => ApiCommand::RejectRun {
+                    run,
+                    why,
+                    owner_key_file,
+                },
+                None => ApiCommand::Reject {
+                    acts,
+                    why,
+                    owner_key_file,
+                },
             };
             respond(&api, command, false).await
         }
@@ -886,6 +923,7 @@ async fn run_cmd(
     let config = load_config(root, config_path)?;
     // The door queues acts with this run's configuration's lifetimes.
     orchestrator::acts::use_queue_ttls(config.queue_ttls());
+    orchestrator::acts::use_queue_bounds(config.queue_bounds());
     let task = match (&args.task, &args.task_file) {
         (Some(t), _) => t.clone(),
         (None, Some(f)) => {
@@ -933,14 +971,33 @@ async fn run_cmd(
         max_tokens: args.max_tokens.unwrap_or(defaults.max_tokens),
         fleet_max_tokens_per_night: defaults.fleet_max_tokens_per_night,
     };
+    // No run asks for more than the whole fleet (see `run_queue::within_fleet`).
+    let need = orchestrator::run_queue::Need {
+        memory_bytes: caps.memory_bytes.max(0) as u64,
+        milli_cpus: (caps.nano_cpus.max(0) / 1_000_000) as u64,
+        pids: caps.pids.max(0) as u64,
+    };
+    if let Err(e) =
+        orchestrator::run_queue::within_fleet(need, orchestrator::run_queue::fleet_need(&config))
+    {
+        errln!("nightshift: {e}");
+        return Err(exit::BAD_INPUT);
+    }
     let (preset_image, command) = match args.agent.as_deref() {
         None => (None, args.command),
         Some(name) => {
-            let preset = orchestrator::agents::preset(agent_preset(name)?, args.model.as_deref())
-                .map_err(|e| {
-                errln!("nightshift: {e}");
-                exit::USAGE
-            })?;
+            let agent = agent_preset(name)?;
+            let preset =
+                orchestrator::agents::preset(agent, args.model.as_deref()).map_err(|e| {
+                    errln!("nightshift: {e}");
+                    exit::USAGE
+                })?;
+            orchestrator::agents::check_repository(agent, &args.repo, &args.base_ref).map_err(
+                |e| {
+                    errln!("nightshift: {e}");
+                    exit::BAD_INPUT
+                },
+            )?;
             (Some(preset.image), preset.command)
         }
     };
@@ -986,6 +1043,21 @@ async fn perform(
     // Sandboxes left by a supervisor that vanished are settled first.
     if let Err(e) = orchestrator::killswitch::reconcile(&sup, None, "supervisor start").await {
         errln!("nightshift: reconciling: {e}");
+    }
+    // Admission, as for a queued task: the fleet's processes are shared by
+    // every sandbox, so this run starts only if they hold room for it.
+    let fleet_pids = config.fleet().pids;
+    let running = orchestrator::run_queue::running_pids(&sup.engine, &sup.state_tag, fleet_pids)
+        .await
+        .map_err(|e| {
+            errln!("nightshift: {e}");
+            exit::ENGINE
+        })?;
+    if let Err(e) =
+        orchestrator::run_queue::admit_pids(req.caps.pids.max(0) as u64, &running, fleet_pids)
+    {
+        errln!("nightshift: {e}");
+        return Err(exit::DENIED);
     }
     spawn_watchdog(root, config_path, &sup.identity);
     let (tx, rx) = tokio::sync::watch::channel(None);
@@ -1426,6 +1498,7 @@ async fn demo_cmd(
 ) -> Result<i32, i32> {
     let config = load_config(root, config_path)?;
     orchestrator::acts::use_queue_ttls(config.queue_ttls());
+    orchestrator::acts::use_queue_bounds(config.queue_bounds());
     std::fs::create_dir_all(root).map_err(|e| {
         errln!("nightshift: creating {}: {e}", root.display());
         exit::STATE
@@ -1841,10 +1914,31 @@ fn render_act(d: &ActDetail) {
     }
 }
 
-/// The commits and diff from the run's base to the act's commit, escaped.
+/// The commits the act would publish that the destination lacks, then the
+/// diff from the run's base to the act's commit, escaped.
 fn print_diff(d: &ActDetail) {
-    for bytes in [&d.log, &d.diff].into_iter().flatten() {
-        out!("{}", terminal::block(bytes));
+    match &d.publishes {
+        Some(p) => {
+            outln!(
+                "commits it would publish ({}, {}):",
+                p.count,
+                terminal::line(&p.against)
+            );
+            out!("{}", terminal::block(&p.log));
+            let listed = p.count.min(orchestrator::acts::MAX_LISTED_COMMITS);
+            if p.count > listed {
+                outln!("... and {} more commits", p.count - listed);
+            }
+        }
+        None => {
+            outln!("commits after the run's base (what it would publish could not be listed):");
+            if let Some(log) = &d.log {
+                out!("{}", terminal::block(log));
+            }
+        }
+    }
+    if let Some(diff) = &d.diff {
+        out!("{}", terminal::block(diff));
     }
 }
 
@@ -1998,11 +2092,18 @@ async fn serve_cmd(
 ) -> Result<i32, i32> {
     let config = load_config(root, config_path)?;
     orchestrator::acts::use_queue_ttls(config.queue_ttls());
+    orchestrator::acts::use_queue_bounds(config.queue_bounds());
     open_store(root)?;
     let identity = orchestrator::run::process_identity(std::process::id())
         .unwrap_or_else(|| format!("{}:0", std::process::id()));
     spawn_watchdog(root, config_path, &identity);
+    // Checked when the configuration was read; a second look costs nothing.
+    let front = config.front().map_err(|e| {
+        errln!("nightshift: {e}");
+        exit::BAD_INPUT
+    })?;
     let opts = orchestrator::serve::ServeOptions {
+        front,
         config: config_path.map(std::path::Path::to_path_buf),
         bind: args.bind,
         allow_hosts: args.allow_hosts,

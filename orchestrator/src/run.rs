@@ -342,6 +342,12 @@ enum Ended {
     Stopped(Stop),
     Breach(Breach),
     KilledBy(String),
+    /// The lease lapsed: the supervisor renewed nothing for this long, and
+    /// the sandbox ended itself (or its host-side end killed it).
+    LeaseLapsed {
+        silence: Duration,
+        bound: Duration,
+    },
 }
 
 async fn steps<E: ContainerEngine, S: StateStore>(
@@ -749,6 +755,26 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         }
         other => other,
     };
+    // The wrapper's 125 (or the host-side end's kill) after a whole lease
+    // without a renewal: the lease lapsed (see `crate::lease::lapsed`).
+    let ended = match ended {
+        Ended::Exited => {
+            let silence = held
+                .lease
+                .as_ref()
+                .map(crate::lease::Heartbeat::longest_silence)
+                .unwrap_or_default();
+            if crate::lease::lapsed(state.exit_code, silence, req.caps.lease) {
+                Ended::LeaseLapsed {
+                    silence,
+                    bound: req.caps.lease,
+                }
+            } else {
+                Ended::Exited
+            }
+        }
+        other => other,
+    };
     // A run that wrote past the worktree cap between two looks and exited
     // still went past it.
     let ended = match ended {
@@ -776,6 +802,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         Ended::Breach(b) => format!("cap {}", b.cap),
         Ended::KilledBy(who) => format!("kill switch ({who})"),
         Ended::Stopped(s) => s.name().to_string(),
+        Ended::LeaseLapsed { .. } => "lease lapsed".to_string(),
     };
     if let Ended::Breach(b) = &ended {
         sup.audit(
@@ -1325,6 +1352,15 @@ async fn finish<E: ContainerEngine, S: StateStore>(
         }
         Ok(Ended::Breach(b)) => (format!("killed: {}", b.detail), None, Ok(())),
         Ok(Ended::KilledBy(who)) => (format!("killed: by {who}"), None, Ok(())),
+        Ok(Ended::LeaseLapsed { silence, bound }) => (
+            "killed: lease lapsed".to_string(),
+            Some(format!(
+                "its supervisor renewed no heartbeat for {}s (lease {}s), so the sandbox ended itself",
+                silence.as_secs(),
+                bound.as_secs()
+            )),
+            Ok(()),
+        ),
         Ok(Ended::Stopped(s)) => (
             format!("interrupted: {}", s.name()),
             Some(format!("its supervisor received {}", s.name())),
@@ -1469,6 +1505,9 @@ mod lifecycle_tests {
         doc["Config"]["Labels"] = serde_json::json!(spec.labels);
         doc["Config"]["User"] = spec.user().into();
         doc["Config"]["Image"] = spec.image.clone().into();
+        // As `engine.rs` asks: the lease wrapper is PID 1, without the init.
+        doc["Path"] = spec.command[0].clone().into();
+        doc["HostConfig"]["Init"] = (!spec.lease_is_pid1()).into();
         for path in ["/Mounts", "/HostConfig/Mounts"] {
             for m in doc.pointer_mut(path).unwrap().as_array_mut().unwrap() {
                 let source = match m["Source"].as_str() {

@@ -49,7 +49,16 @@
 //!   `max_parallel` running, and never more than the fleet's memory, CPUs
 //!   and processes in caps summed over the running tasks, except that a task
 //!   that alone exceeds the fleet may start when nothing else runs (the fleet
-//!   cgroup still bounds it), so the queue never stalls forever.
+//!   cgroup still bounds it), so the queue never stalls forever. No new task
+//!   can be such a task: one whose caps exceed the fleet's is refused when
+//!   enqueued ([`within_fleet`]), as `nightshift run` refuses one.
+//! - A run started outside the queue (`nightshift run`, each child of
+//!   `tasks run`) passes admission too ([`admit_pids`]): its pids cap and
+//!   those of the state's running sandboxes (as the engine reports them,
+//!   [`running_pids`]) stay within the fleet's, whose pids cgroup they all
+//!   share; otherwise it is refused, naming the figures. Two runs admitted
+//!   at the same instant can still both start (no lock spans the check and
+//!   the container's creation); the fleet's cgroup still bounds them.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -338,6 +347,7 @@ pub fn resolve(
             )));
         }
     }
+    within_fleet(need(spec, config), fleet_need(config)).map_err(at)?;
     for (name, value) in [("pids", spec.pids), ("max_files", spec.max_files)] {
         if value == Some(0) || value.is_some_and(|v| v > i64::MAX as u64) {
             return Err(at(format!("{name} must be a positive number")));
@@ -488,6 +498,74 @@ pub fn admit(queued: &[Need], running: &[Need], fleet: Need, max_parallel: usize
     started
 }
 
+/// Whether one run's caps fit in the fleet: none may exceed the fleet's
+/// (a run asking for more processes or memory than the whole fleet could
+/// take the fleet's shared limit alone). `Err` says which and by how much.
+pub fn within_fleet(need: Need, fleet: Need) -> Result<(), String> {
+    if need.pids > fleet.pids {
+        return Err(format!(
+            "pids {} is more than the fleet's {} ([fleet] pids)",
+            need.pids, fleet.pids
+        ));
+    }
+    if need.memory_bytes > fleet.memory_bytes {
+        return Err(format!(
+            "memory {} bytes is more than the fleet's {} ([fleet] memory)",
+            need.memory_bytes, fleet.memory_bytes
+        ));
+    }
+    if need.milli_cpus > fleet.milli_cpus {
+        return Err(format!(
+            "cpus {} is more than the fleet's {} ([fleet] cpus)",
+            need.milli_cpus as f64 / 1000.0,
+            fleet.milli_cpus as f64 / 1000.0
+        ));
+    }
+    Ok(())
+}
+
+/// Admission of a run started outside the queue (`nightshift run`, and so
+/// each child of `tasks run`): its processes, with those the state's
+/// running sandboxes may hold (`running`: each one's pids cap), stay within
+/// the fleet's (the fleet's pids cgroup is shared by every sandbox: a run
+/// admitted past it would fail the others' forks).
+pub fn admit_pids(asked: u64, running: &[u64], fleet_pids: u64) -> Result<(), String> {
+    let held = running.iter().fold(0u64, |a, b| a.saturating_add(*b));
+    if asked.saturating_add(held) > fleet_pids {
+        return Err(format!(
+            "the fleet is full: its running sandboxes may hold {held} of its {fleet_pids} processes, and this run asks for {asked} (queue it with `nightshift tasks add`, or ask for fewer with --pids)"
+        ));
+    }
+    Ok(())
+}
+
+/// The pids caps of the state's running sandboxes, as the engine reports
+/// them (a cap it does not report counts as the whole fleet).
+pub async fn running_pids<E: crate::container_engine::ContainerEngine>(
+    engine: &E,
+    state_tag: &str,
+    fleet_pids: u64,
+) -> Result<Vec<u64>, crate::engine::EngineError> {
+    let mut caps = Vec::new();
+    for c in engine.managed(None).await? {
+        let ours = c
+            .labels
+            .get(crate::sandbox::LABEL_STATE)
+            .map(String::as_str)
+            == Some(state_tag);
+        if !ours || !c.running {
+            continue;
+        }
+        let doc = engine.inspect_json(&c.id).await?;
+        let cap = doc["HostConfig"]["PidsLimit"]
+            .as_i64()
+            .filter(|p| *p > 0)
+            .map_or(fleet_pids, |p| p as u64);
+        caps.push(cap);
+    }
+    Ok(caps)
+}
+
 /// A task's need, its caps after the configuration's defaults.
 pub fn need(spec: &TaskSpec, config: &crate::config::Config) -> Need {
     let d = config.caps();
@@ -505,7 +583,7 @@ pub fn need(spec: &TaskSpec, config: &crate::config::Config) -> Need {
     }
 }
 
-fn fleet_need(config: &crate::config::Config) -> Need {
+pub fn fleet_need(config: &crate::config::Config) -> Need {
     let f = config.fleet();
     Need {
         memory_bytes: f.memory_bytes,
@@ -1809,6 +1887,46 @@ mod tests {
         // Alone and too big: it starts when nothing runs, never beside another.
         assert_eq!(admit(&[n(20, 1, 1)], &[], fleet, 2), 1);
         assert_eq!(admit(&[n(20, 1, 1)], &[n(1, 1, 1)], fleet, 2), 0);
+    }
+
+    #[test]
+    fn no_run_asks_for_more_than_the_fleet() {
+        let fleet = n(10, 10, 10);
+        assert!(within_fleet(n(10, 10, 10), fleet).is_ok());
+        let e = within_fleet(n(1, 1, 11), fleet).unwrap_err();
+        assert!(e.contains("pids 11") && e.contains("[fleet] pids"), "{e}");
+        assert!(within_fleet(n(11, 1, 1), fleet).is_err());
+        assert!(within_fleet(n(1, 11, 1), fleet).is_err());
+    }
+
+    #[test]
+    fn a_run_outside_the_queue_is_admitted_only_within_the_fleets_processes() {
+        assert!(admit_pids(300, &[300], 600).is_ok());
+        let e = admit_pids(301, &[300], 600).unwrap_err();
+        assert!(
+            e.contains("300 of its 600") && e.contains("asks for 301"),
+            "{e}"
+        );
+        assert!(admit_pids(600, &[], 600).is_ok());
+        assert!(admit_pids(1, &[u64::MAX, 1], 600).is_err());
+    }
+
+    proptest! {
+        /// However runs arrive, those admitted never hold more than the
+        /// fleet's processes together.
+        #[test]
+        fn admitted_runs_never_hold_more_than_the_fleet(
+            asks in proptest::collection::vec(1u64..400, 1..30),
+        ) {
+            let fleet = 600;
+            let mut running: Vec<u64> = Vec::new();
+            for ask in asks {
+                if admit_pids(ask, &running, fleet).is_ok() {
+                    running.push(ask);
+                }
+                prop_assert!(running.iter().sum::<u64>() <= fleet);
+            }
+        }
     }
 
     fn need_strategy() -> impl Strategy<Value = Need> {

@@ -8,9 +8,14 @@
 //! - The sandbox runs as the configured [`SandboxUser`], never as the image's
 //!   own user, and under nightshift's seccomp profile ([`SECCOMP_PROFILE`]),
 //!   sent by content.
-//! - A sandbox with a door runs the door's lease wrapper as its main process
-//!   ([`lease_command`]), the agent's command as the wrapper's child: the
-//!   sandbox ends when its supervisor stops renewing the lease.
+//! - A sandbox with a door runs the door's lease wrapper as its PID 1, with
+//!   no engine init ([`lease_command`], [`SandboxSpec::lease_is_pid1`]),
+//!   the agent's command as the wrapper's child: the sandbox ends when its
+//!   supervisor stops renewing the lease, and nothing inside can stop the
+//!   wrapper (a PID namespace's init gets no signal from inside that it has
+//!   no handler for).
+//! - `nproc` is [`SHARED_NPROC`] whatever the run asks: the kernel counts it
+//!   per uid across the host, and all sandboxes share the uid.
 //! - The same spec yields the engine request (in `engine`) and the
 //!   attestation's expectations (here), so what we ask for and what we check
 //!   cannot drift apart; the check itself runs on what the engine reports.
@@ -42,12 +47,21 @@ pub const SANDBOX_GID: u32 = 1000;
 pub const DEFAULT_SANDBOX_ID: u32 = 2_000_000_000;
 /// nightshift's seccomp profile: moby's default allowlist (the reference for
 /// what the engine allows by default) less io_uring, ptrace and
-/// process_vm_*, the 32-bit `socketcall`, and every rule that needs a
-/// capability (bpf, perf_event_open, keyring calls, mount, namespaces, ...:
-/// nightshift grants none); `socket` only for AF_UNIX, AF_INET, AF_INET6 and
-/// AF_NETLINK with NETLINK_ROUTE (no AF_VSOCK, no other netlink family);
-/// `personality` only as Docker allows it. Sent to the engine by content and
-/// attested by its digest.
+/// process_vm_*, `name_to_handle_at` (file handles name host inodes; its
+/// twin `open_by_handle_at` needs a capability), the memory protection key
+/// calls `pkey_*` (Docker's own default refuses them; programs fall back
+/// without them), and every rule that needs a capability (bpf,
+/// perf_event_open, keyring calls, mount, namespaces, ...: nightshift grants
+/// none); `socket` only for AF_UNIX, AF_INET, AF_INET6 and AF_NETLINK with
+/// NETLINK_ROUTE (no AF_VSOCK, no other netlink family); `personality` only
+/// as Docker allows it.
+///
+/// Only each architecture's native ABI: no sub-architecture (x86's 32-bit
+/// `int 0x80` and x32, arm's 32-bit, ...), so every 32-bit entry point fails
+/// closed (the kernel kills the caller: SIGSYS). An argument filter cannot
+/// hold there: libseccomp turns a `socket` rule into a `socketcall` rule
+/// whose family it cannot see, and the 32-bit `ipc` multiplexes likewise.
+/// Sent to the engine by content and attested by its digest.
 pub const SECCOMP_PROFILE: &str = include_str!("seccomp.json");
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// The sandbox's main process: the lease wrapper in the door's `bin/`.
@@ -304,6 +318,14 @@ impl SandboxSpec {
         }
     }
 
+    /// Whether the lease wrapper is the container's PID 1 itself (no engine
+    /// init): every sandbox with a door. As its PID namespace's init it
+    /// receives no signal from inside that it has no handler for, SIGSTOP
+    /// and SIGKILL included, and the kernel ends the namespace when it exits.
+    pub fn lease_is_pid1(&self) -> bool {
+        self.command.first().map(String::as_str) == Some(LEASE_WRAPPER)
+    }
+
     pub fn user(&self) -> String {
         format!("{}:{}", self.user.uid, self.user.gid)
     }
@@ -311,10 +333,13 @@ impl SandboxSpec {
     /// Resource limits per process: open files; no core dumps (a dump of
     /// the agent is written where the host may read it, and can be large);
     /// no file larger than the worktree cap; processes bounded by
-    /// [`SHARED_NPROC`] (the kernel counts `nproc` per uid across the host,
-    /// and every sandbox runs as the same uid: a per-run figure here would
-    /// let one sandbox starve the others' forks; the pids cgroup stays the
-    /// per-run bound);
+    /// [`SHARED_NPROC`], whatever the run's caps (the kernel counts `nproc`
+    /// per uid across the host, and every sandbox runs as the same uid: a
+    /// figure that followed one run's cap would let that sandbox starve the
+    /// others' forks). The pids cgroup is the per-run bound, each run's cap
+    /// is at most the fleet's, the fleet's at most [`SHARED_NPROC`]
+    /// (`config`), and admission keeps the running caps' sum within the
+    /// fleet's: one state's sandboxes together never reach it;
     /// a bounded stack (8 MiB soft, as Linux's default; never unlimited,
     /// which would also switch off the randomised mmap layout).
     pub fn ulimits(&self) -> Vec<Ulimit> {
@@ -338,8 +363,8 @@ impl SandboxSpec {
             },
             Ulimit {
                 name: "nproc",
-                soft: SHARED_NPROC.max(c.pids),
-                hard: SHARED_NPROC.max(c.pids),
+                soft: SHARED_NPROC,
+                hard: SHARED_NPROC,
             },
             Ulimit {
                 name: "stack",
@@ -381,12 +406,13 @@ impl SandboxSpec {
             image_env,
             max_memory_bytes: self.caps.memory_bytes,
             max_pids: self.caps.pids,
-            max_nproc: SHARED_NPROC.max(self.caps.pids),
+            max_nproc: SHARED_NPROC,
             allowed_tmpfs: self.tmpfs.keys().cloned().collect::<BTreeSet<_>>(),
             seccomp_profile_digest: orchestrator_attest::seccomp_profile_digest(SECCOMP_PROFILE)
                 .unwrap_or_default(),
             max_shm_bytes: self.caps.shm_bytes(),
             max_file_bytes: i64::try_from(self.caps.max_worktree_bytes).unwrap_or(i64::MAX),
+            main_process: self.lease_is_pid1().then(|| LEASE_WRAPPER.to_string()),
         }
     }
 }
@@ -450,6 +476,46 @@ mod tests {
             assert_eq!(rule["args"][0]["index"], 0, "{rule}");
             assert_eq!(rule["args"][0]["op"], "SCMP_CMP_EQ", "{rule}");
         }
+        for name in [
+            "name_to_handle_at",
+            "open_by_handle_at",
+            "pkey_alloc",
+            "pkey_free",
+            "pkey_mprotect",
+        ] {
+            assert!(!allowed(name), "{name} is allowed");
+        }
+    }
+
+    /// An argument filter holds only on the native ABI: a 32-bit entry point
+    /// (`int 0x80`'s `socketcall`, x32, arm's 32-bit) reaches the same
+    /// kernel code with arguments the filter cannot see. So the profile
+    /// lists each architecture alone, and none of the 32-bit ones at all.
+    #[test]
+    fn the_profile_lists_only_native_architectures() {
+        let profile: serde_json::Value = serde_json::from_str(SECCOMP_PROFILE).unwrap();
+        assert!(
+            profile["architectures"].is_null(),
+            "{}",
+            profile["architectures"]
+        );
+        let natives = [
+            "SCMP_ARCH_X86_64",
+            "SCMP_ARCH_AARCH64",
+            "SCMP_ARCH_MIPS64",
+            "SCMP_ARCH_MIPSEL64",
+            "SCMP_ARCH_S390X",
+            "SCMP_ARCH_RISCV64",
+            "SCMP_ARCH_LOONGARCH64",
+        ];
+        let map = profile["archMap"].as_array().unwrap();
+        assert!(!map.is_empty());
+        for entry in map {
+            let arch = entry["architecture"].as_str().unwrap();
+            assert!(natives.contains(&arch), "{arch} is not a native 64-bit ABI");
+            let subs = entry["subArchitectures"].as_array().map_or(0, Vec::len);
+            assert_eq!(subs, 0, "{arch} lists sub-architectures: {entry}");
+        }
     }
 
     #[test]
@@ -486,13 +552,27 @@ mod tests {
         let get = |n: &str| limits.iter().find(|u| u.name == n).unwrap();
         assert_eq!((get("core").soft, get("core").hard), (0, 0));
         assert_eq!(get("fsize").hard, caps.max_worktree_bytes as i64);
-        assert_eq!(get("nproc").hard, SHARED_NPROC.max(caps.pids));
+        assert_eq!(get("nproc").hard, SHARED_NPROC);
+        // Never the run's own cap: one run asking for more cannot raise the
+        // limit every sandbox shares.
+        let greedy = SandboxSpec {
+            caps: Caps {
+                pids: 4 * SHARED_NPROC,
+                ..Caps::default()
+            },
+            ..spec()
+        };
+        let limits = greedy.ulimits();
+        let nproc = limits.iter().find(|u| u.name == "nproc").unwrap();
+        assert_eq!((nproc.soft, nproc.hard), (SHARED_NPROC, SHARED_NPROC));
+        assert_eq!(greedy.expectations(vec![]).max_nproc, SHARED_NPROC);
         let masked = spec().masked_paths();
         for p in [
             "/proc/kcore",
             "/proc/cmdline",
             "/proc/config.gz",
             "/sys/kernel/vmcoreinfo",
+            "/sys/kernel/boot_params",
         ] {
             assert!(masked.iter().any(|m| m == p), "{p}");
         }

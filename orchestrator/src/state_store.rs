@@ -50,6 +50,9 @@ pub trait StateStore: Send {
     fn policy_rows(&self) -> Result<Vec<serde_json::Value>, StoreError>;
     /// How many acts `run` has requested.
     fn count_acts(&self, run: &str) -> Result<u64, StoreError>;
+    /// How many acts were requested at or after `since` (RFC 3339), by
+    /// every run or by the runs of repository `repo` (as runs record it).
+    fn count_acts_since(&self, since: &str, repo: Option<&str>) -> Result<u64, StoreError>;
     /// Stores a new act with its audit event.
     fn put_act(
         &mut self,
@@ -152,6 +155,9 @@ impl StateStore for crate::store::Store {
     }
     fn count_acts(&self, run: &str) -> Result<u64, StoreError> {
         crate::store::Store::count_acts(self, run)
+    }
+    fn count_acts_since(&self, since: &str, repo: Option<&str>) -> Result<u64, StoreError> {
+        crate::store::Store::count_acts_since(self, since, repo)
     }
     fn put_act(
         &mut self,
@@ -320,6 +326,20 @@ pub mod fake {
                 });
             }
             Ok(self.acts.iter().filter(|a| a.1 == run).count() as u64)
+        }
+        /// The fake keeps no times: every act counts as tonight's.
+        fn count_acts_since(&self, _since: &str, repo: Option<&str>) -> Result<u64, StoreError> {
+            if self.fail_counts {
+                return Err(StoreError::BadEntry {
+                    seq: 0,
+                    message: "the fake store cannot count".into(),
+                });
+            }
+            let of_repo = |run: &str| {
+                repo.is_none_or(|repo| self.runs.iter().any(|r| r.id == run && r.repo == repo))
+            };
+            Ok(self.acts.iter().filter(|a| of_repo(&a.1)).count() as u64
+                + self.dry_acts.iter().filter(|a| of_repo(&a.1)).count() as u64)
         }
         fn put_act(
             &mut self,
@@ -515,6 +535,9 @@ pub mod fake {
         }
         fn count_acts(&self, run: &str) -> Result<u64, StoreError> {
             self.lock().count_acts(run)
+        }
+        fn count_acts_since(&self, since: &str, repo: Option<&str>) -> Result<u64, StoreError> {
+            self.lock().count_acts_since(since, repo)
         }
         fn put_act(
             &mut self,

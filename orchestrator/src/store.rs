@@ -828,6 +828,23 @@ impl Store {
             .map_err(sql("counting a run's acts"))
     }
 
+    /// Acts (queued or, in a dry run, recorded) created at or after `since`
+    /// (RFC 3339), of every run, or only of the runs of repository `repo`
+    /// (a run's `repo` as recorded).
+    pub fn count_acts_since(&self, since: &str, repo: Option<&str>) -> Result<u64, StoreError> {
+        self.conn
+            .query_row(
+                "SELECT (SELECT count(*) FROM acts WHERE created_at >= ?1 AND (?2 IS NULL OR run IN
+                     (SELECT id FROM runs WHERE json_extract(record, '$.repo') = ?2)))
+                  + (SELECT count(*) FROM dry_acts WHERE created_at >= ?1 AND (?2 IS NULL OR run IN
+                     (SELECT id FROM runs WHERE json_extract(record, '$.repo') = ?2)))",
+                params![since, repo],
+                |r| r.get::<_, i64>(0),
+            )
+            .map(|n| n as u64)
+            .map_err(sql("counting the night's acts"))
+    }
+
     // ----- dry runs and autonomy scopes -----
 
     /// Records a dry run's act with its audit entry, in one transaction.

@@ -64,6 +64,7 @@ pub fn request(spec: &TaskSpec, config: &Config) -> Result<RunRequest, String> {
         Some(name) => {
             let agent = crate::image::Agent::from_name(name)?;
             let preset = crate::agents::preset(agent, spec.model.as_deref())?;
+            crate::agents::check_repository(agent, &spec.repo, &spec.base_ref)?;
             (spec.image.clone().or(Some(preset.image)), preset.command)
         }
     };

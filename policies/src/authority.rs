@@ -2,7 +2,10 @@
 //!
 //! Invariants: tier 1 only ever tightens and only binds the declaring agent
 //! itself: a tier-1 declaration is a refuse or ask, whose subject is exactly
-//! the agent's own actor name (not `*`, not a glob), and not locked; a
+//! the agent's own actor name (not `*`, not a glob), and not locked; an
+//! actor that is itself a glob (`--actor '*'`, `run-*`) names no one agent,
+//! so nothing it declares or retires is tier 1 (its subject would bind every
+//! actor the glob matches); a
 //! tier-1 retirement removes only an unlocked *allow* that binds only that
 //! agent. Everything else loosens or reaches another party (an allow, the
 //! retirement of any refuse or ask, even the agent's own, an unlock, a rule
@@ -10,7 +13,14 @@
 
 use std::fmt;
 
+use crate::glob::is_glob;
 use crate::rule::{Effect, Rule, RuleId};
+
+/// Is `actor` one agent's name (not empty, not a glob)? Only such an actor
+/// can bind "only itself".
+fn names_one_agent(actor: &str) -> bool {
+    !actor.is_empty() && !is_glob(actor)
+}
 
 /// Proof that an act is tier 1: the agent may do it on its own say.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +97,7 @@ pub fn classify_declaration(actor: &str, rule: &Rule) -> Result<Tier1, NeedsOwne
     if rule.effect() == Effect::Allow {
         return Err(refuse(Loosening::Allow));
     }
-    if rule.subject() != actor || actor.is_empty() {
+    if rule.subject() != actor || !names_one_agent(actor) {
         return Err(refuse(Loosening::OtherSubject {
             subject: rule.subject().to_owned(),
         }));
@@ -117,7 +127,7 @@ pub fn classify_retirement(actor: &str, target: &Rule, locked: bool) -> Result<T
     if locked {
         return Err(refuse(Loosening::RetireLocked));
     }
-    if target.subject() != actor || actor.is_empty() {
+    if target.subject() != actor || !names_one_agent(actor) {
         return Err(refuse(Loosening::OtherSubject {
             subject: target.subject().to_owned(),
         }));
@@ -197,5 +207,21 @@ mod tests {
             assert!(matches!(e.why, Loosening::RetireRestriction { .. }));
         }
         assert!(classify_unlock("a1", &rule("a1", Effect::Refuse, true)).is_err());
+    }
+
+    #[test]
+    fn a_glob_actor_is_no_one_agent_and_never_tier1() {
+        for actor in ["*", "run-*", "*-a", "a*b"] {
+            for effect in [Effect::Refuse, Effect::Ask] {
+                let e = classify_declaration(actor, &rule(actor, effect, false)).unwrap_err();
+                assert!(matches!(e.why, Loosening::OtherSubject { .. }), "{e}");
+                assert!(e
+                    .to_string()
+                    .contains("binds more than the declaring agent"));
+            }
+            let e =
+                classify_retirement(actor, &rule(actor, Effect::Allow, false), false).unwrap_err();
+            assert!(matches!(e.why, Loosening::OtherSubject { .. }), "{e}");
+        }
     }
 }

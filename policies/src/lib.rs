@@ -52,3 +52,9 @@ pub use timestamp::Timestamp;
 
 /// The rules shipped with nightshift (`policies/rules/default.toml`).
 pub const DEFAULT_RULES: &str = include_str!("../rules/default.toml");
+
+/// The optional rule shipped with nightshift that refuses a harness's
+/// recursive `rm` in its common spellings, strings and arrays alike
+/// (`policies/rules/optional/no-recursive-delete.toml`; in force only once copied
+/// into `STATE/rules/` or declared).
+pub const RECURSIVE_DELETE_RULE: &str = include_str!("../rules/optional/no-recursive-delete.toml");

@@ -11,6 +11,15 @@
 //! Field paths in match clauses are dotted: `command` is the top-level
 //! `command` key of the request's args, `input.path` walks into objects and
 //! `files.0` into arrays. A key that itself contains a dot cannot be named.
+//!
+//! A field is tested as one or more texts ([`field_texts`]): a string as
+//! itself; an array (an argv, `["rm","-rf","x"]`, or a shell and its line,
+//! `["bash","-lc","rm\t-rf x"]`) as each element, as the shell line the
+//! elements make when joined (each quoted as a shell would need it), and as
+//! its compact JSON; anything else as its compact JSON. `matches` holds when
+//! any text matches, `not_matches` when none does, so an array can never
+//! slip past a rule written for the command line it stands for. The texts
+//! are at most about three times the field's size.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -228,13 +237,13 @@ pub struct Clause {
 impl Clause {
     /// Does the clause hold for these args?
     ///
-    /// A string field is tested as its text; any other value (number,
-    /// boolean, null, array, object) as its canonical JSON, so that hiding a
-    /// command inside an array does not slip past a `matches`. An absent
-    /// field matches nothing: `matches` fails and `not_matches` holds.
+    /// The field is tested as each of its texts ([`field_texts`]): a
+    /// `matches` holds when any of them matches, a `not_matches` when none
+    /// does. An absent field matches nothing: `matches` fails and
+    /// `not_matches` holds.
     pub fn holds(&self, args: &serde_json::Value) -> bool {
-        let text = field_text(args, &self.path);
-        let found = |p: &Pattern| text.as_deref().is_some_and(|t| p.is_match(t));
+        let texts = field_texts(args, &self.path);
+        let found = |p: &Pattern| texts.iter().any(|t| p.is_match(t));
         match &self.test {
             Test::Matches(p) => found(p),
             Test::NotMatches(p) => !found(p),
@@ -252,8 +261,8 @@ impl Clause {
     }
 }
 
-/// The text of the field at `path` in `args`, if it is there.
-pub fn field_text<'a>(args: &'a serde_json::Value, path: &[String]) -> Option<Cow<'a, str>> {
+/// The value at `path` in `args`, if it is there.
+fn field_value<'a>(args: &'a serde_json::Value, path: &[String]) -> Option<&'a serde_json::Value> {
     let mut at = args;
     for seg in path {
         at = match at {
@@ -262,10 +271,60 @@ pub fn field_text<'a>(args: &'a serde_json::Value, path: &[String]) -> Option<Co
             _ => return None,
         };
     }
-    Some(match at {
+    Some(at)
+}
+
+/// The text of the field at `path` in `args`, if it is there: a string as
+/// itself, anything else as its compact JSON. (Clauses test more texts
+/// than this one: [`field_texts`].)
+pub fn field_text<'a>(args: &'a serde_json::Value, path: &[String]) -> Option<Cow<'a, str>> {
+    field_value(args, path).map(value_text)
+}
+
+fn value_text(v: &serde_json::Value) -> Cow<'_, str> {
+    match v {
         serde_json::Value::String(s) => Cow::Borrowed(s.as_str()),
         other => Cow::Owned(canonical_json(other)),
-    })
+    }
+}
+
+/// Every text a clause tests the field at `path` in `args` as (none when
+/// the field is absent): a string as itself; an array as each element
+/// (a string as itself, anything else as its compact JSON), as the shell
+/// line its elements make ([`shell_join`]), and as its compact JSON;
+/// anything else as its compact JSON.
+pub fn field_texts<'a>(args: &'a serde_json::Value, path: &[String]) -> Vec<Cow<'a, str>> {
+    let Some(value) = field_value(args, path) else {
+        return Vec::new();
+    };
+    let serde_json::Value::Array(items) = value else {
+        return vec![value_text(value)];
+    };
+    let mut texts: Vec<Cow<'a, str>> = items.iter().map(value_text).collect();
+    texts.push(Cow::Owned(shell_join(texts.iter().map(|t| t.as_ref()))));
+    texts.push(Cow::Owned(canonical_json(value)));
+    texts
+}
+
+/// The command line a shell would split into `words`: the words joined by
+/// single spaces, each word that holds anything but letters, digits and
+/// `-_./=:,+@%` single-quoted (`'` written `'\''`), an empty word as `''`.
+pub fn shell_join<'w>(words: impl IntoIterator<Item = &'w str>) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c);
+    let mut line = String::new();
+    for (i, word) in words.into_iter().enumerate() {
+        if i > 0 {
+            line.push(' ');
+        }
+        if !word.is_empty() && word.chars().all(plain) {
+            line.push_str(word);
+        } else {
+            line.push('\'');
+            line.push_str(&word.replace('\'', "'\\''"));
+            line.push('\'');
+        }
+    }
+    line
 }
 
 /// A checked rule. Built only by [`Rule::compile`].

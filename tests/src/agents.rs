@@ -65,25 +65,43 @@ pub fn model_calls(state: &State, run: &str) -> Vec<Value> {
 pub const RECURSIVE_DELETE_REFUSAL: &str =
     "refused by rule no-recursive-delete: Recursive deletes are not done by agents";
 
-/// Gives `state` a rule that refuses a run's recursive `rm` through the
-/// harness hook (tool `Bash`), as the hook tests of real agents need it.
+/// Gives `state` the optional rule nightshift ships that refuses a
+/// recursive `rm` through the harness hook (tool `Bash`,
+/// `policies/rules/optional/no-recursive-delete.toml`), as the hook tests of real
+/// agents need it.
 pub fn refuse_recursive_deletes(state: &State) {
     assert!(state.run(&["runs"]).status.success());
     let rules = state.path().join("rules");
     std::fs::create_dir_all(&rules).unwrap();
     std::fs::write(
         rules.join("10-tools.toml"),
-        r#"[[rule]]
-id = "no-recursive-delete"
-subject = "run-*"
-tools = ["Bash"]
-effect = "refuse"
-reason = "Recursive deletes are not done by agents; delete files by name."
-authority = "test"
-match = [{ field = "command", matches = 'rm\s+-[a-zA-Z]*r' }]
-"#,
+        include_str!("../../policies/rules/optional/no-recursive-delete.toml"),
     )
     .unwrap();
+}
+
+/// Commits `files` (path in the repository, text) to `repo`'s `main`, as a
+/// repository that ships its own harness configuration would.
+pub fn commit_files(repo: &std::path::Path, files: &[(&str, &str)]) {
+    for (path, text) in files {
+        let path = repo.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, text).unwrap();
+    }
+    crate::git(repo, &["add", "-A", "-f"]);
+    crate::git(
+        repo,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@localhost",
+            "commit",
+            "-q",
+            "-m",
+            "the project's own harness configuration",
+        ],
+    );
 }
 
 /// Asserts that run `run` has exactly one policy decision, the refusal of

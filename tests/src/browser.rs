@@ -134,7 +134,41 @@ pub fn request(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Response {
-    let mut s = TcpStream::connect(addr).expect("connecting to serve");
+    let s = TcpStream::connect(addr).expect("connecting to serve");
+    exchange(s, method, path, headers, body)
+}
+
+/// [`request`] from another local address (any of 127.0.0.0/8): a client
+/// the server tells apart from the others by its address.
+pub fn request_from(
+    from: std::net::IpAddr,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Response {
+    let s = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(SocketAddr::new(from, 0)).unwrap();
+            let stream = socket.connect(addr).await.expect("connecting to serve");
+            stream.into_std().unwrap()
+        });
+    s.set_nonblocking(false).unwrap();
+    exchange(s, method, path, headers, body)
+}
+
+fn exchange(
+    mut s: TcpStream,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Response {
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let mut req = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
     for (k, v) in headers {
@@ -263,13 +297,30 @@ impl Driver {
     /// A headless Chromium session; every request the browser makes to any
     /// host but the dashboard is sent to a closed port (so a fetch elsewhere fails).
     pub async fn browser(&self) -> fantoccini::Client {
+        self.browser_with(&[], "127.0.0.1").await
+    }
+
+    /// [`Driver::browser`] with more Chromium flags, and `bypass` (`;`
+    /// separated) the hosts reached directly rather than through the
+    /// closed port.
+    pub async fn browser_with(&self, extra: &[String], bypass: &str) -> fantoccini::Client {
+        let mut args: Vec<String> = [
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1400,1000",
+            "--proxy-server=127.0.0.1:9",
+        ]
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+        args.push(format!("--proxy-bypass-list=<-loopback>;{bypass}"));
+        args.extend(extra.iter().cloned());
         let mut caps = serde_json::Map::new();
         caps.insert(
             "goog:chromeOptions".into(),
-            serde_json::json!({
-                "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                         "--window-size=1400,1000", "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>;127.0.0.1"],
-            }),
+            serde_json::json!({ "args": args }),
         );
         fantoccini::ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
             .capabilities(caps)
@@ -300,4 +351,185 @@ pub fn screenshot_dir() -> PathBuf {
         .unwrap();
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// A test CA and a server certificate for `names` signed by it.
+#[derive(Debug)]
+pub struct TestCert {
+    pub ca: tokio_rustls::rustls::pki_types::CertificateDer<'static>,
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// base64 of the SHA-256 of the server key's SubjectPublicKeyInfo, as
+    /// Chromium's `--ignore-certificate-errors-spki-list` takes it.
+    pub spki_sha256: String,
+}
+
+impl TestCert {
+    pub fn new(names: &[&str]) -> TestCert {
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "dashboard test CA");
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let cert = rcgen::CertificateParams::new(names)
+            .unwrap()
+            .signed_by(&key, &ca_cert, &ca_key)
+            .unwrap();
+        TestCert {
+            ca: ca_cert.der().clone(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            spki_sha256: base64::engine::general_purpose::STANDARD
+                .encode(sha2::Sha256::digest(key.public_key_der())),
+        }
+    }
+
+    pub fn server_config(&self) -> tokio_rustls::rustls::ServerConfig {
+        use tokio_rustls::rustls;
+        use tokio_rustls::rustls::pki_types::pem::PemObject as _;
+        let certs = rustls::pki_types::CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key =
+            rustls::pki_types::PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).unwrap();
+        let mut config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config
+    }
+}
+
+/// A TLS-terminating reverse proxy in front of `upstream`, as nginx's
+/// usual one is configured: the browser's `Host` passed on, the peer
+/// appended to `X-Forwarded-For`, `X-Forwarded-Proto: https`. It runs on
+/// its own thread until the test process ends.
+#[derive(Debug)]
+pub struct TlsProxy {
+    pub addr: SocketAddr,
+}
+
+impl TlsProxy {
+    /// Serves on `listener`, connecting to `upstream` from address `from`.
+    pub fn start(
+        listener: std::net::TcpListener,
+        config: tokio_rustls::rustls::ServerConfig,
+        from: std::net::IpAddr,
+        upstream: SocketAddr,
+    ) -> TlsProxy {
+        let addr = listener.local_addr().unwrap();
+        listener.set_nonblocking(true).unwrap();
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(proxy(listener, config, from, upstream));
+        });
+        TlsProxy { addr }
+    }
+}
+
+/// One request passed on to `upstream`, as the proxy's headers say.
+async fn forward(
+    mut req: hyper::Request<hyper::body::Incoming>,
+    peer: SocketAddr,
+    from: std::net::IpAddr,
+    upstream: SocketAddr,
+) -> Result<hyper::Response<hyper::body::Incoming>, std::io::Error> {
+    let forwarded = match req.headers().get("x-forwarded-for") {
+        Some(v) => format!("{}, {}", v.to_str().unwrap_or(""), peer.ip()),
+        None => peer.ip().to_string(),
+    };
+    let h = req.headers_mut();
+    h.insert("x-forwarded-for", forwarded.parse().unwrap());
+    h.insert("x-forwarded-proto", "https".parse().unwrap());
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from, 0))?;
+    let stream = socket.connect(upstream).await?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(std::io::Error::other)?;
+    tokio::spawn(conn);
+    sender
+        .send_request(req)
+        .await
+        .map_err(std::io::Error::other)
+}
+
+async fn proxy(
+    listener: std::net::TcpListener,
+    config: tokio_rustls::rustls::ServerConfig,
+    from: std::net::IpAddr,
+    upstream: SocketAddr,
+) {
+    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    loop {
+        let Ok((tcp, peer)) = listener.accept().await else {
+            continue;
+        };
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
+            let service = hyper::service::service_fn(move |req| forward(req, peer, from, upstream));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+        });
+    }
+}
+
+/// One HTTPS request from local address `from` to `addr` for server name
+/// `name`, trusting `ca`; the whole response as text.
+pub fn https_from(
+    from: std::net::IpAddr,
+    ca: &tokio_rustls::rustls::pki_types::CertificateDer<'static>,
+    addr: SocketAddr,
+    name: &str,
+    request: &str,
+) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio_rustls::rustls;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(name.to_string()).unwrap();
+    let request = request.to_string();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(SocketAddr::new(from, 0)).unwrap();
+            let tcp = socket.connect(addr).await.unwrap();
+            let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+                .connect(name, tcp)
+                .await
+                .expect("TLS handshake");
+            tls.write_all(request.as_bytes()).await.unwrap();
+            let mut out = Vec::new();
+            let _ = tls.read_to_end(&mut out).await;
+            String::from_utf8_lossy(&out).into_owned()
+        })
 }

@@ -690,3 +690,129 @@ PY
     assert_eq!(count("flood"), 1, "the flood itself audited once");
     assert!(m.state.verify().status.success());
 }
+
+/// Runs `n` asks from a sandbox on `repo`; returns the run's id and log.
+fn ask_n_times(m: &Morning, repo: &std::path::Path, n: u32) -> (String, String) {
+    let out = m.state.run(&[
+        "run",
+        "--repo",
+        repo.to_str().unwrap(),
+        "--image",
+        &image(),
+        "--",
+        "bash",
+        "-c",
+        &format!(
+            "echo hi > q.txt; ok=0; refused=0; for i in $(seq 1 {n}); do if nightshift-act ask --file q.txt >/dev/null 2>>err.txt; then ok=$((ok+1)); else refused=$((refused+1)); fi; done; echo ok=$ok refused=$refused; tail -1 err.txt; rm err.txt q.txt"
+        ),
+    ]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let id = m.state.runs().last().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let log = m.state.output_log(&id);
+    (id, log)
+}
+
+#[test]
+fn the_queue_is_bounded_per_night_and_per_repository_and_a_run_is_rejected_at_once() {
+    let m = setup();
+    std::fs::write(
+        m.state.path().join("config.toml"),
+        "[queue]\nmax_acts_per_night = 15\nmax_acts_per_repository = 10\n",
+    )
+    .unwrap();
+    // One repository's runs stop at its bound...
+    let (first, log) = ask_n_times(&m, m.repo.path(), 12);
+    assert!(log.contains("ok=10 refused=2"), "{log}");
+    assert!(
+        log.contains("refused by rule nightshift:queue-repository")
+            && log.contains("max_acts_per_repository = 10"),
+        "{log}"
+    );
+    // ... and all runs together at the night's, whatever the repository.
+    let other = make_repo();
+    let (_, log) = ask_n_times(&m, other.path(), 12);
+    assert!(log.contains("ok=5 refused=7"), "{log}");
+    assert!(
+        log.contains("refused by rule nightshift:queue-night")
+            && log.contains("max_acts_per_night = 15"),
+        "{log}"
+    );
+    // Every refusal is audited by name.
+    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
+    let count = |rule: &str| -> i64 {
+        db.query_row(
+            "SELECT count(*) FROM audit WHERE kind = 'door_request' AND body LIKE ?1",
+            [format!("%{rule}%")],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    assert_eq!(count("nightshift:queue-repository"), 2);
+    assert_eq!(count("nightshift:queue-night"), 7);
+    assert_eq!(queue(&m).len(), 15);
+
+    // The owner rejects all of the first run's acts at once.
+    let out = m.state.run(&[
+        "reject",
+        "--run",
+        &first,
+        "--why",
+        "flooded the queue",
+        "--owner-key-file",
+        m.key.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(
+        stdout(&out).matches(": rejected").count(),
+        10,
+        "{}",
+        stdout(&out)
+    );
+    let q = queue(&m);
+    let of_first: Vec<_> = q
+        .iter()
+        .filter(|a| a["act"]["run"] == first.as_str())
+        .collect();
+    assert_eq!(of_first.len(), 10);
+    assert!(
+        of_first.iter().all(|a| a["status"] == "rejected"),
+        "{of_first:?}"
+    );
+    assert_eq!(
+        q.iter().filter(|a| a["status"] == "pending").count(),
+        5,
+        "the other run's acts wait still"
+    );
+    // Without the owner's key nothing is rejected; an unknown run is named.
+    let wrong = m.state.path().join("not-the-key");
+    std::fs::write(&wrong, "not the key\n").unwrap();
+    let out = m.state.run(&[
+        "reject",
+        "--run",
+        &first,
+        "--why",
+        "x",
+        "--owner-key-file",
+        wrong.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(9),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let out = m
+        .state
+        .cmd()
+        .args(["reject", "--run", "no-such-run", "--why", "x"])
+        .args(["--owner-key-file", m.key.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no run"), "{}", stderr(&out));
+    assert!(m.state.verify().status.success());
+}

@@ -122,5 +122,17 @@ fn the_attestation_of_a_real_sandbox_covers_the_hardening() {
     assert_eq!(observed("shm-bounded"), format!("shm-size={}", 32 << 20));
     assert!(observed("ulimits-bounded").starts_with("core=0/0 fsize="));
     observed("proc-masked");
+    // The lease wrapper is PID 1 itself (no engine init between it and the
+    // agent), and the shared nproc limit is the fixed one, not the run's cap.
+    assert_eq!(
+        observed("init-pid1"),
+        "init=false path=/run/nightshift/bin/nightshift-lease"
+    );
+    let nproc = orchestrator::sandbox::SHARED_NPROC;
+    assert!(
+        observed("ulimits-bounded").contains(&format!("nproc={nproc}/{nproc}")),
+        "{}",
+        observed("ulimits-bounded")
+    );
     assert!(state.verify().status.success());
 }

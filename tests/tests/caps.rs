@@ -204,3 +204,103 @@ fn bad_cap_values_are_refused_with_a_clear_error() {
     assert_eq!(out.status.code(), Some(3));
     assert!(stderr(&out).contains("--cpus 99"), "{}", stderr(&out));
 }
+
+/// The fleet's processes are shared by every sandbox (the fleet's pids
+/// cgroup; `nproc` per uid): no run may ask for more than the fleet, every
+/// foreground run passes admission, and a run at its cap leaves another
+/// run's forks alone.
+#[test]
+fn one_run_never_takes_the_fleets_processes_from_another() {
+    let state = State::new();
+    std::fs::write(
+        state.path().join("config.toml"),
+        "[fleet]\npids = 600\n\n[caps]\npids = 300\ntimeout = \"20m\"\n",
+    )
+    .unwrap();
+    let repo = make_repo();
+    let img = image();
+    let run = |extra: &[&str], script: &str| -> std::process::Command {
+        let mut c = state.cmd();
+        c.args([
+            "run",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--image",
+            &img,
+        ]);
+        c.args(extra).args(["--", "bash", "-c", script]);
+        c
+    };
+    // More processes than the whole fleet: refused before anything starts.
+    let out = run(&["--pids", "20000"], "true").output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("[fleet] pids"), "{}", stderr(&out));
+    assert!(state.runs().is_empty());
+
+    // Run A holds nearly every process of its cap (280 threads of 300: at
+    // the cap itself the process cap's breach would end it).
+    let fill = format!(
+        "{WAIT_AT_GATE}python3 -c '
+import os, threading, time
+for _ in range(280):
+    threading.Thread(target=time.sleep, args=(10000,), daemon=True).start()
+open(\"filled.tmp\", \"w\").write(str(threading.active_count()))
+os.rename(\"filled.tmp\", \"filled.txt\")
+time.sleep(10000)'"
+    );
+    let mut a = run(&[], &fill)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let a_id = wait_running(&state, &mut a, 1).remove(0);
+    open_gate(&state, &a_id);
+    let filled = state
+        .path()
+        .join("worktrees")
+        .join(&a_id)
+        .join("filled.txt");
+    tests::wait_for_file(&filled);
+    let threads: u64 = std::fs::read_to_string(&filled).unwrap().parse().unwrap();
+    assert!(threads > 280, "run A held only {threads} threads");
+
+    // Run B, admitted beside it (300 + 300 = the fleet's 600): its 20
+    // forks, held at once, all succeed.
+    let out = run(
+        &[],
+        "ok=0; for i in $(seq 20); do sleep 30 & pids=\"$pids $!\"; done; \
+         for p in $pids; do kill $p && ok=$((ok+1)); done; echo \"forks=$ok\"",
+    )
+    .output()
+    .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let b = state
+        .runs()
+        .into_iter()
+        .find(|r| r["id"] != a_id.as_str())
+        .unwrap();
+    let log = state.output_log(b["id"].as_str().unwrap());
+    assert!(log.contains("forks=20"), "{log}");
+
+    // Run C would take the fleet past its processes (A still holds its
+    // 300): refused, named.
+    let a_run = state
+        .runs()
+        .into_iter()
+        .find(|r| r["id"] == a_id.as_str())
+        .unwrap();
+    assert_eq!(a_run["status"], "running", "{a_run}");
+    let out = run(&["--pids", "301"], "true").output().unwrap();
+    assert_eq!(out.status.code(), Some(9), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the fleet is full"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(state.runs().len(), 2);
+
+    let out = state.run(&["kill", &a_id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    a.wait_with_output().unwrap();
+    assert!(state.containers().is_empty());
+}

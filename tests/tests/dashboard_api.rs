@@ -9,7 +9,8 @@
 
 use serde_json::json;
 use tests::browser::{
-    add_accounts, request, Client, Serve, OWNER, OWNER_PASSWORD, VIEWER, VIEWER_PASSWORD,
+    add_accounts, request, request_from, Client, Serve, OWNER, OWNER_PASSWORD, VIEWER,
+    VIEWER_PASSWORD,
 };
 use tests::{stderr, State};
 
@@ -650,4 +651,228 @@ fn the_policy_page_shows_the_rules_policy_list_shows() {
         let id = rule["id"].as_str().expect("a rule id");
         assert!(page.body.contains(id), "rule {id} missing: {}", page.body);
     }
+}
+
+fn login_from(serve: &Serve, from: &str, name: &str, password: &str) -> tests::browser::Response {
+    request_from(
+        from.parse().unwrap(),
+        serve.addr,
+        "POST",
+        "/api/v1/login",
+        &[
+            ("Host", &serve.host()),
+            ("Content-Type", "application/json"),
+        ],
+        &json!({"name": name, "password": password}).to_string(),
+    )
+}
+
+/// Someone guessing the owner's password from another address cannot lock
+/// the owner out: failures count per address and per (account, address).
+/// An address spraying many names is limited too.
+#[test]
+fn a_guesser_elsewhere_never_locks_the_owner_out() {
+    let (_state, serve) = setup();
+    let guesses: Vec<u16> = (0..8)
+        .map(|_| login_from(&serve, "127.0.0.2", OWNER, "guess guess guess").status)
+        .collect();
+    assert!(
+        guesses.iter().all(|s| *s == 401 || *s == 429),
+        "{guesses:?}"
+    );
+    assert!(
+        guesses.contains(&429),
+        "8 guesses never limited: {guesses:?}"
+    );
+    // The owner, from an address that has not failed: in, at once.
+    let r = login_from(&serve, "127.0.0.1", OWNER, OWNER_PASSWORD);
+    assert_eq!(r.status, 200, "the owner was locked out: {}", r.body);
+    assert!(r.session_cookie().is_some());
+    // The guesser's address stays limited for that account, right password or not.
+    let r = login_from(&serve, "127.0.0.2", OWNER, OWNER_PASSWORD);
+    assert_eq!(r.status, 429, "{}", r.body);
+    // Spraying names from one address: limited per address.
+    let sprayed: Vec<u16> = (0..12)
+        .map(|i| {
+            login_from(
+                &serve,
+                "127.0.0.3",
+                &format!("user{i}"),
+                "guess guess guess",
+            )
+            .status
+        })
+        .collect();
+    assert!(
+        sprayed.contains(&429),
+        "12 names never limited: {sprayed:?}"
+    );
+    // And the viewer, from yet another address, is not affected.
+    let r = login_from(&serve, "127.0.0.4", VIEWER, VIEWER_PASSWORD);
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+/// Every page parameter is checked: a page whose offset would not fit is
+/// refused with an error naming it, never wrapped or a panic.
+#[test]
+fn page_parameters_past_any_page_are_refused_clearly() {
+    let (_state, serve) = setup();
+    let owner = Client::login(&serve, OWNER, OWNER_PASSWORD);
+    for page in [
+        "18446744073709551615",
+        "368934881474191033",
+        "184467440737095517",
+        "-1",
+        "x",
+        "99999999999999999999999",
+    ] {
+        let r = owner.get(&format!("/api/v1/queue?page={page}"));
+        assert_eq!(r.status, 400, "page {page}: {}", r.body);
+        assert!(
+            r.json()["error"].as_str().unwrap().contains("page"),
+            "page {page}: {}",
+            r.body
+        );
+        let r = request(
+            serve.addr,
+            "GET",
+            &format!("/queue?page={page}"),
+            &[
+                ("Host", &serve.host()),
+                ("Cookie", &owner.cookie),
+                ("Accept", "text/html"),
+            ],
+            "",
+        );
+        assert_eq!(r.status, 400, "page {page}: {}", r.body);
+    }
+    // The last page there can be, and an ordinary one, answer (empty).
+    for page in ["0", "1", "184467440737095516"] {
+        let r = owner.get(&format!("/api/v1/queue?page={page}"));
+        assert_eq!(r.status, 200, "page {page}: {}", r.body);
+        assert_eq!(r.json()["acts"], json!([]), "{}", r.body);
+    }
+}
+
+/// A browser sends every cookie of one name it holds (another path or a
+/// sibling domain's): the live session among them is taken.
+#[test]
+fn a_duplicated_session_cookie_takes_the_live_session() {
+    let (_state, serve) = setup();
+    let owner = Client::login(&serve, OWNER, OWNER_PASSWORD);
+    let host = serve.host();
+    let dead = format!("nightshift_session={}", "0".repeat(64));
+    for cookie in [
+        format!("nightshift_session=zz; {}", owner.cookie),
+        format!("{dead}; {}", owner.cookie),
+        format!("{}; {dead}", owner.cookie),
+    ] {
+        let r = request(
+            serve.addr,
+            "GET",
+            "/api/v1/session",
+            &[("Host", &host), ("Cookie", &cookie)],
+            "",
+        );
+        assert_eq!(r.status, 200, "{cookie}: {}", r.body);
+        assert_eq!(r.json()["user"], OWNER);
+    }
+    // Only dead or malformed ones: no session.
+    let r = request(
+        serve.addr,
+        "GET",
+        "/api/v1/session",
+        &[
+            ("Host", &host),
+            ("Cookie", &format!("nightshift_session=zz; {dead}")),
+        ],
+        "",
+    );
+    assert_eq!(r.status, 401, "{}", r.body);
+    // Plain HTTP on loopback: no Strict-Transport-Security.
+    assert!(r.header("strict-transport-security").is_none());
+}
+
+/// The README's first steps: `serve` on a state whose audit log is empty.
+/// Morning shows the chain intact, and still after entries are appended
+/// while serve runs (and after background whole walks).
+#[test]
+fn morning_on_a_fresh_state_shows_the_chain_intact() {
+    let state = State::new();
+    add_accounts(&state);
+    let serve = Serve::start(&state, &["--chain-check-every", "1", "--max-parallel", "0"]);
+    let owner = Client::login(&serve, OWNER, OWNER_PASSWORD);
+    let first = chain_of(&owner);
+    assert_eq!(first["intact"], true, "{first}");
+    assert_eq!(first["entries"], 0, "the log was not empty: {first}");
+    // Reloads of the empty log, across background walks.
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    let again = chain_of(&owner);
+    assert_eq!(again["intact"], true, "{again}");
+    // Entries appended while serve runs.
+    let r = owner.post("/api/v1/freeze", &json!({"why": "first entry"}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let later = chain_of(&owner);
+    assert_eq!(later["intact"], true, "{later}");
+    assert!(later["entries"].as_u64().unwrap() >= 1, "{later}");
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert!(state.run(&["owner", "init"]).status.success());
+    let key = state.path().join("owner.key");
+    let out = state.run(&["thaw", "--owner-key-file", key.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let last = chain_of(&owner);
+    assert_eq!(last["intact"], true, "{last}");
+    assert!(
+        last["entries"].as_u64().unwrap() > later["entries"].as_u64().unwrap(),
+        "{last}"
+    );
+}
+
+/// The supervisor's peak resident memory (`VmHWM`), in KiB.
+fn peak_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Logins flooding in from many addresses at once: each password check
+/// holds 19 MiB (Argon2id), and only two run at once; the others wait.
+/// The supervisor's peak memory grows by the two, not by the flood.
+#[test]
+fn a_login_flood_holds_the_memory_of_two_password_checks() {
+    let (_state, serve) = setup();
+    // Warm: the dummy hash is made, one check has run.
+    Client::login(&serve, OWNER, OWNER_PASSWORD);
+    let pid = serve.child.id();
+    let before = peak_kib(pid);
+    let flood: Vec<_> = (1..=48u8)
+        .map(|i| {
+            let (addr, host) = (serve.addr, serve.host());
+            std::thread::spawn(move || {
+                request_from(
+                    std::net::IpAddr::from([127, 0, 1, i]),
+                    addr,
+                    "POST",
+                    "/api/v1/login",
+                    &[("Host", &host), ("Content-Type", "application/json")],
+                    &json!({"name": format!("nobody{i}"), "password": "guess guess guess"})
+                        .to_string(),
+                )
+                .status
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = flood.into_iter().map(|t| t.join().unwrap()).collect();
+    assert!(statuses.iter().all(|s| *s == 401), "{statuses:?}");
+    let grown = peak_kib(pid).saturating_sub(before);
+    eprintln!("serve's peak memory: {before} KiB before the flood, grew {grown} KiB");
+    // Two checks of 19 MiB and room for the 48 connections; 48 checks at
+    // once would be over 900 MiB.
+    assert!(
+        grown < 64 * 1024,
+        "the flood grew serve's peak by {grown} KiB"
+    );
 }

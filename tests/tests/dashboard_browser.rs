@@ -8,12 +8,16 @@
 //! links, SVG, CSS and terminal escapes: no script runs (a global the
 //! payloads would set stays unset), nothing is fetched from anywhere else,
 //! and the text is shown literally. Screenshots of Morning, Run and Queue
-//! are saved in `target/screenshots/`.
+//! are saved in `target/screenshots/`. Behind a TLS proxy (`[serve]
+//! external_origin`), a browser at the external https origin logs in,
+//! holds a `Secure`, `__Host-` session cookie and pulls the kill switch.
 
 use std::time::{Duration, Instant};
 
 use fantoccini::{Client, Locator};
-use tests::browser::{add_accounts, screenshot_dir, Driver, Serve, OWNER, OWNER_PASSWORD};
+use tests::browser::{
+    add_accounts, screenshot_dir, Driver, Serve, TestCert, TlsProxy, OWNER, OWNER_PASSWORD,
+};
 use tests::morning::Morning;
 use tests::{image, stderr, wait_running, WAIT_AT_GATE};
 
@@ -422,4 +426,118 @@ async fn the_morning_review_in_a_real_browser() {
 
     let out = m.state.verify();
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_logs_in_through_a_tls_proxy() {
+    let state = tests::State::new();
+    assert!(state.run(&["owner", "init"]).status.success());
+    add_accounts(&state);
+    let cert = TestCert::new(&["dash.test"]);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let origin = format!("https://dash.test:{port}");
+    std::fs::write(
+        state.path().join("config.toml"),
+        format!("[serve]\nexternal_origin = \"{origin}\"\ntrusted_proxies = [\"127.0.0.9\"]\n"),
+    )
+    .unwrap();
+    let serve = Serve::start(&state, &["--max-parallel", "0"]);
+    let _proxy = TlsProxy::start(
+        listener,
+        cert.server_config(),
+        "127.0.0.9".parse().unwrap(),
+        serve.addr,
+    );
+    let driver = Driver::start();
+    // dash.test resolves to the proxy; the browser trusts only the
+    // proxy's key beyond its own roots.
+    let c = driver
+        .browser_with(
+            &[
+                "--host-resolver-rules=MAP dash.test 127.0.0.1".to_string(),
+                format!("--ignore-certificate-errors-spki-list={}", cert.spki_sha256),
+            ],
+            "127.0.0.1;dash.test",
+        )
+        .await;
+    c.goto(&format!("{origin}/")).await.unwrap();
+    let url = c.current_url().await.unwrap();
+    assert_eq!(url.as_str(), format!("{origin}/login"));
+    c.find(Locator::Id("name"))
+        .await
+        .unwrap()
+        .send_keys(OWNER)
+        .await
+        .unwrap();
+    c.find(Locator::Id("password"))
+        .await
+        .unwrap()
+        .send_keys(OWNER_PASSWORD)
+        .await
+        .unwrap();
+    c.find(Locator::Id("login-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    if c.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("section#runs"))
+        .await
+        .is_err()
+    {
+        let page = c.source().await.unwrap_or_default();
+        panic!("no Morning page after logging in through the proxy: {page}");
+    }
+    let cookies = c.get_all_cookies().await.unwrap();
+    let session = cookies
+        .iter()
+        .find(|k| k.name() == "__Host-nightshift_session")
+        .unwrap_or_else(|| panic!("no __Host- session cookie: {cookies:?}"));
+    assert_eq!(session.secure(), Some(true));
+    assert_eq!(session.http_only(), Some(true));
+
+    // A state change from the external origin: the kill switch.
+    c.find(Locator::Css("nav a.stop"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.wait().for_element(Locator::Id("stop-why")).await.unwrap();
+    c.find(Locator::Id("stop-why"))
+        .await
+        .unwrap()
+        .send_keys("through the proxy")
+        .await
+        .unwrap();
+    c.find(Locator::Id("stop-confirm"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.find(Locator::Id("stop-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    if c.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Id("frozen"))
+        .await
+        .is_err()
+    {
+        let page = c.source().await.unwrap_or_default();
+        panic!("the kill switch did not freeze through the proxy: {page}");
+    }
+    assert!(text_of(&c, "#frozen").await.contains("through the proxy"));
+    c.close().await.unwrap();
+    let out = state.run(&["policy", "list", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(list["frozen"], "through the proxy");
 }

@@ -1,7 +1,9 @@
 //! The policy hook inside a real sandbox: `nightshift-act policy-check`
 //! reads a harness's hook payload, asks the run's rules through the door,
 //! and exits 0 only when they allow the call; refusals and asks are
-//! audited with the run; any failure of the door refuses (fail closed).
+//! audited with the run; any failure of the door refuses (fail closed). A
+//! command given as an array (an argv, a shell and its line) is matched as
+//! its words and its shell line, under a measured memory bound.
 
 use tests::{image, make_repo, only_run, stderr, stdout, State};
 
@@ -187,4 +189,103 @@ fn a_frozen_state_refuses_every_tool_call_through_the_door() {
         ),
         "{log}"
     );
+}
+
+/// The `VmHWM` (peak resident memory) of a process, in KiB.
+fn peak_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+#[test]
+fn a_command_given_as_an_array_is_matched_as_its_words_and_line_under_a_memory_bound() {
+    // `["rm","-rf","x"]` and `["bash","-lc","rm\t-rf x"]` were matched as
+    // compact JSON, which no rule for a command line matches. Then hostile
+    // arrays near the frame's limit: 45 000 one-letter words (the hook input limit is 200 KiB), and words of
+    // quotes (each `'` four bytes in the shell line), 20 times each, while
+    // the supervisor's peak memory is read.
+    let state = State::new();
+    let repo = make_repo();
+    assert!(state.run(&["runs"]).status.success());
+    tests::agents::refuse_recursive_deletes(&state);
+    let agent = r#"
+check() { # NAME PAYLOAD
+  out=$(printf '%s' "$2" | nightshift-act policy-check 2>&1); rc=$?
+  printf '%s rc=%s out=[%s]\n' "$1" "$rc" "$out"
+}
+check argv '{"tool_name":"Bash","tool_input":{"command":["rm","-rf","src"]}}'
+check shell '{"tool_name":"Bash","tool_input":{"command":["bash","-lc","rm\t-rf /workspace/src"]}}'
+check upper '{"tool_name":"Bash","tool_input":{"command":"rm -R src"}}'
+check split '{"tool_name":"Bash","tool_input":{"command":"rm -f -r src"}}'
+check fine '{"tool_name":"Bash","tool_input":{"command":["rm","-f","src/lib.txt.bak"]}}'
+python3 - <<'PY'
+import json, subprocess
+words = json.dumps({"tool_name": "Bash", "tool_input": {"command": ["a"] * 45000}})
+quotes = json.dumps({"tool_name": "Bash", "tool_input": {"command": ["'" * 3000] * 60}})
+for name, p in (("words", words), ("quotes", quotes)):
+    rcs = set()
+    for _ in range(20):
+        r = subprocess.run(["nightshift-act", "policy-check"], input=p.encode(), capture_output=True)
+        rcs.add(r.returncode)
+    print("%s bytes=%d rcs=%s err=%s" % (name, len(p), sorted(rcs), r.stderr.decode()[:200]))
+PY
+echo hostile-done
+while [ ! -e release ]; do sleep 0.2; done
+rm -f release
+"#;
+    let child = state
+        .cmd()
+        .args([
+            "run",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--image",
+            &image(),
+        ])
+        .args(["--", "bash", "-c", agent])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let started = std::time::Instant::now();
+    let (run, worktree) = loop {
+        let runs = state.runs();
+        if let Some(id) = runs.last().and_then(|r| r["id"].as_str()) {
+            if state.output_log(id).contains("hostile-done") {
+                break (id.to_string(), state.path().join("worktrees").join(id));
+            }
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(600),
+            "the agent never finished"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let peak = peak_kib(pid).expect("the supervisor's /proc status");
+    std::fs::write(worktree.join("release"), "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let log = state.output_log(&run);
+    let refused =
+        "rc=2 out=[refused by rule no-recursive-delete: Recursive deletes are not done by agents";
+    for name in ["argv", "shell", "upper", "split"] {
+        assert!(log.contains(&format!("{name} {refused}")), "{name}: {log}");
+    }
+    assert!(log.contains("fine rc=0 out=[]"), "{log}");
+    // The hostile arrays were answered (allowed: they delete nothing).
+    assert!(
+        log.contains("words bytes=") && log.contains("quotes bytes="),
+        "{log}"
+    );
+    assert!(!log.contains("rcs=[1]") && log.contains("rcs=[0]"), "{log}");
+    eprintln!("supervisor peak resident memory: {peak} KiB");
+    assert!(
+        peak < 128 * 1024,
+        "the supervisor's peak resident memory was {peak} KiB: {log}"
+    );
+    assert!(state.containers().is_empty());
 }

@@ -1,7 +1,9 @@
 //! The sandbox's lease, against the real engine: a sandbox whose supervisor
-//! and watchdog are both gone stops by itself within the lease's bound, and
-//! the agent can neither renew the lease nor escape it by killing its
-//! wrapper. (`sandbox_image_door::lease` has the decision's own tests.)
+//! and watchdog are both gone stops by itself within the lease's bound; the
+//! agent can neither renew the lease nor stop, kill, trace or write its
+//! wrapper (the container's PID 1); the host-side end stops a sandbox whose
+//! wrapper cannot act; a lapsed lease is named. (`sandbox_image_door::lease`
+//! has the decision's own tests.)
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -126,62 +128,187 @@ fn supervisor_and_watchdog_killed_the_sandbox_stops_within_the_lease() {
     assert!(state.verify().status.success());
 }
 
-#[test]
-fn killing_the_lease_wrapper_ends_the_sandbox() {
-    let state = State::new();
-    let repo = make_repo();
-    // The agent's parent is the wrapper: killing it must not set it free.
-    let mut c = start_run(
-        &state,
-        repo.path(),
-        &format!("{}kill -KILL $PPID; sleep 1200", tests::WAIT_AT_GATE),
-    );
-    tests::wait_running(&state, &mut c, 1);
-    let id = the_run(&state);
-    tests::open_gate(&state, &id);
+/// How long past the lease a sandbox may outlive its supervisor and
+/// watchdog: the host-side end's margin (`lease::HOST_MARGIN`, 5 s) plus
+/// the engine's teardown and this test's polling, generously.
+const MARGIN: Duration = Duration::from_secs(30);
+
+/// The containers of the state that are still running, polled until none
+/// is or `bound` has passed; the time it took.
+fn stopped_within(state: &State, bound: Duration) -> Duration {
     let started = Instant::now();
-    while c.try_wait().unwrap().is_none() {
+    while !running(state).is_empty() {
         assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "the agent outlived its wrapper"
+            started.elapsed() < bound,
+            "the sandbox still runs {:?} after its supervisor and watchdog died (lease {LEASE})",
+            started.elapsed()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(state.containers().is_empty());
-    let run = &state.runs()[0];
-    assert_eq!(run["exit_code"], 137, "{run}");
+    started.elapsed()
 }
 
+/// Everything an agent of the sandbox's uid can try against its lease:
+/// SIGSTOP and SIGKILL to its parent and to PID 1, ptrace (attach and
+/// seize) of both, and `/proc/1/mem` opened for writing. Each outcome is
+/// written to `attacks.txt`, then PID 1's state (never `T`, stopped).
+const ATTACKS: &str = r#"kill -STOP $PPID; kill -STOP 1; kill -KILL $PPID; kill -KILL 1; sleep 0.5
+PARENT=$PPID python3 - <<'PY' > attacks.tmp
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+for name, req in [("attach", 16), ("seize", 0x4206)]:
+    for pid in [int(os.environ["PARENT"]), 1]:
+        ctypes.set_errno(0)
+        r = libc.syscall(ctypes.c_long(101), ctypes.c_long(req), ctypes.c_long(pid), ctypes.c_long(0), ctypes.c_long(0))
+        print(f"ptrace-{name}-{pid}=" + ("ok" if r >= 0 else f"errno{ctypes.get_errno()}"))
+try:
+    f = open("/proc/1/mem", "r+b", buffering=0)
+    f.seek(0x400000)
+    f.write(b"\0")
+    print("mem=written")
+except OSError as e:
+    print(f"mem=errno{e.errno}")
+state = open("/proc/1/stat").read().rsplit(")", 1)[1].split()[0]
+print(f"pid1-state={state}")
+print(f"parent={os.environ['PARENT']}")
+PY
+mv attacks.tmp attacks.txt; echo kept > kept.tmp; mv kept.tmp kept.txt; sleep 1200"#;
+
 #[test]
-fn a_stopped_wrapper_still_ends_by_the_kill_switch() {
+fn the_agent_cannot_stop_its_lease_and_the_sandbox_ends_without_supervisor_or_watchdog() {
     let state = State::new();
     let repo = make_repo();
-    // SIGSTOP is the one signal the wrapper cannot refuse from its own uid:
-    // the lease then enforces nothing, and the stops outside the sandbox do.
+    let mut c = start_run(&state, repo.path(), ATTACKS);
+    tests::wait_running(&state, &mut c, 1);
+    let id = the_run(&state);
+    let worktree = state.path().join("worktrees").join(&id);
+    tests::wait_for_file(&worktree.join("kept.txt"));
+    let attacks = std::fs::read_to_string(worktree.join("attacks.txt")).unwrap();
+    let seen: std::collections::BTreeMap<&str, &str> =
+        attacks.lines().filter_map(|l| l.split_once('=')).collect();
+    // The wrapper is the agent's parent and the container's PID 1; none of
+    // it took: not stopped, not traced, its memory closed (EACCES).
+    assert_eq!(seen.get("parent"), Some(&"1"), "{attacks}");
+    assert_eq!(seen.get("pid1-state"), Some(&"S"), "{attacks}");
+    for name in ["attach", "seize"] {
+        assert_eq!(
+            seen.get(format!("ptrace-{name}-1").as_str()),
+            Some(&"errno1"),
+            "{attacks}"
+        );
+    }
+    assert_eq!(seen.get("mem"), Some(&"errno13"), "{attacks}");
+    // Now the supervisor and the watchdog go, together.
+    kill_supervisor_and_watchdog(&state, &c);
+    let took = stopped_within(&state, Duration::from_secs(3) + MARGIN);
+    c.wait_with_output().unwrap();
+    eprintln!(
+        "sandbox stopped {took:?} after kill -9 of its supervisor and watchdog (lease {LEASE})"
+    );
+    // The next start settles the run with the agent's work imported.
+    let out = state.run(&["reconcile"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(state.containers().is_empty());
+    let run = &state.runs()[0];
+    assert_eq!(run["status"], "lost: supervisor vanished", "{run}");
+    // The sandbox ended itself (the wrapper's status), and the run says why.
+    assert_eq!(run["exit_code"], 125, "{run}");
+    assert!(
+        run["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("its lease lapsed"),
+        "{run}"
+    );
+    assert_eq!(
+        tests::git(
+            repo.path(),
+            &["show", &format!("refs/nightshift/runs/{id}:kept.txt")]
+        ),
+        "kept\n"
+    );
+    assert!(state.verify().status.success());
+}
+
+/// The lease's host-side end alone: the sandbox is frozen from the host
+/// (`docker pause`: its wrapper can do nothing), then the supervisor and
+/// watchdog are killed; the container is still gone within the lease
+/// plus the margin, killed through the engine by `nightshift lease-end`.
+#[test]
+fn the_host_side_end_stops_a_sandbox_whose_wrapper_cannot_act() {
+    let state = State::new();
+    let repo = make_repo();
     let mut c = start_run(
         &state,
         repo.path(),
-        &format!(
-            "{}if head -c1 /proc/$PPID/environ >/dev/null 2>&1; then r=readable; else r=closed; fi; \
-             kill -STOP $PPID; echo $r > s.tmp; mv s.tmp stopped.txt; sleep 1200",
-            tests::WAIT_AT_GATE
-        ),
+        "echo kept > kept.tmp; mv kept.tmp kept.txt; sleep 1200",
     );
     tests::wait_running(&state, &mut c, 1);
     let id = the_run(&state);
-    tests::open_gate(&state, &id);
-    let stopped = state.path().join("worktrees").join(&id).join("stopped.txt");
-    tests::wait_for_file(&stopped);
-    // The wrapper is not dumpable: its memory and /proc files are closed to
-    // the agent, although both run as the same uid.
-    assert_eq!(std::fs::read_to_string(&stopped).unwrap(), "closed\n");
-    let out = state.run(&["kill", &id]);
+    tests::wait_for_file(&state.path().join("worktrees").join(&id).join("kept.txt"));
+    let container = running(&state);
+    assert_eq!(container.len(), 1);
+    let out = Command::new("docker")
+        .args(["pause", &container[0]])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
+    kill_supervisor_and_watchdog(&state, &c);
+    let took = stopped_within(&state, Duration::from_secs(3) + MARGIN);
+    c.wait_with_output().unwrap();
+    eprintln!("frozen sandbox stopped {took:?} after kill -9 of its supervisor and watchdog");
+    let out = state.run(&["reconcile"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(state.containers().is_empty());
+    assert_eq!(
+        tests::git(
+            repo.path(),
+            &["show", &format!("refs/nightshift/runs/{id}:kept.txt")]
+        ),
+        "kept\n"
+    );
+}
+
+/// A supervisor stopped (SIGSTOP) for longer than the lease: the sandbox
+/// ends itself, and once the supervisor runs again the run says that its
+/// lease lapsed, in its status, its reason and the audit, rather than a
+/// bare `exited 125`.
+#[test]
+fn a_lapsed_lease_is_named_in_the_status_and_the_audit() {
+    let state = State::new();
+    let repo = make_repo();
+    let mut c = start_run(&state, repo.path(), "sleep 1200");
+    tests::wait_running(&state, &mut c, 1);
+    let id = the_run(&state);
+    let supervisor = Pid::from_raw(c.id() as i32);
+    kill(supervisor, Signal::SIGSTOP).unwrap();
+    let took = stopped_within(&state, Duration::from_secs(3) + MARGIN);
+    kill(supervisor, Signal::SIGCONT).unwrap();
+    eprintln!("sandbox ended itself {took:?} after its supervisor was stopped");
     let out = c.wait_with_output().unwrap();
-    assert!(state.containers().is_empty(), "{}", stderr(&out));
     let run = &state.runs()[0];
+    assert_eq!(
+        run["status"],
+        "killed: lease lapsed",
+        "{run} {}",
+        stderr(&out)
+    );
     assert!(
-        run["status"].as_str().unwrap().starts_with("killed: by "),
+        run["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("renewed no heartbeat"),
         "{run}"
     );
+    let exited = state.show(&id)["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "exited")
+        .cloned()
+        .unwrap();
+    assert_eq!(exited["body"]["ended_by"], "lease lapsed", "{exited}");
+    assert_eq!(exited["body"]["exit_code"], 125, "{exited}");
+    assert!(state.verify().status.success());
 }

@@ -574,6 +574,34 @@ fn an_agent_may_only_tighten_and_only_on_itself() {
 }
 
 #[test]
+fn a_glob_actor_is_no_one_agent_and_its_declaration_needs_the_owner() {
+    // `--actor '*'` with `subject = "*"` (or `run-*` with `run-*`) named
+    // "itself" and was taken as tier 1, binding every actor.
+    let state = State::new();
+    let dir = tempfile::tempdir().unwrap();
+    for (n, glob) in ["*", "run-*"].into_iter().enumerate() {
+        let id = format!("glob-refuses-push-{n}");
+        let file = rule_file(dir.path(), &id, glob, "refuse", r#"doors = ["push"]"#, "");
+        let out = ns(
+            &state,
+            &["policy", "declare", file.to_str().unwrap(), "--actor", glob],
+        );
+        assert_eq!(out.status.code(), Some(9), "{glob}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("binds more than the declaring agent"), "{err}");
+        assert!(err.contains("use `nightshift policy propose`"), "{err}");
+        assert!(active_rule(&state, &id).is_none(), "{id} is active");
+    }
+    // Another run's push still just asks.
+    let release = r#"{"remote":"origin","ref":"refs/heads/release-1"}"#;
+    assert_blocked(
+        &check(&state, Some("run-other"), "push", release),
+        &format!("asks a person: {PUSH_ASK_REASON}"),
+    );
+    assert_audit_intact(&state);
+}
+
+#[test]
 fn a_proposal_is_inert_until_the_owner_ratifies_it_and_then_locked() {
     let state = State::new();
     let dir = tempfile::tempdir().unwrap();

@@ -158,3 +158,75 @@ fn kill_9_after_the_forge_accepted_leaves_exactly_one_pull_request() {
     assert_eq!(forge_posts(&m), 1);
     assert!(m.state.verify().status.success());
 }
+
+#[test]
+fn an_act_that_would_move_the_head_of_an_opened_pull_request_goes_stale_naming_it() {
+    // Two pull requests on one head branch (bases main and release), the
+    // second's commit on top of the first's. Approving both moved pull
+    // request #1, approved at C1, to C2.
+    let m = Morning::with_forge();
+    m.run_agent(
+        r#"echo one > one.txt && git add one.txt && git commit -qm "agent: one"
+git branch agent/pr
+echo "First." > pr.txt
+nightshift-act pr --remote forge --base main --head agent/pr --title "One" --body-file pr.txt
+echo two > two.txt && git add two.txt && git commit -qm "agent: two"
+git branch -f agent/pr
+nightshift-act pr --remote forge --base release --head agent/pr --title "Two" --body-file pr.txt"#,
+    );
+    let q = m.queue();
+    assert_eq!(q.len(), 2, "{q:?}");
+    let of = |base: &str| {
+        let a = q
+            .iter()
+            .find(|a| {
+                a["act"]["routing"]["target"]["base_ref"] == format!("refs/heads/{base}").as_str()
+            })
+            .unwrap_or_else(|| panic!("no act on {base}: {q:?}"));
+        (
+            a["act"]["id"].as_str().unwrap().to_string(),
+            a["act"]["content"]["head_commit"]
+                .as_str()
+                .unwrap()
+                .to_string(),
+        )
+    };
+    let ((first, c1), (second, c2)) = (of("main"), of("release"));
+    assert_ne!(c1, c2);
+
+    let out = m.as_owner(&["approve", &first]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert_eq!(
+        m.remote_ref("refs/heads/agent/pr").as_deref(),
+        Some(c1.as_str())
+    );
+
+    let out = m.as_owner(&["approve", &second]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let said = stdout(&out);
+    assert!(said.contains("stale"), "{said}");
+    assert!(
+        said.contains("pull request #1") && said.contains(&first),
+        "the pull request it would move is not named: {said}"
+    );
+    assert_eq!(m.act(&second)["status"], "stale");
+    // `queue show` names it too.
+    let out = m.state.run(&["queue", "show", &second]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("pull request #1"), "{}", stdout(&out));
+    // Pull request #1 still proposes exactly what was approved.
+    assert_eq!(
+        m.remote_ref("refs/heads/agent/pr").as_deref(),
+        Some(c1.as_str())
+    );
+    let prs = m.forge.as_ref().unwrap().pull_requests();
+    assert_eq!(prs.len(), 1, "{prs:?}");
+    assert_eq!(prs[0].sha.as_deref(), Some(c1.as_str()));
+    assert!(m.state.verify().status.success());
+}

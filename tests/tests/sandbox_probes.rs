@@ -122,7 +122,8 @@ fn tier0_holds_inside_the_sandbox() {
     assert_eq!(get("write-/workspace/probe"), "ok");
     assert_eq!(get("write-/tmp/probe"), "ok");
     assert_eq!(get("write-/home/agent/probe"), "ok");
-    assert_eq!(get("pid1"), "docker-init");
+    // The lease wrapper itself (its name cut to 15 bytes), not the engine's init.
+    assert_eq!(get("pid1"), "nightshift-leas");
     drop(listener);
     assert!(state.containers().is_empty());
 }
@@ -277,6 +278,84 @@ fn syscalls_outside_nightshifts_profile_are_refused() {
         Some(serde_json::json!(true)),
         "{props:?}"
     );
+}
+
+/// Builds `tests/probes/socket_entry_points.c` static and non-PIE with the
+/// host's gcc into `dir/probe`.
+#[cfg(target_arch = "x86_64")]
+fn build_socket_probe(dir: &Path) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("probes/socket_entry_points.c");
+    let out = dir.join("probe");
+    let built = Command::new("gcc")
+        .args(["-O1", "-static", "-no-pie", "-o"])
+        .arg(&out)
+        .arg(&source)
+        .output()
+        .expect("running gcc");
+    assert!(built.status.success(), "gcc: {}", stderr(&built));
+    out
+}
+
+/// Every socket family the profile refuses, tried through every entry
+/// point from inside a real sandbox by a static probe: the 64-bit call,
+/// `int 0x80`'s `socketcall(SYS_SOCKET)` and 32-bit `socket`, and x32. The
+/// 32-bit entry points fail for every family (the profile lists no 32-bit
+/// ABI: the kernel kills the caller), the 64-bit call for the refused
+/// families only.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn refused_socket_families_stay_refused_through_every_entry_point() {
+    let state = State::new();
+    let repo = make_repo();
+    let probe = build_socket_probe(repo.path());
+    std::fs::set_permissions(&probe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    git(repo.path(), &["add", "probe"]);
+    git(repo.path(), &["commit", "-q", "-m", "socket probe"]);
+    let out = state.run(&[
+        "run",
+        "--repo",
+        repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--",
+        "bash",
+        "-c",
+        "chmod +x probe && ./probe",
+    ]);
+    assert!(out.status.success(), "probe run failed: {}", stderr(&out));
+    let run = only_run(&state);
+    let log = state.output_log(run["id"].as_str().unwrap());
+    let p = probes(&log);
+    let refused = [
+        "vsock",
+        "netlink_audit",
+        "netlink_sock_diag",
+        "netlink_uevent",
+        "netlink_generic",
+        "netlink_netfilter",
+        "netlink_xfrm",
+        "packet",
+        "alg",
+    ];
+    for family in refused.iter().chain(&["netlink_route", "inet"]) {
+        for entry in ["socketcall", "i386", "x32"] {
+            let got = get(&p, &format!("sock-{entry}-{family}"));
+            assert!(
+                got == "refused" || got.starts_with("killed"),
+                "{family} through {entry}: {got}\n{log}"
+            );
+        }
+    }
+    for family in refused {
+        assert_eq!(
+            get(&p, &format!("sock-native-{family}")),
+            "refused",
+            "{log}"
+        );
+    }
+    // The probe itself works: what the profile allows is created.
+    assert_eq!(get(&p, "sock-native-netlink_route"), "created", "{log}");
+    assert_eq!(get(&p, "sock-native-inet"), "created", "{log}");
 }
 
 #[test]
@@ -466,7 +545,7 @@ fn kernel_details_of_the_host_are_masked() {
     let (_state, p, log, _) = probe_run(
         &[],
         r#"
-for f in /proc/cmdline /proc/config.gz /sys/kernel/vmcoreinfo /proc/kcore; do
+for f in /proc/cmdline /proc/config.gz /sys/kernel/vmcoreinfo /proc/kcore /sys/kernel/boot_params/data; do
   echo "bytes-$f=$(cat "$f" 2>/dev/null | wc -c)"
 done
 "#,
@@ -476,6 +555,7 @@ done
         "/proc/config.gz",
         "/sys/kernel/vmcoreinfo",
         "/proc/kcore",
+        "/sys/kernel/boot_params/data",
     ] {
         assert_eq!(get(&p, &format!("bytes-{f}")), "0", "{f} readable: {log}");
     }

@@ -76,11 +76,16 @@ pub const DEFAULT_MASKED_PATHS: [&str; 10] = [
 
 /// What nightshift masks beyond the engine's default: the host kernel's
 /// configuration, its boot command line (which can hold secrets and names
-/// the host) and the crash-dump layout (kernel addresses). Setting
-/// `MaskedPaths` replaces the engine's list, so the engine adapter sends
-/// [`DEFAULT_MASKED_PATHS`], the later engines' powercap and these.
-pub const NIGHTSHIFT_MASKED_PATHS: [&str; 3] =
-    ["/proc/config.gz", "/proc/cmdline", "/sys/kernel/vmcoreinfo"];
+/// the host), the crash-dump layout (kernel addresses) and the boot
+/// parameters the firmware handed the kernel (the physical memory map).
+/// Setting `MaskedPaths` replaces the engine's list, so the engine adapter
+/// sends [`DEFAULT_MASKED_PATHS`], the later engines' powercap and these.
+pub const NIGHTSHIFT_MASKED_PATHS: [&str; 4] = [
+    "/proc/config.gz",
+    "/proc/cmdline",
+    "/sys/kernel/vmcoreinfo",
+    "/sys/kernel/boot_params",
+];
 
 /// Masked by Docker since 23.0 (power readings are a side channel); sent too.
 pub const LATER_ENGINE_MASKED_PATHS: [&str; 1] = ["/sys/devices/virtual/powercap"];
@@ -128,6 +133,10 @@ pub struct Expectations {
     pub max_shm_bytes: i64,
     /// The largest file a process may write (`RLIMIT_FSIZE`): the worktree cap.
     pub max_file_bytes: i64,
+    /// The program that must be the container's PID 1 itself, without the
+    /// engine's init (the lease wrapper: as its PID namespace's init it
+    /// cannot be stopped or killed from inside); `None`: the engine's init.
+    pub main_process: Option<String>,
 }
 
 /// The digest a seccomp profile is known by: sha256 of its canonical JSON
@@ -272,7 +281,7 @@ pub fn attest(observed: &Inspected, host: &HostObserved, expect: &Expectations) 
         cpu_limited(hc),
         pids_limited(hc, expect),
         env_allowlisted(observed, expect),
-        init_pid1(hc),
+        init_pid1(observed, expect),
         log_bounded(hc),
         labelled(observed, expect),
         no_sysctls(hc),
@@ -832,13 +841,21 @@ fn env_allowlisted(observed: &Inspected, expect: &Expectations) -> Property {
     )
 }
 
-fn init_pid1(hc: &HostConfig) -> Property {
-    property(
-        "init-pid1",
-        hc.init == Some(true),
-        format!("init={}", opt(&hc.init)),
-        "init=true",
-    )
+fn init_pid1(observed: &Inspected, expect: &Expectations) -> Property {
+    let init = observed.host_config.init;
+    let path = observed.path.as_deref();
+    let shown = format!("init={} path={}", opt(&init), path.unwrap_or("<none>"));
+    match &expect.main_process {
+        // The engine's init would be PID 1 and the wrapper its child, which
+        // the agent (its sibling's parent, same uid) could stop.
+        Some(main) => property(
+            "init-pid1",
+            init != Some(true) && path == Some(main.as_str()),
+            shown,
+            format!("init=false path={main}"),
+        ),
+        None => property("init-pid1", init == Some(true), shown, "init=true"),
+    }
 }
 
 fn log_bounded(hc: &HostConfig) -> Property {
@@ -945,7 +962,7 @@ fn proc_masked(hc: &HostConfig) -> Property {
                 }
             )
         },
-        "the engine's default masked and read-only /proc and /sys paths, and /proc/config.gz, /proc/cmdline, /sys/kernel/vmcoreinfo masked",
+        "the engine's default masked and read-only /proc and /sys paths, and /proc/config.gz, /proc/cmdline, /sys/kernel/vmcoreinfo, /sys/kernel/boot_params masked",
     )
 }
 

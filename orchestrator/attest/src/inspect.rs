@@ -26,6 +26,8 @@ use crate::AttestError;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct Inspected {
+    /// The container's main process (PID 1 unless the engine adds its init).
+    pub(crate) path: Option<String>,
     pub(crate) host_config: HostConfig,
     pub(crate) config: ContainerConfig,
     /// What the engine actually mounted (as opposed to `HostConfig.Mounts`,

@@ -76,6 +76,7 @@ fn expectations() -> Expectations {
         seccomp_profile_digest: profile_digest(),
         max_shm_bytes: 8_388_608,
         max_file_bytes: 1_073_741_824,
+        main_process: None,
     }
 }
 
@@ -286,7 +287,7 @@ fn recorded_engine_default_masked_paths_fail_proc_masked() {
     assert_fails_exactly(
         &att,
         &["proc-masked"],
-        "/proc/config.gz,/proc/cmdline,/sys/kernel/vmcoreinfo",
+        "/proc/config.gz,/proc/cmdline,/sys/kernel/vmcoreinfo,/sys/kernel/boot_params",
     );
 }
 
@@ -369,6 +370,40 @@ fn recorded_door_passes_only_when_expected() {
         &["mounts-only-worktree"],
         &format!("missing door bind {DOOR} -> /run/nightshift ro"),
     );
+}
+
+/// The lease wrapper must be the container's PID 1 itself: under the
+/// engine's init it is a child the agent can stop, and a document that
+/// names another program, or adds the init, is refused.
+#[test]
+fn the_lease_wrapper_must_be_pid_1() {
+    let wrapper = "/run/nightshift/bin/nightshift-lease";
+    let leased = Expectations {
+        main_process: Some(wrapper.into()),
+        ..expectations()
+    };
+    let mut doc = fixture("hardened");
+    assert_fails_exactly(
+        &verdict_with(&doc, &leased),
+        &["init-pid1"],
+        "init=true path=/bin/true",
+    );
+    set(&mut doc, "/HostConfig/Init", json!(false));
+    assert_fails_exactly(
+        &verdict_with(&doc, &leased),
+        &["init-pid1"],
+        "init=false path=/bin/true",
+    );
+    set(&mut doc, "/Path", json!(wrapper));
+    assert!(verdict_with(&doc, &leased).passed());
+    set(&mut doc, "/HostConfig/Init", json!(true));
+    assert_fails_exactly(
+        &verdict_with(&doc, &leased),
+        &["init-pid1"],
+        &format!("init=true path={wrapper}"),
+    );
+    // Without a lease, the engine's init is what is asked for.
+    assert!(verdict(&doc).passed());
 }
 
 #[test]

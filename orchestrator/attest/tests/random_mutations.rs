@@ -37,6 +37,7 @@ fn expectations() -> Expectations {
         seccomp_profile_digest: String::new(),
         max_shm_bytes: 8_388_608,
         max_file_bytes: 1_073_741_824,
+        main_process: None,
     }
 }
 

@@ -51,5 +51,5 @@ pub use http::{HttpPost, HttpRequest, HttpResponse, TransportError, UreqPost, MA
 pub use notify::{
     notify, notify_with, send, send_with, signature, Message, NotifyOutcome, SIGNATURE_HEADER,
 };
-pub use push::{extends, push, remote_ref, PushOutcome};
+pub use push::{extends, push, remote_heads, remote_ref, PushOutcome};
 pub use secret::{Secret, SecretError};

@@ -130,6 +130,36 @@ pub fn remote_ref(remote: &RemoteConfig, dst_ref: &str) -> Result<Option<String>
     })
 }
 
+/// Every ref the remote advertises now and the id it holds (for showing
+/// what an act would publish that the remote does not hold yet).
+pub fn remote_heads(remote: &RemoteConfig) -> Result<Vec<(String, String)>, ExecError> {
+    let action = format!("listing the refs of {}", remote.url);
+    check_url(&remote.url).map_err(|why| ExecError::InvalidRequest {
+        action: action.clone(),
+        why: format!("url: {why}"),
+    })?;
+    let access = Access::of(remote)?;
+    let url = remote.url.clone();
+    let secs = remote.timeout_secs.unwrap_or(DEFAULT_PUSH_TIMEOUT_SECS);
+    let inner_action = action.clone();
+    with_deadline(action, secs, move || {
+        let auth = Auth::new(&access);
+        let mut detached = Remote::create_detached(url.as_str())
+            .map_err(|e| git_error(&inner_action, &auth, e))?;
+        let conn = detached
+            .connect_auth(Direction::Fetch, Some(auth.callbacks()), None)
+            .map_err(|e| git_error(&inner_action, &auth, e))?;
+        let heads = conn
+            .list()
+            .map_err(|e| git_error(&inner_action, &auth, e))?;
+        Ok(heads
+            .iter()
+            .filter(|h| !h.oid().is_zero())
+            .map(|h| (h.name().to_string(), h.oid().to_string()))
+            .collect())
+    })
+}
+
 /// Whether `commit` extends `old` in the host repository `source_repo`:
 /// `old` is `commit` or one of its ancestors. False when `old` is not there
 /// (then it is nothing `commit` was built on).

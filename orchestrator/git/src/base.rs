@@ -39,6 +39,29 @@ pub fn resolve_base(host_repo: &Path, base_ref: &str) -> Result<Base, GitError> 
     })
 }
 
+/// Which of `names` are entries at the root of the tree of `base_ref`'s
+/// commit in the host repository (objects only: no checkout, no worktree).
+pub fn root_entries(
+    host_repo: &Path,
+    base_ref: &str,
+    names: &[&str],
+) -> Result<Vec<String>, GitError> {
+    let base = resolve_base(host_repo, base_ref)?;
+    let repo = open_host(host_repo)?;
+    let bad = |source| GitError::UnknownRef {
+        reference: base_ref.to_owned(),
+        source,
+    };
+    let tree = repo
+        .find_tree(git2::Oid::from_str(&base.tree).map_err(bad)?)
+        .map_err(bad)?;
+    Ok(names
+        .iter()
+        .filter(|n| tree.get_name(n).is_some())
+        .map(|n| (*n).to_owned())
+        .collect())
+}
+
 /// Opens the host repository at exactly `path` (no search upwards).
 pub(crate) fn open_host(path: &Path) -> Result<Repository, GitError> {
     Repository::open(path).map_err(|source| GitError::NotARepository {

@@ -9,7 +9,10 @@
 //! - [`remove_worktree`] throws the worktree away;
 //! - [`receive_pack`] takes the commit of an act from the pack the agent sent
 //!   over the door, into the host under `refs/nightshift/acts/<id>`, without
-//!   ever reading the worktree while the sandbox can still change it.
+//!   ever reading the worktree while the sandbox can still change it; the
+//!   pack is first checked against the limits from its headers alone
+//!   ([`scan_pack`], pure over a `Read`), and the commit may reference only
+//!   objects of the pack or reachable from the run's base.
 //!
 //! Invariants held across the crate:
 //! - the host repository is trusted; the worktree, once a sandbox has run in it, is
@@ -23,7 +26,8 @@
 //!   [`checkout`]);
 //! - a worktree holds only the objects reachable from its base commit;
 //! - the host repository only ever gains objects and refs under
-//!   `refs/nightshift/runs/`; its HEAD, branches, config and working tree are
+//!   `refs/nightshift/runs/` and `refs/nightshift/acts/`; its HEAD, branches,
+//!   config and working tree are
 //!   never touched.
 
 #![forbid(unsafe_code)]
@@ -38,12 +42,12 @@ mod run_id;
 mod tree_names;
 mod worktree;
 
-pub use base::{resolve_base, Base};
+pub use base::{resolve_base, root_entries, Base};
 pub use error::GitError;
 pub use import::{
-    diffstat_between, import_failure_kind, import_run, receive_pack, Captured, HistoryDropped,
-    ImportLimits, ImportSpec, Imported, PackSpec, SkipReason, Skipped, TipSource,
-    MAX_SKIPPED_LISTED,
+    diffstat_between, import_failure_kind, import_run, receive_pack, scan_pack, Captured,
+    HistoryDropped, ImportLimits, ImportSpec, Imported, PackLimits, PackScanError, PackSpec,
+    PackSummary, SkipReason, Skipped, TipSource, MAX_SKIPPED_LISTED,
 };
 pub use run_id::{result_ref, run_branch, validate_run_id};
 pub use worktree::{create_worktree, remove_worktree, Worktree, WorktreeSpec};

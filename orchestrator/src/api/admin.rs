@@ -100,6 +100,10 @@ pub struct ActDetail {
     pub gained: Option<(String, Option<Vec<u8>>)>,
     /// From the run's base to the act's commit: the commits (`git log`).
     pub log: Option<Vec<u8>>,
+    /// A push or pull request: every commit it would publish that the
+    /// destination does not hold yet (not only those after the run's base).
+    #[schema(value_type = Option<Object>)]
+    pub publishes: Option<crate::acts::Publishes>,
     /// ... and the diff (`git diff --stat -p`).
     pub diff: Option<Vec<u8>>,
     /// A message: its body's shape and the lines shown.
@@ -575,6 +579,7 @@ impl Api {
             stale,
             gained: None,
             log: None,
+            publishes: None,
             diff: None,
             body: None,
             repeated: Vec::new(),
@@ -611,11 +616,13 @@ impl Api {
                 }
                 let base = run.base_commit.unwrap_or_default();
                 (detail.log, detail.diff) = diff(&run.repo, &base, commit);
+                detail.publishes = publishes(&store, &row.act, &run.repo, commit);
             }
             (Target::PullRequest { .. }, Content::PullRequest { head_commit, .. }) => {
                 let run = store.run(&row.act.run)?;
                 let base = run.base_commit.unwrap_or_default();
                 (detail.log, detail.diff) = diff(&run.repo, &base, head_commit);
+                detail.publishes = publishes(&store, &row.act, &run.repo, head_commit);
             }
             _ => {
                 let body = row.content.as_deref().unwrap_or_default();
@@ -647,6 +654,23 @@ fn host_git(repo: &str) -> std::process::Command {
     let mut c = std::process::Command::new("git");
     c.arg("-C").arg(repo).args(["-c", "core.pager=cat"]);
     c
+}
+
+/// What the act would publish that its destination does not hold yet.
+fn publishes(
+    store: &Store,
+    act: &deferred_queue::Act,
+    repo: &str,
+    commit: &str,
+) -> Option<crate::acts::Publishes> {
+    let (held, against) = match crate::acts::destinations(store) {
+        Ok(dest) => crate::acts::destination_holds(&dest, act),
+        Err(why) => (
+            Vec::new(),
+            format!("every commit: the destinations could not be read: {why}"),
+        ),
+    };
+    crate::acts::publishes(Path::new(repo), commit, &held, against)
 }
 
 /// The commits and the diff from `from` to `to` in the host repository

@@ -84,6 +84,15 @@ pub enum Command {
         #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
     },
+    /// Reject every act of one run still waiting for a person, with one
+    /// reason (the owner's credential): a run that flooded the queue is
+    /// cleared at once. Each act is rejected and audited as `Reject` does.
+    RejectRun {
+        run: String,
+        why: String,
+        #[schema(value_type = Option<String>)]
+        owner_key_file: Option<PathBuf>,
+    },
     /// Approve every pending act that carries exactly this commit (the
     /// owner's credential): one decision per content, not per run.
     ApproveCommit {
@@ -214,6 +223,7 @@ impl Command {
             self,
             Command::Approve { .. }
                 | Command::Reject { .. }
+                | Command::RejectRun { .. }
                 | Command::Rebind { .. }
                 | Command::ApproveCommit { .. }
                 | Command::Kill { .. }
@@ -236,6 +246,7 @@ impl Command {
         match &mut self {
             Command::Approve { owner_key_file, .. }
             | Command::Reject { owner_key_file, .. }
+            | Command::RejectRun { owner_key_file, .. }
             | Command::Rebind { owner_key_file, .. }
             | Command::ApproveCommit { owner_key_file, .. }
             | Command::Thaw { owner_key_file } => fix(owner_key_file),
@@ -574,6 +585,7 @@ impl Api {
     pub(crate) fn with_queue_config(&self) -> Result<(), ApiError> {
         let config = self.load_config()?;
         crate::acts::use_queue_ttls(config.queue_ttls());
+        crate::acts::use_queue_bounds(config.queue_bounds());
         Ok(())
     }
 
@@ -741,6 +753,21 @@ impl Api {
                 Decide::Reject(&why),
                 caller,
             ),
+            Command::RejectRun {
+                run,
+                why,
+                owner_key_file,
+            } => {
+                // The owner first: who may not reject learns nothing of the run.
+                owner(&self.open_store()?, owner_key_file.as_deref())?;
+                let acts = self.pending_of_run(&run)?;
+                self.decide(
+                    &acts,
+                    owner_key_file.as_deref(),
+                    Decide::Reject(&why),
+                    caller,
+                )
+            }
             Command::ApproveCommit {
                 commit,
                 owner_key_file,
@@ -982,6 +1009,23 @@ impl Api {
             // Only stops and settles: it creates no sandbox.
             sandbox_user: Default::default(),
         })
+    }
+
+    /// The acts of `run` waiting for a person; an unknown run is bad input.
+    fn pending_of_run(&self, run: &str) -> Result<Vec<String>, ApiError> {
+        let store = self.open_store()?;
+        if !store.runs()?.iter().any(|r| r.id == run) {
+            return Err(ApiError::new(
+                ErrorKind::BadInput,
+                format!("no run {}", crate::terminal::line(run)),
+            ));
+        }
+        use deferred_queue::State;
+        Ok(crate::acts::rows(&store, None)?
+            .into_iter()
+            .filter(|r| r.act.run == run && matches!(r.state, State::Pending))
+            .map(|r| r.act.id)
+            .collect())
     }
 
     /// The pending acts that carry exactly `commit` (a full commit id).

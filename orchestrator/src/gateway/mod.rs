@@ -13,13 +13,18 @@
 //!   shape and model to an endpoint of `models.toml`, or refused with a
 //!   text the agent reads (`route`). The agent never names a host or a path
 //!   on it.
+//! - Nor does the provider reach anything for it: a request carries only
+//!   what a typed allowlist per shape understands (`request`): no URL or
+//!   file source, MCP server, server-side tool (unless the owner enabled it
+//!   and the run's content is public), stored state, or unlisted beta.
 //! - The real key is read from its file at each call and put in that call's
 //!   request only; whatever credential the sandbox sent is dropped, and only
 //!   an allowlist of headers is forwarded (`serve`, `key`).
 //! - TLS with certificate verification against the system's roots (rustls,
 //!   ring); plain `http://` only to a loopback endpoint (`models`,
 //!   `upstream`).
-//! - Tokens are reserved for the worst case before forwarding, against the
+//! - Tokens are reserved for the worst case (input bytes, images, output
+//!   bound times the choices asked for) before forwarding, against the
 //!   run's cap and the fleet's night budget at once, in one store
 //!   transaction; settled from the usage the response reports (`tokens`,
 //!   `sse`, `store::TokenLedger`). Past a cap, calls are refused and
@@ -32,6 +37,7 @@
 
 pub mod key;
 pub mod models;
+pub mod request;
 pub mod route;
 pub mod serve;
 pub mod sse;

@@ -67,6 +67,57 @@ pub fn require_owner(role: Role, what: &'static str) -> Result<(), BackendError>
 /// Diffs by (repository, from, to).
 type DiffCache = HashMap<(String, String, String), Arc<Diff>>;
 
+/// What acts would publish by (repository, commit, destination), and when read.
+type PublishesCache = HashMap<(String, String, String), (std::time::Instant, Arc<acts::Publishes>)>;
+
+/// How long what an act would publish is kept before the destination is read again.
+const PUBLISHES_KEPT: Duration = Duration::from_secs(60);
+
+/// What `act` would publish from `commit` that its destination lacks,
+/// cached for [`PUBLISHES_KEPT`] (the destination's refs are read over the
+/// network).
+fn publishes(
+    backend: &Backend,
+    store: &Store,
+    act: &deferred_queue::Act,
+    repo: &str,
+    commit: &str,
+) -> Option<Arc<acts::Publishes>> {
+    let key = (
+        repo.to_string(),
+        commit.to_string(),
+        act.routing.destination.clone(),
+    );
+    let now = std::time::Instant::now();
+    {
+        let cache = backend.publishes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, p)) = cache.get(&key) {
+            if now.duration_since(*at) < PUBLISHES_KEPT {
+                return Some(p.clone());
+            }
+        }
+    }
+    let (held, against) = match acts::destinations(store) {
+        Ok(dest) => acts::destination_holds(&dest, act),
+        Err(why) => (
+            Vec::new(),
+            format!("every commit: the destinations could not be read: {why}"),
+        ),
+    };
+    let p = Arc::new(acts::publishes(
+        std::path::Path::new(repo),
+        commit,
+        &held,
+        against,
+    )?);
+    let mut cache = backend.publishes.lock().unwrap_or_else(|p| p.into_inner());
+    if cache.len() > 4096 {
+        cache.clear();
+    }
+    cache.insert(key, (now, p.clone()));
+    Some(p)
+}
+
 /// The process's one connection to the state, and where the owner key is.
 #[derive(Debug, Clone)]
 pub struct Backend {
@@ -77,6 +128,9 @@ pub struct Backend {
     pub api: Api,
     /// Diffs by (repo, from, to): commits never change, so neither do they.
     diffs: Arc<Mutex<DiffCache>>,
+    /// What an act would publish, by (repo, commit, destination), with when
+    /// it was read: the destination's refs are read again after a minute.
+    publishes: Arc<Mutex<PublishesCache>>,
     /// What the audit chain's checks established (`chain.rs`).
     chain: Arc<Mutex<chain::Memo>>,
     /// How often the whole chain is walked in the background.
@@ -91,6 +145,7 @@ impl Backend {
             store: Arc::new(Mutex::new(store)),
             owner_key,
             diffs: Arc::default(),
+            publishes: Arc::default(),
             chain: Arc::default(),
             chain_every: DEFAULT_CHAIN_EVERY,
         }
@@ -420,6 +475,10 @@ pub struct ActView {
     pub text: Option<String>,
     #[serde(skip)]
     pub diff: Option<Arc<Diff>>,
+    /// A push or pull request: every commit it would publish that the
+    /// destination does not hold yet.
+    #[serde(skip)]
+    pub publishes: Option<Arc<acts::Publishes>>,
 }
 
 fn state_detail(s: &State) -> Option<String> {
@@ -471,6 +530,13 @@ pub fn act_view(backend: &Backend, store: &Store, row: &Row, with_diff: bool) ->
             .map(|(repo, base)| diff(backend, &repo, &base, c)),
         _ => None,
     };
+    let publishes = match (&commit, with_diff) {
+        (Some(c), true) => store
+            .run(&row.act.run)
+            .ok()
+            .and_then(|run| publishes(backend, store, &row.act, &run.repo, c)),
+        _ => None,
+    };
     ActView {
         id: row.act.id.clone(),
         run: row.act.run.clone(),
@@ -484,6 +550,7 @@ pub fn act_view(backend: &Backend, store: &Store, row: &Row, with_diff: bool) ->
         label: None,
         text,
         diff,
+        publishes,
     }
 }
 
@@ -503,7 +570,13 @@ pub fn queue(
     per_page: u64,
 ) -> Result<QueuePage, BackendError> {
     let per_page = per_page.clamp(1, 200);
-    let (rows, total) = store.acts_in_states(&["pending", "stale"], page * per_page, per_page)?;
+    let offset = page
+        .checked_mul(per_page)
+        .filter(|o| i64::try_from(*o).is_ok())
+        .ok_or_else(|| {
+            BackendError::BadInput(format!("page {page}: past any page there can be"))
+        })?;
+    let (rows, total) = store.acts_in_states(&["pending", "stale"], offset, per_page)?;
     let mut acts = Vec::new();
     for (act, state, content) in rows {
         let row = Row {

@@ -11,7 +11,8 @@
 //! - A load's check starts at the last verified entry (its seq, hash and
 //!   time) and walks it again and everything after it
 //!   ([`orchestrator_audit::verify_after`]): a change at or after it is
-//!   found on that load.
+//!   found on that load. An empty log verified (no entry to start at) is
+//!   walked whole, and never taken for a vanished entry.
 //! - A change before it is found by the next whole walk: the background
 //!   walk runs every period (`serve --chain-check-every`), and a load walks
 //!   the whole chain at once when the state database was replaced or shrank
@@ -130,6 +131,11 @@ pub fn plan(memo: &Memo, now: &Seen) -> Plan {
     if now.checkpoints.len() < *count || digest(&now.checkpoints[..*count]) != *sum {
         return Plan::Whole("a checkpoint changed or vanished");
     }
+    // An empty log was verified: there is no entry to walk on from, and
+    // walking the whole (new) chain costs what walking its new entries does.
+    if verified.seq == 0 {
+        return Plan::Whole("the log was empty");
+    }
     Plan::After(verified.clone())
 }
 
@@ -242,7 +248,8 @@ fn walk_whole(
         snap.head.as_ref(),
     )
     .map_err(|e| error_seq(&e))?;
-    if let Some(k) = known {
+    // An empty log verified before has no entry to find again.
+    if let Some(k) = known.filter(|k| k.seq > 0) {
         let same = k
             .seq
             .checked_sub(1)
@@ -548,6 +555,14 @@ mod tests {
         let later = m.begin();
         m.record(&later, &s, ok(true, 12));
         assert_eq!(plan(&m, &s), Plan::After(cp(12)));
+    }
+
+    #[test]
+    fn an_empty_log_verified_is_walked_whole_once_it_grows() {
+        let s = seen(100, &[]);
+        let m = verified(0, &s);
+        assert_eq!(plan(&m, &s), Plan::Whole("the log was empty"));
+        assert_eq!(plan(&m, &seen(200, &[2])), Plan::Whole("the log was empty"));
     }
 
     #[test]

@@ -10,6 +10,11 @@
 //!   the browser says where it comes from (`Origin`, `Sec-Fetch-Site`), that
 //!   must be this very origin.
 //! - Only [`Role::Owner`] may change anything; [`Role::Viewer`] reads.
+//! - Behind a TLS proxy ([`Front`]): the configured external origin's `Host`
+//!   is served only to a trusted proxy's connections, and such a request
+//!   belongs to that origin (`https`: `Secure`, `__Host-` cookies); the
+//!   client's address is taken from `X-Forwarded-For` only on a trusted
+//!   proxy's connection, else it is the peer's.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -54,10 +59,12 @@ pub fn default_hosts(bind: SocketAddr, extra: &[String]) -> Vec<String> {
         hosts.push(format!("[::1]:{port}"));
     }
     for h in extra {
-        // A name without a port means the bound port.
         if h.contains(':') && !h.ends_with(']') {
             hosts.push(h.clone());
         } else {
+            // A name without a port: as browsers send it for their default
+            // port (a proxy in front), and with the bound port.
+            hosts.push(h.clone());
             hosts.push(format!("{h}:{port}"));
         }
     }
@@ -92,8 +99,8 @@ pub enum CsrfRefusal {
 /// What a state-changing request says about where it comes from.
 #[derive(Debug, Clone, Default)]
 pub struct Provenance<'a> {
-    pub host: &'a str,
-    pub tls: bool,
+    /// The origin this request belongs to ([`Arrival::origin`]).
+    pub expected_origin: &'a str,
     pub origin: Option<&'a str>,
     pub sec_fetch_site: Option<&'a str>,
 }
@@ -107,13 +114,184 @@ pub fn same_origin(p: &Provenance<'_>) -> Result<(), CsrfRefusal> {
         }
     }
     if let Some(origin) = p.origin {
-        let scheme = if p.tls { "https" } else { "http" };
-        let expected = format!("{scheme}://{}", p.host);
-        if !origin.eq_ignore_ascii_case(&expected) {
+        if !origin.eq_ignore_ascii_case(p.expected_origin) {
             return Err(CsrfRefusal::Origin(origin.to_string()));
         }
     }
     Ok(())
+}
+
+/// The origin browsers use when a TLS proxy in front serves the dashboard
+/// (`[serve] external_origin`): `https://NAME` or `https://NAME:PORT`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalOrigin {
+    /// `https://name[:port]`, lowercase, the port left out when 443.
+    pub origin: String,
+    /// The `Host` values that name it: `name` and `name:443`, or
+    /// `name:port` and `name` (a proxy may pass the name alone).
+    pub hosts: Vec<String>,
+}
+
+impl ExternalOrigin {
+    pub fn parse(text: &str) -> Result<ExternalOrigin, String> {
+        let bad = |why: &str| {
+            format!("external origin {text:?}: {why}; give https://NAME or https://NAME:PORT")
+        };
+        let lower = text.to_ascii_lowercase();
+        let rest = lower
+            .strip_prefix("https://")
+            .ok_or_else(|| bad("not https"))?;
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        // `[v6]` or `name`, then maybe `:port`.
+        let split = match rest.find(']') {
+            Some(end) if rest.starts_with('[') => {
+                let (n, p) = rest.split_at(end + 1);
+                (n, p.strip_prefix(':').or(Some(p).filter(|p| !p.is_empty())))
+            }
+            _ => match rest.rsplit_once(':') {
+                Some((n, p)) => (n, Some(p)),
+                None => (rest, None),
+            },
+        };
+        let (name, port) = match split {
+            (n, Some(p)) => {
+                let port: u16 = p
+                    .parse()
+                    .ok()
+                    .filter(|p| *p > 0)
+                    .ok_or_else(|| bad("the port is not 1 to 65535"))?;
+                (n, port)
+            }
+            (n, None) => (n, 443),
+        };
+        let name_ok = if let Some(v6) = name.strip_prefix('[').and_then(|n| n.strip_suffix(']')) {
+            v6.parse::<std::net::Ipv6Addr>().is_ok()
+        } else {
+            !name.is_empty()
+                && name.len() <= 253
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        };
+        if !name_ok {
+            return Err(bad("not a host name (no path, user or query)"));
+        }
+        Ok(if port == 443 {
+            ExternalOrigin {
+                origin: format!("https://{name}"),
+                hosts: vec![name.to_string(), format!("{name}:443")],
+            }
+        } else {
+            ExternalOrigin {
+                origin: format!("https://{name}:{port}"),
+                // A proxy may pass the name alone (nginx's `$host`).
+                hosts: vec![format!("{name}:{port}"), name.to_string()],
+            }
+        })
+    }
+}
+
+/// What stands in front of `serve`: a TLS proxy's external origin and the
+/// addresses its connections come from (both or neither).
+#[derive(Debug, Clone, Default)]
+pub struct Front {
+    pub external: Option<ExternalOrigin>,
+    pub trusted_proxies: Vec<IpAddr>,
+}
+
+/// Where one request comes from, and the origin it belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arrival {
+    /// The client's address: the peer's, or (on a trusted proxy's
+    /// connection) the last address `X-Forwarded-For` names that is not a
+    /// trusted proxy's.
+    pub client: IpAddr,
+    /// Reached over TLS (ours, or the trusted proxy's for its origin).
+    pub secure: bool,
+    /// `http://HOST`, `https://HOST`, or the external origin.
+    pub origin: String,
+}
+
+/// Most `X-Forwarded-For` entries read (from the right).
+const FORWARDED_ENTRIES: usize = 32;
+
+fn plain(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    }
+}
+
+/// Where a request comes from (see [`Arrival`]); `forwarded_for` are the
+/// `X-Forwarded-For` header's values in the order received. A refusal says
+/// why, for a `421` (the Host) or a `400` (the header).
+pub fn arrival(
+    front: &Front,
+    tls: bool,
+    peer: IpAddr,
+    host: &str,
+    forwarded_for: &[&str],
+) -> Result<Arrival, String> {
+    let peer = plain(peer);
+    let trusted = |ip: IpAddr| front.trusted_proxies.iter().any(|t| plain(*t) == ip);
+    let via_proxy = trusted(peer);
+    let mut client = peer;
+    if via_proxy {
+        let entries = forwarded_for
+            .iter()
+            .rev()
+            .flat_map(|v| v.rsplit(','))
+            .map(str::trim)
+            .take(FORWARDED_ENTRIES);
+        for entry in entries {
+            let ip = entry
+                .parse::<IpAddr>()
+                .map(plain)
+                .map_err(|_| format!("X-Forwarded-For names {entry:?}, which is not an address"))?;
+            client = ip;
+            if !trusted(ip) {
+                break;
+            }
+        }
+    }
+    let external = front
+        .external
+        .as_ref()
+        .filter(|e| e.hosts.iter().any(|h| h.eq_ignore_ascii_case(host)));
+    match external {
+        Some(_) if !via_proxy => Err(format!(
+            "the Host {host} is served only through the configured proxy"
+        )),
+        Some(e) => Ok(Arrival {
+            client,
+            secure: true,
+            origin: e.origin.clone(),
+        }),
+        None => Ok(Arrival {
+            client,
+            secure: tls,
+            origin: format!(
+                "{}://{}",
+                if tls { "https" } else { "http" },
+                host.to_ascii_lowercase()
+            ),
+        }),
+    }
+}
+
+/// The key a client's login failures are counted under: its address, or
+/// for IPv6 its /64 (one host commonly holds a whole /64).
+pub fn client_key(ip: IpAddr) -> IpAddr {
+    match plain(ip) {
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        v4 => v4,
+    }
 }
 
 /// The full check of a state-changing request made within a session.
@@ -155,8 +333,7 @@ mod tests {
 
     fn p<'a>(origin: Option<&'a str>, site: Option<&'a str>) -> Provenance<'a> {
         Provenance {
-            host: "127.0.0.1:8080",
-            tls: false,
+            expected_origin: "http://127.0.0.1:8080",
             origin,
             sec_fetch_site: site,
         }
@@ -172,6 +349,85 @@ mod tests {
         assert!(!host_allowed(Some("localhost:8081"), &hosts));
         assert!(!host_allowed(Some("localhost"), &hosts));
         assert!(!host_allowed(None, &hosts));
+        // A name given without a port is also served as browsers send it
+        // through a proxy on their default port.
+        assert!(host_allowed(Some("dash.example"), &hosts));
+    }
+
+    #[test]
+    fn external_origins_parse_strictly() {
+        let e = ExternalOrigin::parse("https://Dash.Example").unwrap();
+        assert_eq!(e.origin, "https://dash.example");
+        assert_eq!(e.hosts, ["dash.example", "dash.example:443"]);
+        let e = ExternalOrigin::parse("https://dash.example:8443/").unwrap();
+        assert_eq!(e.origin, "https://dash.example:8443");
+        assert_eq!(e.hosts, ["dash.example:8443", "dash.example"]);
+        let e = ExternalOrigin::parse("https://[::1]:9").unwrap();
+        assert_eq!(e.hosts, ["[::1]:9", "[::1]"]);
+        for bad in [
+            "http://dash.example",
+            "dash.example",
+            "https://",
+            "https://dash.example/path",
+            "https://user@dash.example",
+            "https://dash.example:0",
+            "https://dash.example:99999",
+            "https://dash.example?x",
+            "https://[nonsense]",
+        ] {
+            assert!(ExternalOrigin::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_trusted_proxy_names_the_client_and_the_origin() {
+        let proxy: IpAddr = "10.0.0.1".parse().unwrap();
+        let front = Front {
+            external: Some(ExternalOrigin::parse("https://dash.example").unwrap()),
+            trusted_proxies: vec![proxy],
+        };
+        // Through the proxy, for its origin.
+        let a = arrival(&front, false, proxy, "dash.example", &["6.6.6.6, 1.2.3.4"]).unwrap();
+        assert_eq!(a.client, "1.2.3.4".parse::<IpAddr>().unwrap());
+        assert!(a.secure);
+        assert_eq!(a.origin, "https://dash.example");
+        // A client's own X-Forwarded-For is the left part the proxy appends to.
+        let a = arrival(
+            &front,
+            false,
+            proxy,
+            "dash.example",
+            &["1.2.3.4", "10.0.0.1"],
+        )
+        .unwrap();
+        assert_eq!(a.client, "1.2.3.4".parse::<IpAddr>().unwrap());
+        // Anyone else: the peer, whatever it claims, and never the proxy's origin.
+        let stranger: IpAddr = "5.5.5.5".parse().unwrap();
+        let a = arrival(&front, false, stranger, "127.0.0.1:80", &["1.2.3.4"]).unwrap();
+        assert_eq!(a.client, stranger);
+        assert!(!a.secure);
+        assert_eq!(a.origin, "http://127.0.0.1:80");
+        assert!(arrival(&front, false, stranger, "dash.example", &[]).is_err());
+        assert!(arrival(&front, false, proxy, "dash.example", &["not-an-ip"]).is_err());
+        // No header: the proxy is the client.
+        let a = arrival(&front, false, proxy, "dash.example:443", &[]).unwrap();
+        assert_eq!(a.client, proxy);
+        // Under serve's own TLS.
+        let a = arrival(&Front::default(), true, stranger, "h:1", &["1.2.3.4"]).unwrap();
+        assert_eq!(
+            (a.client, a.secure, a.origin.as_str()),
+            (stranger, true, "https://h:1")
+        );
+    }
+
+    #[test]
+    fn ipv6_clients_are_counted_by_their_64() {
+        let a: IpAddr = "2001:db8:1:2:3:4:5:6".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::1".parse().unwrap();
+        assert_eq!(client_key(a), client_key(b));
+        let v4: IpAddr = "1.2.3.4".parse().unwrap();
+        let mapped: IpAddr = "::ffff:1.2.3.4".parse().unwrap();
+        assert_eq!(client_key(mapped), v4);
     }
 
     #[test]

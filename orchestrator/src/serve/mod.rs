@@ -12,9 +12,18 @@
 //!   may make one (login and logout aside). No route can forget a check:
 //!   they are made here, once, before any handler runs.
 //! - Sessions: a random 256-bit id in an `HttpOnly`, `SameSite=Strict`
-//!   cookie (`Secure` and `__Host-` under TLS), stored only as its SHA-256;
-//!   a login always makes a new id and ends the one presented (rotation).
-//! - Login attempts are rate-limited per client address and per account.
+//!   cookie (`Secure` and `__Host-` under TLS, ours or a trusted proxy's
+//!   for the external origin), stored only as its SHA-256; a login always
+//!   makes a new id and ends the one presented (rotation). When a request
+//!   carries the cookie more than once (a browser sends every cookie of
+//!   that name it holds), the first of them that is a live session is
+//!   taken ([`SESSION_CANDIDATES`] at most are looked up).
+//! - Over TLS (ours, or the trusted proxy's) every response carries
+//!   `Strict-Transport-Security`.
+//! - Failed logins are limited per client address and per (account,
+//!   address) (`throttle.rs`): a correct password from an address that has
+//!   not failed is never refused. At most [`VERIFYING_AT_ONCE`] passwords
+//!   are verified at once (19 MiB each); other logins wait.
 //! - Agent-written text is data: see `pages.rs`; the JSON escapes every
 //!   non-ASCII character (`terminal::json`).
 
@@ -24,13 +33,13 @@ pub mod guard;
 pub mod pages;
 pub mod risky;
 pub mod socket;
+pub mod throttle;
 pub mod users;
 
 use std::net::{IpAddr, SocketAddr};
-use std::num::NonZeroU32;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
@@ -39,13 +48,13 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use tower_http::set_header::SetResponseHeaderLayer;
 
 use crate::api::Command as ApiCommand;
 use backend::{Backend, BackendError};
-use guard::{Provenance, Role};
+use guard::{Arrival, Front, Provenance, Role};
 use pages::Viewer;
+use throttle::{Quota, Throttle};
 
 use crate::store::{StatePaths, Store};
 
@@ -57,6 +66,14 @@ const SESSION_SECS: i64 = 12 * 3600;
 pub const PER_PAGE: u64 = 50;
 /// Most bytes one live-output stream sends.
 const STREAM_CAP: u64 = 1 << 20;
+/// Most session cookies of one request looked up.
+const SESSION_CANDIDATES: usize = 4;
+/// Most keys each login limiter holds (see `throttle.rs`).
+const LOGIN_KEYS: usize = 16 * 1024;
+/// Most passwords verified at once: each Argon2id verification holds
+/// 19 MiB, so logins flooding in wait their turn instead of adding memory.
+const VERIFYING_AT_ONCE: usize = 2;
+const HSTS: &str = "max-age=31536000";
 
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
 
@@ -93,6 +110,8 @@ pub struct ServeOptions {
     pub chain_every: Duration,
     /// Serve HTTPS with this certificate chain and private key (PEM files).
     pub tls: Option<TlsFiles>,
+    /// A TLS proxy in front: its external origin and addresses (`[serve]`).
+    pub front: Front,
 }
 
 /// The PEM files of `serve`'s own certificate chain and private key.
@@ -204,8 +223,57 @@ struct App {
     backend: Backend,
     hosts: Arc<Vec<String>>,
     tls: bool,
-    by_address: Arc<DefaultKeyedRateLimiter<IpAddr>>,
-    by_account: Arc<DefaultKeyedRateLimiter<String>>,
+    front: Arc<Front>,
+    logins: Arc<Mutex<Logins>>,
+    verifying: Arc<tokio::sync::Semaphore>,
+}
+
+/// Failed logins, per client address and per (account, address).
+#[derive(Debug)]
+struct Logins {
+    by_address: Throttle<IpAddr>,
+    by_account: Throttle<(String, IpAddr)>,
+}
+
+impl Logins {
+    fn new() -> Logins {
+        Logins {
+            // Ten failures at once from one address, then one every 6 s;
+            // five per account from one address, then one every 12 s.
+            by_address: Throttle::new(
+                Quota {
+                    burst: 10,
+                    every: Duration::from_secs(6),
+                },
+                LOGIN_KEYS,
+            ),
+            by_account: Throttle::new(
+                Quota {
+                    burst: 5,
+                    every: Duration::from_secs(12),
+                },
+                LOGIN_KEYS,
+            ),
+        }
+    }
+
+    /// Charges an attempt, or refuses it when the address or the account
+    /// from that address has failed too often.
+    fn attempt(&mut self, client: IpAddr, account: &str, now: Instant) -> bool {
+        let pair = (account.to_string(), client);
+        if self.by_address.refuses(&client, now) || self.by_account.refuses(&pair, now) {
+            return false;
+        }
+        self.by_address.charge(client, now);
+        self.by_account.charge(pair, now);
+        true
+    }
+
+    /// The attempt did not fail (right password, or our own trouble).
+    fn refund(&mut self, client: IpAddr, account: &str, now: Instant) {
+        self.by_address.refund(&client, now);
+        self.by_account.refund(&(account.to_string(), client), now);
+    }
 }
 
 /// A resolved session, put into the request by [`gate`].
@@ -297,32 +365,44 @@ fn now_secs() -> i64 {
     time::OffsetDateTime::now_utc().unix_timestamp()
 }
 
-fn cookie_name(tls: bool) -> &'static str {
-    if tls {
+fn cookie_name(secure: bool) -> &'static str {
+    if secure {
         "__Host-nightshift_session"
     } else {
         "nightshift_session"
     }
 }
 
-fn session_cookie(headers: &HeaderMap, tls: bool) -> Option<String> {
-    let name = cookie_name(tls);
-    headers
+/// The well-formed session ids the request carries, in the order sent,
+/// each once, at most [`SESSION_CANDIDATES`].
+fn session_cookies(headers: &HeaderMap, secure: bool) -> Vec<String> {
+    let name = cookie_name(secure);
+    let mut out: Vec<String> = Vec::new();
+    let values = headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(k, _)| *k == name)
-        .map(|(_, v)| v.to_string())
-        .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+        .filter(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+        .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()));
+    for v in values {
+        if out.len() == SESSION_CANDIDATES {
+            break;
+        }
+        if !out.iter().any(|o| o == v) {
+            out.push(v.to_string());
+        }
+    }
+    out
 }
 
-fn set_cookie(tls: bool, value: &str, max_age: i64) -> HeaderValue {
-    let secure = if tls { "; Secure" } else { "" };
+fn set_cookie(secure: bool, value: &str, max_age: i64) -> HeaderValue {
+    let flag = if secure { "; Secure" } else { "" };
     HeaderValue::from_str(&format!(
-        "{}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}",
-        cookie_name(tls)
+        "{}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{flag}",
+        cookie_name(secure)
     ))
     .unwrap_or_else(|_| HeaderValue::from_static(""))
 }
@@ -382,19 +462,72 @@ fn changes_state(method: &Method) -> bool {
     !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
+/// The `Host` allowlist, then where the request comes from ([`Arrival`],
+/// put into the request); `Strict-Transport-Security` on every answer
+/// over TLS (ours, or the trusted proxy's).
 async fn host_check(State(app): State<App>, req: Request, next: Next) -> Response {
+    let tls = app.tls;
+    let (mut resp, secure) = arrive(app, req, next).await;
+    if tls || secure {
+        resp.headers_mut().insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            HeaderValue::from_static(HSTS),
+        );
+    }
+    resp
+}
+
+/// [`host_check`]'s checks: the answer, and whether it goes out over TLS.
+async fn arrive(app: App, mut req: Request, next: Next) -> (Response, bool) {
+    let json = wants_json(req.headers(), req.uri().path());
     let host = req
         .headers()
         .get(header::HOST)
         .and_then(|v| v.to_str().ok());
-    if !guard::host_allowed(host, &app.hosts) {
-        return refuse(
-            wants_json(req.headers(), req.uri().path()),
+    let external =
+        app.front.external.as_ref().is_some_and(|e| {
+            host.is_some_and(|h| e.hosts.iter().any(|a| a.eq_ignore_ascii_case(h)))
+        });
+    if !external && !guard::host_allowed(host, &app.hosts) {
+        let no = refuse(
+            json,
             StatusCode::MISDIRECTED_REQUEST,
             "this Host is not served here",
         );
+        return (no, false);
     }
-    next.run(req).await
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip())
+        .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+    let forwarded: Vec<&str> = req
+        .headers()
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let arrival = match guard::arrival(&app.front, app.tls, peer, host.unwrap_or(""), &forwarded) {
+        Ok(a) => a,
+        Err(why) if external => {
+            return (refuse(json, StatusCode::MISDIRECTED_REQUEST, &why), false)
+        }
+        Err(why) => return (refuse(json, StatusCode::BAD_REQUEST, &why), false),
+    };
+    let secure = arrival.secure;
+    req.extensions_mut().insert(arrival);
+    (next.run(req).await, secure)
+}
+
+fn arrival_of(req: &Request) -> Arrival {
+    req.extensions()
+        .get::<Arrival>()
+        .cloned()
+        .unwrap_or(Arrival {
+            client: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            secure: false,
+            origin: String::new(),
+        })
 }
 
 /// Authentication, CSRF and the owner's role, for every route (see the note).
@@ -402,30 +535,30 @@ async fn gate(State(app): State<App>, req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let json = wants_json(req.headers(), &path);
-    let session = match session_cookie(req.headers(), app.tls) {
-        Some(id) => {
-            let id_sha256 = digest(&id);
-            let b = app.backend.clone();
-            let key = id_sha256.clone();
-            let found =
-                tokio::task::spawn_blocking(move || b.with_store(|s| s.session(&key, now_secs())))
-                    .await;
-            match found {
-                Ok(Ok(Some((user, role, csrf, _)))) => Role::parse(&role).map(|role| Session {
-                    id_sha256,
-                    user,
-                    role,
-                    csrf,
-                }),
-                Ok(Ok(None)) => None,
-                Ok(Err(e)) => {
-                    return refuse(json, StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())
-                }
-                Err(e) => return refuse(json, StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-            }
+    let arrival = arrival_of(&req);
+    let mut session = None;
+    for id in session_cookies(req.headers(), arrival.secure) {
+        let id_sha256 = digest(&id);
+        let b = app.backend.clone();
+        let key = id_sha256.clone();
+        let found =
+            tokio::task::spawn_blocking(move || b.with_store(|s| s.session(&key, now_secs())))
+                .await;
+        session = match found {
+            Ok(Ok(Some((user, role, csrf, _)))) => Role::parse(&role).map(|role| Session {
+                id_sha256,
+                user,
+                role,
+                csrf,
+            }),
+            Ok(Ok(None)) => None,
+            Ok(Err(e)) => return refuse(json, StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+            Err(e) => return refuse(json, StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        };
+        if session.is_some() {
+            break;
         }
-        None => None,
-    };
+    }
     if session.is_none() && !public(&method, &path) {
         return if json {
             refuse(true, StatusCode::UNAUTHORIZED, "log in first")
@@ -458,8 +591,7 @@ async fn gate(State(app): State<App>, req: Request, next: Next) -> Response {
     };
     let header_text = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
     let provenance = Provenance {
-        host: header_text("host").unwrap_or(""),
-        tls: app.tls,
+        expected_origin: &arrival.origin,
         origin: header_text("origin"),
         sec_fetch_site: header_text("sec-fetch-site"),
     };
@@ -525,18 +657,9 @@ pub async fn serve(
         backend,
         hosts: Arc::new(guard::default_hosts(bound, &opts.allow_hosts)),
         tls,
-        // Ten attempts at once from one address, then one every 6 s;
-        // five per account, then one every 12 s.
-        by_address: Arc::new(RateLimiter::keyed(
-            Quota::with_period(Duration::from_secs(6))
-                .unwrap_or_else(|| Quota::per_minute(NonZeroU32::MIN))
-                .allow_burst(NonZeroU32::new(10).unwrap_or(NonZeroU32::MIN)),
-        )),
-        by_account: Arc::new(RateLimiter::keyed(
-            Quota::with_period(Duration::from_secs(12))
-                .unwrap_or_else(|| Quota::per_minute(NonZeroU32::MIN))
-                .allow_burst(NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN)),
-        )),
+        front: Arc::new(opts.front),
+        logins: Arc::new(Mutex::new(Logins::new())),
+        verifying: Arc::new(tokio::sync::Semaphore::new(VERIFYING_AT_ONCE)),
     };
     // The owner's socket: the command line's way in (`socket.rs`).
     let owner_socket = match socket::bind(&app.backend.root).await {
@@ -692,7 +815,36 @@ struct SinceQuery {
 
 #[derive(Debug, serde::Deserialize)]
 struct PageQuery {
-    page: Option<u64>,
+    page: Option<String>,
+}
+
+impl PageQuery {
+    /// The page asked for (from 0), refused when it is no number or lies
+    /// past any page the queue can hold (its offset must fit the store's
+    /// 63 bits).
+    fn page(&self) -> Result<u64, BackendError> {
+        let Some(text) = self.page.as_deref().filter(|p| !p.is_empty()) else {
+            return Ok(0);
+        };
+        text.parse::<u64>()
+            .ok()
+            .filter(|p| {
+                p.checked_mul(PER_PAGE)
+                    .is_some_and(|o| i64::try_from(o).is_ok())
+            })
+            .ok_or_else(|| {
+                BackendError::BadInput(format!(
+                    "page {:?}: give a page number from 0 to {}",
+                    shortened(text),
+                    i64::MAX as u64 / PER_PAGE
+                ))
+            })
+    }
+}
+
+/// A query text cut short for an error message.
+fn shortened(text: &str) -> String {
+    text.chars().take(40).collect()
 }
 
 fn since_or_default(q: &SinceQuery) -> Result<String, BackendError> {
@@ -783,10 +935,10 @@ async fn page_queue(
     s: axum::Extension<Session>,
     Query(q): Query<PageQuery>,
 ) -> Response {
-    let pg = q.page.unwrap_or(0);
+    let pg = q.page();
     let r = blocking(&app, move |b, st| {
         Ok((
-            backend::queue(b, st, pg, PER_PAGE)?,
+            backend::queue(b, st, pg?, PER_PAGE)?,
             backend::freeze_state(st)?,
         ))
     })
@@ -798,9 +950,9 @@ async fn page_queue(
 }
 
 async fn api_queue(State(app): State<App>, Query(q): Query<PageQuery>) -> Response {
-    let pg = q.page.unwrap_or(0);
+    let pg = q.page();
     let r = blocking(&app, move |b, st| {
-        let page = backend::queue(b, st, pg, PER_PAGE)?;
+        let page = backend::queue(b, st, pg?, PER_PAGE)?;
         let mut doc = serde_json::to_value(&page).unwrap_or_default();
         for (i, a) in page.acts.iter().enumerate() {
             if let Some(d) = &a.diff {
@@ -949,7 +1101,7 @@ async fn api_output(State(app): State<App>, Path(id): Path<String>) -> Response 
 
 async fn api_login(
     State(app): State<App>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    axum::Extension(arrival): axum::Extension<Arrival>,
     headers: HeaderMap,
     old: Option<axum::Extension<Session>>,
     axum::Extension(params): axum::Extension<Params>,
@@ -964,15 +1116,27 @@ async fn api_login(
             html_response(status, pages::login(Some(msg)))
         }
     };
-    if app.by_address.check_key(&peer.ip()).is_err() || app.by_account.check_key(&name).is_err() {
+    let client = guard::client_key(arrival.client);
+    // A name that is no account's is counted as one name: the memory
+    // held does not grow with the names tried.
+    let account = if users::valid_name(&name) {
+        name.clone()
+    } else {
+        String::new()
+    };
+    let logins = || app.logins.lock().unwrap_or_else(|p| p.into_inner());
+    if !logins().attempt(client, &account, Instant::now()) {
         return fail(
             StatusCode::TOO_MANY_REQUESTS,
-            "too many login attempts; wait a minute",
+            "too many failed logins from this address; wait a minute",
         );
     }
     let b = app.backend.clone();
     let old_id = old.map(|s| s.id_sha256.clone());
+    // Held until the verification ends (the semaphore is never closed).
+    let permit = app.verifying.clone().acquire_owned().await;
     let result = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         b.with_store(|st| -> Result<Option<(String, String, Role)>, String> {
             let role = users::authenticate(st, &name, &password).map_err(|e| e.to_string())?;
             let Some(role) = role else { return Ok(None) };
@@ -989,9 +1153,12 @@ async fn api_login(
         })
     })
     .await;
+    if !matches!(result, Ok(Ok(None))) {
+        logins().refund(client, &account, Instant::now());
+    }
     match result {
         Ok(Ok(Some((id, csrf, role)))) => {
-            let cookie = set_cookie(app.tls, &id, SESSION_SECS);
+            let cookie = set_cookie(arrival.secure, &id, SESSION_SECS);
             let mut resp = if json {
                 json_response(
                     StatusCode::OK,
@@ -1011,6 +1178,7 @@ async fn api_login(
 
 async fn api_logout(
     State(app): State<App>,
+    axum::Extension(arrival): axum::Extension<Arrival>,
     headers: HeaderMap,
     s: axum::Extension<Session>,
 ) -> Response {
@@ -1023,7 +1191,7 @@ async fn api_logout(
         Redirect::to("/login").into_response()
     };
     resp.headers_mut()
-        .insert(header::SET_COOKIE, set_cookie(app.tls, "", 0));
+        .insert(header::SET_COOKIE, set_cookie(arrival.secure, "", 0));
     resp
 }
 

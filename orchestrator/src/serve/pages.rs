@@ -250,10 +250,15 @@ pub fn runs(who: &Viewer, frozen: Option<&str>, runs: &[(String, RunRecord)]) ->
 }
 
 fn diff_block(d: &Diff) -> Markup {
+    diff_block_with(d, true)
+}
+
+/// The diff, with its commits after the base when `with_log`.
+fn diff_block_with(d: &Diff, with_log: bool) -> Markup {
     html! {
         @if let Some(e) = &d.error { p.error { (v(e)) } }
         @else {
-            @if !d.log.is_empty() { pre.log { (vb(&d.log)) } }
+            @if with_log && !d.log.is_empty() { pre.log { (vb(&d.log)) } }
             @if let Some((f, i, del)) = d.stat { p.stat { (f) " files changed, +" (i) " -" (del) } }
             ul.files {
                 @for f in &d.files {
@@ -313,7 +318,16 @@ fn act_block(who: &Viewer, a: &ActView, batch: bool) -> Markup {
                 " · asked by rule " @for r in &a.rules { code { (v(r)) } " " }
             }
             @if let Some(text) = &a.text { pre.body { (vb(text.as_bytes())) } }
-            @if let Some(d) = &a.diff { (diff_block(d)) }
+            @if let Some(pubs) = &a.publishes {
+                p.publishes {
+                    "commits it would publish (" (pubs.count) ", " (v(&pubs.against)) "):"
+                }
+                pre.log.publishes { (vb(&pubs.log)) }
+                @if pubs.count > crate::acts::MAX_LISTED_COMMITS {
+                    p.publishes { "... and " (pubs.count - crate::acts::MAX_LISTED_COMMITS) " more commits" }
+                }
+            }
+            @if let Some(d) = &a.diff { (diff_block_with(d, a.publishes.is_none())) }
             p.outcome {}
             (act_decisions(who, a))
         }

@@ -8,9 +8,13 @@
 //! - A failed login costs the same whether or not the account exists (a
 //!   dummy hash is verified), so the timing does not list accounts.
 //! - Changing or removing an account ends its sessions.
+//! - A verification's 19 MiB of Argon2 memory comes from a pool of at most
+//!   [`KEPT_BUFFERS`] buffers, reused: checks run one after another on any
+//!   thread do not each leave their own 19 MiB behind in the allocator.
+//!   A stored hash asking for more than [`MAX_MEMORY_KIB`] is refused.
 
-use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
-use argon2::Argon2;
+use argon2::password_hash::{PasswordHash, PasswordHasher, SaltString};
+use argon2::{Algorithm, Argon2, Block, Params, Version};
 
 use super::guard::Role;
 use crate::store::{Store, StoreError};
@@ -63,12 +67,49 @@ pub fn hash_password(password: &str) -> Result<String, UserError> {
         .map_err(|e| UserError::Hash(e.to_string()))
 }
 
+/// Argon2 memory buffers kept for reuse (`serve` verifies two at once).
+pub const KEPT_BUFFERS: usize = 2;
+/// The most memory a stored hash may ask a verification for (64 MiB).
+pub const MAX_MEMORY_KIB: u32 = 64 * 1024;
+
+static BUFFERS: std::sync::Mutex<Vec<Vec<Block>>> = std::sync::Mutex::new(Vec::new());
+
 fn verify_hash(phc: &str, password: &str) -> bool {
-    PasswordHash::new(phc).is_ok_and(|h| {
-        Argon2::default()
-            .verify_password(password.as_bytes(), &h)
-            .is_ok()
-    })
+    let Ok(h) = PasswordHash::new(phc) else {
+        return false;
+    };
+    let (Ok(algorithm), Ok(params), Some(expected), Some(salt)) = (
+        Algorithm::try_from(h.algorithm),
+        Params::try_from(&h),
+        h.hash,
+        h.salt,
+    ) else {
+        return false;
+    };
+    if params.m_cost() > MAX_MEMORY_KIB {
+        return false;
+    }
+    let version = h
+        .version
+        .and_then(|v| Version::try_from(v).ok())
+        .unwrap_or_default();
+    let mut salt_bytes = [0u8; 64];
+    let Ok(salt) = salt.decode_b64(&mut salt_bytes) else {
+        return false;
+    };
+    let take = || BUFFERS.lock().unwrap_or_else(|p| p.into_inner()).pop();
+    let mut blocks = take().unwrap_or_default();
+    blocks.resize(params.block_count(), Block::default());
+    let mut out = vec![0u8; expected.len()];
+    let ok = Argon2::new(algorithm, version, params)
+        .hash_password_into_with_memory(password.as_bytes(), salt, &mut out, &mut blocks[..])
+        .is_ok()
+        && super::guard::constant_time_eq(&out, expected.as_bytes());
+    let mut kept = BUFFERS.lock().unwrap_or_else(|p| p.into_inner());
+    if kept.len() < KEPT_BUFFERS {
+        kept.push(blocks);
+    }
+    ok
 }
 
 /// Adds (or replaces) an account.
@@ -105,14 +146,10 @@ pub fn authenticate(store: &Store, name: &str, password: &str) -> Result<Option<
             .then(|| Role::parse(&role))
             .flatten()),
         None => {
-            let dummy = match DUMMY.get() {
-                Some(d) => d.clone(),
-                None => {
-                    let d = hash_password("not a password of anyone")?;
-                    DUMMY.get_or_init(|| d).clone()
-                }
-            };
-            let _ = verify_hash(&dummy, password);
+            // Made once (others wait for it rather than each making one).
+            let dummy =
+                DUMMY.get_or_init(|| hash_password("not a password of anyone").unwrap_or_default());
+            let _ = verify_hash(dummy, password);
             Ok(None)
         }
     }

@@ -8,15 +8,23 @@
 # tool as `Bash` with `tool_input.command`, as Claude Code does). Codex runs
 # only hooks it trusts, and silently skips the others: hence
 # --dangerously-bypass-hook-trust (the hook is ours, written here).
+# The bypass flags also make Codex trust the project and load its
+# .codex/config.toml (which could replace the hooks or switch them off):
+# the worktree is declared untrusted, so only this file is loaded.
 set -euo pipefail
 mkdir -p "$HOME/.codex"
 cat > "$HOME/.codex/config.toml" <<TOML
 model = "${NIGHTSHIFT_AGENT_MODEL:-gpt-5-codex}"
 model_provider = "nightshift"
 check_for_update_on_startup = false
+# No provider-side web search: the model gateway refuses it (a channel out).
+web_search = "disabled"
 
 [analytics]
 enabled = false
+
+[projects."/workspace"]
+trust_level = "untrusted"
 
 [model_providers.nightshift]
 name = "nightshift model gateway"

@@ -38,6 +38,15 @@ pub const EXIT_CANNOT_START: i32 = 126;
 /// The wrapper's exit status on a usage mistake.
 pub const EXIT_USAGE: i32 = 2;
 
+/// How much longer than the bound the host-side end of a lease waits
+/// (`nightshift lease-end`), so that the wrapper's own ending comes first.
+pub const HOST_MARGIN: Duration = Duration::from_secs(5);
+
+/// The bound the host-side end of a lease of `bound` holds to.
+pub fn host_bound(bound: Duration) -> Duration {
+    bound.saturating_add(HOST_MARGIN)
+}
+
 /// How often the supervisor renews a lease of `bound`: six times per bound,
 /// at most every 5 s and at least every 100 ms, so that several renewals in a
 /// row can be missed (a busy host) before the lease expires.

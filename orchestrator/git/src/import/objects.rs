@@ -21,12 +21,15 @@
 //!   name, why) before it is written, so neither it nor any tree or commit
 //!   reaching it enters the host (blobs copied before it may, unreferenced).
 //!   A tree the host already holds is not checked again here: the checkout
-//!   checks every tree it writes ([`crate::checkout`]).
-//!
-//! Residual risk, not closed here: a hostile *pack* can hold a delta whose base
-//! object is far larger than the limits (deflate shrinks zeros about 1000:1);
-//! libgit2 inflates that base in memory. Memory is then bounded by about 1000x
-//! the worktree's size cap, not by `ImportLimits`.
+//!   checks every tree it writes ([`crate::checkout`]);
+//! - every pack of the worktree is scanned before the object database is
+//!   opened ([`super::pack_scan`]): one holding a delta whose base or result
+//!   is over `max_file_bytes` (a delta bomb: deflate shrinks zeros about
+//!   1000:1, and reading a delta inflates its base and result in memory,
+//!   whatever the delta's own size), a zlib stream inflating past its
+//!   declared size, or not a valid pack, is deleted with its index (and
+//!   listed as skipped): what it held is then missing, and the history is
+//!   dropped as for any missing object.
 
 use std::collections::HashSet;
 use std::fs;
@@ -35,6 +38,7 @@ use std::path::Path;
 
 use git2::{ObjectType, Odb, Oid};
 
+use super::pack_scan::{scan_pack, PackLimits};
 use super::{ImportLimits, SkipList, SkipReason};
 use crate::fsx::is_real_dir;
 use crate::tree_names::{self, EntryKind, TreeProblem};
@@ -109,6 +113,8 @@ pub(super) fn open_worktree_odb(
         sweep_dir(worktree, &path, is_fanout.then_some(cap), skipped)?;
     }
 
+    scan_packs(worktree, &objects.join("pack"), limits, skipped)?;
+
     let objects_str = objects.to_str().ok_or_else(|| GitError::HostileWorktree {
         path: objects.clone(),
         why: "the path is not UTF-8, which libgit2 needs".to_owned(),
@@ -117,6 +123,60 @@ pub(super) fn open_worktree_odb(
     odb.add_disk_alternate(objects_str)
         .map_err(|e| GitError::git(format!("opening worktree objects {objects_str}"), e))?;
     Ok(odb)
+}
+
+/// Scans every pack of the worktree ([`scan_pack`] with
+/// [`PackLimits::for_worktree`]) and deletes, with its index, one whose
+/// deltas name a base or a result over `max_file_bytes`, whose zlib streams
+/// inflate past their declared sizes, or which is not a valid pack: reading
+/// a delta inflates its base and its result whatever the delta's own size,
+/// so such a pack could cost the supervisor far more than the limits.
+fn scan_packs(
+    worktree: &Path,
+    pack_dir: &Path,
+    limits: &ImportLimits,
+    skipped: &mut SkipList,
+) -> Result<(), GitError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let entries = match fs::read_dir(pack_dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(GitError::io("listing worktree packs", pack_dir, e)),
+    };
+    let mut refused = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| GitError::io("listing worktree packs", pack_dir, e))?;
+        let path = entry.path();
+        if path.extension().is_none_or(|x| x != "pack") {
+            continue;
+        }
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+            .open(&path);
+        let fine = match file {
+            Ok(file) if file.metadata().is_ok_and(|m| m.is_file()) => {
+                scan_pack(file, &PackLimits::for_worktree(*limits)).is_ok()
+            }
+            _ => false,
+        };
+        if !fine {
+            refused.push(path);
+        }
+    }
+    for path in refused {
+        remove(
+            worktree,
+            &path,
+            "a pack over the import limits (a delta's base or result over max_file_bytes, a zlib stream inflating past its size) or not a valid pack",
+            skipped,
+        )?;
+        let idx = path.with_extension("idx");
+        if fs::symlink_metadata(&idx).is_ok() {
+            remove(worktree, &idx, "the index of a pack refused", skipped)?;
+        }
+    }
+    Ok(())
 }
 
 /// Deletes every non-directory entry of `dir` that is not a regular file, and
@@ -179,13 +239,20 @@ enum Frame {
     Exit(Oid, ObjectType, Vec<u8>),
 }
 
-/// Copies every object reachable from `tip` that the host lacks, each after
+/// Copies every object reachable from `tip` that is not `known`, each after
 /// everything it reaches. Returns how many were copied.
+///
+/// `known(id, kind)` says whether the object is taken as present in the host
+/// with everything it reaches: an import passes "the host has it"; a pack
+/// received over the door passes "reachable from the run's base" (see
+/// [`super::pack`]). An object not known is read from `wt`, and one `wt`
+/// lacks is [`GitError::MissingObject`].
 pub(super) fn copy_reachable(
     host: &Odb<'_>,
     wt: &Odb<'_>,
     tip: Oid,
     limits: &ImportLimits,
+    known: &mut dyn FnMut(Oid, ObjectType) -> Result<bool, GitError>,
 ) -> Result<u64, GitError> {
     let mut seen: HashSet<Oid> = HashSet::new();
     let mut total_bytes: u64 = 0;
@@ -194,7 +261,7 @@ pub(super) fn copy_reachable(
         match frame {
             Frame::Exit(id, kind, data) => write_checked(host, id, kind, &data)?,
             Frame::Enter(id, expected) => {
-                if seen.contains(&id) || host.exists(id) {
+                if seen.contains(&id) || known(id, expected)? {
                     continue;
                 }
                 seen.insert(id);
@@ -241,10 +308,14 @@ pub(super) fn copy_reachable(
                         why: "its header and its content disagree",
                     });
                 }
+                if kind == ObjectType::Blob {
+                    // Written from the object as read: a blob is never copied.
+                    write_checked(host, id, kind, object.data())?;
+                    continue;
+                }
                 let data = object.data().to_vec();
                 drop(object);
                 match kind {
-                    ObjectType::Blob => write_checked(host, id, kind, &data)?,
                     ObjectType::Tree => {
                         let children = parse_tree(id, &data)?;
                         stack.push(Frame::Exit(id, kind, data));
@@ -418,7 +489,14 @@ mod tests {
             format!("tree {top}\nauthor a <a> 1 +0000\ncommitter a <a> 1 +0000\n\nhostile\n");
         let commit = wt.write(ObjectType::Commit, commit.as_bytes()).unwrap();
 
-        let err = copy_reachable(&host, &wt, commit, &ImportLimits::default()).unwrap_err();
+        let err = copy_reachable(
+            &host,
+            &wt,
+            commit,
+            &ImportLimits::default(),
+            &mut |id, _| Ok(host.exists(id)),
+        )
+        .unwrap_err();
         match &err {
             GitError::InvalidTreeEntry { tree, name, why } => {
                 assert_eq!(*tree, top.to_string());
@@ -428,6 +506,55 @@ mod tests {
             other => panic!("not an invalid tree entry: {other}"),
         }
         assert!(!host.exists(top) && !host.exists(commit));
+    }
+
+    /// A pack in the worktree holding a delta whose result is over
+    /// `max_file_bytes`, and a 10-byte offset delta on that result (reading
+    /// it would inflate the whole result), is deleted with its index before
+    /// the object database is opened, and listed as skipped.
+    #[test]
+    fn a_worktree_pack_with_a_delta_bomb_is_removed_before_reading() {
+        let dir = tempfile::tempdir().unwrap();
+        let wt = dir.path();
+        let pack_dir = wt.join(".git/objects/pack");
+        fs::create_dir_all(&pack_dir).unwrap();
+        // 64 copies of 64 KiB: a 4 MiB result, over a 1 MiB limit.
+        let (bytes, small) = crate::import::pack_scan::hidden_delta_bomb_for_tests(64);
+        let pack = pack_dir.join("pack-bomb.pack");
+        let index = |pack: &Path| {
+            let out = std::process::Command::new("git")
+                .args(["index-pack"])
+                .arg(pack)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{out:?}");
+        };
+        fs::write(&pack, &bytes).unwrap();
+        index(&pack);
+        let small = Oid::hash_object(ObjectType::Blob, &small).unwrap();
+        let limits = ImportLimits {
+            max_file_bytes: 1 << 20,
+            ..ImportLimits::default()
+        };
+        let mut skipped = SkipList::default();
+        let odb = open_worktree_odb(wt, &limits, &mut skipped).unwrap();
+        assert!(!pack.exists() && !pack.with_extension("idx").exists());
+        let listed: Vec<String> = skipped.listed.iter().map(|s| s.path.clone()).collect();
+        assert_eq!(
+            listed,
+            [
+                ".git/objects/pack/pack-bomb.pack",
+                ".git/objects/pack/pack-bomb.idx"
+            ]
+        );
+        assert!(odb.read_header(small).is_err());
+
+        // The same pack within the limits stays and is read.
+        fs::write(&pack, &bytes).unwrap();
+        index(&pack);
+        let mut skipped = SkipList::default();
+        let odb = open_worktree_odb(wt, &ImportLimits::default(), &mut skipped).unwrap();
+        assert_eq!(odb.read(small).unwrap().data(), &[0u8; 10]);
     }
 
     #[test]

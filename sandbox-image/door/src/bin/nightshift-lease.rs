@@ -4,26 +4,29 @@
 //!
 //! `nightshift-lease --bound-ms N [--heartbeat PATH] -- COMMAND [ARG...]`
 //!
-//! It runs under the engine's init (PID 1), which exits when this process
-//! exits; the kernel then kills every process left in the sandbox's PID
-//! namespace. So:
+//! It is the container's PID 1 itself (the engine adds no init of its own,
+//! see `orchestrator::sandbox::SandboxSpec::lease_is_pid1`, and the
+//! attestation checks it), and exiting ends the sandbox: the kernel then
+//! kills every process left in the PID namespace. So:
 //! - when the command exits, this exits with its status (128 + signal when a
-//!   signal ended it), and the sandbox ends as it did before the lease;
+//!   signal ended it);
 //! - when the heartbeat's counter has not grown for longer than the bound
 //!   (or there was none for a bound after the start), this kills the command
 //!   and exits with 125: the whole sandbox is gone;
-//! - when the agent kills this process (it runs as the agent's own uid, so
-//!   it can), the sandbox ends just the same: there is no escaping the lease
-//!   by killing it;
-//! - it makes itself non-dumpable first, so that the agent cannot read or
-//!   write its memory through `/proc/<pid>/mem` (which needs no `ptrace`).
+//! - nothing inside the sandbox can stop it: the kernel delivers to a PID
+//!   namespace's init no signal sent from inside that it has no handler for,
+//!   SIGSTOP and SIGKILL included (it installs none: termination signals
+//!   are blocked and read from a signalfd, then passed on to the command);
+//! - it makes itself non-dumpable first, so that the agent (same uid, no
+//!   capability) can neither ptrace it nor read or write its memory through
+//!   `/proc/1/mem`, nor open its other `/proc` files;
+//! - as init it reaps every orphan the agent leaves (they are re-parented
+//!   to it), so zombies never fill the run's pids cgroup.
 //!
-//! What it cannot stop: the agent can send it SIGSTOP (same uid); a stopped
-//! wrapper enforces nothing. The lease is one stop among several: the
-//! supervisor's timeout, its kill switch and the watchdog act from outside
-//! the sandbox and do not depend on this process (`tests/tests/lease.rs`
-//! shows a sandbox whose wrapper was stopped still ended by the kill
-//! switch). The lease covers the case where those are all gone.
+//! The host has a second end that needs neither this process nor the
+//! supervisor nor the watchdog: `nightshift lease-end` (see
+//! `orchestrator::lease`) kills the container through the engine when the
+//! same heartbeat has not grown for the bound plus a margin.
 
 #![forbid(unsafe_code)]
 
@@ -31,7 +34,40 @@ use std::io::Read;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
 use sandbox_image_door::lease::{self, Lease, Verdict};
+
+/// The signals passed on to the command (how the engine and people ask a
+/// container to stop); blocked here, read from a signalfd.
+const FORWARDED: [Signal; 4] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+];
+
+/// Reaps every child that has ended (orphans included: this is init);
+/// `Some(status)` once the command itself has ended.
+fn reap(command: Pid) -> Result<Option<i32>, Errno> {
+    loop {
+        match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::Exited(pid, code)) if pid == command => {
+                return Ok(Some(lease::exit_status(Some(code), None)))
+            }
+            Ok(WaitStatus::Signaled(pid, signal, _)) if pid == command => {
+                return Ok(Some(lease::exit_status(None, Some(signal as i32))))
+            }
+            Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return Ok(None),
+            Ok(_) | Err(Errno::EINTR) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
 
 /// How often the child's exit is checked (the command's exit reaches the
 /// engine at most this late).
@@ -98,6 +134,22 @@ fn main() -> ExitCode {
         eprintln!("nightshift-lease: making the lease non-dumpable: {e}");
         return exit(lease::EXIT_CANNOT_START);
     }
+    // No handler for anything: termination signals wait in a signalfd (the
+    // command starts with an empty mask: std resets it in the child).
+    let mut mask = SigSet::empty();
+    for s in FORWARDED {
+        mask.add(s);
+    }
+    let signals = mask
+        .thread_block()
+        .and_then(|()| SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC));
+    let signals = match signals {
+        Ok(fd) => fd,
+        Err(e) => {
+            eprintln!("nightshift-lease: taking termination signals: {e}");
+            return exit(lease::EXIT_CANNOT_START);
+        }
+    };
     let started = Instant::now();
     let mut held = Lease::new(invocation.bound);
     // Read before the command starts: a sandbox whose lease is already gone
@@ -114,7 +166,7 @@ fn main() -> ExitCode {
         },
         None => None,
     };
-    let mut child = match Command::new(&invocation.command[0])
+    let child = match Command::new(&invocation.command[0])
         .args(&invocation.command[1..])
         .spawn()
     {
@@ -127,18 +179,21 @@ fn main() -> ExitCode {
             return exit(lease::EXIT_CANNOT_START);
         }
     };
+    let command = Pid::from_raw(child.id() as i32);
     let mut next_read = started + READ_EVERY;
     loop {
-        match child.try_wait() {
-            Ok(Some(status)) => {
-                use std::os::unix::process::ExitStatusExt;
-                return exit(lease::exit_status(status.code(), status.signal()));
-            }
+        match reap(command) {
+            Ok(Some(status)) => return exit(status),
             Ok(None) => {}
             Err(e) => {
                 eprintln!("nightshift-lease: waiting for the command: {e}");
-                let _ = child.kill();
+                let _ = kill(command, Signal::SIGKILL);
                 return exit(lease::EXIT_CANNOT_START);
+            }
+        }
+        while let Ok(Some(info)) = signals.read_signal() {
+            if let Ok(signal) = Signal::try_from(info.ssi_signo as i32) {
+                let _ = kill(command, signal);
             }
         }
         let now = Instant::now();
@@ -151,9 +206,9 @@ fn main() -> ExitCode {
                     since_renewal.as_secs(),
                     held.bound().as_secs()
                 );
-                // Exiting ends the sandbox (the init exits, the kernel kills
-                // the rest of the PID namespace); the command goes first.
-                let _ = child.kill();
+                // Exiting ends the sandbox (the kernel kills the rest of
+                // the PID namespace); the command goes first.
+                let _ = kill(command, Signal::SIGKILL);
                 return exit(lease::EXIT_EXPIRED);
             }
         }
