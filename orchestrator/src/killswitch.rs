@@ -398,6 +398,13 @@ async fn settle_claimed(
     if worktree.exists() {
         let imported = lock(sup).imported(run)?;
         if !imported {
+            // Mounted again (read-only) if a reboot took its mount.
+            let kept = worktree.clone();
+            if let Ok(Err(e)) =
+                tokio::task::spawn_blocking(move || crate::hostview::mount_kept(&kept)).await
+            {
+                tracing::warn!(run = %run, error = %e, "mounting the kept worktree");
+            }
             match crate::run::import_into(&sup.store, &mut record, &worktree).await {
                 Ok(()) => lock(sup).record_imported(&record)?,
                 Err(e) => failure = Some(e),

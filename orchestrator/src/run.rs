@@ -223,6 +223,8 @@ struct Held {
     container: Option<String>,
     started: bool,
     worktree: Option<PathBuf>,
+    /// The worktree's filesystem's figures when it was empty.
+    worktree_fs: Option<crate::hostview::Usage>,
     base_commit: Option<String>,
 }
 
@@ -369,6 +371,13 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         owner: Some((sup.sandbox_user.uid, sup.sandbox_user.gid)),
     };
     held.worktree = Some(dest.clone());
+    // Its own filesystem first: the kernel bounds it to the cap.
+    let (fs_at, cap) = (dest.clone(), req.caps.max_worktree_bytes);
+    let empty = tokio::task::spawn_blocking(move || crate::hostview::make_worktree_fs(&fs_at, cap))
+        .await
+        .map_err(|e| RunError::Git(e.to_string()))?
+        .map_err(|e| RunError::Git(format!("making the worktree's filesystem: {e}")))?;
+    held.worktree_fs = Some(empty);
     let wt = tokio::task::spawn_blocking(move || orchestrator_git::create_worktree(&spec))
         .await
         .map_err(|e| RunError::Git(e.to_string()))?
@@ -638,11 +647,9 @@ async fn steps<E: ContainerEngine, S: StateStore>(
                 }
             }
             _ = worktree_tick.tick() => {
-                let (path, cap) = (dest.clone(), req.caps.max_worktree_bytes);
-                let bytes = tokio::task::spawn_blocking(move || monitor::tree_bytes(&path, cap))
-                    .await
-                    .unwrap_or(0);
-                last.worktree_bytes = Some(bytes);
+                let used = worktree_used(&dest, held.worktree_fs).await;
+                last.worktree_bytes = used.map(|u| u.bytes);
+                last.worktree_files = used.map(|u| (u.files, u.files_total));
                 if let Some(b) = monitor::breach(&req.caps, &last) {
                     sup.engine.kill(&container).await?;
                     break Ended::Breach(b);
@@ -753,12 +760,10 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     // still went past it.
     let ended = match ended {
         Ended::Exited => {
-            let (path, cap) = (dest.clone(), req.caps.max_worktree_bytes);
-            let bytes = tokio::task::spawn_blocking(move || monitor::tree_bytes(&path, cap))
-                .await
-                .unwrap_or(0);
+            let used = worktree_used(&dest, held.worktree_fs).await;
             let seen = Observed {
-                worktree_bytes: Some(bytes),
+                worktree_bytes: used.map(|u| u.bytes),
+                worktree_files: used.map(|u| (u.files, u.files_total)),
                 ..Default::default()
             };
             match monitor::breach(&req.caps, &seen) {
@@ -812,6 +817,22 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         false,
     )?;
     Ok(ended)
+}
+
+/// What the worktree holds beyond its empty filesystem, from `statvfs` of
+/// its root (never a walk: see `monitor`). `None` when it cannot be read,
+/// or the path is no longer that filesystem.
+async fn worktree_used(
+    worktree: &std::path::Path,
+    empty: Option<crate::hostview::Usage>,
+) -> Option<crate::hostview::Usage> {
+    let empty = empty?;
+    let path = worktree.to_path_buf();
+    let now = tokio::task::spawn_blocking(move || crate::hostview::usage(&path))
+        .await
+        .ok()?
+        .ok()?;
+    now.since(&empty)
 }
 
 /// The next spent budget the gateway reports (never, without a gateway).
@@ -1185,6 +1206,12 @@ pub async fn retry_import(store: &Mutex<Store>, run: &str) -> Result<RunRecord, 
         Ok(())
     };
     record.observed = None;
+    // Mounted again (read-only) if a reboot took its mount.
+    let kept = worktree.clone();
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || crate::hostview::mount_kept(&kept)).await
+    {
+        tracing::warn!(run = %run, error = %e, "mounting the kept worktree");
+    }
     if let Err(failure) = import_into(store, &mut record, &worktree).await {
         let (status, reason) = status_after_import(&mut record, ended, Some(&failure), &worktree);
         record.status = status;
