@@ -380,7 +380,10 @@ mod tests {
     fn a_plan_holds_the_cap_and_bounds_inodes() {
         let p = fs_plan(24 << 20);
         assert_eq!(p.inodes, 4096);
-        assert!(p.image_bytes > 24 << 20 && p.image_bytes < 30 << 20, "{p:?}");
+        assert!(
+            p.image_bytes > 24 << 20 && p.image_bytes < 30 << 20,
+            "{p:?}"
+        );
         let p = fs_plan(2 << 30);
         assert_eq!(p.inodes, (2 << 30) / BYTES_PER_INODE);
         assert!(p.image_bytes < (2 << 30) + (2 << 30) / 8, "{p:?}");

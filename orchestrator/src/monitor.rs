@@ -318,7 +318,10 @@ mod tests {
         };
         let b = breach(&caps(), &seen).unwrap();
         assert_eq!(b.cap, "worktree");
-        assert_eq!(b.detail, "worktree cap 10 MiB (observed 4096 files, all it holds)");
+        assert_eq!(
+            b.detail,
+            "worktree cap 10 MiB (observed 4096 files, all it holds)"
+        );
         let seen = Observed {
             worktree_files: Some((4095, 4096)),
             worktree_bytes: Some(1 << 20),

@@ -1208,7 +1208,8 @@ pub async fn retry_import(store: &Mutex<Store>, run: &str) -> Result<RunRecord, 
     record.observed = None;
     // Mounted again (read-only) if a reboot took its mount.
     let kept = worktree.clone();
-    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || crate::hostview::mount_kept(&kept)).await
+    if let Ok(Err(e)) =
+        tokio::task::spawn_blocking(move || crate::hostview::mount_kept(&kept)).await
     {
         tracing::warn!(run = %run, error = %e, "mounting the kept worktree");
     }
