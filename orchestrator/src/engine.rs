@@ -44,11 +44,45 @@ pub enum EngineError {
         #[source]
         source: bollard::errors::Error,
     },
+    /// No answer from the engine: the connection failed or was cut. The
+    /// engine being unreachable is not the container being gone.
+    #[error("{doing}: the connection to the container engine failed: {source}")]
+    Lost {
+        doing: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
+    /// The engine is already removing the container (`409`): it is not gone
+    /// yet.
+    #[error("removing container {0}: a removal is already in progress")]
+    RemovalInProgress(String),
+    /// An engine behind the trait other than the bollard one answered with
+    /// a refusal (what was asked and why).
+    #[error("{0}")]
+    Refused(String),
 }
 
+impl EngineError {
+    /// The engine could not be reached (a fresh connection may do better).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Lost { .. } | EngineError::Unreachable { .. }
+        )
+    }
+}
+
+/// An error of the engine's API: an answer from the engine, or none (a
+/// failed or cut connection, [`EngineError::Lost`]).
 fn api(doing: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> EngineError {
     let doing = doing.into();
-    move |source| EngineError::Api { doing, source }
+    move |source| match source {
+        bollard::errors::Error::DockerResponseServerError { .. }
+        | bollard::errors::Error::DockerContainerWaitError { .. } => {
+            EngineError::Api { doing, source }
+        }
+        source => EngineError::Lost { doing, source },
+    }
 }
 
 /// A local image as the engine reports it.
@@ -325,7 +359,9 @@ impl Engine {
         }
     }
 
-    /// Removes the container whatever its state. Already gone is not an error.
+    /// Removes the container whatever its state. Already gone is not an
+    /// error; a removal already in progress (`409`) is
+    /// [`EngineError::RemovalInProgress`]: not gone yet.
     pub async fn remove(&self, id: &str) -> Result<(), EngineError> {
         let options = RemoveContainerOptions {
             force: true,
@@ -337,6 +373,9 @@ impl Engine {
             Err(bollard::errors::Error::DockerResponseServerError {
                 status_code: 404, ..
             }) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) => Err(EngineError::RemovalInProgress(id.to_string())),
             Err(e) => Err(api(format!("removing container {id}"))(e)),
         }
     }
