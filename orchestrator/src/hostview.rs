@@ -377,6 +377,31 @@ mod tests {
     }
 
     #[test]
+    fn a_kept_worktree_unmounted_by_a_reboot_is_mounted_again_read_only() {
+        if !root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let wt = dir.path().join("r2");
+        make_worktree_fs(&wt, 4 << 20).unwrap();
+        std::fs::write(wt.join("work.txt"), "kept\n").unwrap();
+        // What a reboot leaves: the image, an empty mount point.
+        release_worktree(&wt).unwrap();
+        assert!(!wt.join("work.txt").exists());
+        mount_kept(&wt).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(wt.join("work.txt")).unwrap(),
+            "kept\n"
+        );
+        let m = mount_at(&wt).unwrap();
+        assert!(m.has("ro") && m.has("nosuid") && m.has("nodev"), "{m:?}");
+        mount_kept(&wt).unwrap();
+        remove_worktree(&wt).unwrap();
+        assert!(!wt.exists() && !image_of(&wt).exists());
+        assert!(loops_under(dir.path()).is_empty(), "loop device left");
+    }
+
+    #[test]
     fn a_plan_holds_the_cap_and_bounds_inodes() {
         let p = fs_plan(24 << 20);
         assert_eq!(p.inodes, 4096);
