@@ -874,5 +874,11 @@ fn a_cut_engine_connection_loses_no_step_and_reconcile_removes_the_sandbox() {
         !mounts.contains(state.path().to_str().unwrap()),
         "a mount is left"
     );
+    let loops = Command::new("losetup").arg("-a").output().unwrap();
+    assert!(
+        !stdout(&loops).contains(state.path().to_str().unwrap()),
+        "a loop device is left: {}",
+        stdout(&loops)
+    );
     assert_eq!(run_ended_count(&state, &id), 1);
 }
