@@ -10,6 +10,11 @@
 //!   the engine has no such option for binds.
 //! - The engine keeps no copy of the output (log driver `none`): the
 //!   supervisor reads it through attach and keeps its own capped log.
+//! - An error says whether the engine answered: no answer (a failed or cut
+//!   connection) is [`EngineError::Lost`], never taken for the container
+//!   being gone; `remove` is `Ok` only for gone (`404` included), and a
+//!   removal already in progress (`409`) is
+//!   [`EngineError::RemovalInProgress`].
 
 use std::collections::HashMap;
 use std::path::Path;
