@@ -237,8 +237,20 @@ pub fn usage(worktree: &Path) -> Result<Usage, String> {
     })
 }
 
+/// A system tool by its absolute path (never found through `PATH`: the
+/// supervisor runs as root).
+fn system_tool(program: &str) -> Result<PathBuf, String> {
+    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|dir| Path::new(dir).join(program))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!("{program} not found in /usr/sbin, /sbin, /usr/bin or /bin (install e2fsprogs and mount)")
+        })
+}
+
 fn tool(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), String> {
-    let out = Command::new(program)
+    let out = Command::new(system_tool(program)?)
         .args(args)
         .env("LC_ALL", "C")
         .output()
