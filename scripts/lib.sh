@@ -39,6 +39,9 @@ ensure_packages() {
   # The dashboard's browser tests drive a real headless Chromium.
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+  # Each run's worktree is its own loop-mounted ext4 filesystem (hostview.rs).
+  command -v mkfs.ext4 >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.ext4 ] || [ -x /sbin/mkfs.ext4 ] || missing+=(e2fsprogs)
+  command -v losetup >/dev/null 2>&1 || [ -x /usr/sbin/losetup ] || [ -x /sbin/losetup ] || missing+=(mount)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}" >&2
     apt_install "${missing[@]}"

@@ -21,8 +21,14 @@
 //!   attestation judges what the engine says it made.
 //! - `attach` before `start` misses no output; `wait` ends once the
 //!   container is no longer running.
+//! - `remove` returns `Ok` only when the container is gone (or was);
+//!   a removal already under way is [`EngineError::RemovalInProgress`], an
+//!   engine that did not answer [`EngineError::is_unreachable`]: neither is
+//!   the container gone. [`ContainerEngine::remove_confirmed`] waits (bounded)
+//!   until the engine confirms it, each try on a fresh request.
 
 use std::future::Future;
+use std::time::Duration;
 
 use crate::engine::{EngineError, ExitState, ImageInfo, Managed, OutputStream};
 use crate::sandbox::SandboxSpec;
@@ -71,7 +77,36 @@ pub trait ContainerEngine: Sync {
     fn kill(&self, id: &str) -> impl Future<Output = Result<(), EngineError>> + Send;
     /// Forced removal.
     fn remove(&self, id: &str) -> impl Future<Output = Result<(), EngineError>> + Send;
+    /// Forced removal, confirmed: returns `Ok` once the engine says the
+    /// container is gone. A removal already in progress is waited for and
+    /// an engine that does not answer is asked again, for at most
+    /// [`REMOVE_TRIES`] tries [`REMOVE_RETRY`] apart; then the last error.
+    fn remove_confirmed(&self, id: &str) -> impl Future<Output = Result<(), EngineError>> + Send {
+        async move {
+            let mut tries = 0;
+            loop {
+                tries += 1;
+                match self.remove(id).await {
+                    Ok(()) => return Ok(()),
+                    Err(e)
+                        if tries < REMOVE_TRIES
+                            && (e.is_unreachable()
+                                || matches!(e, EngineError::RemovalInProgress(_))) =>
+                    {
+                        tracing::warn!(container = %id, error = %e, "removal not confirmed yet");
+                        tokio::time::sleep(REMOVE_RETRY).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
 }
+
+/// How many times [`ContainerEngine::remove_confirmed`] asks.
+pub const REMOVE_TRIES: u32 = 20;
+/// How long it waits between two tries.
+pub const REMOVE_RETRY: Duration = Duration::from_millis(500);
 
 impl ContainerEngine for crate::engine::Engine {
     fn image(
@@ -124,7 +159,8 @@ pub mod fake {
     //! reports, the exit code it ends with, containers whose kill or
     //! removal the engine refuses, images it lacks.
 
-    use std::collections::HashSet;
+    use std::collections::{HashMap, HashSet};
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Mutex;
 
     use super::ContainerEngine;
@@ -151,12 +187,24 @@ pub mod fake {
         pub exit_code: i64,
         /// The containers created (id, spec), in order.
         pub created: Mutex<Vec<(String, SandboxSpec)>>,
+        /// How many removals of a container answer "already in progress"
+        /// (the engine's `409`) before one finds it gone (`404`).
+        pub removal_in_progress: Mutex<HashMap<String, u32>>,
+        /// While set, no call reaches the engine (a cut connection).
+        pub lost: AtomicBool,
+        /// Cut the connection (set `lost`) once a container has started.
+        pub lose_after_start: bool,
     }
 
+    /// The engine answered, refusing.
     fn refused(doing: &str, id: &str) -> EngineError {
+        EngineError::Refused(format!("{doing} {id}: refused by the fake"))
+    }
+
+    fn lost(doing: &str, id: &str) -> EngineError {
         EngineError::Unreachable {
             endpoint: "fake".into(),
-            message: format!("{doing} {id} refused by the fake"),
+            message: format!("{doing} {id}: the connection was cut"),
         }
     }
 
@@ -204,6 +252,9 @@ pub mod fake {
         }
 
         fn known(&self, id: &str) -> Result<(), EngineError> {
+            if self.lost.load(Ordering::SeqCst) {
+                return Err(lost("reaching", id));
+            }
             if lock(&self.containers).iter().any(|c| c.id == id) {
                 Ok(())
             } else {
@@ -265,6 +316,9 @@ pub mod fake {
             self.known(id)?;
             // It runs and ends at once with the scripted code.
             self.set_running(id, false);
+            if self.lose_after_start {
+                self.lost.store(true, Ordering::SeqCst);
+            }
             Ok(())
         }
 
@@ -285,6 +339,9 @@ pub mod fake {
         }
 
         async fn managed(&self, run: Option<&str>) -> Result<Vec<Managed>, EngineError> {
+            if self.lost.load(Ordering::SeqCst) {
+                return Err(lost("listing", run.unwrap_or("all")));
+            }
             Ok(lock(&self.containers)
                 .iter()
                 .filter(|c| run.is_none() || c.run.as_deref() == run)
@@ -294,6 +351,9 @@ pub mod fake {
 
         async fn kill(&self, id: &str) -> Result<(), EngineError> {
             self.record(format!("kill {id}"));
+            if self.lost.load(Ordering::SeqCst) {
+                return Err(lost("killing", id));
+            }
             if self.refuse_kill.contains(id) {
                 return Err(refused("killing", id));
             }
@@ -303,8 +363,17 @@ pub mod fake {
 
         async fn remove(&self, id: &str) -> Result<(), EngineError> {
             self.record(format!("remove {id}"));
+            if self.lost.load(Ordering::SeqCst) {
+                return Err(lost("removing", id));
+            }
             if self.refuse_remove.contains(id) {
                 return Err(refused("removing", id));
+            }
+            if let Some(left) = lock(&self.removal_in_progress).get_mut(id) {
+                if *left > 0 {
+                    *left -= 1;
+                    return Err(EngineError::RemovalInProgress(id.to_string()));
+                }
             }
             lock(&self.containers).retain(|c| c.id != id);
             Ok(())

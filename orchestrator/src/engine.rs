@@ -13,6 +13,11 @@
 //!   the engine has no such option for binds.
 //! - The engine keeps no copy of the output (log driver `none`): the
 //!   supervisor reads it through attach and keeps its own capped log.
+//! - An error says whether the engine answered: no answer (a failed or cut
+//!   connection) is [`EngineError::Lost`], never taken for the container
+//!   being gone; `remove` is `Ok` only for gone (`404` included), and a
+//!   removal already in progress (`409`) is
+//!   [`EngineError::RemovalInProgress`].
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -47,11 +52,45 @@ pub enum EngineError {
         #[source]
         source: bollard::errors::Error,
     },
+    /// No answer from the engine: the connection failed or was cut. The
+    /// engine being unreachable is not the container being gone.
+    #[error("{doing}: the connection to the container engine failed: {source}")]
+    Lost {
+        doing: String,
+        #[source]
+        source: bollard::errors::Error,
+    },
+    /// The engine is already removing the container (`409`): it is not gone
+    /// yet.
+    #[error("removing container {0}: a removal is already in progress")]
+    RemovalInProgress(String),
+    /// An engine behind the trait other than the bollard one answered with
+    /// a refusal (what was asked and why).
+    #[error("{0}")]
+    Refused(String),
 }
 
+impl EngineError {
+    /// The engine could not be reached (a fresh connection may do better).
+    pub fn is_unreachable(&self) -> bool {
+        matches!(
+            self,
+            EngineError::Lost { .. } | EngineError::Unreachable { .. }
+        )
+    }
+}
+
+/// An error of the engine's API: an answer from the engine, or none (a
+/// failed or cut connection, [`EngineError::Lost`]).
 fn api(doing: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> EngineError {
     let doing = doing.into();
-    move |source| EngineError::Api { doing, source }
+    move |source| match source {
+        bollard::errors::Error::DockerResponseServerError { .. }
+        | bollard::errors::Error::DockerContainerWaitError { .. } => {
+            EngineError::Api { doing, source }
+        }
+        source => EngineError::Lost { doing, source },
+    }
 }
 
 /// A local image as the engine reports it.
@@ -358,7 +397,9 @@ impl Engine {
         }
     }
 
-    /// Removes the container whatever its state. Already gone is not an error.
+    /// Removes the container whatever its state. Already gone is not an
+    /// error; a removal already in progress (`409`) is
+    /// [`EngineError::RemovalInProgress`]: not gone yet.
     pub async fn remove(&self, id: &str) -> Result<(), EngineError> {
         let options = RemoveContainerOptions {
             force: true,
@@ -370,6 +411,9 @@ impl Engine {
             Err(bollard::errors::Error::DockerResponseServerError {
                 status_code: 404, ..
             }) => Ok(()),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 409, ..
+            }) => Err(EngineError::RemovalInProgress(id.to_string())),
             Err(e) => Err(api(format!("removing container {id}"))(e)),
         }
     }

@@ -1,6 +1,23 @@
-//! The host side of Tier 0: the worktree's own `nosuid,nodev` mount, and
-//! what the supervisor reads on the host for the attestation (its accounts,
-//! its mount table).
+//! The host side of Tier 0: the worktree's own filesystem and its
+//! `nosuid,nodev` mount, and what the supervisor reads on the host for the
+//! attestation (its accounts, its mount table).
+//!
+//! Why a filesystem of its own: the worktree cap is enforced by the kernel
+//! and measured without reading a name the sandbox controls. Each run's
+//! worktree is an ext4 filesystem in a sparse image file beside it
+//! (`STATE/worktrees/<id>.img`), sized for the cap ([`fs_plan`]: the cap,
+//! the filesystem's own metadata and a small slack) with a bounded number
+//! of inodes, loop-mounted `nosuid,nodev` at `STATE/worktrees/<id>` before
+//! the worktree is written into it. A write past it fails in the sandbox
+//! (`ENOSPC`), so a burst between two samples cannot outgrow it; the
+//! supervisor reads the figures with `statvfs` on the mount's root
+//! ([`usage`]), which no one inside can rename or replace, and never walks
+//! the tree while the sandbox can change it (an agent swapping a directory
+//! for a symlink to a host directory cannot make the host count that).
+//! The loop device is set up with autoclear (`mount -o loop`), so the
+//! unmount that [`release_worktree`] does (lazily) also frees it, whoever
+//! unmounts: the run's ending, the kill switch, reconciliation after
+//! `kill -9`.
 //!
 //! Why a mount of our own: Docker's bind mounts take no `nosuid`/`nodev`
 //! option, and the engine's `local` volume driver (`type=none,o=bind,nosuid`)
@@ -26,8 +43,15 @@
 //!   it never blocks it, and no symlink is followed), so no ending (the
 //!   run's own, the kill switch's, reconciliation after `kill -9`) leaves a
 //!   mount behind or is blocked by one. Releasing is idempotent.
+//! - The image goes with its worktree: [`remove_worktree`] unmounts, removes
+//!   the image, then the (empty) mount point, so a removal cut short leaves
+//!   a directory that the next one finds, never an image without it.
+//! - A kept worktree (its import failed) stays mounted; one found unmounted
+//!   with its image (after a reboot) is mounted again read-only for its
+//!   import ([`mount_kept`]).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use orchestrator_attest::{mount_of, HostAccounts, HostObserved, MountEntry};
@@ -124,10 +148,204 @@ pub fn release_worktree(path: &Path) -> Result<(), String> {
     ))
 }
 
-/// Releases the worktree's mount, then removes the worktree.
+/// Releases the worktree's mount, removes its filesystem's image, then the
+/// worktree's directory (an empty mount point once released).
 pub fn remove_worktree(path: &Path) -> Result<(), String> {
     release_worktree(path)?;
+    let image = image_of(path);
+    match std::fs::remove_file(&image) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("removing {}: {e}", image.display())),
+    }
     orchestrator_git::remove_worktree(path).map_err(|e| e.to_string())
+}
+
+/// The image file of a worktree's filesystem: `STATE/worktrees/<id>.img`.
+pub fn image_of(worktree: &Path) -> PathBuf {
+    let mut name = worktree.file_name().unwrap_or_default().to_os_string();
+    name.push(".img");
+    worktree.with_file_name(name)
+}
+
+/// The shape of a worktree's filesystem for a cap of `cap` bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsPlan {
+    /// The image's size: the cap, the inode tables and a slack for the rest
+    /// of the metadata and for the cap to be seen passed.
+    pub image_bytes: u64,
+    /// Inodes asked of mkfs (it may round up to fill its groups).
+    pub inodes: u64,
+}
+
+/// One inode for every 8 KiB of the cap (at least 4096, at most 4 Mi): a
+/// flood of empty files meets the kernel's bound as a flood of bytes does.
+pub const BYTES_PER_INODE: u64 = 8 << 10;
+/// mkfs makes inodes of this size (ext4's default).
+const INODE_SIZE: u64 = 256;
+
+/// The filesystem for a cap (pure).
+pub fn fs_plan(cap: u64) -> FsPlan {
+    let inodes = (cap / BYTES_PER_INODE).clamp(4096, 4 << 20);
+    // ext4 keeps some blocks back (for delayed allocation): the slack
+    // covers them, so that what the sandbox can write passes the cap.
+    let slack = inodes * INODE_SIZE + cap / 32 + (4 << 20);
+    FsPlan {
+        image_bytes: cap.saturating_add(slack),
+        inodes,
+    }
+}
+
+/// What a worktree's filesystem holds, from `statvfs` of its root.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes in use (allocated blocks, metadata included).
+    pub bytes: u64,
+    /// Inodes in use.
+    pub files: u64,
+    /// Inodes the filesystem has.
+    pub files_total: u64,
+    /// Which filesystem: a figure of another (the worktree unmounted) is
+    /// never taken for the worktree's.
+    pub fsid: u64,
+}
+
+impl Usage {
+    /// What the worktree added to an empty filesystem (`self` then `empty`).
+    pub fn since(&self, empty: &Usage) -> Option<Usage> {
+        (self.fsid == empty.fsid).then(|| Usage {
+            bytes: self.bytes.saturating_sub(empty.bytes),
+            files: self.files.saturating_sub(empty.files),
+            files_total: self.files_total.saturating_sub(empty.files),
+            fsid: self.fsid,
+        })
+    }
+}
+
+/// The figures of the filesystem mounted at `worktree` (its root: a name
+/// the sandbox cannot change; nothing under it is read).
+pub fn usage(worktree: &Path) -> Result<Usage, String> {
+    let st = nix::sys::statvfs::statvfs(worktree)
+        .map_err(|e| format!("statvfs {}: {e}", worktree.display()))?;
+    let unit = st.fragment_size() as u64;
+    let blocks = (st.blocks() as u64).saturating_sub(st.blocks_free() as u64);
+    Ok(Usage {
+        bytes: blocks.saturating_mul(unit),
+        files: (st.files() as u64).saturating_sub(st.files_free() as u64),
+        files_total: st.files() as u64,
+        fsid: st.filesystem_id() as u64,
+    })
+}
+
+/// A system tool by its absolute path (never found through `PATH`: the
+/// supervisor runs as root).
+fn system_tool(program: &str) -> Result<PathBuf, String> {
+    ["/usr/sbin", "/sbin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|dir| Path::new(dir).join(program))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            format!("{program} not found in /usr/sbin, /sbin, /usr/bin or /bin (install e2fsprogs and mount)")
+        })
+}
+
+fn tool(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), String> {
+    let out = Command::new(system_tool(program)?)
+        .args(args)
+        .env("LC_ALL", "C")
+        .output()
+        .map_err(|e| format!("running {program} (e2fsprogs and util-linux are needed): {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    Err(format!(
+        "{program} failed ({}): {}",
+        out.status,
+        err.trim().chars().take(400).collect::<String>()
+    ))
+}
+
+/// Makes the worktree's own filesystem for a cap of `cap` bytes and mounts
+/// it `nosuid,nodev` at `worktree` (which must not exist; its parent must),
+/// empty and owned by root. Returns its figures when empty. On failure
+/// nothing is left.
+pub fn make_worktree_fs(worktree: &Path, cap: u64) -> Result<Usage, String> {
+    let plan = fs_plan(cap);
+    let image = image_of(worktree);
+    std::fs::create_dir(worktree).map_err(|e| format!("creating {}: {e}", worktree.display()))?;
+    let made = (|| {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&image)
+            .map_err(|e| format!("creating {}: {e}", image.display()))?;
+        file.set_len(plan.image_bytes)
+            .map_err(|e| format!("sizing {}: {e}", image.display()))?;
+        drop(file);
+        let inodes = plan.inodes.to_string();
+        tool(
+            "mkfs.ext4",
+            &[
+                "-q".as_ref(),
+                "-F".as_ref(),
+                // A throwaway filesystem: no journal, nothing reserved.
+                "-O".as_ref(),
+                "^has_journal".as_ref(),
+                "-m".as_ref(),
+                "0".as_ref(),
+                "-N".as_ref(),
+                inodes.as_ref(),
+                "-E".as_ref(),
+                "root_owner=0:0,nodiscard".as_ref(),
+                image.as_os_str(),
+            ],
+        )?;
+        tool(
+            "mount",
+            &[
+                "-t".as_ref(),
+                "ext4".as_ref(),
+                "-o".as_ref(),
+                // noinit_itable: the kernel would otherwise zero every
+                // inode table in the background, writing the image full
+                // of them (64 MiB for the default 2 GiB cap).
+                "loop,nosuid,nodev,noatime,noinit_itable".as_ref(),
+                image.as_os_str(),
+                worktree.as_os_str(),
+            ],
+        )?;
+        // mkfs's lost+found would otherwise be part of the run's work.
+        std::fs::remove_dir(worktree.join("lost+found"))
+            .map_err(|e| format!("removing lost+found in {}: {e}", worktree.display()))?;
+        usage(worktree)
+    })();
+    if made.is_err() {
+        let _ = remove_worktree(worktree);
+    }
+    made
+}
+
+/// Mounts a kept worktree's filesystem again (read-only) when it has an
+/// image and is not mounted (after a reboot): its import reads the files.
+/// A worktree without an image (made before the worktree had its own
+/// filesystem) or already mounted is left as it is.
+pub fn mount_kept(worktree: &Path) -> Result<(), String> {
+    let image = image_of(worktree);
+    if !image.exists() || is_own_mount(worktree) {
+        return Ok(());
+    }
+    tool(
+        "mount",
+        &[
+            "-t".as_ref(),
+            "ext4".as_ref(),
+            "-o".as_ref(),
+            "loop,ro,nosuid,nodev,noexec".as_ref(),
+            image.as_os_str(),
+            worktree.as_os_str(),
+        ],
+    )
 }
 
 #[cfg(test)]
@@ -161,5 +379,94 @@ mod tests {
         remove_worktree(&wt).unwrap();
         assert!(!wt.exists());
         assert!(!is_own_mount(&wt));
+    }
+
+    /// The loop devices backed by files under `dir`.
+    fn loops_under(dir: &Path) -> Vec<String> {
+        let out = Command::new("losetup").arg("-a").output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.contains(dir.to_str().unwrap()))
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn a_kept_worktree_unmounted_by_a_reboot_is_mounted_again_read_only() {
+        if !root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let wt = dir.path().join("r2");
+        make_worktree_fs(&wt, 4 << 20).unwrap();
+        std::fs::write(wt.join("work.txt"), "kept\n").unwrap();
+        // What a reboot leaves: the image, an empty mount point.
+        release_worktree(&wt).unwrap();
+        assert!(!wt.join("work.txt").exists());
+        mount_kept(&wt).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(wt.join("work.txt")).unwrap(),
+            "kept\n"
+        );
+        let m = mount_at(&wt).unwrap();
+        assert!(m.has("ro") && m.has("nosuid") && m.has("nodev"), "{m:?}");
+        mount_kept(&wt).unwrap();
+        remove_worktree(&wt).unwrap();
+        assert!(!wt.exists() && !image_of(&wt).exists());
+        assert!(loops_under(dir.path()).is_empty(), "loop device left");
+    }
+
+    #[test]
+    fn a_plan_holds_the_cap_and_bounds_inodes() {
+        let p = fs_plan(24 << 20);
+        assert_eq!(p.inodes, 4096);
+        assert!(
+            p.image_bytes > 24 << 20 && p.image_bytes < 30 << 20,
+            "{p:?}"
+        );
+        let p = fs_plan(2 << 30);
+        assert_eq!(p.inodes, (2 << 30) / BYTES_PER_INODE);
+        assert!(p.image_bytes < (2 << 30) + (2 << 30) / 8, "{p:?}");
+    }
+
+    #[test]
+    fn a_worktree_fs_is_bounded_by_the_kernel_and_leaves_nothing() {
+        if !root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let wt = dir.path().join("r1");
+        let empty = make_worktree_fs(&wt, 4 << 20).unwrap();
+        assert!(!wt.join("lost+found").exists());
+        let m = mount_at(&wt).unwrap();
+        assert!(m.has("nosuid") && m.has("nodev"), "{m:?}");
+        protect_worktree(&wt).unwrap();
+        // A write past the filesystem fails; the figure shows the cap passed.
+        let mut big = std::fs::File::create(wt.join("big")).unwrap();
+        let chunk = vec![7u8; 1 << 20];
+        let full = (0..16)
+            .map(|_| std::io::Write::write_all(&mut big, &chunk))
+            .find_map(Result::err);
+        drop(big);
+        assert_eq!(
+            full.unwrap().raw_os_error(),
+            Some(nix::libc::ENOSPC),
+            "the kernel stops the write"
+        );
+        let used = usage(&wt).unwrap().since(&empty).unwrap();
+        assert!(used.bytes > 4 << 20, "{used:?}");
+        assert!(used.bytes < fs_plan(4 << 20).image_bytes, "{used:?}");
+        // A symlink to a large host directory counts for its own few bytes.
+        std::fs::remove_file(wt.join("big")).unwrap();
+        std::os::unix::fs::symlink("/usr", wt.join("usr")).unwrap();
+        let used = usage(&wt).unwrap().since(&empty).unwrap();
+        assert!(used.bytes < 64 << 10, "{used:?}");
+        assert_eq!(loops_under(dir.path()).len(), 1);
+        remove_worktree(&wt).unwrap();
+        assert!(!wt.exists() && !image_of(&wt).exists());
+        assert!(loops_under(dir.path()).is_empty(), "loop device left");
+        // Unmounted, a figure of the parent's filesystem is never the worktree's.
+        std::fs::create_dir(&wt).unwrap();
+        assert_eq!(usage(&wt).unwrap().since(&empty), None);
     }
 }

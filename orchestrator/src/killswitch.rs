@@ -38,6 +38,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 
 use crate::audit_log::Event;
+use crate::container_engine::ContainerEngine;
 use crate::engine::Managed;
 use crate::run::{identity_alive, RunError, Supervisor};
 use crate::sandbox::{LABEL_STATE, LABEL_SUPERVISOR};
@@ -104,12 +105,13 @@ pub async fn stop_sandboxes<E: crate::container_engine::ContainerEngine>(
         }
     }))
     .await;
-    // A container that stopped by itself meanwhile may refuse the kill:
-    // try removing those too before reporting anything.
+    // A container that stopped by itself meanwhile may refuse the kill, and
+    // one may be being removed already (`409`): remove those too, until the
+    // engine confirms them gone, before reporting anything.
     let mut failures = Vec::new();
     for (c, r) in containers.iter().zip(results) {
         if r.is_err() {
-            if let Err(e) = engine.remove(&c.id).await {
+            if let Err(e) = engine.remove_confirmed(&c.id).await {
                 failures.push(e);
             }
         }
@@ -289,14 +291,33 @@ pub async fn reconcile(
             }
         }
     }
-    for r in lock(sup).runs()? {
+    let runs = lock(sup).runs()?;
+    for r in &runs {
         let unsettled = !crate::store::is_final(&r.status);
         let owner = r.supervisor.clone().unwrap_or_default();
-        if !unsettled || owner == sup.identity || only.is_some_and(|o| o != owner) {
+        if !unsettled || only.is_some_and(|o| o != owner) {
             continue;
         }
-        if !identity_alive(&owner) {
-            orphans.insert(r.id);
+        // A run its supervisor gave up (its sandbox not confirmed gone) is
+        // settled here even while that supervisor (a `serve`) lives on.
+        if given_up(r) || (owner != sup.identity && !identity_alive(&owner)) {
+            orphans.insert(r.id.clone());
+        }
+    }
+    // A container of a run that has ended is a leftover (its run's ending
+    // could not remove it): removed, confirmed gone.
+    if only.is_none() {
+        let ended: BTreeSet<&str> = runs
+            .iter()
+            .filter(|r| crate::store::is_final(&r.status))
+            .map(|r| r.id.as_str())
+            .collect();
+        for c in state_containers(sup).await? {
+            if c.run.as_deref().is_some_and(|r| ended.contains(r)) {
+                if let Err(e) = sup.engine.remove_confirmed(&c.id).await {
+                    tracing::warn!(container = %c.id, error = %e, "removing a container of an ended run");
+                }
+            }
         }
     }
     // One run that cannot be settled now does not keep the others waiting.
@@ -362,7 +383,7 @@ async fn settle_claimed(
         return Ok(false);
     }
     let owner = record.supervisor.clone().unwrap_or_default();
-    if owner != sup.identity && identity_alive(&owner) {
+    if owner != sup.identity && identity_alive(&owner) && !given_up(&record) {
         return Ok(false);
     }
     let containers: Vec<String> = sup
@@ -387,12 +408,14 @@ async fn settle_claimed(
             }
         }
     }
+    // Gone before anything of the worktree is read.
     for c in &containers {
-        sup.engine.remove(c).await?;
+        sup.engine.remove_confirmed(c).await?;
     }
     let killed_by = lock(sup).kill_request(run)?;
     let status = match &killed_by {
         Some(who) => format!("killed: by {who}"),
+        None if given_up(&record) => "lost: the container engine was unreachable".to_string(),
         None => lost.to_string(),
     };
     lock(sup).append(
@@ -413,6 +436,13 @@ async fn settle_claimed(
     if worktree.exists() {
         let imported = lock(sup).imported(run)?;
         if !imported {
+            // Mounted again (read-only) if a reboot took its mount.
+            let kept = worktree.clone();
+            if let Ok(Err(e)) =
+                tokio::task::spawn_blocking(move || crate::hostview::mount_kept(&kept)).await
+            {
+                tracing::warn!(run = %run, error = %e, "mounting the kept worktree");
+            }
             match crate::run::import_into(&sup.store, &mut record, &worktree).await {
                 Ok(()) => lock(sup).record_imported(&record)?,
                 Err(e) => failure = Some(e),
@@ -455,6 +485,16 @@ async fn settle_claimed(
         },
     )?;
     Ok(ended.is_some())
+}
+
+/// Did the run's own supervisor give it up, its sandbox not confirmed gone
+/// (see [`crate::run::UNCONFIRMED`])?
+fn given_up(record: &crate::store::RunRecord) -> bool {
+    !crate::store::is_final(&record.status)
+        && record
+            .reason
+            .as_deref()
+            .is_some_and(|r| r.starts_with(crate::run::UNCONFIRMED))
 }
 
 /// Removes the door directories of runs that have ended (or that the store
@@ -544,6 +584,24 @@ mod stop_tests {
             stopped.containers,
             [("c2".to_string(), Some("r2".to_string()))]
         );
+    }
+
+    #[tokio::test]
+    async fn a_removal_already_in_progress_is_waited_for_until_the_container_is_gone() {
+        let engine = engine();
+        // The engine answers 409 twice (another removal under way), then
+        // finds it gone.
+        engine
+            .removal_in_progress
+            .lock()
+            .unwrap()
+            .insert("c2".into(), 2);
+        let stopped = stop_sandboxes(&engine, "mine", Some("r2"), "me", false)
+            .await
+            .unwrap();
+        assert_eq!(engine.calls(), ["remove c2", "remove c2", "remove c2"]);
+        assert_eq!(engine.ids(), ["c1", "c3"]);
+        assert_eq!(stopped.containers.len(), 1);
     }
 
     #[tokio::test]

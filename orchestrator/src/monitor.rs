@@ -2,15 +2,16 @@
 //! figures, the worktree's disk use, open files. Never what the agent says.
 //!
 //! Invariants:
-//! - Every observation is bounded: the worktree walk stops once it has seen
-//!   more than the cap (or a fixed number of entries), so its cost depends on
-//!   the cap and the tree, never on how often the agent writes.
-//! - Nothing here follows a symlink or opens a file the sandbox wrote: sizes
-//!   come from `symlink_metadata`, open files from counting `/proc/PID/fd`.
+//! - Every observation is bounded and costs the same whatever the sandbox
+//!   wrote: the worktree's use is its own filesystem's `statvfs` figures
+//!   (`hostview::usage`), never a walk of the tree, so no name inside it is
+//!   read, listed or followed while the sandbox runs (guarantee 3); the
+//!   kernel bounds that filesystem, so a burst between two samples cannot
+//!   outgrow it.
+//! - Nothing here follows a symlink or opens a file the sandbox wrote: open
+//!   files come from counting `/proc/PID/fd`.
 //! - The cap decisions are pure functions of the figures ([`breach`]).
 
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use orchestrator_cgroups::{CgroupFs, Layout, RealFs};
@@ -19,10 +20,8 @@ use crate::sandbox::Caps;
 
 /// How often the cgroup figures and open files are sampled.
 pub const SAMPLE_EVERY: Duration = Duration::from_secs(1);
-/// How often the worktree's disk use is measured.
-pub const WORKTREE_EVERY: Duration = Duration::from_secs(2);
-/// The walk gives up (and reports what it saw) past this many entries.
-pub const WALK_LIMIT: u64 = 2_000_000;
+/// How often the worktree's disk use is measured (one `statvfs`).
+pub const WORKTREE_EVERY: Duration = Duration::from_secs(1);
 
 /// One round of observations.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -34,6 +33,8 @@ pub struct Observed {
     pub oom_kills: Option<u64>,
     pub max_open_files: Option<u64>,
     pub worktree_bytes: Option<u64>,
+    /// Inodes the worktree uses, of those its filesystem holds.
+    pub worktree_files: Option<(u64, u64)>,
 }
 
 /// A cap the run went past, with the figure that shows it.
@@ -93,6 +94,19 @@ pub fn breach(caps: &Caps, seen: &Observed) -> Option<Breach> {
                     "worktree cap {} (observed {})",
                     mib(caps.max_worktree_bytes),
                     mib(bytes)
+                ),
+            });
+        }
+    }
+    if let Some((files, total)) = seen.worktree_files {
+        if total > 0 && files >= total {
+            return Some(Breach {
+                cap: "worktree",
+                limit: caps.max_worktree_bytes,
+                observed: seen.worktree_bytes.unwrap_or(0),
+                detail: format!(
+                    "worktree cap {} (observed {files} files, all it holds)",
+                    mib(caps.max_worktree_bytes)
                 ),
             });
         }
@@ -184,34 +198,6 @@ pub fn memory_breach(
     }
 }
 
-/// Disk used by the tree under `root` (allocated blocks, so a sparse file
-/// counts for what it occupies), without following symlinks; stops counting
-/// once past `stop_above` or [`WALK_LIMIT`] entries.
-pub fn tree_bytes(root: &Path, stop_above: u64) -> u64 {
-    let mut total: u64 = 0;
-    let mut seen: u64 = 0;
-    let mut stack: Vec<PathBuf> = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            seen += 1;
-            let Ok(meta) = entry.path().symlink_metadata() else {
-                continue;
-            };
-            total = total.saturating_add(meta.blocks().saturating_mul(512));
-            if meta.is_dir() {
-                stack.push(entry.path());
-            }
-            if total > stop_above || seen > WALK_LIMIT {
-                return total;
-            }
-        }
-    }
-    total
-}
-
 /// The most file descriptors any process of the container holds.
 pub fn max_open_files(layout: &Layout, fleet: &str, container: &str) -> Option<u64> {
     let procs = match layout {
@@ -241,6 +227,7 @@ pub fn observe(layout: &Layout, fleet: &str, container: &str) -> Observed {
         oom_kills: sample.as_ref().and_then(|s| s.oom_kills),
         max_open_files: max_open_files(layout, fleet, container),
         worktree_bytes: None,
+        worktree_files: None,
     }
 }
 
@@ -324,15 +311,22 @@ mod tests {
     }
 
     #[test]
-    fn tree_bytes_counts_allocated_blocks_and_ignores_symlink_targets() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("a"), vec![1u8; 1 << 20]).unwrap();
-        let sparse = std::fs::File::create(dir.path().join("sparse")).unwrap();
-        sparse.set_len(10 << 30).unwrap();
-        std::os::unix::fs::symlink("/usr", dir.path().join("link")).unwrap();
-        let n = tree_bytes(dir.path(), u64::MAX);
-        assert!((1 << 20..2 << 20).contains(&n), "{n}");
-        // Stops early once past the cap.
-        assert!(tree_bytes(dir.path(), 1000) > 1000);
+    fn a_full_worktree_filesystem_is_the_worktree_cap() {
+        let seen = Observed {
+            worktree_files: Some((4096, 4096)),
+            ..Default::default()
+        };
+        let b = breach(&caps(), &seen).unwrap();
+        assert_eq!(b.cap, "worktree");
+        assert_eq!(
+            b.detail,
+            "worktree cap 10 MiB (observed 4096 files, all it holds)"
+        );
+        let seen = Observed {
+            worktree_files: Some((4095, 4096)),
+            worktree_bytes: Some(1 << 20),
+            ..Default::default()
+        };
+        assert_eq!(breach(&caps(), &seen), None);
     }
 }

@@ -28,8 +28,14 @@
 //!   objects or refs refused) brings the working files and says so in the
 //!   status, the record and the audit (`history_dropped`): see
 //!   [`import_state`].
-//! - The worktree is read only after the container has stopped, so nothing
-//!   changes under the import.
+//! - The worktree is read only after the engine confirmed the container
+//!   removed ([`ContainerEngine::remove_confirmed`]), so nothing changes
+//!   under the import. An engine that cannot be reached is not a sandbox
+//!   that stopped: while the run waits, a lost connection is retried on
+//!   fresh requests ([`wait_through`]); at the ending, a container not
+//!   confirmed gone leaves the run unsettled (`running`, its reason
+//!   [`UNCONFIRMED`]) with its worktree whole, and reconciliation settles it
+//!   once the engine answers (container removed first, then the import).
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -221,8 +227,12 @@ struct Held {
     /// Renews the sandbox's lease until the run is over.
     lease: Option<crate::lease::Heartbeat>,
     container: Option<String>,
+    /// A container was asked for (it may exist even if `create` failed).
+    creating: bool,
     started: bool,
     worktree: Option<PathBuf>,
+    /// The worktree's filesystem's figures when it was empty.
+    worktree_fs: Option<crate::hostview::Usage>,
     base_commit: Option<String>,
 }
 
@@ -375,6 +385,13 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         owner: Some((sup.sandbox_user.uid, sup.sandbox_user.gid)),
     };
     held.worktree = Some(dest.clone());
+    // Its own filesystem first: the kernel bounds it to the cap.
+    let (fs_at, cap) = (dest.clone(), req.caps.max_worktree_bytes);
+    let empty = tokio::task::spawn_blocking(move || crate::hostview::make_worktree_fs(&fs_at, cap))
+        .await
+        .map_err(|e| RunError::Git(e.to_string()))?
+        .map_err(|e| RunError::Git(format!("making the worktree's filesystem: {e}")))?;
+    held.worktree_fs = Some(empty);
     let wt = tokio::task::spawn_blocking(move || orchestrator_git::create_worktree(&spec))
         .await
         .map_err(|e| RunError::Git(e.to_string()))?
@@ -466,6 +483,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     };
     // Remember the name before the call: if creation half-succeeds, the
     // ending still finds and removes it by its label.
+    held.creating = true;
     let container = sup.engine.create(&spec).await?;
     held.container = Some(container.clone());
     record.container_id = Some(container.clone());
@@ -572,8 +590,10 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     ));
     let mut peak = Sample::default();
     let mut last = Observed::default();
-    let wait = sup.engine.wait(&container);
+    let wait = wait_through(&sup.engine, &container);
     tokio::pin!(wait);
+    // The output's task ends with the output (or its connection).
+    let mut drained = false;
     let deadline = tokio::time::sleep(req.caps.timeout);
     tokio::pin!(deadline);
     let mut sample_tick = tokio::time::interval(monitor::SAMPLE_EVERY);
@@ -609,7 +629,11 @@ async fn steps<E: ContainerEngine, S: StateStore>(
                     break Ended::Breach(b);
                 }
             }
-            _ = over_rx.changed() => {
+            changed = over_rx.changed(), if !drained => {
+                if changed.is_err() {
+                    drained = true;
+                    continue;
+                }
                 if *over_rx.borrow() {
                     sup.engine.kill(&container).await?;
                     break Ended::Breach(Breach {
@@ -644,11 +668,9 @@ async fn steps<E: ContainerEngine, S: StateStore>(
                 }
             }
             _ = worktree_tick.tick() => {
-                let (path, cap) = (dest.clone(), req.caps.max_worktree_bytes);
-                let bytes = tokio::task::spawn_blocking(move || monitor::tree_bytes(&path, cap))
-                    .await
-                    .unwrap_or(0);
-                last.worktree_bytes = Some(bytes);
+                let used = worktree_used(&dest, held.worktree_fs).await;
+                last.worktree_bytes = used.map(|u| u.bytes);
+                last.worktree_files = used.map(|u| (u.files, u.files_total));
                 if let Some(b) = monitor::breach(&req.caps, &last) {
                     sup.engine.kill(&container).await?;
                     break Ended::Breach(b);
@@ -779,12 +801,10 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     // still went past it.
     let ended = match ended {
         Ended::Exited => {
-            let (path, cap) = (dest.clone(), req.caps.max_worktree_bytes);
-            let bytes = tokio::task::spawn_blocking(move || monitor::tree_bytes(&path, cap))
-                .await
-                .unwrap_or(0);
+            let used = worktree_used(&dest, held.worktree_fs).await;
             let seen = Observed {
-                worktree_bytes: Some(bytes),
+                worktree_bytes: used.map(|u| u.bytes),
+                worktree_files: used.map(|u| (u.files, u.files_total)),
                 ..Default::default()
             };
             match monitor::breach(&req.caps, &seen) {
@@ -840,6 +860,56 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     )?;
     Ok(ended)
 }
+
+/// What the worktree holds beyond its empty filesystem, from `statvfs` of
+/// its root (never a walk: see `monitor`). `None` when it cannot be read,
+/// or the path is no longer that filesystem.
+async fn worktree_used(
+    worktree: &std::path::Path,
+    empty: Option<crate::hostview::Usage>,
+) -> Option<crate::hostview::Usage> {
+    let empty = empty?;
+    let path = worktree.to_path_buf();
+    let now = tokio::task::spawn_blocking(move || crate::hostview::usage(&path))
+        .await
+        .ok()?
+        .ok()?;
+    now.since(&empty)
+}
+
+/// Waits for the container to stop. A connection to the engine that fails
+/// or is cut is not the container stopping: the engine is asked again,
+/// each time on a fresh request, every [`RECONNECT_EVERY`], until it
+/// answers (the run's deadline, a cap or a signal still end the wait from
+/// outside; the lease is renewed meanwhile, so the agent goes on).
+async fn wait_through<E: ContainerEngine>(engine: &E, container: &str) -> Result<i64, EngineError> {
+    loop {
+        match engine.wait(container).await {
+            Ok(code) => return Ok(code),
+            Err(e) if e.is_unreachable() => {
+                tracing::warn!(container = %container, error = %e, "the engine's connection was lost; asking again");
+                loop {
+                    tokio::time::sleep(RECONNECT_EVERY).await;
+                    match engine.exit_state(container).await {
+                        Ok(state) if !state.running => return Ok(state.exit_code.unwrap_or(-1)),
+                        Ok(_) => break,
+                        Err(e) if e.is_unreachable() => continue,
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// How often a run whose engine connection was lost asks the engine again.
+pub const RECONNECT_EVERY: Duration = Duration::from_secs(1);
+
+/// The reason a run's record holds while its sandbox could not be
+/// confirmed gone: the supervisor gave it up with its worktree whole, and
+/// reconciliation settles it once the engine answers (see `killswitch`).
+pub const UNCONFIRMED: &str = "the sandbox could not be confirmed gone";
 
 /// The next spent budget the gateway reports (never, without a gateway).
 async fn token_cap(
@@ -1212,6 +1282,13 @@ pub async fn retry_import(store: &Mutex<Store>, run: &str) -> Result<RunRecord, 
         Ok(())
     };
     record.observed = None;
+    // Mounted again (read-only) if a reboot took its mount.
+    let kept = worktree.clone();
+    if let Ok(Err(e)) =
+        tokio::task::spawn_blocking(move || crate::hostview::mount_kept(&kept)).await
+    {
+        tracing::warn!(run = %run, error = %e, "mounting the kept worktree");
+    }
     if let Err(failure) = import_into(store, &mut record, &worktree).await {
         let (status, reason) = status_after_import(&mut record, ended, Some(&failure), &worktree);
         record.status = status;
@@ -1285,15 +1362,25 @@ async fn finish<E: ContainerEngine, S: StateStore>(
 
     // Every container of this run, including one whose creation we did not see finish.
     let mut containers: Vec<String> = held.container.iter().cloned().collect();
-    if let Ok(found) = sup.engine.managed(Some(&id)).await {
+    let listed = sup.engine.managed(Some(&id)).await;
+    if let Ok(found) = &listed {
         for c in found {
             if !containers.contains(&c.id) {
-                containers.push(c.id);
+                containers.push(c.id.clone());
             }
         }
     }
+    // Gone only when the engine says so: an engine that cannot be reached
+    // is not a sandbox that stopped.
+    let mut unconfirmed: Option<String> = None;
+    if let Err(e) = &listed {
+        // A container whose creation we did not see finish may exist.
+        if held.creating && held.container.is_none() {
+            unconfirmed = Some(e.to_string());
+        }
+    }
     for c in &containers {
-        match sup.engine.remove(c).await {
+        match sup.engine.remove_confirmed(c).await {
             Ok(()) => sup.audit(
                 &id,
                 Event::ContainerRemoved {
@@ -1301,8 +1388,26 @@ async fn finish<E: ContainerEngine, S: StateStore>(
                 },
                 false,
             )?,
-            Err(e) => cleanup_errors.push(e.to_string()),
+            Err(e) => unconfirmed = Some(e.to_string()),
         }
+    }
+    if let Some(why) = unconfirmed {
+        // The sandbox may still be writing: its worktree is neither read nor
+        // removed. The run stays unsettled, saying why, for reconciliation
+        // (which removes the container first, then imports); the lease is
+        // no longer renewed, so the sandbox ends by itself within its bound.
+        record.reason = Some(format!(
+            "{UNCONFIRMED} ({why}); its worktree is kept until it is"
+        ));
+        sup.save(record)?;
+        tracing::warn!(run = %id, error = %why, "the sandbox could not be confirmed gone; `nightshift reconcile` settles the run once the engine answers");
+        return Err(match outcome {
+            Err(e) => e,
+            Ok(_) => RunError::Engine(EngineError::Unreachable {
+                endpoint: "the container engine".into(),
+                message: format!("{UNCONFIRMED}: {why}"),
+            }),
+        });
     }
 
     // Import whatever the run wrote, once the agent had started. A failed
@@ -1693,6 +1798,78 @@ mod lifecycle_tests {
         let kinds = store.kinds();
         assert!(kinds.contains(&"started"), "{kinds:?}");
         assert!(night.sup.engine.ids().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_removal_in_progress_at_the_ending_is_waited_for_then_the_work_imported() {
+        let night = night(hardened);
+        night
+            .sup
+            .engine
+            .removal_in_progress
+            .lock()
+            .unwrap()
+            .insert("fake-1".into(), 1);
+        let (result, store) = run(&night).await;
+        let record = result.unwrap();
+        assert_eq!(record.status, "exited 0");
+        assert_eq!(record.reason, None, "a cleanup error: {:?}", record.reason);
+        let kinds = store.kinds();
+        let removed = kinds.iter().position(|k| *k == "container_removed");
+        let imported = kinds.iter().position(|k| *k == "imported");
+        assert!(
+            removed.is_some() && removed < imported,
+            "removal confirmed before the import: {kinds:?}"
+        );
+        assert!(night.sup.engine.ids().is_empty());
+        assert_eq!(
+            night
+                .sup
+                .engine
+                .calls()
+                .iter()
+                .filter(|c| *c == "remove fake-1")
+                .count(),
+            2
+        );
+    }
+
+    #[tokio::test]
+    async fn an_engine_lost_mid_run_keeps_the_worktree_and_leaves_the_run_for_reconciliation() {
+        let mut night = night(hardened);
+        night.sup.engine.lose_after_start = true;
+        let (_tx, stop) = watch::channel(None);
+        let mut req = request(&night.repo);
+        req.caps.timeout = Duration::from_secs(2);
+        let result = execute(&night.sup, req, stop).await;
+        assert!(result.is_err(), "{result:?}");
+        let worktrees = night.sup.paths().worktrees();
+        let store = night.sup.store.lock().unwrap();
+        let record = &store.runs[0];
+        // Not ended, not imported: the sandbox may still be writing.
+        assert_eq!(record.status, "running");
+        assert!(
+            record
+                .reason
+                .as_deref()
+                .unwrap_or("")
+                .starts_with(UNCONFIRMED),
+            "{:?}",
+            record.reason
+        );
+        let kinds = store.kinds();
+        for kind in [
+            "imported",
+            "observed_state",
+            "worktree_removed",
+            "run_ended",
+        ] {
+            assert!(!kinds.contains(&kind), "{kind}: {kinds:?}");
+        }
+        let worktree = worktrees.join(&record.id);
+        assert!(worktree.join("README").exists(), "the worktree is kept");
+        // The test's own cleanup: the kept worktree's mount and image.
+        crate::hostview::remove_worktree(&worktree).unwrap();
     }
 
     #[tokio::test]

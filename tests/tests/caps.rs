@@ -304,3 +304,132 @@ time.sleep(10000)'"
     a.wait_with_output().unwrap();
     assert!(state.containers().is_empty());
 }
+
+/// The supervisor's high-water mark of resident memory, in bytes.
+fn vm_hwm(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
+}
+
+/// Guarantee 3 against the worktree cap's observation: an agent swaps ten
+/// directories for symlinks to a large host directory, over and over, for
+/// as long as several observations of the worktree last (a walk by path
+/// counted the host's file in about 60% of its walks). The host never
+/// counts what those symlinks point at (a walk by path of the live tree
+/// did: the run was killed for a cap it never reached), the run ends as it
+/// chose to, and its work is imported.
+#[test]
+fn a_directory_swapped_for_a_symlink_to_a_host_directory_is_never_counted() {
+    let state = State::new();
+    let repo = make_repo();
+    // 100 MiB of allocated blocks on the host, past the 48 MiB cap.
+    let host = tempfile::tempdir().unwrap();
+    let big = host.path().join("f");
+    let out = std::process::Command::new("fallocate")
+        .args(["-l", "100M"])
+        .arg(&big)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let target = host.path().to_str().unwrap().to_string();
+    // Each x<i> is a directory holding `f` (empty) or a symlink to the host
+    // directory (holding `f`, 100 MiB), alternating as fast as the agent can.
+    // Twenty directories of 150 empty files make any walk slow enough for a
+    // swap to land between its look at x<i> and its descent into it.
+    let script = format!(
+        "echo before > before.txt; \
+         for j in $(seq 1 20); do mkdir y$j && (cd y$j && touch $(seq 1 150)); done; \
+         for i in 0 1 2 3 4 5 6 7 8 9; do mkdir x$i && : > x$i/f && ln -s {target} s$i; done; \
+         python3 -c '
+import os, time
+end = time.time() + 16
+while time.time() < end:
+    for i in range(10):
+        os.rename(\"x%d\" % i, \"d%d\" % i); os.rename(\"s%d\" % i, \"x%d\" % i)
+    for i in range(10):
+        os.rename(\"x%d\" % i, \"s%d\" % i); os.rename(\"d%d\" % i, \"x%d\" % i)
+'; echo after > after.txt"
+    );
+    let img = image();
+    let gated = format!("{WAIT_AT_GATE}{script}");
+    let mut child = state
+        .cmd()
+        .args([
+            "run",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--image",
+            &img,
+            "--max-worktree",
+            "48m",
+            "--",
+            "bash",
+            "-c",
+            &gated,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = wait_running(&state, &mut child, 1).remove(0);
+    open_gate(&state, &id);
+    let mut peak = 0;
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        peak = peak.max(vm_hwm(child.id()).unwrap_or(0));
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the run never ended"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let out = child.wait_with_output().unwrap();
+    let run = only_run(&state);
+    assert_eq!(status(&run), "exited 0", "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(kept_file(&repo, &run, "after.txt"), "after\n");
+    // Every observation of the worktree stayed under the cap.
+    let show = state.show(run["id"].as_str().unwrap());
+    for e in show["audit"].as_array().unwrap() {
+        if e["kind"] == "resources" {
+            let bytes = e["body"]["worktree_bytes"].as_u64().unwrap_or(0);
+            assert!(bytes < 48 << 20, "counted {bytes} bytes: {e}");
+        }
+    }
+    assert!(state.containers().is_empty(), "sandbox left behind");
+    // The supervisor's memory does not grow with what the agent swaps.
+    eprintln!("supervisor VmHWM during the swap race: {} KiB", peak >> 10);
+    assert!(peak > 0 && peak < 256 << 20, "supervisor peak {peak} bytes");
+}
+
+/// A flood written faster than the worktree is observed meets the kernel's
+/// bound: the writes past it fail in the sandbox (no space left), the run is
+/// killed naming the worktree cap with a figure near it, and what it wrote
+/// before is kept.
+#[test]
+fn a_burst_past_the_worktree_cap_is_stopped_by_the_kernel() {
+    let (state, repo, run) = capped(
+        &["--max-worktree", "24m"],
+        "echo before > before.txt; for i in $(seq 1 60); do dd if=/dev/zero of=fill$i bs=1M count=2 2>&1 | grep -o 'No space left on device'; done; sleep 60",
+    );
+    let s = status(&run);
+    assert!(
+        s.starts_with("killed: worktree cap 24 MiB (observed "),
+        "{s}"
+    );
+    let log = state.output_log(run["id"].as_str().unwrap());
+    assert!(
+        log.contains("No space left on device"),
+        "the burst was not stopped in the sandbox: {log}"
+    );
+    // The figure is near the cap, never the 120 MiB the agent tried.
+    let breach = state.audit_bodies("cap_breached");
+    let observed = breach[0]["observed"].as_u64().unwrap();
+    assert!(
+        observed > 24 << 20 && observed < 32 << 20,
+        "observed {observed}"
+    );
+    assert_eq!(kept_file(&repo, &run, "before.txt"), "before\n");
+}

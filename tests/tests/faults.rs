@@ -714,3 +714,171 @@ fn fault_injection_settles_every_run_exactly_once() {
         "{counts:?}"
     );
 }
+
+/// A Unix-socket proxy between nightshift and the container engine, which
+/// the test cuts: every connection through it is shut down and no new one
+/// is accepted.
+struct EngineProxy {
+    path: PathBuf,
+    cut: Arc<AtomicBool>,
+    conns: Arc<std::sync::Mutex<Vec<std::os::unix::net::UnixStream>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl EngineProxy {
+    fn start() -> EngineProxy {
+        use std::os::unix::net::{UnixListener, UnixStream};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("engine.sock");
+        let engine = std::env::var("DOCKER_HOST")
+            .ok()
+            .and_then(|h| h.strip_prefix("unix://").map(str::to_string))
+            .unwrap_or_else(|| "/var/run/docker.sock".into());
+        let listener = UnixListener::bind(&path).unwrap();
+        let cut = Arc::new(AtomicBool::new(false));
+        let conns: Arc<std::sync::Mutex<Vec<UnixStream>>> = Arc::default();
+        let (cut2, conns2) = (cut.clone(), conns.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if cut2.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(upstream) = UnixStream::connect(&engine) else {
+                    continue;
+                };
+                {
+                    let mut held = conns2.lock().unwrap();
+                    held.push(client.try_clone().unwrap());
+                    held.push(upstream.try_clone().unwrap());
+                }
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), upstream.try_clone().unwrap()),
+                    (upstream, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        EngineProxy {
+            path,
+            cut,
+            conns,
+            _dir: dir,
+        }
+    }
+
+    fn docker_host(&self) -> String {
+        format!("unix://{}", self.path.display())
+    }
+
+    /// Cuts every connection and refuses new ones from now on.
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        // Wakes the accepting thread, which then drops the listener.
+        let _ = std::os::unix::net::UnixStream::connect(&self.path);
+        let _ = std::fs::remove_file(&self.path);
+        for c in self.conns.lock().unwrap().drain(..) {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+/// Whether the container `id` is still running, asked of the engine
+/// directly (not through the proxy).
+fn container_running(id: &str) -> bool {
+    let out = Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Running}}", id])
+        .output()
+        .unwrap();
+    stdout(&out).trim() == "true"
+}
+
+/// The engine's connection is cut mid-run (a proxy between the supervisor
+/// and the engine, shut): an unreachable engine is not a sandbox that
+/// stopped. The supervisor keeps the worktree (and renews the lease) while
+/// the agent goes on, never imports or removes it while the sandbox may
+/// write, and gives the run up unsettled; `reconcile` on a working
+/// connection removes the container, then imports: every step the agent
+/// wrote arrives, and nothing is left (container, worktree, mount).
+#[test]
+fn a_cut_engine_connection_loses_no_step_and_reconcile_removes_the_sandbox() {
+    let state = State::new();
+    let repo = make_repo();
+    let proxy = EngineProxy::start();
+    let img = image();
+    let script =
+        format!("{WAIT_AT_GATE}for i in $(seq 1 30); do echo $i > step$i.txt; sleep 0.2; done");
+    let mut child = state
+        .cmd()
+        .env("DOCKER_HOST", proxy.docker_host())
+        .args([
+            "run",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--image",
+            &img,
+            "--timeout",
+            "20s",
+            "--",
+            "bash",
+            "-c",
+            &script,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = tests::wait_running(&state, &mut child, 1).remove(0);
+    let worktree = state.path().join("worktrees").join(&id);
+    open_gate(&state, &id);
+    tests::wait_for_file(&worktree.join("step5.txt"));
+    proxy.cut();
+    let containers = state.containers();
+    assert_eq!(containers.len(), 1, "{containers:?}");
+    // The agent goes on to its end, its sandbox outliving the connection.
+    wait_until("the agent's end", Duration::from_secs(90), || {
+        !container_running(&containers[0])
+    });
+    // The supervisor gives the run up (after its deadline), unsettled.
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the supervisor never gave up"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(!out.status.success(), "{}", stderr(&out));
+    // On a working connection, reconcile settles it: container first.
+    let out = state.run(&["reconcile"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        state.containers().is_empty(),
+        "the sandbox is left after reconcile"
+    );
+    let status = status_of(&state, &id);
+    assert!(is_final(&status), "{status}");
+    let reference = format!("refs/nightshift/runs/{id}");
+    for i in 1..=30 {
+        let file = git(repo.path(), &["show", &format!("{reference}:step{i}.txt")]);
+        assert_eq!(file, format!("{i}\n"), "step {i}");
+    }
+    assert!(!worktree.exists(), "the worktree is left");
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(state.path().to_str().unwrap()),
+        "a mount is left"
+    );
+    let loops = Command::new("losetup").arg("-a").output().unwrap();
+    assert!(
+        !stdout(&loops).contains(state.path().to_str().unwrap()),
+        "a loop device is left: {}",
+        stdout(&loops)
+    );
+    assert_eq!(run_ended_count(&state, &id), 1);
+}

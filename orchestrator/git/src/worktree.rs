@@ -37,7 +37,9 @@ pub struct WorktreeSpec {
     /// Full 40-hex id of the base commit (see [`crate::resolve_base`]).
     pub base_commit: String,
     pub run_id: String,
-    /// Must not exist; its parent must.
+    /// Must not exist (its parent must), or be an empty directory (the
+    /// mount point of the run's own filesystem, which the caller made and
+    /// removes).
     pub dest: PathBuf,
     /// When set, every file and directory of the worktree is given to this
     /// `uid:gid` so that the sandbox's user can write it.
@@ -72,8 +74,11 @@ pub fn create_worktree(spec: &WorktreeSpec) -> Result<Worktree, GitError> {
         .tree_id();
 
     let dest = &spec.dest;
-    match fs::symlink_metadata(dest) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+    // An empty directory is the mount point of the run's own filesystem,
+    // made for it by the supervisor; anything else there is refused.
+    let prepared = match fs::symlink_metadata(dest) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => false,
+        Ok(m) if m.file_type().is_dir() && is_empty_dir(dest)? => true,
         Ok(_) => {
             return Err(GitError::BadDestination {
                 path: dest.clone(),
@@ -81,7 +86,7 @@ pub fn create_worktree(spec: &WorktreeSpec) -> Result<Worktree, GitError> {
             })
         }
         Err(e) => return Err(GitError::io("checking worktree destination", dest, e)),
-    }
+    };
     let parent_ok = dest
         .parent()
         .map(|p| p.as_os_str().is_empty() || p.is_dir())
@@ -93,7 +98,9 @@ pub fn create_worktree(spec: &WorktreeSpec) -> Result<Worktree, GitError> {
         });
     }
     // create_dir (not create_dir_all) fails if something appeared meanwhile.
-    fs::create_dir(dest).map_err(|e| GitError::io("creating worktree directory", dest, e))?;
+    if !prepared {
+        fs::create_dir(dest).map_err(|e| GitError::io("creating worktree directory", dest, e))?;
+    }
 
     let branch = run_branch(&spec.run_id);
     let result = populate(&host, spec, base, &branch);
@@ -182,6 +189,12 @@ fn populate(
         chown_tree(&gitdir, uid, gid)?;
     }
     Ok(())
+}
+
+fn is_empty_dir(path: &Path) -> Result<bool, GitError> {
+    let mut entries =
+        fs::read_dir(path).map_err(|e| GitError::io("checking worktree destination", path, e))?;
+    Ok(entries.next().is_none())
 }
 
 fn write_file(path: &Path, data: &[u8]) -> Result<(), GitError> {

@@ -182,8 +182,14 @@ fn creation_errors_are_distinct() {
         dest,
         owner: None,
     };
+    // An empty directory is a mount point made for the worktree; one
+    // holding anything, or a file, is taken.
     std::fs::create_dir(fx.path("taken")).unwrap();
+    std::fs::write(fx.path("taken").join("f"), "x").unwrap();
     let e = create_worktree(&spec(fx.path("taken"), "a")).unwrap_err();
+    assert!(matches!(e, GitError::BadDestination { .. }), "{e}");
+    std::fs::write(fx.path("file"), "x").unwrap();
+    let e = create_worktree(&spec(fx.path("file"), "a")).unwrap_err();
     assert!(matches!(e, GitError::BadDestination { .. }), "{e}");
     let e = create_worktree(&spec(fx.path("no/such/parent"), "a")).unwrap_err();
     assert!(matches!(e, GitError::BadDestination { .. }), "{e}");

@@ -139,7 +139,7 @@ impl From<crate::engine::EngineError> for ApiError {
         use crate::engine::EngineError;
         let kind = match e {
             EngineError::ImageMissing(_) => ErrorKind::ImageMissing,
-            EngineError::Unreachable { .. } => ErrorKind::Engine,
+            EngineError::Unreachable { .. } | EngineError::Lost { .. } => ErrorKind::Engine,
             _ => ErrorKind::Internal,
         };
         ApiError::new(kind, e.to_string())
@@ -165,7 +165,9 @@ impl From<crate::run::RunError> for ApiError {
         let kind = match &e {
             RunError::BadInput(_) | RunError::Policy(_) => ErrorKind::BadInput,
             RunError::Engine(EngineError::ImageMissing(_)) => ErrorKind::ImageMissing,
-            RunError::Engine(EngineError::Unreachable { .. }) => ErrorKind::Engine,
+            RunError::Engine(EngineError::Unreachable { .. } | EngineError::Lost { .. }) => {
+                ErrorKind::Engine
+            }
             RunError::Engine(_) | RunError::Git(_) => ErrorKind::Internal,
             RunError::Refused { .. } => ErrorKind::Refused,
             RunError::Store(crate::store::StoreError::NoSuchRun(_)) => ErrorKind::NotFound,

@@ -1148,7 +1148,9 @@ pub fn run_error_exit_code(error: &run::RunError) -> i32 {
     match error {
         RunError::BadInput(_) => exit::BAD_INPUT,
         RunError::Engine(EngineError::ImageMissing(_)) => exit::IMAGE_MISSING,
-        RunError::Engine(EngineError::Unreachable { .. }) => exit::ENGINE,
+        RunError::Engine(EngineError::Unreachable { .. } | EngineError::Lost { .. }) => {
+            exit::ENGINE
+        }
         RunError::Engine(_) => exit::INTERNAL,
         RunError::Refused { .. } => exit::REFUSED,
         RunError::Store(_) => exit::STATE,
