@@ -485,8 +485,9 @@ fn decide<S: StateStore + ?Sized>(
         }
         _ => {
             return Response::Error {
-                reason: "the supervisor could not count this run's and tonight's acts; try again later"
-                    .into(),
+                reason:
+                    "the supervisor could not count this run's and tonight's acts; try again later"
+                        .into(),
             }
         }
     }

@@ -252,7 +252,11 @@ fn an_output_flood_without_newlines_keeps_the_supervisor_small() {
         "head -c 134217728 /dev/zero | tr '\\0' 'x'; head -c 134217728 /dev/zero | tr '\\0' 'y' >&2; echo; echo output-done",
     );
     assert!(f.log.contains("output-done"), "the output was cut");
-    assert!(f.log.len() >= 256 << 20, "output lost: {} bytes", f.log.len());
+    assert!(
+        f.log.len() >= 256 << 20,
+        "output lost: {} bytes",
+        f.log.len()
+    );
     assert_bounded("output flood", idle_kib, &f);
 }
 
