@@ -103,6 +103,24 @@ pub fn night_start(unix_seconds: i64) -> String {
         .unwrap_or_else(|| "1970-01-01T00:00:00Z".into())
 }
 
+/// The refusal of a new act past any of its bounds: the run's
+/// [`MAX_ACTS_PER_RUN`], then the queue's per night and per repository.
+pub fn act_bound_refusal(
+    bounds: crate::config::QueueBounds,
+    counts: crate::state_store::ActCounts,
+) -> Option<(&'static str, String)> {
+    if counts.of_run >= MAX_ACTS_PER_RUN {
+        return Some((
+            "nightshift:rate-cap",
+            format!(
+                "this run has requested {} acts, the most one run may",
+                counts.of_run
+            ),
+        ));
+    }
+    queue_bound_refusal(bounds, counts.tonight, counts.of_repository)
+}
+
 /// The refusal of a request past one of the queue's bounds, if any:
 /// `tonight` acts requested tonight by every run, `of_repository` by the
 /// runs of this run's repository.
@@ -444,36 +462,32 @@ fn decide<S: StateStore + ?Sized>(
             format!("everything is frozen: {}", freeze.reason),
         );
     }
-    match store.count_acts(&door.run) {
-        Ok(n) if n >= MAX_ACTS_PER_RUN => {
-            return refused(
-                "nightshift:rate-cap",
-                format!("this run has requested {n} acts, the most one run may"),
-            )
-        }
-        Err(_) => {
-            return Response::Error {
-                reason: "the supervisor could not count this run's acts; try again later".into(),
-            }
-        }
-        _ => {}
-    }
+    // Counted here to refuse early, and again inside the transaction that
+    // queues the act (`put_act_within`), so that requests at once never
+    // both take the last place.
     let since = night_start(now());
     let repo = door.repo.display().to_string();
+    let bounds = queue_bounds();
+    let refuse = move |counts: crate::state_store::ActCounts| act_bound_refusal(bounds, counts);
     match (
+        store.count_acts(&door.run),
         store.count_acts_since(&since, None),
         store.count_acts_since(&since, Some(&repo)),
     ) {
-        (Ok(tonight), Ok(of_repository)) => {
-            if let Some((rule, reason)) =
-                queue_bound_refusal(queue_bounds(), tonight, of_repository)
-            {
+        (Ok(of_run), Ok(tonight), Ok(of_repository)) => {
+            if let Some((rule, reason)) = refuse(crate::state_store::ActCounts {
+                of_run,
+                tonight,
+                of_repository,
+            }) {
                 return refused(rule, reason);
             }
         }
         _ => {
             return Response::Error {
-                reason: "the supervisor could not count tonight's acts; try again later".into(),
+                reason:
+                    "the supervisor could not count this run's and tonight's acts; try again later"
+                        .into(),
             }
         }
     }
@@ -570,7 +584,7 @@ fn decide<S: StateStore + ?Sized>(
     };
     let act_json = serde_json::to_value(&act).unwrap_or_default();
     let state_json = serde_json::to_value(State::Pending).unwrap_or_default();
-    let queued = store.put_act(
+    let queued = store.put_act_within(
         &id,
         &door.run,
         &act_json,
@@ -585,10 +599,16 @@ fn decide<S: StateStore + ?Sized>(
                 "generation": act.policy_generation,
             }),
         },
+        &crate::state_store::ActBounds {
+            since: &since,
+            repo: &repo,
+            refuse: &refuse,
+        },
     );
     match (queued, &judgement.scope) {
-        (Ok(()), None) => Response::Queued { act: id },
-        (Ok(()), Some(scope)) => {
+        (Ok(Some((rule, reason))), _) => refused(rule, reason),
+        (Ok(None), None) => Response::Queued { act: id },
+        (Ok(None), Some(scope)) => {
             seen.carried = Some(id.clone());
             carry_under_scope(store, &id, scope)
         }

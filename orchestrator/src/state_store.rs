@@ -11,6 +11,10 @@
 //! - `append` seals each audit entry after the one before it (one chain);
 //!   an error means nothing was appended.
 //! - `put_act` stores the act and appends its event together or not at all;
+//!   `put_act_within` does so only if the acts already stored, counted in
+//!   the same transaction, pass the caller's bounds (two requests at once
+//!   never both take the last place: `tests/tests/channels.rs`,
+//!   `a_flood_of_acts_at_the_body_limit_keeps_the_supervisor_small`);
 //!   `transition_act` moves an act only from the state it names (true when
 //!   it moved), with its event, together or not at all.
 //! - `move_task` is a compare-and-set: a task moves only from one of the
@@ -28,6 +32,33 @@
 use std::path::Path;
 
 use orchestrator_audit::Entry;
+
+/// The acts already requested that a new one is counted against: by its
+/// run, by every run tonight, by the runs of its repository tonight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActCounts {
+    pub of_run: u64,
+    pub tonight: u64,
+    pub of_repository: u64,
+}
+
+/// The bounds a new act must fall within: the night's start (RFC 3339),
+/// the run's repository as runs record it, and the caller's pure rule,
+/// which names the rule and reason of a refusal.
+pub struct ActBounds<'a> {
+    pub since: &'a str,
+    pub repo: &'a str,
+    pub refuse: &'a dyn Fn(ActCounts) -> Option<(&'static str, String)>,
+}
+
+impl std::fmt::Debug for ActBounds<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ActBounds")
+            .field("since", &self.since)
+            .field("repo", &self.repo)
+            .finish_non_exhaustive()
+    }
+}
 
 use crate::audit_log::Event;
 use crate::store::{RunRecord, StoreError, StoredTask};
@@ -63,6 +94,33 @@ pub trait StateStore: Send {
         content: Option<&[u8]>,
         event: &Event,
     ) -> Result<(), StoreError>;
+    /// Stores a new act with its audit event only if the acts already
+    /// stored, counted at the same moment, pass `bounds`; `Some(refusal)`
+    /// (nothing written) when they do not. The default counts, then
+    /// stores, through `&mut self`: atomic for a store no one else shares;
+    /// a shared store overrides it with one transaction.
+    #[allow(clippy::too_many_arguments)]
+    fn put_act_within(
+        &mut self,
+        id: &str,
+        run: &str,
+        act: &serde_json::Value,
+        state: &serde_json::Value,
+        content: Option<&[u8]>,
+        event: &Event,
+        bounds: &ActBounds<'_>,
+    ) -> Result<Option<(&'static str, String)>, StoreError> {
+        let counts = ActCounts {
+            of_run: self.count_acts(run)?,
+            tonight: self.count_acts_since(bounds.since, None)?,
+            of_repository: self.count_acts_since(bounds.since, Some(bounds.repo))?,
+        };
+        if let Some(refusal) = (bounds.refuse)(counts) {
+            return Ok(Some(refusal));
+        }
+        self.put_act(id, run, act, state, content, event)?;
+        Ok(None)
+    }
     /// Acts (one, or all) oldest first.
     fn acts(&self, id: Option<&str>) -> Result<Vec<StoredAct>, StoreError>;
     /// Moves an act from `from` to `to` with its audit event.
@@ -169,6 +227,18 @@ impl StateStore for crate::store::Store {
         event: &Event,
     ) -> Result<(), StoreError> {
         crate::store::Store::put_act(self, id, run, act, state, content, event)
+    }
+    fn put_act_within(
+        &mut self,
+        id: &str,
+        run: &str,
+        act: &serde_json::Value,
+        state: &serde_json::Value,
+        content: Option<&[u8]>,
+        event: &Event,
+        bounds: &ActBounds<'_>,
+    ) -> Result<Option<(&'static str, String)>, StoreError> {
+        crate::store::Store::put_act_within(self, id, run, act, state, content, event, bounds)
     }
     fn acts(&self, id: Option<&str>) -> Result<Vec<StoredAct>, StoreError> {
         crate::store::Store::acts(self, id)
@@ -549,6 +619,19 @@ pub mod fake {
             event: &Event,
         ) -> Result<(), StoreError> {
             self.lock().put_act(id, run, act, state, content, event)
+        }
+        fn put_act_within(
+            &mut self,
+            id: &str,
+            run: &str,
+            act: &serde_json::Value,
+            state: &serde_json::Value,
+            content: Option<&[u8]>,
+            event: &Event,
+            bounds: &super::ActBounds<'_>,
+        ) -> Result<Option<(&'static str, String)>, StoreError> {
+            self.lock()
+                .put_act_within(id, run, act, state, content, event, bounds)
         }
         fn acts(&self, id: Option<&str>) -> Result<Vec<StoredAct>, StoreError> {
             self.lock().acts(id)

@@ -585,6 +585,45 @@ impl Store {
         Ok(())
     }
 
+    /// Queues an act only if the acts already stored, counted inside the
+    /// same `BEGIN IMMEDIATE` transaction, pass `bounds` (so two requests
+    /// at once, from one door or two supervisors, never both take the last
+    /// place); `Some(refusal)` with nothing written when they do not.
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_act_within(
+        &mut self,
+        id: &str,
+        run: &str,
+        act: &serde_json::Value,
+        state: &serde_json::Value,
+        content: Option<&[u8]>,
+        event: &Event,
+        bounds: &crate::state_store::ActBounds<'_>,
+    ) -> Result<Option<(&'static str, String)>, StoreError> {
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql("locking the act queue"))?;
+        let counts = crate::state_store::ActCounts {
+            of_run: count_acts_of_run(&tx, run)?,
+            tonight: count_acts_since_in(&tx, bounds.since, None)?,
+            of_repository: count_acts_since_in(&tx, bounds.since, Some(bounds.repo))?,
+        };
+        if let Some(refusal) = (bounds.refuse)(counts) {
+            return Ok(Some(refusal));
+        }
+        let now = now_rfc3339();
+        tx.execute(
+            "INSERT INTO acts(id, run, act, state, content, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
+            params![id, run, act.to_string(), state.to_string(), content, now],
+        )
+        .map_err(sql("queueing an act"))?;
+        let entry = append_in(&tx, &self.log, Some(run), event)?;
+        tx.commit().map_err(sql("committing a queued act"))?;
+        self.publish_head(&entry);
+        Ok(None)
+    }
+
     /// Moves an act from `from` to `to` with its audit entry, in one
     /// transaction, only if its state is still `from`. False when another
     /// process moved it first (nothing is written then).
@@ -818,31 +857,14 @@ impl Store {
 
     /// A run's acts, queued or (in a dry run) recorded.
     pub fn count_acts(&self, run: &str) -> Result<u64, StoreError> {
-        self.conn
-            .query_row(
-                "SELECT (SELECT count(*) FROM acts WHERE run = ?1) + (SELECT count(*) FROM dry_acts WHERE run = ?1)",
-                params![run],
-                |r| r.get::<_, i64>(0),
-            )
-            .map(|n| n as u64)
-            .map_err(sql("counting a run's acts"))
+        count_acts_of_run(&self.conn, run)
     }
 
     /// Acts (queued or, in a dry run, recorded) created at or after `since`
     /// (RFC 3339), of every run, or only of the runs of repository `repo`
     /// (a run's `repo` as recorded).
     pub fn count_acts_since(&self, since: &str, repo: Option<&str>) -> Result<u64, StoreError> {
-        self.conn
-            .query_row(
-                "SELECT (SELECT count(*) FROM acts WHERE created_at >= ?1 AND (?2 IS NULL OR run IN
-                     (SELECT id FROM runs WHERE json_extract(record, '$.repo') = ?2)))
-                  + (SELECT count(*) FROM dry_acts WHERE created_at >= ?1 AND (?2 IS NULL OR run IN
-                     (SELECT id FROM runs WHERE json_extract(record, '$.repo') = ?2)))",
-                params![since, repo],
-                |r| r.get::<_, i64>(0),
-            )
-            .map(|n| n as u64)
-            .map_err(sql("counting the night's acts"))
+        count_acts_since_in(&self.conn, since, repo)
     }
 
     // ----- dry runs and autonomy scopes -----
@@ -1324,6 +1346,36 @@ fn is_busy(e: &rusqlite::Error) -> bool {
         e.sqlite_error_code(),
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
     )
+}
+
+/// A run's acts, queued or (in a dry run) recorded.
+fn count_acts_of_run(conn: &rusqlite::Connection, run: &str) -> Result<u64, StoreError> {
+    conn.query_row(
+        "SELECT (SELECT count(*) FROM acts WHERE run = ?1) + (SELECT count(*) FROM dry_acts WHERE run = ?1)",
+        params![run],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n as u64)
+    .map_err(sql("counting a run's acts"))
+}
+
+/// Acts (queued or recorded) created at or after `since`, of every run or
+/// of the runs of repository `repo`.
+fn count_acts_since_in(
+    conn: &rusqlite::Connection,
+    since: &str,
+    repo: Option<&str>,
+) -> Result<u64, StoreError> {
+    conn.query_row(
+        "SELECT (SELECT count(*) FROM acts WHERE created_at >= ?1 AND (?2 IS NULL OR run IN
+             (SELECT id FROM runs WHERE json_extract(record, '$.repo') = ?2)))
+          + (SELECT count(*) FROM dry_acts WHERE created_at >= ?1 AND (?2 IS NULL OR run IN
+             (SELECT id FROM runs WHERE json_extract(record, '$.repo') = ?2)))",
+        params![since, repo],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n as u64)
+    .map_err(sql("counting the night's acts"))
 }
 
 /// The one write path of audit entries, inside a caller's transaction.

@@ -10,7 +10,12 @@
 # The preset's packages come from PyPI with pip's --require-hashes: each
 # pinned with == and the SHA-256 of its wheel (the lock file, made by
 # scripts/lock-agent.sh), wheels only (no package's build script runs), so
-# what is installed is exactly what was locked or the build fails.
+# what is installed is exactly what was locked or the build fails. pip
+# resolves nothing (--no-deps: the lock file already holds every
+# dependency; resolving anew let a requirement with an extra, such as
+# litellm's `httpx[http2]`, ask for a version the lock does not pin once a
+# newer one was published), and `pip check` then refuses a lock file that
+# misses a dependency.
 # $NIGHTSHIFT_PIP_INDEX_URL names another index (a mirror): the hashes
 # still decide what is accepted. TLS to the index is verified with the
 # build host's CA bundle ($PIP_CERT, $SSL_CERT_FILE, else the system's), so
@@ -38,8 +43,10 @@ step "pip install --require-hashes: $preset ($count pinned packages)"
 chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 \
   PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_CERT=/tmp/build-ca.crt \
   /opt/agent/bin/pip install --quiet --no-input --no-compile --require-hashes \
-  --only-binary=:all: --index-url "${NIGHTSHIFT_PIP_INDEX_URL:-https://pypi.org/simple}" \
+  --no-deps --only-binary=:all: --index-url "${NIGHTSHIFT_PIP_INDEX_URL:-https://pypi.org/simple}" \
   -r /tmp/requirements.txt
+chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/tmp LANG=C.UTF-8 \
+  PIP_DISABLE_PIP_VERSION_CHECK=1 /opt/agent/bin/pip check
 
 step "linking the agent's commands into /usr/local/bin"
 site=$(cd "$root" && ls -d opt/agent/lib/python3*/site-packages)
