@@ -221,14 +221,25 @@ fn fleet_memory_limit_holds_across_containers() -> Result<()> {
     let fleet = ensure_fleet(&RealFs, &layout, &name, limits(limit))?;
     assert_eq!(memory_limit(&layout, &name)?, limit.to_string());
 
-    // Each alone fits; together they cannot.
-    let hog = "import time; b = b'x' * (200 * 1024 * 1024); time.sleep(5)";
+    // Each alone fits; together they cannot. Each holds its 200 MiB for a
+    // minute, so that the two overlap however slowly the second starts; once
+    // one has ended (the OOM killer's choice), the other is stopped.
+    let hog = "import time; b = b'x' * (200 * 1024 * 1024); time.sleep(60)";
     let a = guard.run(&fleet, &image, &["python3", "-c", hog])?;
     let b = guard.run(&fleet, &image, &["python3", "-c", hog])?;
 
     let mut most_seen = 0;
     let mut polls = 0;
-    while running(&a)? || running(&b)? {
+    loop {
+        let (ra, rb) = (running(&a)?, running(&b)?);
+        if !ra && !rb {
+            break;
+        }
+        if ra != rb {
+            let other = if ra { &a } else { &b };
+            // It may end on its own meanwhile: a failed kill is no failure.
+            let _ = docker(&["kill", other]);
+        }
         most_seen = most_seen.max(sample(&RealFs, &layout, &name, None)?.memory_bytes);
         polls += 1;
         if polls > 1200 {
