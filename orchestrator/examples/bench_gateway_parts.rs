@@ -62,6 +62,7 @@ fn main() -> anyhow::Result<()> {
     let ask = Ask {
         input_bound: 200,
         requested_output: Some(100),
+        choices: 1,
     };
     row(
         "token reservation (one tokens.db transaction)",

@@ -18,7 +18,8 @@
 //! Responses `function_call` item) and a [`Mode`] (normal, or hostile:
 //! malformed, endless, oversized line, no usage, slow, an error status). An
 //! empty script answers the text `ok`. The usage it reports never passes the
-//! request's output bound (`max_tokens`, ...), as a real endpoint's does not.
+//! request's output bound (`max_tokens`, ...) per choice, as a real
+//! endpoint's does not, and a chat request's `n` choices are each billed.
 //! It records every request (method,
 //! path, headers, body) for assertions. Nothing here is production code.
 
@@ -375,6 +376,12 @@ async fn handle(
         .min()
     {
         step.usage.output = step.usage.output.min(bound);
+    }
+    // Chat Completions bills each of the `n` choices its output.
+    if matches!(shape, Shape::Chat) {
+        if let Some(n) = request["n"].as_u64() {
+            step.usage.output = step.usage.output.saturating_mul(n);
+        }
     }
     let model = request["model"].as_str().unwrap_or("unknown").to_string();
     let stream = request["stream"].as_bool().unwrap_or(false);

@@ -673,6 +673,21 @@ fn direct_gateway(
     orchestrator::gateway::GatewayHandle,
     std::path::PathBuf,
 ) {
+    direct_gateway_with(state, run, policies::Confidentiality::Private, 1_000_000)
+}
+
+/// [`direct_gateway`] for a run whose content has `confidentiality` and
+/// whose token cap is `run_cap`.
+fn direct_gateway_with(
+    state: &State,
+    run: &str,
+    confidentiality: policies::Confidentiality,
+    run_cap: u64,
+) -> (
+    tokio::runtime::Runtime,
+    orchestrator::gateway::GatewayHandle,
+    std::path::PathBuf,
+) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -687,9 +702,9 @@ fn direct_gateway(
             &paths,
             &door,
             run,
-            orchestrator::acts::run_content_label(policies::Confidentiality::Private),
+            orchestrator::acts::run_content_label(confidentiality),
             models,
-            1_000_000,
+            run_cap,
             10_000_000,
         )
         .unwrap()
@@ -699,6 +714,11 @@ fn direct_gateway(
 
 /// One HTTP/1.1 request over the socket; the raw response.
 fn raw_call(socket: &Path, path: &str, body: &Value) -> String {
+    raw_call_with(socket, path, "", body)
+}
+
+/// [`raw_call`] with more header lines (`name: value\r\n` each).
+fn raw_call_with(socket: &Path, path: &str, headers: &str, body: &Value) -> String {
     use std::io::{Read, Write};
     let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
@@ -706,7 +726,7 @@ fn raw_call(socket: &Path, path: &str, body: &Value) -> String {
     let body = body.to_string();
     write!(
         s,
-        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{headers}connection: close\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -735,7 +755,7 @@ fn calls_reuse_a_kept_alive_connection_but_never_one_cut_short() {
     let out = raw_call(
         &socket,
         "/v1/chat/completions",
-        &json!({"model": "gpt-5", "stream": true}),
+        &json!({"model": "gpt-5", "stream": true, "messages": []}),
     );
     assert!(out.starts_with("HTTP/1.1 200"), "{out}");
     let out = raw_call(&socket, "/v1/chat/completions", &chat);
@@ -782,14 +802,14 @@ fn an_oversized_line_is_cut_directly() {
     let out = raw_call(
         &socket,
         "/v1/responses",
-        &json!({"model": "gpt-5", "stream": true}),
+        &json!({"model": "gpt-5", "stream": true, "input": "hi"}),
     );
     eprintln!("took {:?}: {}", started.elapsed(), out.len());
     let started = std::time::Instant::now();
     let out = raw_call(
         &socket,
         "/v1/chat/completions",
-        &json!({"model": "gpt-5", "stream": true}),
+        &json!({"model": "gpt-5", "stream": true, "messages": []}),
     );
     eprintln!(
         "took {:?}: {}",
@@ -869,4 +889,560 @@ fn tls_to_an_endpoint_is_verified_and_its_ca_file_trusted_for_it_alone() {
         other.requests().is_empty(),
         "another endpoint's CA was trusted"
     );
+}
+
+/// A state whose `models.toml` points both families at `server`, with
+/// `claude` and `oai` appended to each endpoint's table.
+fn state_with_endpoint_options(server: &ModelServer, claude: &str, oai: &str) -> State {
+    let state = state_with_models(server, "");
+    let path = state.path().join("models.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let text = text
+        .replacen(
+            "models = [\"claude-*\"]\n",
+            &format!("models = [\"claude-*\"]\n{claude}\n"),
+            1,
+        )
+        .replacen(
+            "models = [\"gpt-5*\"]\n",
+            &format!("models = [\"gpt-5*\"]\n{oai}\n"),
+            1,
+        );
+    std::fs::write(&path, text).unwrap();
+    state
+}
+
+/// The status line's code and the body of a raw response.
+fn status_and_body(out: &str) -> (u16, String) {
+    let status = out
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+/// The bodies of the `model_call` entries of `run` in a state's store
+/// (a run opened directly has no record for `show`).
+fn direct_calls(state: &State, run: &str) -> Vec<Value> {
+    rusqlite::Connection::open(state.path().join("state.db"))
+        .unwrap()
+        .prepare("SELECT body FROM audit WHERE kind = 'model_call' AND run = ?1 ORDER BY seq")
+        .unwrap()
+        .query_map([run], |r| r.get::<_, String>(0))
+        .unwrap()
+        .map(|b| serde_json::from_str::<Value>(&b.unwrap()).unwrap())
+        .collect()
+}
+
+fn wait_for_calls(state: &State, run: &str, n: usize) -> Vec<Value> {
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let calls = direct_calls(state, run);
+        if calls.len() >= n || std::time::Instant::now() > give_up {
+            return calls;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Every way a request could make the provider reach outside the sandbox
+/// (a URL or file source, an MCP server, a server-side tool, stored state,
+/// a beta that turns one on), in each shape, streamed and not, is refused
+/// with a reason naming where it is; nothing of it reaches the endpoint,
+/// which logs everything it receives; and each refusal is audited.
+#[test]
+fn every_way_out_through_the_gateway_is_refused_and_nothing_reaches_the_endpoint() {
+    let server = ModelServer::start();
+    let state = state_with_models(&server, "");
+    let (_rt, _gw, socket) = direct_gateway(&state, "r1");
+    let user = |content: Value| vec![json!({"role": "user", "content": content})];
+    let messages = |extra: Value| {
+        let mut b = json!({"model": "claude-x", "max_tokens": 100, "messages": user(json!("hi"))});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let chat = |extra: Value| {
+        let mut b = json!({"model": "gpt-5", "messages": user(json!("hi"))});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let responses = |extra: Value| {
+        let mut b = json!({"model": "gpt-5", "input": "hi"});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let secret = "https://attacker.example/collect?repo=private-content";
+    // (what, path, extra header, body)
+    let cases: Vec<(&str, &str, &str, Value)> = vec![
+        (
+            "mcp_servers",
+            "/v1/messages",
+            "",
+            messages(json!({"mcp_servers": [{"type": "url", "url": secret, "name": "x"}]})),
+        ),
+        (
+            "web_fetch tool",
+            "/v1/messages",
+            "",
+            messages(json!({"tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]})),
+        ),
+        (
+            "web_search tool",
+            "/v1/messages",
+            "",
+            messages(json!({"tools": [{"type": "web_search_20250305", "name": "web_search"}]})),
+        ),
+        (
+            "image url source",
+            "/v1/messages",
+            "",
+            messages(
+                json!({"messages": user(json!([{"type": "image", "source": {"type": "url", "url": secret}}]))}),
+            ),
+        ),
+        (
+            "document url source",
+            "/v1/messages",
+            "",
+            messages(
+                json!({"messages": user(json!([{"type": "document", "source": {"type": "url", "url": secret}}]))}),
+            ),
+        ),
+        (
+            "file source",
+            "/v1/messages",
+            "",
+            messages(
+                json!({"messages": user(json!([{"type": "image", "source": {"type": "file", "file_id": "file_1"}}]))}),
+            ),
+        ),
+        (
+            "url inside a tool result",
+            "/v1/messages",
+            "",
+            messages(
+                json!({"messages": user(json!([{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image", "source": {"type": "url", "url": secret}}]}]))}),
+            ),
+        ),
+        (
+            "mcp beta",
+            "/v1/messages",
+            "anthropic-beta: mcp-client-2025-04-04\r\n",
+            messages(json!({})),
+        ),
+        (
+            "files beta",
+            "/v1/messages",
+            "anthropic-beta: files-api-2025-04-14\r\n",
+            messages(json!({})),
+        ),
+        (
+            "chat image url",
+            "/v1/chat/completions",
+            "",
+            chat(
+                json!({"messages": user(json!([{"type": "image_url", "image_url": {"url": secret}}]))}),
+            ),
+        ),
+        (
+            "chat web_search_options",
+            "/v1/chat/completions",
+            "",
+            chat(json!({"web_search_options": {}})),
+        ),
+        (
+            "chat file",
+            "/v1/chat/completions",
+            "",
+            chat(
+                json!({"messages": user(json!([{"type": "file", "file": {"file_id": "file_1"}}]))}),
+            ),
+        ),
+        (
+            "responses mcp tool",
+            "/v1/responses",
+            "",
+            responses(
+                json!({"tools": [{"type": "mcp", "server_label": "x", "server_url": secret, "require_approval": "never"}]}),
+            ),
+        ),
+        (
+            "responses web_search",
+            "/v1/responses",
+            "",
+            responses(json!({"tools": [{"type": "web_search"}]})),
+        ),
+        (
+            "responses previous_response_id",
+            "/v1/responses",
+            "",
+            responses(json!({"previous_response_id": "resp_1"})),
+        ),
+        (
+            "responses conversation",
+            "/v1/responses",
+            "",
+            responses(json!({"conversation": "conv_1"})),
+        ),
+        (
+            "responses image url",
+            "/v1/responses",
+            "",
+            responses(
+                json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": secret}]}]}),
+            ),
+        ),
+        (
+            "responses file url",
+            "/v1/responses",
+            "",
+            responses(
+                json!({"input": [{"role": "user", "content": [{"type": "input_file", "file_url": secret}]}]}),
+            ),
+        ),
+        (
+            "responses item reference",
+            "/v1/responses",
+            "",
+            responses(json!({"input": [{"type": "item_reference", "id": "msg_1"}]})),
+        ),
+    ];
+    let mut refused = 0;
+    for (what, path, headers, body) in &cases {
+        for stream in [false, true] {
+            let mut body = body.clone();
+            body["stream"] = json!(stream);
+            let out = raw_call_with(&socket, path, headers, &body);
+            let (status, text) = status_and_body(&out);
+            assert_eq!(status, 403, "{what} (stream {stream}): {out}");
+            let error: Value = serde_json::from_str(&text).unwrap();
+            let message = error["error"]["message"].as_str().unwrap();
+            assert!(
+                message.starts_with("refused by nightshift's model gateway: "),
+                "{what}: {message}"
+            );
+            assert_eq!(
+                error["error"]["code"], "nightshift_request_egress",
+                "{what}"
+            );
+            refused += 1;
+        }
+    }
+    assert!(
+        server.requests().is_empty(),
+        "reached the endpoint: {:?}",
+        server
+            .requests()
+            .iter()
+            .map(|r| r.json())
+            .collect::<Vec<_>>()
+    );
+    // The reason names where: the agent can fix its request.
+    let out = raw_call(
+        &socket,
+        "/v1/messages",
+        &messages(
+            json!({"messages": user(json!([{"type": "text", "text": "x"}, {"type": "image", "source": {"type": "url", "url": secret}}]))}),
+        ),
+    );
+    assert!(out.contains("`messages[0].content[1].source`"), "{out}");
+    refused += 1;
+    let calls = wait_for_calls(&state, "r1", refused);
+    assert_eq!(calls.len(), refused);
+    assert!(calls
+        .iter()
+        .all(|c| c["outcome"] == "refused:request_egress" && c["charged_tokens"] == 0));
+    // No URL (the agent's content) is in the audit.
+    assert!(!serde_json::to_string(&calls).unwrap().contains("attacker"));
+    // And the gateway still forwards what it understands, in each shape.
+    for (path, body) in [
+        ("/v1/messages", messages(json!({}))),
+        ("/v1/chat/completions", chat(json!({}))),
+        ("/v1/responses", responses(json!({}))),
+    ] {
+        let out = raw_call(&socket, path, &body);
+        assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    }
+    assert_eq!(server.requests().len(), 3);
+}
+
+/// A server tool the owner enabled for an endpoint passes for a run whose
+/// content is public, and never for a private one (the label gate).
+#[test]
+fn an_enabled_server_tool_passes_only_for_a_public_run() {
+    let server = ModelServer::start();
+    let state = state_with_endpoint_options(&server, "server_tools = [\"web_search\"]", "");
+    let body = json!({"model": "claude-x", "max_tokens": 100,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 1}]});
+    let (_rt, _gw, socket) = direct_gateway(&state, "private");
+    let out = raw_call(&socket, "/v1/messages", &body);
+    assert!(
+        out.starts_with("HTTP/1.1 403") && out.contains("private"),
+        "{out}"
+    );
+    assert!(server.requests().is_empty());
+    let (_rt2, _gw2, socket) = direct_gateway_with(
+        &state,
+        "public",
+        policies::Confidentiality::Public,
+        1_000_000,
+    );
+    let out = raw_call(&socket, "/v1/messages", &body);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert_eq!(server.requests().len(), 1);
+    assert_eq!(server.requests()[0].json()["tools"], body["tools"]);
+}
+
+/// `n: 128` asks the endpoint for 128 choices, each billed: refused unless
+/// the owner allows that many, and when allowed reserved as 128 times the
+/// bound, so that the run's cap holds (it was `used 625546 of 5000`).
+#[test]
+fn n_choices_are_refused_or_reserved_whole_and_the_cap_holds() {
+    let server = ModelServer::start();
+    for _ in 0..4 {
+        server.push(Step::text("ok").usage(50, 1000));
+    }
+    let body = json!({"model": "gpt-5", "n": 128, "messages": [{"role": "user", "content": "hi"}]});
+    // By default: one choice a call.
+    let state = state_with_models(&server, "");
+    let (_rt, _gw, socket) =
+        direct_gateway_with(&state, "r1", policies::Confidentiality::Private, 5000);
+    let out = raw_call(&socket, "/v1/chat/completions", &body);
+    assert!(
+        out.starts_with("HTTP/1.1 400") && out.contains("max_choices"),
+        "{out}"
+    );
+    assert!(server.requests().is_empty());
+
+    // Allowed by the owner: each call fits the cap whole.
+    let state = state_with_endpoint_options(&server, "", "max_choices = 128");
+    let (_rt2, _gw2, socket) =
+        direct_gateway_with(&state, "r2", policies::Confidentiality::Private, 5000);
+    let mut answered = 0;
+    for stream in [false, true, false, true] {
+        let mut body = body.clone();
+        body["stream"] = json!(stream);
+        let out = raw_call(&socket, "/v1/chat/completions", &body);
+        if out.starts_with("HTTP/1.1 200") {
+            answered += 1;
+        }
+    }
+    assert!(answered >= 1);
+    let calls = wait_for_calls(&state, "r2", 4);
+    let charged: u64 = calls
+        .iter()
+        .map(|c| c["charged_tokens"].as_u64().unwrap())
+        .sum();
+    assert!(charged <= 5000, "charged {charged} of 5000: {calls:?}");
+    for c in calls.iter().filter(|c| c["outcome"] == "ok") {
+        assert!(
+            c["charged_tokens"].as_u64() <= c["reserved_tokens"].as_u64(),
+            "{c}"
+        );
+    }
+    // What the endpoint was asked: the bound per choice, within the cap.
+    for r in server.requests() {
+        let bound = r.json()["max_completion_tokens"].as_u64().unwrap();
+        assert!(128 * bound <= 5000, "bound {bound} per choice");
+    }
+}
+
+/// Sixteen calls at once, each a 32 MiB body of `[0,0,...]` (the
+/// gateway's limit): the supervisor never holds them all, nor a tree of any
+/// of them; its peak stays under 128 MiB, four times the body limit (it
+/// was 1.5 GiB; measured 80 MiB).
+#[test]
+fn sixteen_bodies_of_32_mib_at_once_keep_the_supervisor_small() {
+    let server = ModelServer::start();
+    let state = state_with_models(&server, "");
+    let repo = make_repo();
+    let script = r#"
+import http.client, threading
+size = 32 * 1024 * 1024 - 64
+body = b"[" + b"0," * ((size - 2) // 2) + b"0]"
+port = int(os.environ["ANTHROPIC_BASE_URL"].rsplit(":", 1)[1])
+statuses = []
+def one():
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        c.request("POST", "/v1/chat/completions", body=body, headers={"content-type": "application/json"})
+        r = c.getresponse()
+        r.read()
+        statuses.append(r.status)
+    except Exception as e:
+        statuses.append(repr(e))
+ts = [threading.Thread(target=one) for _ in range(16)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print("STATUSES " + json.dumps(sorted(statuses, key=str)), flush=True)
+"#;
+    let mut child = state
+        .cmd()
+        .args([
+            "run",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--image",
+            &image(),
+            "--",
+            "python3",
+            "-c",
+            &format!("{CLIENT}\n{script}"),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut peak_kib = 0u64;
+    while child.try_wait().unwrap().is_none() {
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            if let Some(v) = s
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            {
+                peak_kib = peak_kib.max(v);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let run = run_id(&state);
+    let log = state.output_log(&run);
+    assert!(out.status.success(), "{}{log}", stderr(&out));
+    let line = log
+        .lines()
+        .find_map(|l| l.strip_prefix("STATUSES "))
+        .unwrap_or_else(|| panic!("{log}"));
+    let statuses: Vec<Value> = serde_json::from_str(line).unwrap();
+    assert_eq!(statuses.len(), 16, "{log}");
+    // Each was read and refused (not JSON the gateway forwards), or told to
+    // retry while the others were held.
+    assert!(
+        statuses.iter().all(|s| s == 400 || s == 429),
+        "{statuses:?}"
+    );
+    assert!(statuses.iter().any(|s| s == 400), "{statuses:?}");
+    assert!(server.requests().is_empty());
+    eprintln!("supervisor peak {peak_kib} KiB");
+    assert!(peak_kib > 0);
+    assert!(
+        peak_kib < 128 * 1024,
+        "supervisor peak {peak_kib} KiB with 16 bodies of 32 MiB"
+    );
+}
+
+/// A small filesystem of its own (a tmpfs), unmounted on drop.
+struct SmallDisk {
+    dir: tempfile::TempDir,
+}
+
+impl SmallDisk {
+    fn new(size: &str) -> SmallDisk {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs (needs root): {}",
+            stderr(&out)
+        );
+        SmallDisk { dir }
+    }
+
+    /// Fills the disk to the last byte.
+    fn fill(&self) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(self.dir.path().join("fill")).unwrap();
+        let block = vec![0u8; 4096];
+        while f.write_all(&block).is_ok() {}
+        while f.write_all(&[0]).is_ok() {}
+    }
+
+    fn free(&self) {
+        std::fs::remove_file(self.dir.path().join("fill")).unwrap();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .output();
+    }
+}
+
+/// On a full state disk a model call cannot be audited: it is refused
+/// (never made unaudited), the calls after it are refused and told why
+/// until the audit log can be written, and every entry that waited is
+/// written once there is room: no call is missing from the audit.
+#[test]
+fn model_calls_on_a_full_disk_are_refused_and_every_one_is_audited() {
+    let disk = SmallDisk::new("16m");
+    let server = ModelServer::start();
+    let template = state_with_models(&server, "");
+    let state = State {
+        dir: tempfile::tempdir_in(disk.dir.path()).unwrap(),
+    };
+    std::fs::copy(
+        template.path().join("models.toml"),
+        state.path().join("models.toml"),
+    )
+    .unwrap();
+    // The state's store exists (as `nightshift` leaves it).
+    assert!(state.run(&["runs"]).status.success());
+    let (rt, gw, socket) = direct_gateway(&state, "r1");
+    let chat = json!({"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}]});
+    server.push(Step::text("before"));
+    let out = raw_call(&socket, "/v1/chat/completions", &chat);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert_eq!(wait_for_calls(&state, "r1", 1).len(), 1);
+
+    disk.fill();
+    // Enough calls that the store must write past its preallocated pages.
+    let mut statuses = Vec::new();
+    let mut told = false;
+    for i in 0..20 {
+        server.push(Step::text("during"));
+        let out = raw_call(&socket, "/v1/chat/completions", &chat);
+        let (status, body) = status_and_body(&out);
+        statuses.push(status);
+        told |= status == 503 && body.contains("cannot write its audit log");
+        if i > 3 && told {
+            break;
+        }
+    }
+    assert!(told, "no call was refused for the audit: {statuses:?}");
+    let made = statuses.len() + 1;
+
+    disk.free();
+    server.push(Step::text("after"));
+    let out = raw_call(&socket, "/v1/chat/completions", &chat);
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    rt.block_on(gw.close());
+    let calls = direct_calls(&state, "r1");
+    let outcomes: Vec<&str> = calls
+        .iter()
+        .map(|c| c["outcome"].as_str().unwrap())
+        .collect();
+    eprintln!("statuses {statuses:?}, outcomes {outcomes:?}");
+    assert_eq!(calls.len(), made + 1, "{outcomes:?} for {statuses:?}");
+    assert!(outcomes.contains(&"refused:audit"), "{outcomes:?}");
+    // Every call the endpoint answered is in the audit.
+    let answered = outcomes.iter().filter(|o| **o == "ok").count();
+    assert_eq!(answered, server.requests().len(), "{outcomes:?}");
+    assert!(state.verify().status.success());
 }

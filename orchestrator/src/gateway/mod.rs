@@ -32,6 +32,7 @@
 
 pub mod key;
 pub mod models;
+pub mod request;
 pub mod route;
 pub mod serve;
 pub mod sse;

@@ -46,6 +46,10 @@ struct RawEndpoint {
     models: Vec<String>,
     #[serde(default)]
     ca_file: Option<PathBuf>,
+    #[serde(default)]
+    server_tools: Vec<String>,
+    #[serde(default)]
+    max_choices: Option<u64>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -149,7 +153,26 @@ pub struct Endpoint {
     /// PEM certificates of authorities trusted for this endpoint only,
     /// besides the system's (a self-hosted endpoint with its own CA).
     pub ca_file: Option<PathBuf>,
+    /// Server-side tools the owner lets runs with public content use here
+    /// ([`SERVER_TOOLS`]; none by default). MCP is never one.
+    pub server_tools: Vec<String>,
+    /// Most choices (`n`) one call may ask for; 1 by default.
+    pub max_choices: u64,
 }
+
+/// The server-side tools an endpoint may enable (`server_tools`), by the
+/// name of their type without its date (`web_search_20250305` is
+/// `web_search`).
+pub const SERVER_TOOLS: &[&str] = &[
+    "web_search",
+    "web_fetch",
+    "code_execution",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "tool_search_tool_regex",
+    "tool_search_tool_bm25",
+];
 
 /// The whole of `models.toml`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -252,6 +275,20 @@ impl Models {
                     )));
                 }
             }
+            for t in &e.server_tools {
+                if !SERVER_TOOLS.contains(&t.as_str()) {
+                    return Err(invalid(format!(
+                        "server_tools: {t:?} is not a server tool nightshift can enable (it can: {}; never MCP)",
+                        SERVER_TOOLS.join(", ")
+                    )));
+                }
+            }
+            let max_choices = e.max_choices.unwrap_or(1);
+            if !(1..=128).contains(&max_choices) {
+                return Err(invalid(format!(
+                    "max_choices = {max_choices}: it is 1 to 128"
+                )));
+            }
             endpoints.push(Endpoint {
                 alias,
                 api: e.api,
@@ -259,6 +296,8 @@ impl Models {
                 key_file: e.key_file,
                 models: e.models,
                 ca_file: e.ca_file,
+                server_tools: e.server_tools,
+                max_choices,
             });
         }
         let d = Limits::default();
@@ -398,6 +437,25 @@ mod tests {
         let openai = m.endpoints.iter().find(|e| e.alias == "openai").unwrap();
         assert_eq!(openai.api, Api::Openai);
         assert_eq!(openai.base_url.path, "");
+    }
+
+    #[test]
+    fn server_tools_are_named_never_mcp_and_choices_bounded() {
+        let p = Path::new("models.toml");
+        let base = "[endpoints.a]\napi = \"anthropic\"\nbase_url = \"https://x\"\nkey_file = \"/k\"\nmodels = [\"c*\"]\n";
+        let m = Models::parse(p, base).unwrap();
+        assert!(m.endpoints[0].server_tools.is_empty());
+        assert_eq!(m.endpoints[0].max_choices, 1);
+        let m = Models::parse(
+            p,
+            &format!("{base}server_tools = [\"web_search\"]\nmax_choices = 4\n"),
+        )
+        .unwrap();
+        assert_eq!(m.endpoints[0].server_tools, ["web_search"]);
+        assert_eq!(m.endpoints[0].max_choices, 4);
+        let e = Models::parse(p, &format!("{base}server_tools = [\"mcp\"]\n")).unwrap_err();
+        assert!(e.to_string().contains("never MCP"), "{e}");
+        assert!(Models::parse(p, &format!("{base}max_choices = 0\n")).is_err());
     }
 
     #[test]

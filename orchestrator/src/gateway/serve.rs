@@ -24,11 +24,12 @@
 
 use std::convert::Infallible;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{combinators::BoxBody, BodyExt, Full, Limited, StreamBody};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
@@ -38,12 +39,17 @@ use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 
 use super::models::{Api, Endpoint, Limits, Models};
+use super::request;
 use super::route::{self, Refusal, Shape};
-use super::sse::{self, Scanner, Usage};
+use super::sse::{self, Prepared, Scanner, Usage};
 use super::tokens::{self, Ask};
+use super::upstream::Pieces;
 use crate::audit_log::Event;
 use crate::store::{StatePaths, Store, TokenLedger};
 
+/// Audit entries kept waiting while the audit log cannot be written (the
+/// calls refused meanwhile are each one).
+pub const MAX_UNAUDITED: usize = 1024;
 /// A request's head must arrive within this.
 pub const HEAD_DEADLINE: Duration = Duration::from_secs(10);
 /// The request headers passed on to an endpoint (all others are dropped).
@@ -74,6 +80,7 @@ pub struct GatewayHandle {
     in_flight: watch::Receiver<usize>,
     /// Set when the run ends: streams still running stop.
     closing: watch::Sender<bool>,
+    gw: Arc<Gateway>,
 }
 
 /// A spent budget: the run is to end for it.
@@ -112,6 +119,21 @@ impl GatewayHandle {
                 "model calls still in flight when the run ended: their audit entries come after it"
             );
         }
+        // Entries that waited for the audit log get their last chance.
+        if !self.gw.audit_writable().await {
+            let waiting = self.gw.unaudited.lock().map(|w| w.len()).unwrap_or(0);
+            tracing::error!(
+                run = %self.gw.run,
+                waiting,
+                "the run ends with model calls whose audit entries could not be written"
+            );
+        }
+    }
+
+    /// Whether the gateway is refusing calls because its audit log cannot
+    /// be written (the run should end).
+    pub fn audit_failing(&self) -> bool {
+        self.gw.audit_failing.load(Ordering::SeqCst)
     }
 }
 
@@ -139,11 +161,20 @@ struct Gateway {
     fleet_cap: u64,
     /// The label of every call's output (`untrusted, private`).
     label: String,
+    /// The run's content is private: no server tool (the label gate).
+    private: bool,
+    /// Request bodies this run may hold at once, in KiB (`max_request`).
+    run_held: Arc<tokio::sync::Semaphore>,
+    run_held_kib: u32,
     paths: StatePaths,
     /// Reservations and settlements (`STATE/tokens.db`).
     ledger: Mutex<Option<TokenLedger>>,
     /// Audit entries.
     auditing: Mutex<Option<Store>>,
+    /// Entries not yet written (the audit log could not be written).
+    unaudited: Mutex<std::collections::VecDeque<Event>>,
+    /// Set while entries wait: calls are refused.
+    audit_failing: AtomicBool,
     /// The client to the endpoints, keeping connections alive between calls.
     upstream: super::upstream::Upstream,
     /// Calls not yet audited.
@@ -177,24 +208,76 @@ impl Gateway {
         .map_err(|e| e.to_string())?
     }
 
-    /// Appends one audit entry through the gateway's own store connection.
+    /// Appends one audit entry through the gateway's own store connection,
+    /// after the entries still waiting from an earlier failure, in order.
+    /// An entry that cannot be written waits (at most [`MAX_UNAUDITED`])
+    /// and the gateway refuses calls until they are written.
     async fn audit(self: &Arc<Self>, event: Event) {
         let gw = self.clone();
-        let done = tokio::task::spawn_blocking(move || {
-            let mut guard = gw.auditing.lock().unwrap_or_else(|p| p.into_inner());
-            if guard.is_none() {
-                *guard = Some(Store::open(gw.paths.clone()).map_err(|e| e.to_string())?);
-            }
-            let store = guard.as_mut().ok_or("no store")?;
-            store
-                .append(Some(&gw.run), &event, false)
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-        .await;
-        if let Ok(Err(e)) | Err(e) = done.map_err(|e| e.to_string()) {
+        let done = tokio::task::spawn_blocking(move || gw.append_waiting(Some(event))).await;
+        if let Err(e) = done {
             tracing::error!(error = %e, "auditing a model call failed");
         }
+    }
+
+    /// Writes the entries waiting (and `event`), stopping at the first
+    /// failure; true when nothing waits any more.
+    fn append_waiting(&self, event: Option<Event>) -> bool {
+        let mut waiting = self.unaudited.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(event) = event {
+            if waiting.len() < MAX_UNAUDITED {
+                waiting.push_back(event);
+            } else {
+                tracing::error!(
+                    run = %self.run,
+                    "a model call's audit entry is lost: {MAX_UNAUDITED} entries already wait for the audit log to be writable"
+                );
+            }
+        }
+        let mut guard = self.auditing.lock().unwrap_or_else(|p| p.into_inner());
+        while let Some(event) = waiting.front() {
+            let written = (|| {
+                if guard.is_none() {
+                    *guard = Some(Store::open(self.paths.clone()).map_err(|e| e.to_string())?);
+                }
+                let store = guard.as_mut().ok_or("no store")?;
+                store
+                    .append(Some(&self.run), event, false)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })();
+            match written {
+                Ok(()) => {
+                    waiting.pop_front();
+                }
+                Err(e) => {
+                    // A connection that failed may hold a broken transaction.
+                    *guard = None;
+                    if !self.audit_failing.swap(true, Ordering::SeqCst) {
+                        tracing::error!(
+                            run = %self.run,
+                            error = %e,
+                            "the model gateway cannot write its audit log: calls are refused until it can"
+                        );
+                    }
+                    return false;
+                }
+            }
+        }
+        self.audit_failing.store(false, Ordering::SeqCst);
+        true
+    }
+
+    /// Whether the audit log can be written (entries waiting are written
+    /// first); false while it cannot.
+    async fn audit_writable(self: &Arc<Self>) -> bool {
+        if !self.audit_failing.load(Ordering::SeqCst) {
+            return true;
+        }
+        let gw = self.clone();
+        tokio::task::spawn_blocking(move || gw.append_waiting(None))
+            .await
+            .unwrap_or(false)
     }
 
     fn cap_spent(&self, scope: tokens::Scope, used: u64, cap: u64) {
@@ -246,20 +329,28 @@ pub fn open(
     let (closing, closing_rx) = watch::channel(false);
     let limit = Arc::new(tokio::sync::Semaphore::new(models.limits.concurrent));
     let upstream = super::upstream::Upstream::new(&models.endpoints);
+    let run_held_kib =
+        u32::try_from(models.limits.max_request.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
     let gw = Arc::new(Gateway {
         models,
         run: run.to_string(),
         run_cap,
         fleet_cap,
         label: crate::acts::label_text(content),
+        private: content.confidentiality != policies::Confidentiality::Public,
+        run_held: Arc::new(tokio::sync::Semaphore::new(run_held_kib as usize)),
+        run_held_kib,
         paths: paths.clone(),
         ledger: Mutex::new(None),
         auditing: Mutex::new(None),
+        unaudited: Mutex::new(Default::default()),
+        audit_failing: AtomicBool::new(false),
         upstream,
         in_flight: Arc::new(in_flight),
         closing: closing_rx,
         cap,
     });
+    let kept = gw.clone();
     let task = tokio::spawn(async move {
         loop {
             let Ok(permit) = limit.clone().acquire_owned().await else {
@@ -289,6 +380,7 @@ pub fn open(
         cap_reached,
         in_flight: in_flight_rx,
         closing,
+        gw: kept,
     })
 }
 
@@ -476,6 +568,99 @@ impl From<Refusal> for Refused {
     }
 }
 
+fn too_big(limits: &Limits) -> Refusal {
+    Refusal::new(
+        413,
+        "request_size",
+        format!(
+            "the request is over the gateway's limit of {} bytes",
+            limits.max_request
+        ),
+    )
+}
+
+/// Request bodies held at once by the whole process, in KiB: a few bodies
+/// at the default limit, however many runs and calls there are.
+pub const PROCESS_HELD_KIB: u32 = 64 * 1024;
+
+fn process_held() -> &'static Arc<tokio::sync::Semaphore> {
+    static HELD: std::sync::OnceLock<Arc<tokio::sync::Semaphore>> = std::sync::OnceLock::new();
+    HELD.get_or_init(|| Arc::new(tokio::sync::Semaphore::new(PROCESS_HELD_KIB as usize)))
+}
+
+/// What a held body counts against: the run's bodies and the process's.
+type Held = (
+    tokio::sync::OwnedSemaphorePermit,
+    tokio::sync::OwnedSemaphorePermit,
+);
+
+/// Waits (at most `request_timeout`) until a body of `declared` bytes (the
+/// limit when not declared) may be held: at most `max_request` bytes of
+/// bodies per run and [`PROCESS_HELD_KIB`] per process, each counted until
+/// the endpoint has taken it.
+async fn hold_body(gw: &Gateway, declared: Option<u64>, limits: &Limits) -> Result<Held, Refusal> {
+    let bytes = declared
+        .unwrap_or(limits.max_request)
+        .min(limits.max_request);
+    let kib = bytes.div_ceil(1024).max(1);
+    let run_kib = u32::try_from(kib.min(u64::from(gw.run_held_kib))).unwrap_or(u32::MAX);
+    let process_kib = u32::try_from(kib.min(u64::from(PROCESS_HELD_KIB))).unwrap_or(u32::MAX);
+    let wait = async {
+        let run = gw.run_held.clone().acquire_many_owned(run_kib).await.ok()?;
+        let process = process_held()
+            .clone()
+            .acquire_many_owned(process_kib)
+            .await
+            .ok()?;
+        Some((run, process))
+    };
+    match tokio::time::timeout(limits.request_timeout, wait).await {
+        Ok(Some(held)) => Ok(held),
+        _ => Err(Refusal::new(
+            429,
+            "request_busy",
+            "the gateway holds as many request bodies as it may at once; retry shortly",
+        )),
+    }
+}
+
+/// Reads a request's body whole (at most `max_request` bytes, within
+/// `request_timeout`) into one buffer.
+async fn read_body(
+    mut body: Incoming,
+    declared: Option<u64>,
+    limits: &Limits,
+) -> Result<Bytes, Refusal> {
+    let mut buf =
+        bytes::BytesMut::with_capacity(declared.unwrap_or(0).min(limits.max_request) as usize);
+    let read = async {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| {
+                Refusal::new(400, "request_read", "the request's body could not be read")
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if (buf.len() + data.len()) as u64 > limits.max_request {
+                    return Err(too_big(limits));
+                }
+                buf.extend_from_slice(&data);
+            }
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(limits.request_timeout, read).await {
+        Err(_) => Err(Refusal::new(
+            408,
+            "request_time",
+            format!(
+                "the request's body did not arrive within {} s",
+                limits.request_timeout.as_secs()
+            ),
+        )),
+        Ok(Err(r)) => Err(r),
+        Ok(Ok(())) => Ok(buf.freeze()),
+    }
+}
+
 /// Forwards one call; a refusal for anything the gateway will not do.
 async fn forward(
     gw: &Arc<Gateway>,
@@ -488,65 +673,60 @@ async fn forward(
     let (parts, body) = req.into_parts();
     let shape = route::shape(parts.method.as_str(), parts.uri.path())?;
     call.shape = Some(shape);
+    // A call that could not be audited is never made: while the audit log
+    // cannot be written, every call is refused, and told why.
+    if !gw.audit_writable().await {
+        return Err(Refusal::new(
+            503,
+            "audit",
+            "refused by nightshift: the supervisor cannot write its audit log (is the state's disk full?); model calls are refused until it can: end the run",
+        )
+        .into());
+    }
     let declared = parts
         .headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let too_big = || {
-        Refusal::new(
-            413,
-            "request_size",
-            format!(
-                "the request is over the gateway's limit of {} bytes",
-                limits.max_request
-            ),
-        )
-    };
     if declared.is_some_and(|n| n > limits.max_request) {
-        return Err(too_big().into());
+        return Err(too_big(&limits).into());
     }
-    let limited = Limited::new(body, limits.max_request as usize);
-    let body = match tokio::time::timeout(limits.request_timeout, limited.collect()).await {
-        Err(_) => {
-            return Err(Refusal::new(
-                408,
-                "request_time",
-                format!(
-                    "the request's body did not arrive within {} s",
-                    limits.request_timeout.as_secs()
-                ),
-            )
-            .into())
-        }
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return Err(too_big().into()),
-        Ok(Err(_)) => {
-            return Err(
-                Refusal::new(400, "request_read", "the request's body could not be read").into(),
-            )
-        }
-        Ok(Ok(b)) => b.to_bytes(),
-    };
+    let held = hold_body(gw, declared, &limits).await?;
+    let body = read_body(body, declared, &limits).await?;
     call.request_bytes = body.len() as u64;
     call.request_digest = crate::audit_log::digest(&body);
-    let mut json: Value = serde_json::from_slice(&body).map_err(|e| {
-        Refusal::new(
-            400,
-            "request_json",
-            format!("the request's body is not JSON: {e}"),
-        )
-    })?;
-    let endpoint: Endpoint = route::route(&gw.models, shape, &json)?.clone();
+
+    // Only what the gateway understands goes on (see `request`); what is
+    // allowed beyond the fixed list is the endpoint's, for this run.
+    let model = request::model(&body).map_err(|d| d.refusal())?;
+    let endpoint: Endpoint = route::route(&gw.models, shape, &model)?.clone();
+    let allow = request::Allow {
+        server_tools: &endpoint.server_tools,
+        private: gw.private,
+        max_choices: endpoint.max_choices,
+    };
+    let checked = request::check(shape, &body, &allow).map_err(|d| d.refusal())?;
     call.endpoint = Some(endpoint.alias.clone());
-    call.model = json
-        .get("model")
-        .and_then(Value::as_str)
-        .map(str::to_string);
+    call.model = Some(checked.model.clone());
+    for header in ["anthropic-beta", "openai-beta"] {
+        let mut values = Vec::new();
+        for v in parts.headers.get_all(header) {
+            values.push(v.to_str().map_err(|_| {
+                Refusal::new(
+                    400,
+                    "request_header",
+                    format!("header {header} is not text"),
+                )
+            })?);
+        }
+        request::check_betas(header, &values, shape, &allow).map_err(|d| d.refusal())?;
+    }
 
     // Reserve the worst case against the run's and the fleet's budgets.
     let ask = Ask {
-        input_bound: body.len() as u64,
-        requested_output: sse::requested_output(shape, &json),
+        input_bound: checked.input_bound(body.len()),
+        requested_output: checked.output_bound,
+        choices: checked.choices,
     };
     let (run, night, run_cap, fleet_cap) =
         (gw.run.clone(), call.night.clone(), gw.run_cap, gw.fleet_cap);
@@ -574,9 +754,13 @@ async fn forward(
         }
     };
     call.reserved = grant.tokens;
-    let prepared = sse::prepare(shape, &mut json, grant.max_output);
+    let prepared = Prepared {
+        stream: checked.stream,
+        client_wants_usage: checked.client_wants_usage,
+    };
     call.stream = prepared.stream;
-    let forwarded = Bytes::from(serde_json::to_vec(&json).unwrap_or_default());
+    let forwarded = Pieces::new(checked.forwarded(&body, grant.max_output), held);
+    drop(body);
 
     // From here on the reservation is held: every way out settles it.
     let key = match super::key::read(&endpoint.key_file) {
@@ -611,7 +795,7 @@ async fn forward(
                 .map(|q| format!("?{q}"))
                 .unwrap_or_default()
         ))
-        .body(Full::new(forwarded));
+        .body(forwarded);
     let mut upstream = match built {
         Ok(r) => r,
         Err(_) => {

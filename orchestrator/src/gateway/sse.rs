@@ -1,6 +1,6 @@
 //! The responses' usage (pure): read incrementally from a stream of
-//! server-sent events, or from a whole JSON body; and the request rewrite
-//! that makes a stream report it.
+//! server-sent events, or from a whole JSON body (the request rewrite that
+//! makes a chat stream report it is `request::Checked::forwarded`).
 //!
 //! Invariants:
 //! - The scanner holds at most one event (at most `max_event` bytes): a
@@ -9,7 +9,7 @@
 //!   stream is never buffered beyond one event, and anything inserted
 //!   between events (heartbeat comments) never splits one.
 //! - Usage is taken from where each API puts it: Chat Completions' usage
-//!   chunk (the gateway forces `stream_options.include_usage` and removes
+//!   chunk (the gateway (`request`) forces `stream_options.include_usage` and removes
 //!   that chunk again when the client had not asked for it); Responses'
 //!   `response.completed` / `.incomplete` / `.failed`; Anthropic's
 //!   `message_start` (input) and the last, cumulative `message_delta`
@@ -94,67 +94,12 @@ pub fn usage_of_json(shape: Shape, body: &Value) -> Option<Usage> {
     }
 }
 
-/// What the client asked of a request, and the request as it is forwarded.
+/// What the client asked of a request (see `request::Checked`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Prepared {
     pub stream: bool,
     /// A chat stream whose client asked for the usage chunk itself.
     pub client_wants_usage: bool,
-}
-
-/// The output bound a request names (the field of its shape).
-pub fn requested_output(shape: Shape, body: &Value) -> Option<u64> {
-    let fields: &[&str] = match shape {
-        Shape::Messages => &["max_tokens"],
-        Shape::Responses => &["max_output_tokens"],
-        Shape::Chat => &["max_completion_tokens", "max_tokens"],
-    };
-    fields
-        .iter()
-        .filter_map(|f| body.get(*f).and_then(Value::as_u64))
-        .min()
-}
-
-/// Writes the clamped output bound into the request and, for a chat stream,
-/// forces the usage chunk.
-pub fn prepare(shape: Shape, body: &mut Value, max_output: u64) -> Prepared {
-    let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
-    let mut client_wants_usage = false;
-    if let Some(obj) = body.as_object_mut() {
-        match shape {
-            Shape::Messages => {
-                obj.insert("max_tokens".into(), max_output.into());
-            }
-            Shape::Responses => {
-                obj.insert("max_output_tokens".into(), max_output.into());
-            }
-            Shape::Chat => {
-                let had_legacy = obj.contains_key("max_tokens");
-                let had_new = obj.contains_key("max_completion_tokens");
-                if had_legacy {
-                    obj.insert("max_tokens".into(), max_output.into());
-                }
-                if had_new || !had_legacy {
-                    obj.insert("max_completion_tokens".into(), max_output.into());
-                }
-                if stream {
-                    let options = obj
-                        .entry("stream_options")
-                        .or_insert_with(|| Value::Object(Default::default()));
-                    if !options.is_object() {
-                        *options = Value::Object(Default::default());
-                    }
-                    client_wants_usage =
-                        options.get("include_usage").and_then(Value::as_bool) == Some(true);
-                    options["include_usage"] = Value::Bool(true);
-                }
-            }
-        }
-    }
-    Prepared {
-        stream,
-        client_wants_usage,
-    }
 }
 
 /// Reads a stream of server-sent events incrementally: passes whole events
@@ -497,35 +442,6 @@ mod tests {
             Err(ScanError::TooLong { limit: 100 })
         );
         assert!(s.event.capacity() <= 200);
-    }
-
-    #[test]
-    fn prepare_clamps_and_forces_usage() {
-        let mut b = json!({"model": "m", "stream": true, "max_tokens": 9999});
-        let p = prepare(Shape::Chat, &mut b, 100);
-        assert_eq!(
-            p,
-            Prepared {
-                stream: true,
-                client_wants_usage: false
-            }
-        );
-        assert_eq!(b["max_tokens"], 100);
-        assert!(b.get("max_completion_tokens").is_none());
-        assert_eq!(b["stream_options"]["include_usage"], true);
-        let mut b =
-            json!({"model": "m", "stream": true, "stream_options": {"include_usage": true}});
-        let p = prepare(Shape::Chat, &mut b, 7);
-        assert!(p.client_wants_usage);
-        assert_eq!(b["max_completion_tokens"], 7);
-        let mut b = json!({"model": "m"});
-        prepare(Shape::Responses, &mut b, 7);
-        assert_eq!(b["max_output_tokens"], 7);
-        assert!(b.get("stream_options").is_none());
-        let mut b = json!({"model": "m", "max_tokens": 3});
-        assert_eq!(requested_output(Shape::Messages, &b), Some(3));
-        prepare(Shape::Messages, &mut b, 2);
-        assert_eq!(b["max_tokens"], 2);
     }
 
     proptest! {

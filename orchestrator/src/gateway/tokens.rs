@@ -11,8 +11,11 @@
 //!   request body's size in bytes: no token is shorter than a byte of the
 //!   JSON that carries it) plus the output bound, which is the request's own
 //!   (`max_tokens`, `max_completion_tokens`, `max_output_tokens`) or
-//!   [`DEFAULT_MAX_OUTPUT`], clamped to what remains; the clamped bound is
-//!   written into the request forwarded, so the endpoint itself stops there.
+//!   [`DEFAULT_MAX_OUTPUT`], clamped to what remains, times the choices
+//!   asked for (`n`: each choice may use the whole bound, and is billed);
+//!   images add their worst case (`request::IMAGE_TOKENS`). The clamped
+//!   bound is written into the request forwarded, so the endpoint itself
+//!   stops there.
 //! - Settling replaces the reservation by the usage reported; a response
 //!   without usage keeps its whole reservation as used (never trusted to be
 //!   cheaper than the worst case).
@@ -62,14 +65,16 @@ pub struct Ask {
     pub input_bound: u64,
     /// The output bound the request named, if any.
     pub requested_output: Option<u64>,
+    /// Choices asked for (`n`): each may use the whole output bound.
+    pub choices: u64,
 }
 
 /// A granted reservation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Grant {
-    /// Tokens reserved (input bound + output bound).
+    /// Tokens reserved (input bound + choices × output bound).
     pub tokens: u64,
-    /// The output bound to write into the forwarded request.
+    /// The output bound (per choice) to write into the forwarded request.
     pub max_output: u64,
 }
 
@@ -125,8 +130,9 @@ pub fn reserve(
     fleet_cap: u64,
     ask: Ask,
 ) -> Result<Grant, Refusal> {
-    // The smallest call: its input and one token out.
-    let need = ask.input_bound.saturating_add(1);
+    // The smallest call: its input and one token out per choice.
+    let choices = ask.choices.max(1);
+    let need = ask.input_bound.saturating_add(choices);
     for (scope, ledger, cap) in [(Scope::Run, run, run_cap), (Scope::Fleet, fleet, fleet_cap)] {
         if cap.saturating_sub(ledger.used) < need {
             return Err(Refusal::Spent {
@@ -149,9 +155,9 @@ pub fn reserve(
     let max_output = ask
         .requested_output
         .unwrap_or(DEFAULT_MAX_OUTPUT)
-        .clamp(1, room);
+        .clamp(1, room / choices);
     Ok(Grant {
-        tokens: ask.input_bound + max_output,
+        tokens: ask.input_bound + choices * max_output,
         max_output,
     })
 }
@@ -208,6 +214,7 @@ mod tests {
             Ask {
                 input_bound: 400,
                 requested_output: Some(4096),
+                choices: 1,
             },
         )
         .unwrap();
@@ -223,6 +230,7 @@ mod tests {
             Ask {
                 input_bound: 400,
                 requested_output: None,
+                choices: 1,
             },
         )
         .unwrap();
@@ -230,10 +238,28 @@ mod tests {
     }
 
     #[test]
+    fn each_choice_is_reserved_its_whole_bound() {
+        let ask = Ask {
+            input_bound: 100,
+            requested_output: Some(4096),
+            choices: 128,
+        };
+        let g = reserve(NONE, 5000, NONE, 1_000_000, ask).unwrap();
+        assert_eq!(g.max_output, 38, "(5000 - 100) / 128");
+        assert_eq!(g.tokens, 100 + 128 * 38);
+        let used = Ledger {
+            used: 4_850,
+            reserved: 0,
+        };
+        assert!(reserve(used, 5000, NONE, 1_000_000, ask).is_err());
+    }
+
+    #[test]
     fn spent_and_held_are_told_apart() {
         let ask = Ask {
             input_bound: 100,
             requested_output: Some(10),
+            choices: 1,
         };
         let r = reserve(
             Ledger {
@@ -326,7 +352,7 @@ mod tests {
     #[derive(Debug, Clone)]
     enum Op {
         /// Call `run` asks for (input, output).
-        Reserve(usize, u64, Option<u64>),
+        Reserve(usize, u64, Option<u64>, u64),
         /// The `i`th call in flight settles with this fraction of its
         /// reservation (None: no usage).
         Settle(usize, Option<u8>),
@@ -334,8 +360,13 @@ mod tests {
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
-            (0..3usize, 0..400u64, proptest::option::of(0..2000u64))
-                .prop_map(|(r, i, o)| Op::Reserve(r, i, o)),
+            (
+                0..3usize,
+                0..400u64,
+                proptest::option::of(0..2000u64),
+                1..200u64
+            )
+                .prop_map(|(r, i, o, n)| Op::Reserve(r, i, o, n)),
             (0..16usize, proptest::option::of(0..=100u8)).prop_map(|(i, f)| Op::Settle(i, f)),
         ]
     }
@@ -355,11 +386,12 @@ mod tests {
             let mut in_flight: Vec<(usize, u64)> = Vec::new();
             for op in ops {
                 match op {
-                    Op::Reserve(r, input_bound, requested_output) => {
-                        let ask = Ask { input_bound, requested_output };
+                    Op::Reserve(r, input_bound, requested_output, choices) => {
+                        let ask = Ask { input_bound, requested_output, choices };
                         if let Ok(g) = reserve(runs[r], run_cap, fleet, fleet_cap, ask) {
                             prop_assert!(g.max_output >= 1);
                             prop_assert!(requested_output.is_none_or(|o| g.max_output <= o.max(1)));
+                            prop_assert!(g.tokens >= input_bound + choices * g.max_output);
                             runs[r] = take(runs[r], g);
                             fleet = take(fleet, g);
                             in_flight.push((r, g.tokens));

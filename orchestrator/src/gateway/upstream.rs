@@ -21,8 +21,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::{Request, Response, Uri};
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client;
@@ -255,7 +254,7 @@ impl tower::Service<Uri> for Connector {
 /// connections.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    client: Client<Connector, Full<Bytes>>,
+    client: Client<Connector, Pieces>,
 }
 
 impl Upstream {
@@ -286,7 +285,7 @@ impl Upstream {
     pub async fn send(
         &self,
         base: &BaseUrl,
-        mut request: Request<Full<Bytes>>,
+        mut request: Request<Pieces>,
     ) -> Result<Response<Incoming>, UpstreamError> {
         let authority = base.authority();
         let path = request
@@ -306,5 +305,60 @@ impl Upstream {
                 UpstreamError::Http { authority, source }
             }
         })
+    }
+}
+
+/// A request body forwarded as pieces (slices of the body the sandbox sent,
+/// and the gateway's few edits), never copied into one buffer; with its
+/// exact length, so that it goes with a `content-length`. Whatever it holds
+/// (the body's buffer, the permits that count it) is released when the
+/// client has sent it and drops it.
+pub struct Pieces {
+    pieces: std::collections::VecDeque<Bytes>,
+    left: u64,
+    /// Released with the body.
+    _held: Box<dyn Send + Sync>,
+}
+
+impl std::fmt::Debug for Pieces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pieces").field("left", &self.left).finish()
+    }
+}
+
+impl Pieces {
+    pub fn new(pieces: Vec<Bytes>, held: impl Send + Sync + 'static) -> Pieces {
+        let left = pieces.iter().map(|p| p.len() as u64).sum();
+        Pieces {
+            pieces: pieces.into_iter().filter(|p| !p.is_empty()).collect(),
+            left,
+            _held: Box::new(held),
+        }
+    }
+}
+
+impl hyper::body::Body for Pieces {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.pieces.pop_front() {
+            Some(p) => {
+                self.left -= p.len() as u64;
+                Poll::Ready(Some(Ok(Frame::data(p))))
+            }
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left)
     }
 }

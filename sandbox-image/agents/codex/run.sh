@@ -14,6 +14,8 @@ cat > "$HOME/.codex/config.toml" <<TOML
 model = "${NIGHTSHIFT_AGENT_MODEL:-gpt-5-codex}"
 model_provider = "nightshift"
 check_for_update_on_startup = false
+# No provider-side web search: the model gateway refuses it (a channel out).
+web_search = "disabled"
 
 [analytics]
 enabled = false
