@@ -598,10 +598,13 @@ fn agent_reason(commit: &str, e: &orchestrator_git::GitError) -> String {
     use orchestrator_git::GitError as E;
     match e {
         E::NotConnected { missing, .. } => format!(
-            "commit {commit} is not connected: object {missing} is neither in the pack sent nor in the repository the run started from"
+            "commit {commit} is not connected: object {missing} is neither in the pack sent nor reachable from the commit the run started from"
         ),
         E::BadPack { why } => {
             format!("the pack sent for commit {commit} is not a valid git pack: {why}")
+        }
+        E::PackOverLimits { why } => {
+            format!("the pack sent for commit {commit} was refused before it was indexed: {why}")
         }
         E::MissingObject { .. }
         | E::MalformedObject { .. }

@@ -80,6 +80,8 @@ pub enum GitError {
     TotalBytesExceeded { limit: u64 },
     #[error("taking the pack sent with the request: {why}")]
     BadPack { why: String },
+    #[error("taking the pack sent with the request: refused before indexing: {why}")]
+    PackOverLimits { why: String },
     #[error("taking commit {commit}: it is not connected: object {missing} is neither in the pack nor in the repository")]
     NotConnected { commit: String, missing: String },
     #[error("writing object {expected} into the host repository: it was stored as {written}")]

@@ -41,9 +41,9 @@ mod worktree;
 pub use base::{resolve_base, Base};
 pub use error::GitError;
 pub use import::{
-    diffstat_between, import_failure_kind, import_run, receive_pack, Captured, HistoryDropped,
-    ImportLimits, ImportSpec, Imported, PackSpec, SkipReason, Skipped, TipSource,
-    MAX_SKIPPED_LISTED,
+    diffstat_between, import_failure_kind, import_run, receive_pack, scan_pack, Captured,
+    HistoryDropped, ImportLimits, ImportSpec, Imported, PackLimits, PackScanError, PackSpec,
+    PackSummary, SkipReason, Skipped, TipSource, MAX_SKIPPED_LISTED,
 };
 pub use run_id::{result_ref, run_branch, validate_run_id};
 pub use tree_names::{check_name as check_tree_entry_name, check_tree, CheckedEntry};

@@ -31,9 +31,11 @@
 mod objects;
 mod observe;
 mod pack;
+mod pack_scan;
 mod refs;
 
 pub use pack::{receive_pack, PackSpec};
+pub use pack_scan::{scan_pack, PackLimits, PackScanError, PackSummary};
 
 use std::path::Path;
 
@@ -419,7 +421,10 @@ fn copy_history(
 ) -> Result<(Oid, TipSource, u64), GitError> {
     let wt_odb = objects::open_worktree_odb(spec.worktree, &spec.limits, skipped)?;
     let (tip, tip_source) = refs::resolve_tip(spec.worktree, spec.run_id, &wt_odb, host_odb, base)?;
-    let objects_copied = objects::copy_reachable(host_odb, &wt_odb, tip, &spec.limits)?;
+    let objects_copied =
+        objects::copy_reachable(host_odb, &wt_odb, tip, &spec.limits, &mut |id, _| {
+            Ok(host_odb.exists(id))
+        })?;
     Ok((tip, tip_source, objects_copied))
 }
 

@@ -179,13 +179,20 @@ enum Frame {
     Exit(Oid, ObjectType, Vec<u8>),
 }
 
-/// Copies every object reachable from `tip` that the host lacks, each after
+/// Copies every object reachable from `tip` that is not `known`, each after
 /// everything it reaches. Returns how many were copied.
+///
+/// `known(id, kind)` says whether the object is taken as present in the host
+/// with everything it reaches: an import passes "the host has it"; a pack
+/// received over the door passes "reachable from the run's base" (see
+/// [`super::pack`]). An object not known is read from `wt`, and one `wt`
+/// lacks is [`GitError::MissingObject`].
 pub(super) fn copy_reachable(
     host: &Odb<'_>,
     wt: &Odb<'_>,
     tip: Oid,
     limits: &ImportLimits,
+    known: &mut dyn FnMut(Oid, ObjectType) -> Result<bool, GitError>,
 ) -> Result<u64, GitError> {
     let mut seen: HashSet<Oid> = HashSet::new();
     let mut total_bytes: u64 = 0;
@@ -194,7 +201,7 @@ pub(super) fn copy_reachable(
         match frame {
             Frame::Exit(id, kind, data) => write_checked(host, id, kind, &data)?,
             Frame::Enter(id, expected) => {
-                if seen.contains(&id) || host.exists(id) {
+                if seen.contains(&id) || known(id, expected)? {
                     continue;
                 }
                 seen.insert(id);
@@ -241,10 +248,14 @@ pub(super) fn copy_reachable(
                         why: "its header and its content disagree",
                     });
                 }
+                if kind == ObjectType::Blob {
+                    // Written from the object as read: a blob is never copied.
+                    write_checked(host, id, kind, object.data())?;
+                    continue;
+                }
                 let data = object.data().to_vec();
                 drop(object);
                 match kind {
-                    ObjectType::Blob => write_checked(host, id, kind, &data)?,
                     ObjectType::Tree => {
                         let children = parse_tree(id, &data)?;
                         stack.push(Frame::Exit(id, kind, data));
@@ -418,7 +429,14 @@ mod tests {
             format!("tree {top}\nauthor a <a> 1 +0000\ncommitter a <a> 1 +0000\n\nhostile\n");
         let commit = wt.write(ObjectType::Commit, commit.as_bytes()).unwrap();
 
-        let err = copy_reachable(&host, &wt, commit, &ImportLimits::default()).unwrap_err();
+        let err = copy_reachable(
+            &host,
+            &wt,
+            commit,
+            &ImportLimits::default(),
+            &mut |id, _| Ok(host.exists(id)),
+        )
+        .unwrap_err();
         match &err {
             GitError::InvalidTreeEntry { tree, name, why } => {
                 assert_eq!(*tree, top.to_string());

@@ -8,25 +8,39 @@
 //!   computes every object's id from its content and refuses a pack whose
 //!   trailing checksum is wrong or whose deltas name bases it does not hold:
 //!   a "thin" pack is refused).
+//! - Before the indexer sees a byte, the pack is scanned
+//!   ([`super::pack_scan::scan_pack`]): its object count, every object's
+//!   declared size, every delta's base and result sizes (read from the first
+//!   inflated bytes of the delta) and their total are checked against
+//!   [`ImportLimits`], and each zlib stream is inflated into a fixed buffer
+//!   with a hard cap at its declared size. A pack over the limits is refused
+//!   as [`GitError::PackOverLimits`] without anything of it inflated in
+//!   memory: a delta that would re-create a blob a thousand times over costs
+//!   the supervisor a 32 KiB buffer, not the blob.
 //! - The commit is copied into the host by the same walk as an import
-//!   ([`super::objects::copy_reachable`]): every object it reaches is either
-//!   already in the host or in the pack, checked by kind and size, and
-//!   written with its id compared; an object in neither (a commit not fully
-//!   connected) refuses the whole request and leaves no ref.
-//! - Bounded: the caller caps the pack's size; the indexer is stopped past
-//!   `max_objects` objects; objects are bounded by [`ImportLimits`].
+//!   ([`super::objects::copy_reachable`]), but what it may reference is
+//!   narrower: an object is taken from the pack (checked by kind and size,
+//!   written with its id compared, what it references walked in turn), or
+//!   else it must be reachable from the run's base commit in the host (the
+//!   objects the run's worktree was given, see [`crate::reachable`]): never
+//!   "anything the host holds". Another branch's commit, a stash, an object
+//!   of the host's alone is refused exactly as an id nobody has: the same
+//!   [`GitError::NotConnected`], after the same walk, so the answer tells
+//!   the agent nothing about what the host holds. No ref is made then.
+//! - Bounded: the caller caps the pack's size; the scan caps objects and
+//!   inflated bytes; the indexer is stopped past `max_objects` objects; the
+//!   walk of the base's history visits at most `max_objects` objects (past
+//!   that, what is not found is not connected).
 //! - The host gains objects and one ref, `dest_ref`. The caller removes the
 //!   scratch directory.
-//!
-//! Residual risk, as for imports: a delta in a pack can name a result far
-//! larger than the pack (a deflated run of zeros), which libgit2 inflates in
-//! memory while indexing; memory is then bounded by about 1000x the pack cap.
 
+use std::collections::{HashSet, VecDeque};
 use std::fs::File;
 use std::path::Path;
 
-use git2::{Indexer, Odb};
+use git2::{Indexer, ObjectType, Odb, Oid, Repository};
 
+use super::pack_scan::{scan_pack, PackLimits};
 use super::{diffstat, objects, Captured, ImportLimits};
 use crate::base::{open_host, parse_full_id};
 use crate::GitError;
@@ -38,9 +52,10 @@ pub struct PackSpec<'a> {
     /// A fresh directory the supervisor owns (never inside a worktree).
     pub scratch: &'a Path,
     /// The pack's bytes, as received; `None` when the request carried none
-    /// (the commit must then already be in the host).
+    /// (the commit must then be reachable from the run's base).
     pub pack: Option<&'a Path>,
-    /// Full 40-hex id of the run's base commit (for the diffstat).
+    /// Full 40-hex id of the run's base commit, as recorded in the store:
+    /// what the commit may reference besides the pack, and the diffstat's base.
     pub base_commit: &'a str,
     /// The commit the request names.
     pub commit: &'a str,
@@ -49,8 +64,9 @@ pub struct PackSpec<'a> {
     pub limits: ImportLimits,
 }
 
-/// Indexes the pack into a scratch object database, copies `commit` and
-/// what it reaches into the host, and points `dest_ref` at it.
+/// Scans and indexes the pack into a scratch object database, copies
+/// `commit` and what it reaches into the host (each object from the pack or
+/// reachable from the base), and points `dest_ref` at it.
 pub fn receive_pack(spec: &PackSpec<'_>) -> Result<Captured, GitError> {
     git2::opts::strict_hash_verification(true);
     let base = parse_full_id(spec.base_commit)?;
@@ -80,7 +96,20 @@ pub fn receive_pack(spec: &PackSpec<'_>) -> Result<Captured, GitError> {
         .add_disk_alternate(objects_str)
         .map_err(|e| GitError::git("opening the scratch object database", e))?;
 
-    let objects_copied = match objects::copy_reachable(&host_odb, &scratch, wanted, &spec.limits) {
+    let mut from_base = BaseHistory::new(&host, base, spec.limits.max_objects)?;
+    let copied = objects::copy_reachable(
+        &host_odb,
+        &scratch,
+        wanted,
+        &spec.limits,
+        &mut |id, kind| {
+            if scratch.exists(id) {
+                return Ok(false);
+            }
+            from_base.holds(id, kind)
+        },
+    );
+    let objects_copied = match copied {
         Err(GitError::MissingObject { id, .. }) => {
             return Err(GitError::NotConnected {
                 commit: wanted.to_string(),
@@ -112,10 +141,172 @@ pub fn receive_pack(spec: &PackSpec<'_>) -> Result<Captured, GitError> {
     })
 }
 
-/// Runs libgit2's indexer over the pack: it hashes every object, resolves
-/// every delta within the pack, and writes `.pack` and `.idx` to `pack_dir`.
+/// The objects reachable from the run's base commit, found lazily: commits
+/// breadth-first from the base, and each commit's tree (the base's first)
+/// only when a tree or blob is asked for. Everything visited is remembered,
+/// so the history is walked at most once a request, and at most `budget`
+/// objects of it.
+struct BaseHistory<'r> {
+    host: &'r Repository,
+    odb: Odb<'r>,
+    commits: HashSet<Oid>,
+    trees: HashSet<Oid>,
+    blobs: HashSet<Oid>,
+    /// Commits seen whose parents are not yet queued.
+    next_commits: VecDeque<Oid>,
+    /// Root trees of walked commits, not yet walked, oldest commit last.
+    next_roots: VecDeque<Oid>,
+    /// Trees of the root being walked.
+    stack: Vec<Oid>,
+    budget: u64,
+}
+
+impl<'r> BaseHistory<'r> {
+    fn new(host: &'r Repository, base: Oid, budget: u64) -> Result<Self, GitError> {
+        let odb = host
+            .odb()
+            .map_err(|e| GitError::git("opening the host object database", e))?;
+        let mut walk = BaseHistory {
+            host,
+            odb,
+            commits: HashSet::new(),
+            trees: HashSet::new(),
+            blobs: HashSet::new(),
+            next_commits: VecDeque::new(),
+            next_roots: VecDeque::new(),
+            stack: Vec::new(),
+            budget,
+        };
+        // The base itself must be readable: it is the supervisor's record.
+        let commit = host
+            .find_commit(base)
+            .map_err(|e| GitError::git(format!("reading base commit {base}"), e))?;
+        walk.commits.insert(base);
+        walk.next_roots.push_back(commit.tree_id());
+        walk.next_commits.push_back(base);
+        Ok(walk)
+    }
+
+    fn visited(&self) -> u64 {
+        (self.commits.len() + self.trees.len() + self.blobs.len()) as u64
+    }
+
+    /// Whether `id`, as a `kind`, is reachable from the base.
+    fn holds(&mut self, id: Oid, kind: ObjectType) -> Result<bool, GitError> {
+        loop {
+            let found = match kind {
+                ObjectType::Commit => self.commits.contains(&id),
+                ObjectType::Tree => self.trees.contains(&id),
+                ObjectType::Blob => self.blobs.contains(&id),
+                _ => return Ok(false),
+            };
+            if found {
+                return Ok(true);
+            }
+            if self.visited() >= self.budget {
+                return Ok(false);
+            }
+            let stepped = match kind {
+                ObjectType::Commit => self.step_commit()?,
+                _ => self.step_tree()? || self.step_commit()?,
+            };
+            if !stepped {
+                return Ok(false);
+            }
+        }
+    }
+
+    /// Queues the parents of the next commit; `false` when the history is done.
+    fn step_commit(&mut self) -> Result<bool, GitError> {
+        let Some(id) = self.next_commits.pop_front() else {
+            return Ok(false);
+        };
+        // A parent the host lacks (its shallow boundary) ends that line.
+        let Ok(commit) = self.host.find_commit(id) else {
+            return Ok(true);
+        };
+        for parent in commit.parent_ids() {
+            if self.commits.contains(&parent) {
+                continue;
+            }
+            if let Ok(p) = self.host.find_commit(parent) {
+                self.commits.insert(parent);
+                self.next_roots.push_back(p.tree_id());
+                self.next_commits.push_back(parent);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Walks one tree of the history; `false` when every queued root is done.
+    fn step_tree(&mut self) -> Result<bool, GitError> {
+        let id = loop {
+            if let Some(id) = self.stack.pop() {
+                break id;
+            }
+            match self.next_roots.pop_front() {
+                Some(root) if self.trees.insert(root) => break root,
+                Some(_) => continue,
+                None => return Ok(false),
+            }
+        };
+        let object = self
+            .odb
+            .read(id)
+            .map_err(|e| GitError::git(format!("reading tree {id} of the base's history"), e))?;
+        if object.kind() != ObjectType::Tree {
+            return Ok(true);
+        }
+        let entries = raw_entries(object.data());
+        for (mode, child) in entries {
+            match mode & 0o170000 {
+                0o040000 => {
+                    if self.trees.insert(child) {
+                        self.stack.push(child);
+                    }
+                }
+                0o160000 => {}
+                _ => {
+                    self.blobs.insert(child);
+                }
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// The modes and ids of a raw tree of the host's, read as `reachable.rs`
+/// reads them (only modes and ids; a malformed tail is left unread).
+fn raw_entries(mut data: &[u8]) -> Vec<(u32, Oid)> {
+    let mut out = Vec::new();
+    while let Some(nul) = data.iter().position(|&b| b == 0) {
+        let (head, rest) = (&data[..nul], &data[nul + 1..]);
+        let Some(id) = rest.get(..20).and_then(|b| Oid::from_bytes(b).ok()) else {
+            break;
+        };
+        data = &rest[20..];
+        let mode = head.split(|&b| b == b' ').next().unwrap_or_default();
+        if let Some(mode) = std::str::from_utf8(mode)
+            .ok()
+            .and_then(|m| u32::from_str_radix(m, 8).ok())
+        {
+            out.push((mode, id));
+        }
+    }
+    out
+}
+
+/// Scans the pack against the limits ([`scan_pack`]), then runs libgit2's
+/// indexer over it: it hashes every object, resolves every delta within the
+/// pack, and writes `.pack` and `.idx` to `pack_dir`.
 fn index(pack: &Path, pack_dir: &Path, limits: &ImportLimits) -> Result<(), GitError> {
     let bad = |why: String| GitError::BadPack { why };
+    let file = File::open(pack).map_err(|e| GitError::io("reading the received pack", pack, e))?;
+    match scan_pack(file, &PackLimits::from(*limits)) {
+        Ok(_) => {}
+        Err(e) if e.is_over_limit() => return Err(GitError::PackOverLimits { why: e.to_string() }),
+        Err(e) => return Err(bad(e.to_string())),
+    }
     let mut file =
         File::open(pack).map_err(|e| GitError::io("reading the received pack", pack, e))?;
     let max_objects = limits.max_objects;
@@ -318,6 +509,189 @@ mod tests {
                 "case {n}: {err}"
             );
         }
+    }
+
+    /// A pack of exactly `ids`, read from `repo`'s objects.
+    fn pack_of(repo: &Path, ids: &[git2::Oid], out: &Path) {
+        let repo = git2::Repository::open(repo).unwrap();
+        let mut pb = repo.packbuilder().unwrap();
+        for id in ids {
+            pb.insert_object(*id, None).unwrap();
+        }
+        let mut buf = git2::Buf::new();
+        pb.write_buf(&mut buf).unwrap();
+        std::fs::write(out, &buf[..]).unwrap();
+    }
+
+    /// A merge of the base and `other`, written raw into `clone` (which
+    /// need not hold `other`).
+    fn merge_onto(clone: &Path, base: &str, other: &str) -> git2::Oid {
+        let repo = git2::Repository::open(clone).unwrap();
+        let tree = repo
+            .find_commit(git2::Oid::from_str(base).unwrap())
+            .unwrap()
+            .tree_id();
+        let text = format!(
+            "tree {tree}\nparent {base}\nparent {other}\nauthor a <a> 1 +0000\ncommitter a <a> 1 +0000\n\nmerge\n"
+        );
+        let odb = repo.odb().unwrap();
+        let id = odb
+            .write(git2::ObjectType::Commit, text.as_bytes())
+            .unwrap();
+        id
+    }
+
+    /// A merge whose second parent is a commit of a branch of the host's
+    /// alone is refused, with the answer an id nobody has gets; so is a
+    /// tree entry naming a host-only blob. Nothing lands.
+    #[test]
+    fn a_commit_referencing_host_only_objects_is_refused_as_an_unknown_id_is() {
+        let (host, clone, base, _) = repos(0);
+        git(host.path(), &["checkout", "-q", "-b", "local-only"]);
+        std::fs::write(host.path().join("creds.env"), "TOKEN=host-secret\n").unwrap();
+        git(host.path(), &["add", "creds.env"]);
+        git(host.path(), &["commit", "-qm", "creds"]);
+        let secret = git(host.path(), &["rev-parse", "HEAD"]);
+        let secret_blob = git(host.path(), &["rev-parse", "HEAD:creds.env"]);
+        git(host.path(), &["checkout", "-q", "main"]);
+        let random = "3b18e512dba79e4c8300dd08aeb37f8e728b8dad";
+        assert!(git2::Repository::open(host.path())
+            .unwrap()
+            .odb()
+            .unwrap()
+            .read_header(git2::Oid::from_str(random).unwrap())
+            .is_err());
+
+        let work = tempfile::tempdir().unwrap();
+        let mut answers = Vec::new();
+        for (n, other) in [secret.as_str(), random].into_iter().enumerate() {
+            let merge = merge_onto(clone.path(), &base, other);
+            let file = work.path().join(format!("m{n}.pack"));
+            pack_of(clone.path(), &[merge], &file);
+            let scratch = work.path().join(format!("s{n}"));
+            let merge = merge.to_string();
+            let err =
+                receive_pack(&spec(host.path(), &scratch, Some(&file), &base, &merge)).unwrap_err();
+            match &err {
+                GitError::NotConnected { commit, missing } => {
+                    assert_eq!((commit.as_str(), missing.as_str()), (merge.as_str(), other));
+                }
+                other => panic!("not refused as unconnected: {other}"),
+            }
+            answers.push(err.to_string().replace(&merge, "M").replace(other, "X"));
+        }
+        assert_eq!(answers[0], answers[1]);
+
+        // A tree naming the host-only blob, on the base.
+        let repo = git2::Repository::open(clone.path()).unwrap();
+        let mut raw = b"100644 creds.env\0".to_vec();
+        raw.extend_from_slice(git2::Oid::from_str(&secret_blob).unwrap().as_bytes());
+        let tree = repo
+            .odb()
+            .unwrap()
+            .write(git2::ObjectType::Tree, &raw)
+            .unwrap();
+        let text = format!(
+            "tree {tree}\nparent {base}\nauthor a <a> 1 +0000\ncommitter a <a> 1 +0000\n\nsteal\n"
+        );
+        let steal = repo
+            .odb()
+            .unwrap()
+            .write(git2::ObjectType::Commit, text.as_bytes())
+            .unwrap();
+        let file = work.path().join("t.pack");
+        pack_of(clone.path(), &[steal, tree], &file);
+        let steal = steal.to_string();
+        let err = receive_pack(&spec(
+            host.path(),
+            &work.path().join("s3"),
+            Some(&file),
+            &base,
+            &steal,
+        ))
+        .unwrap_err();
+        assert!(
+            matches!(&err, GitError::NotConnected { missing, .. } if *missing == secret_blob),
+            "{err}"
+        );
+        // No pack, naming the host-only commit itself: the same.
+        let err = receive_pack(&spec(
+            host.path(),
+            &work.path().join("s4"),
+            None,
+            &base,
+            &secret,
+        ))
+        .unwrap_err();
+        assert!(matches!(err, GitError::NotConnected { .. }), "{err}");
+        assert_eq!(git(host.path(), &["for-each-ref", "refs/nightshift"]), "");
+    }
+
+    /// A commit on the base whose unchanged files are left out of the pack
+    /// (they are the base's) and whose parent is an older commit of the
+    /// base's history is taken.
+    #[test]
+    fn objects_of_the_bases_history_may_be_referenced() {
+        let (host, clone, _, _) = repos(0);
+        std::fs::write(host.path().join("b"), "b\n").unwrap();
+        git(host.path(), &["add", "b"]);
+        git(host.path(), &["commit", "-qm", "second"]);
+        let old = git(host.path(), &["rev-parse", "HEAD~1"]);
+        let base = git(host.path(), &["rev-parse", "HEAD"]);
+        git(clone.path(), &["pull", "-q", "origin", "main"]);
+        // A merge of the base and its own parent, with a new file.
+        std::fs::write(clone.path().join("c"), "c\n").unwrap();
+        git(clone.path(), &["add", "c"]);
+        let tree = git(clone.path(), &["write-tree"]);
+        let merge = git(
+            clone.path(),
+            &["commit-tree", &tree, "-p", &base, "-p", &old, "-m", "m"],
+        );
+        let work = tempfile::tempdir().unwrap();
+        let file = work.path().join("p.pack");
+        pack(clone.path(), &format!("{merge}\n^{base}\n"), &file);
+        let got = receive_pack(&spec(
+            host.path(),
+            &work.path().join("s"),
+            Some(&file),
+            &base,
+            &merge,
+        ))
+        .unwrap();
+        assert_eq!(got.files_changed, 1);
+        // And with no pack, a commit of the base's history.
+        let got = receive_pack(&spec(
+            host.path(),
+            &work.path().join("s2"),
+            None,
+            &base,
+            &old,
+        ))
+        .unwrap();
+        assert_eq!(got.objects_copied, 0);
+    }
+
+    /// The delta bomb (a 64 KiB zero blob and a delta re-creating it 4096
+    /// times: 256 MiB from a pack of a few KiB) is refused by the scan,
+    /// before the indexer inflates anything.
+    #[test]
+    fn a_delta_bomb_is_refused_before_indexing() {
+        let (host, _clone, base, _) = repos(0);
+        let work = tempfile::tempdir().unwrap();
+        let file = work.path().join("bomb.pack");
+        std::fs::write(&file, super::super::pack_scan::delta_bomb_for_tests(4096)).unwrap();
+        let err = receive_pack(&spec(
+            host.path(),
+            &work.path().join("s"),
+            Some(&file),
+            &base,
+            &base,
+        ))
+        .unwrap_err();
+        assert!(
+            matches!(&err, GitError::PackOverLimits { why } if why.contains("268435456")),
+            "{err}"
+        );
     }
 
     #[test]
