@@ -125,4 +125,42 @@ for shape, name, stream in [(0, "chat", chat), (0x10, "chat-usage-asked", chat),
                             (0, "malformed", malformed)]:
     put("gateway_sse", name, bytes([shape, 7]) + stream)
 put("gateway_sse", "whole-json", bytes([0, 64]) + json.dumps({"usage": usage_chat}).encode())
+
+# gateway_request: byte 0 = shape (0 chat, 1 responses, 2 messages) | 0x04
+# server tools enabled | 0x08 public content | 0x30 most choices - 1; then
+# the body, as the agents send them (request.rs's tests, the real agents).
+msgs_body = {"model": "claude-x", "max_tokens": 4096, "stream": True,
+    "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}],
+    "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0"}}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "a.txt"}]}],
+    "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}],
+    "thinking": {"type": "enabled", "budget_tokens": 1024}}
+msgs_tool = {"model": "c", "max_tokens": 5, "messages": [],
+    "tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+msgs_url = {"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": [
+    {"type": "image", "source": {"type": "url", "url": "https://x/?secret"}}]}]}
+chat_body = {"model": "gpt-5", "messages": [{"role": "system", "content": "be brief"},
+    {"role": "user", "content": [{"type": "text", "text": "hi"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0"}}]},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "exec", "arguments": "{}"}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+    "tools": [{"type": "function", "function": {"name": "exec", "parameters": {"type": "object"}}}],
+    "stream": True, "stream_options": {"include_usage": True}, "n": 2, "max_tokens": 50}
+chat_plain = {"model": "gpt-5", "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 9}
+resp_body = {"model": "gpt-5-codex", "instructions": "x", "store": False,
+    "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+              {"type": "reasoning", "summary": [], "encrypted_content": "abc"},
+              {"type": "function_call", "call_id": "c", "name": "exec_command", "arguments": "{}"},
+              {"type": "function_call_output", "call_id": "c", "output": "ok"}],
+    "tools": [{"type": "function", "name": "exec_command", "parameters": {}, "strict": False},
+              {"type": "custom", "name": "apply_patch", "format": {"type": "grammar"}}],
+    "include": ["reasoning.encrypted_content"], "reasoning": {"effort": "low"}, "stream": True}
+resp_prev = {"model": "g", "input": "hi", "previous_response_id": "resp_1"}
+for how, name, body in [(2, "messages", msgs_body), (2 | 0x04 | 0x08, "messages-server-tool", msgs_tool),
+                        (2, "messages-url-image", msgs_url), (0 | 0x10, "chat", chat_body),
+                        (0, "chat-plain", chat_plain), (1, "responses", resp_body), (1, "responses-stored", resp_prev)]:
+    put("gateway_request", name, bytes([how]) + json.dumps(body).encode())
 PY

@@ -22,14 +22,19 @@ cd "$(dirname "$0")/.."
 export RUSTC_BOOTSTRAP=1
 export CARGO_PROFILE_DEV_DEBUG=0
 
-ensure_cargo_fuzz() {
+. scripts/lib.sh
+
+ensure_tools() {
   if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "fuzz: installing cargo-fuzz from crates.io" >&2
     cargo install cargo-fuzz --locked >&2
   fi
+  # clang instruments libgit2's C code for the pack receiver's target.
+  if ! command -v clang >/dev/null 2>&1; then
+    echo "fuzz: installing clang (Debian's package)" >&2
+    apt_install clang
+  fi
 }
-
-build_flags=(--sanitizer none --debug-assertions)
 
 targets() {
   sed -n 's/^name = "\(.*\)"$/\1/p' fuzz/Cargo.toml | grep -v '^nightshift-fuzz$'
@@ -39,8 +44,8 @@ targets() {
 target_flags() {
   local flags=(-timeout=10 -rss_limit_mb=2048 -print_final_stats=1)
   case "$1" in
-    pack_index) flags+=(-max_len=65536) ;;
-    gateway_sse | gateway_request*) flags+=(-max_len=16384) ;;
+    pack_index | pack_scan) flags+=(-max_len=65536) ;;
+    gateway_sse | gateway_request) flags+=(-max_len=16384 -dict=fuzz/dicts/json.dict) ;;
     policy_rules) flags+=(-max_len=16384 -dict=fuzz/dicts/toml.dict) ;;
     door_frame) flags+=(-max_len=8192 -dict=fuzz/dicts/json.dict) ;;
     *) flags+=(-max_len=4096) ;;
@@ -48,9 +53,26 @@ target_flags() {
   printf '%s\n' "${flags[@]}"
 }
 
+# cargo fuzz SUBCOMMAND TARGET ARGS..., built the target's way. The pack
+# receiver's interesting code is libgit2's indexer (C): that target is built
+# on its own (fuzz/target-c) with libgit2 compiled by clang with libFuzzer's
+# coverage, so the fuzzer sees its branches too.
+fuzz() {
+  local sub=$1 target=$2
+  shift 2
+  local flags=(--sanitizer none --debug-assertions)
+  if [ "$target" = pack_index ]; then
+    CC=clang CFLAGS="-fsanitize-coverage=inline-8bit-counters,pc-table,trace-cmp" \
+      cargo fuzz "$sub" "${flags[@]}" --no-default-features --target-dir fuzz/target-c "$target" "$@"
+  else
+    cargo fuzz "$sub" "${flags[@]}" "$target" "$@"
+  fi
+}
+
 build() {
-  ensure_cargo_fuzz
-  cargo fuzz build "${build_flags[@]}" "$@"
+  ensure_tools
+  cargo fuzz build --sanitizer none --debug-assertions
+  fuzz build pack_index
 }
 
 cmd=${1:-}
@@ -63,19 +85,22 @@ case "$cmd" in
     seconds=${2:-1200}
     shift $(($# < 2 ? $# : 2))
     [ "${1:-}" = "--" ] && shift
-    build "$target"
+    ensure_tools
     mkdir -p "fuzz/corpus/$target"
     mapfile -t flags < <(target_flags "$target")
+    # The real inputs it started from (fuzz/seed.sh); both pack targets share theirs.
     seeds=()
-    [ -d "fuzz/seeds/$target" ] && seeds=("fuzz/seeds/$target")
-    exec cargo fuzz run "${build_flags[@]}" "$target" "fuzz/corpus/$target" "${seeds[@]}" -- \
+    seed_dir=fuzz/seeds/${target/pack_scan/pack_index}
+    [ -d "$seed_dir" ] && seeds=("$seed_dir")
+    fuzz run "$target" "fuzz/corpus/$target" "${seeds[@]}" -- \
       "${flags[@]}" -max_total_time="$seconds" "$@"
     ;;
   cmin)
     target=${1:?usage: scripts/fuzz.sh cmin TARGET}
-    build "$target"
+    ensure_tools
     mapfile -t flags < <(target_flags "$target")
-    cargo fuzz cmin "${build_flags[@]}" "$target" "fuzz/corpus/$target" -- "${flags[@]}"
+    # Edges only (not hit counts): a few hundred files per target, not thousands.
+    fuzz cmin "$target" "fuzz/corpus/$target" -- "${flags[@]}" -use_counters=0
     ;;
   check)
     seconds=${1:-60}
@@ -86,7 +111,7 @@ case "$cmd" in
       scratch=$(mktemp -d)
       mapfile -t flags < <(target_flags "$target")
       echo "fuzz: $target for ${seconds}s over fuzz/corpus/$target" >&2
-      if ! cargo fuzz run "${build_flags[@]}" "$target" "$scratch" "fuzz/corpus/$target" -- \
+      if ! fuzz run "$target" "$scratch" "fuzz/corpus/$target" -- \
         "${flags[@]}" -max_total_time="$seconds" >"$scratch.log" 2>&1; then
         echo "fuzz: $target FAILED; its crash is in fuzz/artifacts/$target/:" >&2
         tail -40 "$scratch.log" >&2
