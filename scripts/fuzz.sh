@@ -53,15 +53,15 @@ target_flags() {
   printf '%s\n' "${flags[@]}"
 }
 
-# cargo fuzz SUBCOMMAND TARGET ARGS..., built the target's way. The pack
-# receiver's interesting code is libgit2's indexer (C): that target is built
-# on its own (fuzz/target-c) with libgit2 compiled by clang with libFuzzer's
-# coverage, so the fuzzer sees its branches too.
+# cargo fuzz SUBCOMMAND TARGET ARGS..., built the target's way. The packs'
+# targets run C: libgit2's indexer and zlib. They are built on their own
+# (fuzz/target-c) with the C compiled by clang with libFuzzer's coverage,
+# so the fuzzer sees its branches too.
 fuzz() {
   local sub=$1 target=$2
   shift 2
   local flags=(--sanitizer none --debug-assertions)
-  if [ "$target" = pack_index ]; then
+  if [ "$target" = pack_index ] || [ "$target" = pack_scan ]; then
     CC=clang CFLAGS="-fsanitize-coverage=inline-8bit-counters,pc-table,trace-cmp" \
       cargo fuzz "$sub" "${flags[@]}" --no-default-features --target-dir fuzz/target-c "$target" "$@"
   else
@@ -73,6 +73,7 @@ build() {
   ensure_tools
   cargo fuzz build --sanitizer none --debug-assertions
   fuzz build pack_index
+  fuzz build pack_scan
 }
 
 cmd=${1:-}
