@@ -14,14 +14,18 @@
 use std::io::Read;
 
 use libfuzzer_sys::fuzz_target;
-use orchestrator_git::{scan_pack, PackLimits};
+use orchestrator_git::{scan_pack, ImportLimits, PackLimits};
 use sha1::{Digest, Sha1};
 
-const LIMITS: PackLimits = PackLimits {
-    max_objects: 1000,
-    max_object_bytes: 1 << 20,
-    max_total_bytes: 4 << 20,
-};
+/// The limits the door's receiver derives from the import limits.
+fn limits() -> PackLimits {
+    PackLimits::from(ImportLimits {
+        max_file_bytes: 1 << 20,
+        max_total_bytes: 4 << 20,
+        max_files: 1000,
+        max_objects: 1000,
+    })
+}
 
 /// Yields the bytes in pieces of 1, 2, 3, ... 13, 1, 2, ... bytes.
 struct Trickle<'a> {
@@ -46,32 +50,33 @@ fuzz_target!(|data: &[u8]| {
         let sum = Sha1::digest(&pack[..body]);
         pack[body..].copy_from_slice(&sum);
     }
-    let whole = scan_pack(&pack[..], &LIMITS);
+    let limits = limits();
+    let whole = scan_pack(&pack[..], &limits);
     let trickled = scan_pack(
         Trickle {
             rest: &pack,
             next: 0,
         },
-        &LIMITS,
+        &limits,
     );
     assert_eq!(whole, trickled, "the scan depends on how the bytes arrive");
     match whole {
         Ok(summary) => {
             let declared = u32::from_be_bytes([pack[8], pack[9], pack[10], pack[11]]);
             assert_eq!(summary.objects, u64::from(declared));
-            assert!(summary.objects <= LIMITS.max_objects);
+            assert!(summary.objects <= limits.max_objects);
             assert!(summary.deltas <= summary.objects);
-            assert!(summary.inflated_bytes <= LIMITS.max_total_bytes);
+            assert!(summary.inflated_bytes <= limits.max_total_bytes);
             assert!(
                 summary
                     .inflated_bytes
                     .saturating_add(summary.delta_result_bytes)
-                    <= LIMITS.max_total_bytes
+                    <= limits.max_total_bytes
             );
             // One byte more after the trailer never passes.
             let mut longer = pack.clone();
             longer.push(0);
-            assert!(scan_pack(&longer[..], &LIMITS).is_err());
+            assert!(scan_pack(&longer[..], &limits).is_err());
         }
         Err(e) => {
             let _ = e.to_string();
