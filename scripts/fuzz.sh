@@ -11,12 +11,12 @@
 #                                          a copy of its corpus; fails on a crash
 #   scripts/fuzz.sh list                   the targets
 #
-# cargo-fuzz is installed from crates.io when missing. Only a stable
-# toolchain is needed: RUSTC_BOOTSTRAP=1 lets it take cargo-fuzz's nightly
-# flags. No sanitizer (the targets' crates forbid unsafe; libFuzzer still
-# catches panics, overflows (debug assertions on), timeouts and memory
-# over -rss_limit_mb). Builds go to fuzz/target, runs' crashes to
-# fuzz/artifacts/TARGET/ (both git-ignored).
+# cargo-fuzz (crates.io) and clang (Debian) are installed when missing.
+# Only a stable toolchain is needed: RUSTC_BOOTSTRAP=1 lets it take
+# cargo-fuzz's nightly flags. No sanitizer (the targets' crates forbid
+# unsafe; libFuzzer still catches panics, overflows (debug assertions on),
+# timeouts and memory over -rss_limit_mb). Builds go to fuzz/target and
+# fuzz/target-c, runs' crashes to fuzz/artifacts/TARGET/ (all git-ignored).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUSTC_BOOTSTRAP=1
