@@ -249,6 +249,7 @@ pub fn check(shape: Shape, body: &[u8], allow: &Allow) -> Result<Checked, Denied
         .map_err(|e| Denied::new("", format!("the body is not UTF-8 JSON: {e}")))?;
     let top: &RawValue = serde_json::from_str(text)
         .map_err(|e| Denied::new("", format!("the body is not JSON: {e}")))?;
+    check_surrogates(text)?;
     let fields = object(top, "")?;
     let mut walk = Walk {
         allow,
@@ -339,6 +340,47 @@ pub fn check(shape: Shape, body: &[u8], allow: &Allow) -> Result<Checked, Denied
     }
     c.images = walk.images;
     Ok(c)
+}
+
+/// Refuses a `\\u` escape of a lone UTF-16 surrogate anywhere in `text`
+/// (JSON already: every backslash is inside a string). The raw walk does
+/// not decode opaque leaves, and such a string is one a strict parser
+/// refuses and a lenient one reads as something else: what the endpoint
+/// reads must be what was checked.
+fn check_surrogates(text: &str) -> Result<(), Denied> {
+    let b = text.as_bytes();
+    let unit = |at: usize| -> Option<u16> {
+        let hex = b.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+    };
+    let lone = || Denied::new("", "the body holds a lone UTF-16 surrogate escape");
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] != b'\\' {
+            i += 1;
+            continue;
+        }
+        if b.get(i + 1) != Some(&b'u') {
+            i += 2;
+            continue;
+        }
+        let u = unit(i + 2).ok_or_else(lone)?;
+        i += 6;
+        match u {
+            0xd800..=0xdbff => {
+                let low = (b.get(i..i + 2) == Some(b"\\u"))
+                    .then(|| unit(i + 2))
+                    .flatten();
+                match low {
+                    Some(0xdc00..=0xdfff) => i += 6,
+                    _ => return Err(lone()),
+                }
+            }
+            0xdc00..=0xdfff => return Err(lone()),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The model a body names (to route it before [`check`], whose allowance
@@ -1646,6 +1688,30 @@ mod tests {
         )
         .is_ok());
         assert!(check_betas("openai-beta", &["assistants=v2"], Shape::Chat, &Allow::NONE).is_err());
+    }
+
+    /// Found by the `gateway_request` fuzz target: a lone UTF-16 surrogate
+    /// escape in an opaque leaf passed the check (the raw walk does not
+    /// decode such strings) and was forwarded, a body a strict parser
+    /// refuses and a lenient one reads as something else.
+    #[test]
+    fn a_lone_surrogate_escape_is_refused_anywhere() {
+        for body in [
+            r#"{"model":"c","max_tokens":5,"messages":[],"tools":[{"name":"x\uDEEDy","input_schema":{}}]}"#,
+            r#"{"model":"c","max_tokens":5,"messages":[],"tools":[{"name":"x\uD83Dy","input_schema":{}}]}"#,
+            r#"{"model":"c","max_tokens":5,"messages":[],"tools":[{"name":"x\uD83D","input_schema":{}}]}"#,
+        ] {
+            let d = check(Shape::Messages, body.as_bytes(), &Allow::NONE).unwrap_err();
+            assert!(d.message.contains("surrogate"), "{body}: {d:?}");
+        }
+        // A pair, and an escaped backslash before `u`, are fine.
+        for body in [
+            r#"{"model":"c","max_tokens":5,"messages":[],"tools":[{"name":"x\uD83D\uDE00","input_schema":{}}]}"#,
+            r#"{"model":"c","max_tokens":5,"messages":[],"tools":[{"name":"x\\uDEED","input_schema":{}}]}"#,
+        ] {
+            check(Shape::Messages, body.as_bytes(), &Allow::NONE)
+                .unwrap_or_else(|d| panic!("{body}: {d:?}"));
+        }
     }
 
     proptest::proptest! {
