@@ -17,3 +17,6 @@ for preset in python-sdks claude-code codex mini-swe-agent aider; do
   NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image ./target/debug/nightshift image build --agent "$preset"
 done
 cargo test --workspace -q --no-fail-fast
+# A bounded fuzz pass: each fuzz target for a minute over its committed
+# corpus, failing on any crash (scripts/fuzz.sh, docs/fuzzing.md).
+scripts/fuzz.sh check "${NIGHTSHIFT_FUZZ_SECONDS:-60}"

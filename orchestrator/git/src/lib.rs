@@ -50,4 +50,5 @@ pub use import::{
     PackSummary, SkipReason, Skipped, TipSource, MAX_SKIPPED_LISTED,
 };
 pub use run_id::{result_ref, run_branch, validate_run_id};
+pub use tree_names::{check_name as check_tree_entry_name, check_tree, CheckedEntry};
 pub use worktree::{create_worktree, remove_worktree, Worktree, WorktreeSpec};

@@ -64,7 +64,7 @@ pub(crate) enum TreeProblem {
 }
 
 /// Checks one entry name; `Err` says why git refuses it.
-pub(crate) fn check_name(name: &[u8]) -> Result<(), &'static str> {
+pub fn check_name(name: &[u8]) -> Result<(), &'static str> {
     match name {
         b"" => return Err("empty name"),
         b"." => return Err("the name `.`"),
@@ -221,6 +221,36 @@ pub(crate) fn parse_tree(mut data: &[u8]) -> Result<Vec<Entry<'_>>, TreeProblem>
     Ok(out)
 }
 
+/// One entry of a tree [`check_tree`] accepted, as plain data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckedEntry {
+    /// The mode git records for it (040000, 100644, 100755, 120000, 160000).
+    pub mode: u32,
+    pub name: Vec<u8>,
+    pub id: Oid,
+}
+
+/// Checks a raw tree object's bytes exactly as imports and checkouts do
+/// ([`parse_tree`]): its entries, or why the tree is refused, in words
+/// (the entry name escaped). Public for the fuzz targets and tools; the
+/// crate itself calls [`parse_tree`].
+pub fn check_tree(data: &[u8]) -> Result<Vec<CheckedEntry>, String> {
+    match parse_tree(data) {
+        Ok(entries) => Ok(entries
+            .into_iter()
+            .map(|e| CheckedEntry {
+                mode: e.kind.mode(),
+                name: e.name.to_vec(),
+                id: e.id,
+            })
+            .collect()),
+        Err(TreeProblem::Malformed(why)) => Err(format!("malformed tree: {why}")),
+        Err(TreeProblem::Entry { name, why }) => {
+            Err(format!("tree entry `{}`: {why}", escape(&name)))
+        }
+    }
+}
+
 /// A name as it may be shown: printable ASCII kept, every other byte escaped.
 pub(crate) fn escape(name: &[u8]) -> String {
     name.escape_ascii().to_string()
@@ -295,6 +325,26 @@ mod tests {
         ] {
             assert!(check_name(name).is_ok(), "{}", escape(name));
         }
+    }
+
+    #[test]
+    fn check_tree_gives_entries_or_the_refusal_in_words() {
+        let entries = check_tree(&raw(&[("100664", b"a"), ("40000", b"d")])).unwrap();
+        assert_eq!(
+            entries
+                .iter()
+                .map(|e| (e.mode, e.name.as_slice()))
+                .collect::<Vec<_>>(),
+            [(0o100644, &b"a"[..]), (0o040000, &b"d"[..])]
+        );
+        assert_eq!(
+            check_tree(&raw(&[("100644", b"x\x1b/y")])),
+            Err("tree entry `x\\x1b/y`: the name contains `/`".to_owned())
+        );
+        assert_eq!(
+            check_tree(b"100644 a"),
+            Err("malformed tree: entry name not terminated".to_owned())
+        );
     }
 
     #[test]

@@ -249,6 +249,7 @@ pub fn check(shape: Shape, body: &[u8], allow: &Allow) -> Result<Checked, Denied
         .map_err(|e| Denied::new("", format!("the body is not UTF-8 JSON: {e}")))?;
     let top: &RawValue = serde_json::from_str(text)
         .map_err(|e| Denied::new("", format!("the body is not JSON: {e}")))?;
+    check_strict(text)?;
     let fields = object(top, "")?;
     let mut walk = Walk {
         allow,
@@ -339,6 +340,73 @@ pub fn check(shape: Shape, body: &[u8], allow: &Allow) -> Result<Checked, Denied
     }
     c.images = walk.images;
     Ok(c)
+}
+
+/// Refuses what the raw walk does not decode in opaque leaves but parsers
+/// read differently: a `\\u` escape of a lone UTF-16 surrogate, and a
+/// number past f64's range (one parser refuses it, another reads
+/// infinity). `text` is JSON already. What the endpoint reads must be what
+/// was checked.
+fn check_strict(text: &str) -> Result<(), Denied> {
+    let b = text.as_bytes();
+    let unit = |at: usize| -> Option<u16> {
+        let hex = b.get(at..at + 4)?;
+        u16::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+    };
+    let lone = || Denied::new("", "the body holds a lone UTF-16 surrogate escape");
+    let mut i = 0;
+    let mut in_string = false;
+    while i < b.len() {
+        let c = b[i];
+        if !in_string {
+            if c == b'"' {
+                in_string = true;
+                i += 1;
+            } else if c == b'-' || c.is_ascii_digit() {
+                let start = i;
+                while i < b.len() && matches!(b[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+                {
+                    i += 1;
+                }
+                let finite = text[start..i].parse::<f64>().is_ok_and(f64::is_finite);
+                if !finite {
+                    return Err(Denied::new("", "the body holds a number out of range"));
+                }
+            } else {
+                i += 1;
+            }
+            continue;
+        }
+        if c == b'"' {
+            in_string = false;
+            i += 1;
+            continue;
+        }
+        if c != b'\\' {
+            i += 1;
+            continue;
+        }
+        if b.get(i + 1) != Some(&b'u') {
+            i += 2;
+            continue;
+        }
+        let u = unit(i + 2).ok_or_else(lone)?;
+        i += 6;
+        match u {
+            0xd800..=0xdbff => {
+                let low = (b.get(i..i + 2) == Some(b"\\u"))
+                    .then(|| unit(i + 2))
+                    .flatten();
+                match low {
+                    Some(0xdc00..=0xdfff) => i += 6,
+                    _ => return Err(lone()),
+                }
+            }
+            0xdc00..=0xdfff => return Err(lone()),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The model a body names (to route it before [`check`], whose allowance
@@ -1709,6 +1777,42 @@ mod tests {
         )
         .is_ok());
         assert!(check_betas("openai-beta", &["assistants=v2"], Shape::Chat, &Allow::NONE).is_err());
+    }
+
+    /// Found by the `gateway_request` fuzz target: a lone UTF-16 surrogate
+    /// escape in an opaque leaf passed the check (the raw walk does not
+    /// decode such strings) and was forwarded, a body a strict parser
+    /// refuses and a lenient one reads as something else.
+    #[test]
+    fn a_lone_surrogate_escape_is_refused_anywhere() {
+        for body in [
+            r#"{"model":"c","max_tokens":5,"messages":[],"tools":[{"name":"x\uDEEDy","input_schema":{}}]}"#,
+            r#"{"model":"c","max_tokens":5,"messages":[],"tools":[{"name":"x\uD83Dy","input_schema":{}}]}"#,
+            r#"{"model":"c","max_tokens":5,"messages":[],"tools":[{"name":"x\uD83D","input_schema":{}}]}"#,
+        ] {
+            let d = check(Shape::Messages, body.as_bytes(), &Allow::NONE).unwrap_err();
+            assert!(d.message.contains("surrogate"), "{body}: {d:?}");
+        }
+        // A pair, and an escaped backslash before `u`, are fine.
+        for body in [
+            r#"{"model":"c","max_tokens":5,"messages":[],"tools":[{"name":"x\uD83D\uDE00","input_schema":{}}]}"#,
+            r#"{"model":"c","max_tokens":5,"messages":[],"tools":[{"name":"x\\uDEED","input_schema":{}}]}"#,
+        ] {
+            check(Shape::Messages, body.as_bytes(), &Allow::NONE)
+                .unwrap_or_else(|d| panic!("{body}: {d:?}"));
+        }
+    }
+
+    /// Found by the `gateway_request` fuzz target: a number past f64's
+    /// range in an opaque leaf passed and was forwarded (one parser refuses
+    /// it, another reads infinity).
+    #[test]
+    fn a_number_out_of_range_is_refused_anywhere() {
+        let body = r#"{"model":"c","max_tokens":5,"messages":[],"tools":[{"name":"t","input_schema":{"x":184467440731e9991615}}]}"#;
+        let d = check(Shape::Messages, body.as_bytes(), &Allow::NONE).unwrap_err();
+        assert!(d.message.contains("out of range"), "{d:?}");
+        let fine = r#"{"model":"c","max_tokens":5,"messages":[],"tools":[{"name":"1e999","input_schema":{"x":-1.5e300}}]}"#;
+        check(Shape::Messages, fine.as_bytes(), &Allow::NONE).unwrap();
     }
 
     proptest::proptest! {
