@@ -15,12 +15,17 @@
 # Only a stable toolchain is needed: RUSTC_BOOTSTRAP=1 lets it take
 # cargo-fuzz's nightly flags. No sanitizer (the targets' crates forbid
 # unsafe; libFuzzer still catches panics, overflows (debug assertions on),
-# timeouts and memory over -rss_limit_mb). Builds go to fuzz/target and
-# fuzz/target-c, runs' crashes to fuzz/artifacts/TARGET/ (all git-ignored).
+# timeouts and memory over -rss_limit_mb). Builds go to a cache outside the
+# checkout, $NIGHTSHIFT_FUZZ_CACHE (default ~/.cache/nightshift-fuzz:
+# target/ and target-c/), so that a fresh clone (CI) rebuilds only the
+# project's own crates, never every dependency with the fuzzer's
+# instrumentation; runs' crashes go to fuzz/artifacts/TARGET/ (git-ignored).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export RUSTC_BOOTSTRAP=1
 export CARGO_PROFILE_DEV_DEBUG=0
+cache=${NIGHTSHIFT_FUZZ_CACHE:-${HOME:-/root}/.cache/nightshift-fuzz}
+mkdir -p "$cache"
 
 . scripts/lib.sh
 
@@ -55,7 +60,7 @@ target_flags() {
 
 # cargo fuzz SUBCOMMAND TARGET ARGS..., built the target's way. The packs'
 # targets run C: libgit2's indexer and zlib. They are built on their own
-# (fuzz/target-c) with the C compiled by clang with libFuzzer's coverage,
+# ($cache/target-c) with the C compiled by clang with libFuzzer's coverage,
 # so the fuzzer sees its branches too.
 fuzz() {
   local sub=$1 target=$2
@@ -63,15 +68,15 @@ fuzz() {
   local flags=(--sanitizer none --debug-assertions)
   if [ "$target" = pack_index ] || [ "$target" = pack_scan ]; then
     CC=clang CFLAGS="-fsanitize-coverage=inline-8bit-counters,pc-table,trace-cmp" \
-      cargo fuzz "$sub" "${flags[@]}" --no-default-features --target-dir fuzz/target-c "$target" "$@"
+      cargo fuzz "$sub" "${flags[@]}" --no-default-features --target-dir "$cache/target-c" "$target" "$@"
   else
-    cargo fuzz "$sub" "${flags[@]}" "$target" "$@"
+    cargo fuzz "$sub" "${flags[@]}" --target-dir "$cache/target" "$target" "$@"
   fi
 }
 
 build() {
   ensure_tools
-  cargo fuzz build --sanitizer none --debug-assertions
+  cargo fuzz build --sanitizer none --debug-assertions --target-dir "$cache/target"
   fuzz build pack_index
   fuzz build pack_scan
 }
