@@ -1,6 +1,10 @@
 //! Which changed paths something on the host may later run or obey: build
 //! scripts, CI definitions, git attributes and submodules, editor tasks,
-//! hooks. The queue flags an act that changes any of them, so that the
+//! hooks, and the configuration of coding agents and editors that run
+//! code or connect to servers on a developer's machine when they open the
+//! repository (`.claude/`, `.codex/`, `.cursor/`, `.gemini/`, `.vscode/`,
+//! `.devcontainer/`, `.mcp.json`, `.envrc`, aider's files: CVE-2025-59536
+//! and its kin were exactly these). The queue flags an act that changes any of them, so that the
 //! owner reads those changes first.
 //!
 //! Invariant: a pure function of the path alone; case is ignored (a
@@ -59,10 +63,29 @@ pub fn risky_path(path: &str) -> Option<&'static str> {
     if under(".circleci") || under(".buildkite") || under(".woodpecker") {
         return Some("CI definition");
     }
-    if under(".vscode")
-        && (name == "tasks.json" || name == "settings.json" || name == "launch.json")
-    {
-        return Some("editor tasks: run by VS Code");
+    if under(".vscode") {
+        return Some("editor configuration: tasks, settings and MCP servers VS Code runs");
+    }
+    if under(".claude") {
+        return Some("Claude Code configuration: hooks, commands and MCP servers it runs");
+    }
+    if under(".codex") {
+        return Some("Codex configuration: hooks and MCP servers it runs");
+    }
+    if under(".cursor") || name == ".cursorrules" {
+        return Some("Cursor configuration: rules, hooks and MCP servers it runs");
+    }
+    if under(".gemini") {
+        return Some("Gemini CLI configuration: settings and MCP servers it runs");
+    }
+    if under(".devcontainer") || name == ".devcontainer.json" {
+        return Some("dev container definition: built and run by editors");
+    }
+    if name == ".mcp.json" {
+        return Some("MCP servers: started by coding agents that open the repository");
+    }
+    if name.starts_with(".aider") && (name.ends_with(".yml") || name.ends_with(".json")) {
+        return Some("aider configuration: read by aider in the repository");
     }
     if under(".husky") || under("hooks") || under(".githooks") || under(".git") {
         return Some("hook-like path: git or a tool may run it");
@@ -108,6 +131,21 @@ mod tests {
             ".githooks/pre-push",
             ".cargo/config.toml",
             ".circleci/config.yml",
+            ".claude/settings.json",
+            ".claude/settings.local.json",
+            ".claude/commands/x.md",
+            ".codex/config.toml",
+            ".cursor/mcp.json",
+            ".cursorrules",
+            ".gemini/settings.json",
+            ".vscode/extensions.json",
+            ".vscode/mcp.json",
+            ".devcontainer/devcontainer.json",
+            ".devcontainer.json",
+            ".mcp.json",
+            "sub/.mcp.json",
+            ".aider.conf.yml",
+            ".aider.model.settings.yml",
         ] {
             assert!(risky_path(p).is_some(), "{p} not flagged");
         }
@@ -132,7 +170,7 @@ mod tests {
         /// neither does changing its case.
         #[test]
         fn nesting_and_case_never_hide(dir in "[a-z]{1,8}(/[a-z]{1,8}){0,3}", upper in any::<bool>()) {
-            for p in [".gitattributes", "Makefile", "build.rs", ".github/workflows/x.yml", ".vscode/tasks.json"] {
+            for p in [".gitattributes", "Makefile", "build.rs", ".github/workflows/x.yml", ".vscode/tasks.json", ".claude/settings.json", ".mcp.json", ".codex/config.toml"] {
                 let nested = format!("{dir}/{p}");
                 let nested = if upper { nested.to_ascii_uppercase() } else { nested };
                 prop_assert!(risky_path(&nested).is_some(), "{} not flagged", nested);
