@@ -106,7 +106,13 @@ case "$cmd" in
     ensure_tools
     mapfile -t flags < <(target_flags "$target")
     # Edges only (not hit counts): a few hundred files per target, not thousands.
+    # The inputs of fixed crashes (regression-*) are kept whatever their
+    # coverage: every later pass replays them.
+    keep=$(mktemp -d)
+    cp "fuzz/corpus/$target"/regression-* "$keep"/ 2>/dev/null || true
     fuzz cmin "$target" "fuzz/corpus/$target" -- "${flags[@]}" -use_counters=0
+    cp "$keep"/regression-* "fuzz/corpus/$target"/ 2>/dev/null || true
+    rm -rf "$keep"
     ;;
   check)
     seconds=${1:-60}
