@@ -569,20 +569,8 @@ impl Store {
         content: Option<&[u8]>,
         event: &Event,
     ) -> Result<(), StoreError> {
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sql("locking the act queue"))?;
-        let now = now_rfc3339();
-        tx.execute(
-            "INSERT INTO acts(id, run, act, state, content, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6)",
-            params![id, run, act.to_string(), state.to_string(), content, now],
-        )
-        .map_err(sql("queueing an act"))?;
-        let entry = append_in(&tx, &self.log, Some(run), event)?;
-        tx.commit().map_err(sql("committing a queued act"))?;
-        self.publish_head(&entry);
-        Ok(())
+        self.insert_act(id, run, act, state, content, event, None)
+            .map(|_| ())
     }
 
     /// Queues an act only if the acts already stored, counted inside the
@@ -600,17 +588,35 @@ impl Store {
         event: &Event,
         bounds: &crate::state_store::ActBounds<'_>,
     ) -> Result<Option<(&'static str, String)>, StoreError> {
+        self.insert_act(id, run, act, state, content, event, Some(bounds))
+    }
+
+    /// The one write path of a new act: its row and its audit entry in one
+    /// transaction, after `bounds` (if any) pass on the counts read in it.
+    #[allow(clippy::too_many_arguments)]
+    fn insert_act(
+        &mut self,
+        id: &str,
+        run: &str,
+        act: &serde_json::Value,
+        state: &serde_json::Value,
+        content: Option<&[u8]>,
+        event: &Event,
+        bounds: Option<&crate::state_store::ActBounds<'_>>,
+    ) -> Result<Option<(&'static str, String)>, StoreError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql("locking the act queue"))?;
-        let counts = crate::state_store::ActCounts {
-            of_run: count_acts_of_run(&tx, run)?,
-            tonight: count_acts_since_in(&tx, bounds.since, None)?,
-            of_repository: count_acts_since_in(&tx, bounds.since, Some(bounds.repo))?,
-        };
-        if let Some(refusal) = (bounds.refuse)(counts) {
-            return Ok(Some(refusal));
+        if let Some(bounds) = bounds {
+            let counts = crate::state_store::ActCounts {
+                of_run: count_acts_of_run(&tx, run)?,
+                tonight: count_acts_since_in(&tx, bounds.since, None)?,
+                of_repository: count_acts_since_in(&tx, bounds.since, Some(bounds.repo))?,
+            };
+            if let Some(refusal) = (bounds.refuse)(counts) {
+                return Ok(Some(refusal));
+            }
         }
         let now = now_rfc3339();
         tx.execute(

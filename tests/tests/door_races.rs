@@ -17,58 +17,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tests::{git, image, make_repo, stderr, stdout, State};
-
-/// A raw door client for the agent's scripts, written to `/tmp/door.py`.
-/// `send(request, pack, declare, cut)` sends `{"v": V, "request": ...}`,
-/// then `pack` (or its first `cut` bytes), and prints nothing; it returns
-/// the reply's JSON text, `"timeout"` past 30 s (the clients' default
-/// bound), or `"noanswer"`.
-const DOOR_PY: &str = r#"
-import json, socket, struct
-def send(req, v=3, pack=b"", cut=None, timeout=30):
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(timeout)
-    try:
-        s.connect("/run/nightshift/door.sock")
-        body = json.dumps({"v": v, "request": req}).encode()
-        try:
-            s.sendall(struct.pack(">I", len(body)) + body)
-            s.sendall(pack if cut is None else pack[:cut])
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        s.shutdown(socket.SHUT_WR)
-        head = b""
-        while len(head) < 4:
-            more = s.recv(4 - len(head))
-            if not more:
-                return "noanswer"
-            head += more
-        n = struct.unpack(">I", head)[0]
-        data = b""
-        while len(data) < n:
-            more = s.recv(n - len(data))
-            if not more:
-                return "noanswer"
-            data += more
-        return data.decode()
-    except socket.timeout:
-        return "timeout"
-    finally:
-        s.close()
-def push(commit, ref, pack=b"", v=3, delete=False):
-    if v == 1:
-        return send({"door": "push", "remote": "origin", "dst_ref": ref, "claimed_commit": commit}, v=1)
-    return send({"door": "push", "remote": "origin", "dst_ref": ref, "claimed_commit": commit,
-                 "force": False, "delete": delete, "pack_bytes": len(pack)}, pack=pack)
-def pr(head, commit, v=3):
-    req = {"door": "pull_request", "remote": "forge", "base": "refs/heads/main", "head": head,
-           "title": "t", "body": "b"}
-    if v >= 2:
-        req.update({"head_commit": commit, "pack_bytes": 0})
-    return send(req, v=v)
-ZERO = "0" * 40
-"#;
+use tests::{git, image, make_repo, stderr, stdout, State, DOOR_PY};
 
 /// Exchanges two paths in a loop until `/tmp/stop` exists, repairing what
 /// the host may have deleted, then leaves the real one in place:

@@ -9,46 +9,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use tests::browser::{add_accounts, Client, Serve, OWNER, OWNER_PASSWORD};
-use tests::{git, image, make_repo, stderr, stdout, State};
-
-/// A raw door client, written to `/tmp/door.py`: `push(commit, ref, pack)`
-/// returns the reply's JSON text.
-const DOOR_PY: &str = r#"
-import json, socket, struct
-def send(req, pack=b"", timeout=120):
-    s = socket.socket(socket.AF_UNIX)
-    s.settimeout(timeout)
-    try:
-        s.connect("/run/nightshift/door.sock")
-        body = json.dumps({"v": 3, "request": req}).encode()
-        try:
-            s.sendall(struct.pack(">I", len(body)) + body)
-            s.sendall(pack)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        s.shutdown(socket.SHUT_WR)
-        head = b""
-        while len(head) < 4:
-            more = s.recv(4 - len(head))
-            if not more:
-                return "noanswer"
-            head += more
-        n = struct.unpack(">I", head)[0]
-        data = b""
-        while len(data) < n:
-            more = s.recv(n - len(data))
-            if not more:
-                return "noanswer"
-            data += more
-        return data.decode()
-    except socket.timeout:
-        return "timeout"
-    finally:
-        s.close()
-def push(commit, ref, pack=b""):
-    return send({"door": "push", "remote": "origin", "dst_ref": ref, "claimed_commit": commit,
-                 "force": False, "delete": False, "pack_bytes": len(pack)}, pack=pack)
-"#;
+use tests::{git, image, make_repo, stderr, stdout, State, DOOR_PY};
 
 /// `/tmp/bomb.py`: `bomb(copies)` is a valid, self-contained pack of a
 /// 64 KiB zero blob and a delta on it that copies it `copies` times (each
