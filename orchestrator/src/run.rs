@@ -1351,8 +1351,15 @@ async fn finish<E: ContainerEngine, S: StateStore>(
         lease.stop();
     }
     if let Some(gateway) = held.gateway.take() {
-        // Every model call is audited before the run's end is.
-        gateway.close().await;
+        // Every model call is audited before the run's end is; calls whose
+        // entries still could not be written (a full state disk) are named
+        // in the run's reason, never lost silently.
+        let unaudited = gateway.close().await;
+        if unaudited > 0 {
+            cleanup_errors.push(format!(
+                "{unaudited} model call(s) could not be audited (the audit log could not be written)"
+            ));
+        }
     }
     if let Some(door) = held.door.take() {
         door.close();

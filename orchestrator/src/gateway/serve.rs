@@ -119,7 +119,8 @@ impl Drop for GatewayHandle {
 impl GatewayHandle {
     /// Stops accepting calls, ends the streams still running, and waits
     /// (at most [`DRAIN`]) until every call is settled and audited.
-    pub async fn close(mut self) {
+    /// Returns how many calls' audit entries still could not be written.
+    pub async fn close(mut self) -> usize {
         self.task.abort();
         self.closing.send_replace(true);
         let drained = tokio::time::timeout(DRAIN, self.in_flight.wait_for(|n| *n == 0))
@@ -132,20 +133,16 @@ impl GatewayHandle {
             );
         }
         // Entries that waited for the audit log get their last chance.
-        if !self.gw.audit_writable().await {
-            let waiting = self.gw.unaudited.lock().map(|w| w.len()).unwrap_or(0);
-            tracing::error!(
-                run = %self.gw.run,
-                waiting,
-                "the run ends with model calls whose audit entries could not be written"
-            );
+        if self.gw.audit_writable().await {
+            return 0;
         }
-    }
-
-    /// Whether the gateway is refusing calls because its audit log cannot
-    /// be written (the run should end).
-    pub fn audit_failing(&self) -> bool {
-        self.gw.audit_failing.load(Ordering::SeqCst)
+        let waiting = self.gw.unaudited.lock().map(|w| w.len()).unwrap_or(0);
+        tracing::error!(
+            run = %self.gw.run,
+            waiting,
+            "the run ends with model calls whose audit entries could not be written"
+        );
+        waiting
     }
 }
 
