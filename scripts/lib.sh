@@ -47,3 +47,18 @@ ensure_packages() {
     apt_install "${missing[@]}"
   fi
 }
+
+# PostgreSQL's server binaries (initdb, pg_ctl, postgres) from Debian's
+# package, which keeps them out of PATH (/usr/lib/postgresql/N/bin); sets
+# PG_BIN to their folder. Installs the package when it is missing.
+ensure_postgres() {
+  PG_BIN=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+  if [ -z "$PG_BIN" ] || [ ! -x "$PG_BIN/initdb" ]; then
+    echo "setup: installing postgresql (Debian's package)" >&2
+    apt_install postgresql
+    PG_BIN=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
+  fi
+  # The server refuses to run as root: it runs as the package's own user.
+  getent passwd postgres >/dev/null || useradd --system --home-dir /var/lib/postgresql postgres
+  export PG_BIN
+}

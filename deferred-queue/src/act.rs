@@ -11,7 +11,8 @@
 //!   recomputation before execution differ for no reason.
 //! - The encoding behind the digest is injective (see [`act_digest`]), so two
 //!   acts that differ in any bound field never share a digest short of a
-//!   SHA-256 collision.
+//!   SHA-256 collision (`tests::shifting_bytes_between_adjacent_fields_moves_the_digest`,
+//!   `tests::every_bound_field_of_a_push_moves_the_digest`).
 //! - Nothing here holds content: a message travels as its digest and size,
 //!   a pull request's title and body as one digest.
 

@@ -1,5 +1,6 @@
 //! The deferred queue: acts whose verdict is *ask* wait here for a person,
-//! and are carried out only as approved.
+//! and are carried out only as approved (the invariants on [`machine`], held
+//! by `tests/model.rs::random_event_sequences_keep_the_invariants`).
 //!
 //! Invariants: pure and synchronous. No clock, no database, no network: the
 //! supervisor stores [`ActRow`]s, feeds [`Event`]s to [`apply`] with the

@@ -5,12 +5,15 @@
 //!   the caller's [`CredentialCheck`] on a presented credential. Its field is
 //!   private; it has no `Default`, no `From`, and no `Deserialize`, so
 //!   neither an agent's request nor a door's JSON nor a stored row can be
-//!   turned into one.
+//!   turned into one: the compiler holds that, and
+//!   `tests::verify_yields_an_owner_only_for_the_right_credential` that a
+//!   wrong credential yields none.
 //! - Approving and rejecting take an `Owner` (see [`crate::Event`]), so the
 //!   type system keeps those events out of reach of any code path that did
 //!   not check a credential.
 //! - States record only the owner's name (a `String`): reading a stored
-//!   state back never mints authority.
+//!   state back never mints authority (a state with an approval reads back
+//!   from JSON, which an `Owner` could not: `machine::tests::states_round_trip_through_json`).
 
 use std::fmt;
 

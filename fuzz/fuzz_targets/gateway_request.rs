@@ -1,4 +1,4 @@
-//! The gateway's request parser (`orchestrator/src/gateway/request.rs`,
+//! The gateway's request parser (`orchestrator/gateway/src/request.rs`,
 //! `check` and `model`): the typed allowlist a request body from the
 //! sandbox must pass, per API shape, before anything is forwarded.
 //!

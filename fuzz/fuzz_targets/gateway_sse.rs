@@ -1,4 +1,4 @@
-//! The gateway's SSE response parser (`orchestrator/src/gateway/sse.rs`,
+//! The gateway's SSE response parser (`orchestrator/gateway/src/sse.rs`,
 //! `Scanner`): what an upstream model (or anything answering in its place)
 //! streams back, read for its usage and passed on to the agent.
 //!

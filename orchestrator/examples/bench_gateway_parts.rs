@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use orchestrator::audit_log::Event;
 use orchestrator::gateway::tokens::Ask;
-use orchestrator::store::{StatePaths, Store, TokenLedger};
+use orchestrator::store::{SqliteTokenLedger as TokenLedger, StatePaths, Store};
 
 fn row(label: &str, mut us: Vec<u128>) {
     us.sort_unstable();

@@ -4,7 +4,9 @@
 //! since), from the state to the rendered HTML; and the whole-chain walk
 //! that `serve` runs in the background. Run:
 //! `cargo run --release -p orchestrator --example bench_serve` (figures in
-//! docs/benchmarks.md). Not a test: it asserts nothing and prints timings.
+//! docs/benchmarks.md); with `NIGHTSHIFT_STORE=postgres://…` (an empty
+//! database) the state is made and read in PostgreSQL instead of SQLite,
+//! through the same port. Not a test: it asserts nothing and prints timings.
 
 use std::process::Command;
 use std::time::Instant;
@@ -15,7 +17,8 @@ use orchestrator::serve::backend::{self, Backend};
 use orchestrator::serve::chain;
 use orchestrator::serve::guard::Role;
 use orchestrator::serve::pages::{self, Viewer};
-use orchestrator::store::{now_rfc3339, RunRecord, StatePaths, Store};
+use orchestrator::state_store::{ActQueue, RunStore, StoreUrl, Stores};
+use orchestrator::store::{now_rfc3339, RunRecord};
 
 fn git(dir: &std::path::Path, args: &[&str]) -> String {
     let out = Command::new("git")
@@ -61,7 +64,20 @@ fn main() {
         commits.push(git(&repo, &["rev-parse", "HEAD"]));
     }
     let root = dir.path().join("state");
-    let mut store = Store::open(StatePaths::new(root.clone())).unwrap();
+    std::fs::create_dir(&root).unwrap();
+    let stores: Stores = match std::env::var("NIGHTSHIFT_STORE").ok().as_deref() {
+        None | Some("") => std::sync::Arc::new(orchestrator::store::SqliteBackend::new(root, None)),
+        Some(text) => match StoreUrl::parse(text).unwrap() {
+            StoreUrl::Sqlite(d) => {
+                std::sync::Arc::new(orchestrator::store::SqliteBackend::new(root, d))
+            }
+            StoreUrl::Postgres(url) => {
+                std::sync::Arc::new(orchestrator::store_postgres::PgBackend::new(&url, root))
+            }
+        },
+    };
+    eprintln!("store: {}", stores.location());
+    let mut store = stores.connect().unwrap();
     let t = Instant::now();
     for i in 0..runs {
         store
@@ -124,7 +140,8 @@ fn main() {
         "state: {runs} runs, {acts} pending acts, made in {:.1} s",
         t.elapsed().as_secs_f64()
     );
-    let b = Backend::new(root, store, dir.path().join("owner.key"));
+    drop(store);
+    let b = Backend::new(stores, dir.path().join("owner.key")).unwrap();
     let who = Viewer {
         user: "owner".into(),
         role: Role::Owner,

@@ -1,5 +1,9 @@
-//! `nightshift`: the command line. It parses, opens the state, calls the
-//! library, prints, and maps errors to the documented exit codes.
+//! `nightshift`: the command line. It parses, builds the ports once (the
+//! store from `--store`, the engine for `lease-end`), calls the library
+//! (the command API, `orchestrator::commands` for the commands that are
+//! more than one API command, `orchestrator::demo`), prints, and maps
+//! errors to the documented exit codes by their kind. Product logic lives
+//! in the library crates.
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -11,12 +15,12 @@ use orchestrator::api::{
     ActDetail, Api, ApiError, AuditState, Caller, Command as ApiCommand, KillRecord, KillTarget,
     Outcome, PolicyView, QueueView, Reply, RunView,
 };
+use orchestrator::commands;
 use orchestrator::engine::Engine;
 use orchestrator::exit;
-use orchestrator::run::{self, RunError, RunRequest, Stop, Supervisor};
 use orchestrator::run_queue::{self, TaskRow, TaskSpec};
-use orchestrator::sandbox::Caps;
-use orchestrator::store::{RunRecord, StatePaths, Store, StoreError};
+use orchestrator::state_store::{RunRecord, StoreUrl, Stores};
+use orchestrator::store::SqliteBackend;
 use orchestrator::terminal;
 use orchestrator::{demo, image};
 
@@ -46,8 +50,28 @@ struct Cli {
     /// The configuration file (default: STATE/config.toml).
     #[arg(long, global = true, env = "NIGHTSHIFT_CONFIG")]
     config: Option<PathBuf>,
+    /// Where the state store is: `sqlite:` (in the state directory, the
+    /// default), `sqlite:DIR`, or `postgres://…`.
+    #[arg(long, global = true, env = "NIGHTSHIFT_STORE")]
+    store: Option<String>,
+    /// How the log on stderr is written: text for a person, json (one
+    /// object a line) for a collector; what is logged is set by NIGHTSHIFT_LOG.
+    #[arg(
+        long,
+        global = true,
+        env = "NIGHTSHIFT_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -74,6 +98,11 @@ enum Command {
     Audit {
         #[command(subcommand)]
         command: AuditCommand,
+    },
+    /// The state store (`--store`).
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
     },
     /// Make a demo repository and run a scripted agent on it in a real sandbox.
     Demo,
@@ -106,12 +135,39 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Approve acts (needs the owner's credential); each is re-checked and carried out at once.
+    /// Approve acts (needs the owner's credential); each is re-checked and carried
+    /// out by the running `serve`'s executor, or at once by this command when none runs.
     Approve {
         #[arg(required = true)]
         acts: Vec<String>,
         #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
         owner_key_file: Option<PathBuf>,
+    },
+    /// Run the queue's tasks and carry out approved acts, without the pages
+    /// (`serve` without its dashboard): one of several workers sharing one
+    /// store. Runs until SIGINT or SIGTERM, then ends its runs.
+    Worker {
+        /// At most this many of the queue's runs at once (counting every
+        /// worker's, as the fleet's caps do).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=1024))]
+        max_parallel: u64,
+        /// The length of its leases on its tasks, seconds: how long the
+        /// tasks of a worker that died wait before another takes them over.
+        #[arg(long, default_value_t = orchestrator::run_queue::TASK_LEASE_SECS,
+              value_parser = clap::value_parser!(i64).range(1..=3600))]
+        task_lease_secs: i64,
+    },
+    /// Carry out approved acts: one executor pass over what is executable
+    /// now, or with --watch until stopped (what `serve` runs in a task).
+    Execute {
+        /// Keep going: pass again when woken by the next retry's time or
+        /// every two seconds.
+        #[arg(long)]
+        watch: bool,
+        /// The length of the executor's leases on acts, seconds.
+        #[arg(long, default_value_t = orchestrator::acts::executor::LEASE_SECS,
+              value_parser = clap::value_parser!(i64).range(1..=3600))]
+        lease_secs: i64,
     },
     /// Re-bind stale acts to their destination as it is now (owner): each
     /// becomes a new pending act with the same content, to approve again.
@@ -218,9 +274,16 @@ enum TasksCommand {
     /// freeze keeps them queued); runs left going by an earlier dispatcher
     /// are adopted.
     Run {
-        /// At most this many runs at once.
+        /// At most this many of the queue's runs at once (counting every
+        /// dispatcher's, as the fleet's caps do).
         #[arg(long, default_value_t = 2)]
         max_parallel: usize,
+        /// The length of this dispatcher's leases on its tasks, seconds: how
+        /// long the tasks of a dispatcher that died wait before another
+        /// takes them over.
+        #[arg(long, default_value_t = orchestrator::run_queue::TASK_LEASE_SECS,
+              value_parser = clap::value_parser!(i64).range(1..=3600))]
+        lease_secs: i64,
     },
 }
 
@@ -304,6 +367,12 @@ struct ServeArgs {
     /// Queued tasks (`nightshift enqueue`) run at most this many at once; 0 starts none.
     #[arg(long, default_value_t = 2)]
     max_parallel: usize,
+    /// The length of the run queue's leases on the tasks this serve runs,
+    /// seconds: how long the tasks of a serve that died wait before
+    /// another dispatcher takes them over.
+    #[arg(long, default_value_t = orchestrator::run_queue::TASK_LEASE_SECS,
+          value_parser = clap::value_parser!(i64).range(1..=3600))]
+    task_lease_secs: i64,
     /// The owner's key, used only for an owner's decisions (default: STATE/owner.key).
     #[arg(long, env = "NIGHTSHIFT_OWNER_KEY_FILE")]
     owner_key_file: Option<PathBuf>,
@@ -440,6 +509,13 @@ enum ImageCommand {
 }
 
 #[derive(Debug, Subcommand)]
+enum StoreCommand {
+    /// Bring the store's schema up to this release's version (made when
+    /// absent); a store made by a newer release is refused, left as it is.
+    Migrate,
+}
+
+#[derive(Debug, Subcommand)]
 enum AuditCommand {
     /// Exit 0 when the chain is intact; otherwise exit 1 naming the first bad entry.
     Verify {
@@ -509,15 +585,13 @@ struct RunArgs {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("NIGHTSHIFT_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(|| orchestrator::terminal::NetStderr)
-        .with_ansi(false)
-        .init();
     let cli = Cli::parse();
+    // The processes this one starts (the watchdog, queued runs, a lease's
+    // host end) use the same store: set before any thread is started.
+    if let Some(url) = &cli.store {
+        std::env::set_var("NIGHTSHIFT_STORE", url);
+    }
+    install_log(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -537,6 +611,22 @@ fn main() -> ExitCode {
     ExitCode::from(code as u8)
 }
 
+/// The log, to stderr, filtered by NIGHTSHIFT_LOG (default: warnings):
+/// each event one line, through a writer that escapes what an agent could
+/// have put in a field (see `terminal`).
+fn install_log(format: LogFormat) {
+    let log = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("NIGHTSHIFT_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_ansi(false);
+    match format {
+        LogFormat::Text => log.with_writer(|| terminal::NetStderr).init(),
+        LogFormat::Json => log.json().with_writer(|| terminal::JsonStderr).init(),
+    }
+}
+
 /// The state directory, made absolute against the working directory (it is
 /// mounted into sandboxes and handed to child processes, which need a
 /// path that means the same from anywhere).
@@ -549,11 +639,23 @@ fn state_root(cli: &Cli) -> PathBuf {
     std::path::absolute(&root).unwrap_or(root)
 }
 
-fn open_store(root: &std::path::Path) -> Result<Store, i32> {
-    Store::open(StatePaths::new(root.to_path_buf())).map_err(|e| {
-        errln!("nightshift: {e}");
-        exit::STATE
-    })
+/// The store's port, built once from `--store` (or `NIGHTSHIFT_STORE`) and
+/// handed to everything that reads or writes state.
+fn build_stores(root: &std::path::Path, url: Option<&str>) -> Result<Stores, i32> {
+    let url = match url {
+        None => StoreUrl::Sqlite(None),
+        Some(text) => StoreUrl::parse(text).map_err(|e| {
+            errln!("nightshift: {e}");
+            exit::BAD_INPUT
+        })?,
+    };
+    match url {
+        StoreUrl::Sqlite(dir) => Ok(Arc::new(SqliteBackend::new(root.to_path_buf(), dir))),
+        StoreUrl::Postgres(url) => Ok(Arc::new(nightshift_store_postgres::PgBackend::new(
+            &url,
+            root.to_path_buf(),
+        ))),
+    }
 }
 
 async fn connect() -> Result<Engine, i32> {
@@ -566,16 +668,49 @@ async fn connect() -> Result<Engine, i32> {
 async fn dispatch(cli: Cli) -> i32 {
     let root = state_root(&cli);
     let config = cli.config.clone();
-    let api = Api::new(root.clone(), config.clone());
+    // `--store` or `NIGHTSHIFT_STORE`, else the configuration's `[store] url`.
+    let configured = match &cli.store {
+        Some(_) => None,
+        None => {
+            // Only `[store] url` is read here: a configuration broken
+            // elsewhere is reported by the commands that use it, as before.
+            let path = config.clone().unwrap_or_else(|| root.join("config.toml"));
+            std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|text| text.parse::<toml::Table>().ok())
+                .and_then(|t| t.get("store")?.get("url")?.as_str().map(str::to_string))
+        }
+    };
+    let stores = match build_stores(&root, cli.store.as_deref().or(configured.as_deref())) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let api = Api::new(stores.clone(), config.clone());
     let result = match cli.command {
         Command::Image { command } => image_cmd(&api, command).await,
-        Command::Run(args) => run_cmd(&root, config.as_deref(), args).await,
+        Command::Run(args) => run_cmd(&api, args).await,
         Command::Runs { json } => respond(&api, ApiCommand::Runs {}, json).await,
         Command::Show { run, json } => respond(&api, ApiCommand::Show { run }, json).await,
         Command::Audit {
             command: AuditCommand::Verify { json },
         } => respond(&api, ApiCommand::AuditVerify {}, json).await,
-        Command::Demo => demo_cmd(&api, &root, config.as_deref()).await,
+        Command::Demo => demo_cmd(&api).await,
+        Command::Store {
+            command: StoreCommand::Migrate,
+        } => match stores.migrate() {
+            Ok((from, to)) if from == to => {
+                outln!("{}: at schema version {to}, up to date", stores.location());
+                Ok(exit::OK)
+            }
+            Ok((from, to)) => {
+                outln!("{}: schema version {from} -> {to}", stores.location());
+                Ok(exit::OK)
+            }
+            Err(e) => {
+                errln!("nightshift: {}: {e}", stores.location());
+                Err(exit::STATE)
+            }
+        },
         Command::Owner {
             command: OwnerCommand::Init,
         } => respond(&api, ApiCommand::OwnerInit {}, false).await,
@@ -615,6 +750,11 @@ async fn dispatch(cli: Cli) -> i32 {
             }
         }
         Command::Reconcile => respond(&api, ApiCommand::Reconcile {}, false).await,
+        Command::Execute { watch, lease_secs } => execute_cmd(&api, watch, lease_secs).await,
+        Command::Worker {
+            max_parallel,
+            task_lease_secs,
+        } => worker_cmd(&api, max_parallel as usize, task_lease_secs).await,
         Command::Import { run } => respond(&api, ApiCommand::Import { run }, false).await,
         Command::Queue {
             command: None,
@@ -624,8 +764,8 @@ async fn dispatch(cli: Cli) -> i32 {
             command: Some(QueueCommand::Show { act }),
             ..
         } => respond(&api, ApiCommand::QueueShow { act }, false).await,
-        Command::Report { runs, format } => orchestrator::report::cli(&root, &runs, format),
-        Command::Scopes { command } => orchestrator::scopes::cli(&root, command),
+        Command::Report { runs, format } => orchestrator::report::cli(&stores, &runs, format),
+        Command::Scopes { command } => orchestrator::scopes::cli(&stores, command),
         Command::Approve {
             acts,
             owner_key_file,
@@ -677,12 +817,73 @@ async fn dispatch(cli: Cli) -> i32 {
             };
             respond(&api, command, json).await
         }
-        Command::Serve(args) => serve_cmd(&api, &root, config.as_deref(), args).await,
+        Command::Serve(args) => serve_cmd(&api, args).await,
         Command::Users { command } => users_cmd(&api, command).await,
     };
     match result {
         Ok(code) | Err(code) => code,
     }
+}
+
+/// `execute`: the act executor in the foreground, one pass or (`--watch`)
+/// until killed. Each pass's lines are printed.
+async fn execute_cmd(api: &Api, watch: bool, lease_secs: i64) -> Result<i32, i32> {
+    let report = |pass: &orchestrator::acts::executor::Pass| {
+        for (_, line) in &pass.lines {
+            outln!("{}", terminal::line(line));
+        }
+    };
+    commands::execute::execute(api, watch, lease_secs, report)
+        .await
+        .map_err(|e| fail(&e))?;
+    Ok(exit::OK)
+}
+
+/// `worker`: the queue's runs and the executor until SIGINT or SIGTERM.
+async fn worker_cmd(api: &Api, max_parallel: usize, lease_secs: i64) -> Result<i32, i32> {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let signal = Arc::new(Mutex::new(None));
+    let seen = signal.clone();
+    let signals = tokio::spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) else {
+            return;
+        };
+        let code = tokio::select! {
+            _ = int.recv() => exit::SIGINT,
+            _ = term.recv() => exit::SIGTERM,
+        };
+        *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(code);
+        let _ = tx.send(true);
+    });
+    errln!(
+        "nightshift worker: running the queue's tasks (at most {max_parallel} at once, leases of {lease_secs} s) on {}",
+        terminal::line(&api.stores().location())
+    );
+    let queue = commands::serve::RunQueue {
+        max_parallel,
+        lease_secs,
+    };
+    let worked = commands::worker::work(api, queue, rx, &warn).await;
+    signals.abort();
+    match worked {
+        Ok(()) => Ok((*signal.lock().unwrap_or_else(|p| p.into_inner())).unwrap_or(exit::OK)),
+        Err(e) => {
+            errln!("nightshift worker: {}", terminal::line(&e.to_string()));
+            Err(match &e {
+                commands::serve::QueueError::NoDispatcher(e)
+                | commands::serve::QueueError::Stopped(e) => e.exit_code(),
+            })
+        }
+    }
+}
+
+/// Where the library's warnings go: stderr, after the program's name.
+fn warn(line: &str) {
+    errln!("nightshift: {line}");
 }
 
 /// Prints an error of the API and gives its exit code.
@@ -876,147 +1077,47 @@ fn span_arg(s: &str) -> Result<std::time::Duration, String> {
     orchestrator::config::parse_span(s)
 }
 
-fn load_config(
-    root: &std::path::Path,
-    path: Option<&std::path::Path>,
-) -> Result<orchestrator::config::Config, i32> {
-    let path = path
-        .map(std::path::Path::to_path_buf)
-        .unwrap_or_else(|| root.join("config.toml"));
-    orchestrator::config::Config::load(&path).map_err(|e| {
-        errln!("nightshift: {e}");
-        exit::BAD_INPUT
-    })
-}
-
-/// Opens the state, the engine and the fleet cgroup: what every command
-/// that starts or stops sandboxes needs.
-async fn supervisor(
-    root: &std::path::Path,
-    config: &orchestrator::config::Config,
-) -> Result<Supervisor, i32> {
-    let store = open_store(root)?;
-    let engine = connect().await?;
-    let state_tag = orchestrator::state_tag(root);
-    let fleet =
-        orchestrator::run::FleetHandle::ensure(&state_tag, &config.fleet()).map_err(|e| {
-            errln!("nightshift: {e}");
-            exit::INTERNAL
-        })?;
-    let identity = orchestrator::run::process_identity(std::process::id())
-        .unwrap_or_else(|| format!("{}:0", std::process::id()));
-    Ok(Supervisor {
-        engine,
-        store: Arc::new(Mutex::new(store)),
-        state_tag,
-        identity,
-        fleet: Some(fleet),
-        sandbox_user: config.sandbox_user(),
-    })
-}
-
-async fn run_cmd(
-    root: &std::path::Path,
-    config_path: Option<&std::path::Path>,
-    args: RunArgs,
-) -> Result<i32, i32> {
-    let config = load_config(root, config_path)?;
-    // The door queues acts with this run's configuration's lifetimes.
-    orchestrator::acts::use_queue_ttls(config.queue_ttls());
-    orchestrator::acts::use_queue_bounds(config.queue_bounds());
-    let task = match (&args.task, &args.task_file) {
-        (Some(t), _) => t.clone(),
-        (None, Some(f)) => {
-            let mut text = String::new();
-            std::fs::File::open(f)
-                .and_then(|mut h| h.read_to_string(&mut text))
-                .map_err(|e| {
-                    errln!("nightshift: reading the task file {}: {e}", f.display());
-                    exit::BAD_INPUT
-                })?;
-            text
-        }
-        (None, None) => String::new(),
-    };
-    let defaults = config.caps();
-    let fleet = config.fleet();
-    if let Some(cpus) = args.cpus {
-        if !(cpus > 0.0 && cpus <= fleet.cpus) {
-            errln!(
-                "nightshift: --cpus {cpus} must be above 0 and at most the fleet's {} cpus",
-                fleet.cpus
-            );
-            return Err(exit::BAD_INPUT);
-        }
-    }
-    let caps = Caps {
-        memory_bytes: args
-            .memory
-            .map(|v| v as i64)
-            .unwrap_or(defaults.memory_bytes),
-        nano_cpus: args
-            .cpus
-            .map(|v| (v * 1e9) as i64)
-            .unwrap_or(defaults.nano_cpus),
-        pids: args.pids.map(|v| v as i64).unwrap_or(defaults.pids),
-        open_files: args
-            .max_files
-            .map(|v| v as i64)
-            .unwrap_or(defaults.open_files),
-        timeout: args.timeout.unwrap_or(defaults.timeout),
-        max_output_bytes: args.max_output.unwrap_or(defaults.max_output_bytes),
-        max_worktree_bytes: args.max_worktree.unwrap_or(defaults.max_worktree_bytes),
-        tmpfs_bytes: defaults.tmpfs_bytes,
-        lease: defaults.lease,
-        max_tokens: args.max_tokens.unwrap_or(defaults.max_tokens),
-        fleet_max_tokens_per_night: defaults.fleet_max_tokens_per_night,
-    };
-    // No run asks for more than the whole fleet (see `run_queue::within_fleet`).
-    let need = orchestrator::run_queue::Need {
-        memory_bytes: caps.memory_bytes.max(0) as u64,
-        milli_cpus: (caps.nano_cpus.max(0) / 1_000_000) as u64,
-        pids: caps.pids.max(0) as u64,
-    };
-    if let Err(e) =
-        orchestrator::run_queue::within_fleet(need, orchestrator::run_queue::fleet_need(&config))
-    {
-        errln!("nightshift: {e}");
-        return Err(exit::BAD_INPUT);
-    }
-    let (preset_image, command) = match args.agent.as_deref() {
-        None => (None, args.command),
-        Some(name) => {
-            let agent = agent_preset(name)?;
-            let preset =
-                orchestrator::agents::preset(agent, args.model.as_deref()).map_err(|e| {
-                    errln!("nightshift: {e}");
-                    exit::USAGE
-                })?;
-            orchestrator::agents::check_repository(agent, &args.repo, &args.base_ref).map_err(
-                |e| {
-                    errln!("nightshift: {e}");
-                    exit::BAD_INPUT
-                },
-            )?;
-            (Some(preset.image), preset.command)
-        }
-    };
-    let req = RunRequest {
-        repo_confidentiality: config.repository_confidentiality(&args.repo),
+/// `run`: the flags become a [`commands::run::RunOrder`]; `--agent` and
+/// `--model` are parsed into a preset here (a usage error, exit 2), after
+/// the order is checked against the configuration, as they always were.
+async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
+    let json = args.json;
+    let agent = args.agent.map(|name| (name, args.model));
+    let order = commands::run::RunOrder {
         repo: args.repo,
         base_ref: args.base_ref,
-        image: args
-            .image
-            .or(preset_image)
-            .unwrap_or_else(image::default_reference),
-        task,
-        command,
-        caps,
-        echo: !args.json,
+        image: args.image,
+        task: args.task,
+        task_file: args.task_file,
+        caps: commands::run::CapsAsked {
+            memory_bytes: args.memory,
+            cpus: args.cpus,
+            pids: args.pids,
+            timeout: args.timeout,
+            max_output_bytes: args.max_output,
+            max_worktree_bytes: args.max_worktree,
+            max_files: args.max_files,
+            max_tokens: args.max_tokens,
+        },
+        echo: !json,
         dry_run: args.dry_run,
+        command: args.command,
+        // A dispatcher's child (`tasks run`) carries its task's id.
+        of_task: std::env::var_os("NIGHTSHIFT_TASK").is_some(),
     };
-    let record = perform(root, &config, config_path, req).await?;
-    if args.json {
+    let mut prepared = commands::run::prepare(api, order).map_err(|e| fail(&e))?;
+    if let Some((name, model)) = agent {
+        let agent = agent_preset(&name)?;
+        let preset = orchestrator::agents::preset(agent, model.as_deref()).map_err(|e| {
+            errln!("nightshift: {e}");
+            exit::USAGE
+        })?;
+        prepared = prepared.with_agent(agent, preset).map_err(|e| fail(&e))?;
+    }
+    let record = commands::run::run(api, prepared, &warn)
+        .await
+        .map_err(|e| fail(&e))?;
+    if json {
         outln!("{}", terminal::json(&record, true));
     } else {
         print_summary(&record);
@@ -1024,103 +1125,11 @@ async fn run_cmd(
     Ok(orchestrator::api::run_exit_code(&record))
 }
 
-/// Runs one request with signal handling; maps errors to exit codes.
-async fn perform(
-    root: &std::path::Path,
-    config: &orchestrator::config::Config,
-    config_path: Option<&std::path::Path>,
-    req: RunRequest,
-) -> Result<RunRecord, i32> {
-    // A freeze refuses a new run before the engine is asked anything, so it
-    // holds with the engine down too; `run::execute` checks it again.
-    if let Ok(set) = orchestrator::policy::load(&open_store(root)?, None) {
-        if let Some(freeze) = set.freeze() {
-            errln!("nightshift: {}", RunError::Frozen(freeze.reason.clone()));
-            return Err(exit::DENIED);
-        }
-    }
-    let sup = supervisor(root, config).await?;
-    // Sandboxes left by a supervisor that vanished are settled first.
-    if let Err(e) = orchestrator::killswitch::reconcile(&sup, None, "supervisor start").await {
-        errln!("nightshift: reconciling: {e}");
-    }
-    // Admission, as for a queued task: the fleet's processes are shared by
-    // every sandbox, so this run starts only if they hold room for it.
-    let fleet_pids = config.fleet().pids;
-    let running = orchestrator::run_queue::running_pids(&sup.engine, &sup.state_tag, fleet_pids)
-        .await
-        .map_err(|e| {
-            errln!("nightshift: {e}");
-            exit::ENGINE
-        })?;
-    if let Err(e) =
-        orchestrator::run_queue::admit_pids(req.caps.pids.max(0) as u64, &running, fleet_pids)
-    {
-        errln!("nightshift: {e}");
-        return Err(exit::DENIED);
-    }
-    spawn_watchdog(root, config_path, &sup.identity);
-    let (tx, rx) = tokio::sync::watch::channel(None);
-    let signals = tokio::spawn(async move {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut int), Ok(mut term)) = (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) else {
-            return;
-        };
-        let stop = tokio::select! {
-            _ = int.recv() => Stop::Interrupt,
-            _ = term.recv() => Stop::Terminate,
-        };
-        let _ = tx.send(Some(stop));
-    });
-    let result = run::execute(&sup, req, rx).await;
-    signals.abort();
-    result.map_err(|e| {
-        errln!("nightshift: {e}");
-        orchestrator::api::run_error_exit_code(&e)
-    })
-}
-
-/// Starts the dead man's switch for this process: a separate process, in
-/// its own process group, that stops this supervisor's sandboxes if it dies.
-fn spawn_watchdog(root: &std::path::Path, config: Option<&std::path::Path>, identity: &str) {
-    use std::os::unix::process::CommandExt;
-    let Ok(exe) = std::env::current_exe() else {
-        errln!("nightshift: warning: cannot find my own executable to start the watchdog");
-        return;
-    };
-    let mut command = std::process::Command::new(exe);
-    command.arg("--state-dir").arg(root);
-    // One config per process, passed on: the watchdog reads the run's.
-    if let Some(config) = config {
-        command.arg("--config").arg(config);
-    }
-    let spawned = command
-        .args(["watchdog", "--supervisor", identity])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .process_group(0)
-        .spawn();
-    if let Err(e) = spawned {
-        errln!("nightshift: warning: starting the watchdog: {e}");
-    }
-}
-
 async fn watchdog_cmd(api: &Api, watched: &str) -> Result<i32, i32> {
-    // The supervisor's own config, checked; the watchdog creates nothing, so
-    // it never touches the fleet's limits.
-    api.load_config().map_err(|e| fail(&e))?;
-    let sup = api.stopping_supervisor().await.map_err(|e| fail(&e))?;
-    orchestrator::killswitch::watchdog(&sup, watched, std::time::Duration::from_millis(500))
+    commands::watchdog::watch(api, watched)
         .await
-        .map(|()| exit::OK)
-        .map_err(|e| {
-            errln!("nightshift: watchdog: {e}");
-            exit::INTERNAL
-        })
+        .map_err(|e| fail(&e))?;
+    Ok(exit::OK)
 }
 
 fn print_summary(r: &RunRecord) {
@@ -1377,18 +1386,17 @@ async fn tasks_cmd(api: &Api, command: Option<TasksCommand>, json: bool) -> Resu
         Some(TasksCommand::Cancel { task }) => {
             respond(api, ApiCommand::CancelTask { task }, false).await
         }
-        Some(TasksCommand::Run { max_parallel }) => dispatch_cmd(api, max_parallel).await,
+        Some(TasksCommand::Run {
+            max_parallel,
+            lease_secs,
+        }) => dispatch_cmd(api, max_parallel, lease_secs).await,
     }
 }
 
 /// `tasks run`: the dispatcher in the foreground. SIGINT / SIGTERM stop it
-/// from starting more; the runs it started go on and the next dispatcher
-/// adopts them.
-async fn dispatch_cmd(api: &Api, max_parallel: usize) -> Result<i32, i32> {
-    let exe = std::env::current_exe().map_err(|e| {
-        errln!("nightshift: finding my own executable to start runs: {e}");
-        exit::INTERNAL
-    })?;
+/// from starting more (the signal's exit code); the runs it started go on
+/// and the next dispatcher adopts them.
+async fn dispatch_cmd(api: &Api, max_parallel: usize, lease_secs: i64) -> Result<i32, i32> {
     let (tx, rx) = tokio::sync::watch::channel(false);
     let signal = Arc::new(Mutex::new(None));
     let seen = signal.clone();
@@ -1407,13 +1415,7 @@ async fn dispatch_cmd(api: &Api, max_parallel: usize) -> Result<i32, i32> {
         *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(code);
         let _ = tx.send(true);
     });
-    let options = run_queue::DispatchOptions {
-        max_parallel,
-        runner: run_queue::Runner::Child { exe },
-        poll: std::time::Duration::from_millis(500),
-        until_empty: true,
-    };
-    let summary = run_queue::dispatch_loop(api, &options, rx).await;
+    let summary = commands::dispatch::foreground(api, max_parallel, lease_secs, rx).await;
     signals.abort();
     let summary = summary.map_err(|e| fail(&e))?;
     for id in &summary.adopted {
@@ -1483,89 +1485,31 @@ fn truncate(s: &str, n: usize) -> String {
     }
 }
 
-fn store_err(e: StoreError) -> i32 {
-    errln!("nightshift: {e}");
-    match e {
-        StoreError::NoSuchRun(_) => exit::BAD_INPUT,
-        _ => exit::STATE,
-    }
-}
-
-async fn demo_cmd(
-    api: &Api,
-    root: &std::path::Path,
-    config_path: Option<&std::path::Path>,
-) -> Result<i32, i32> {
-    let config = load_config(root, config_path)?;
-    orchestrator::acts::use_queue_ttls(config.queue_ttls());
-    orchestrator::acts::use_queue_bounds(config.queue_bounds());
-    std::fs::create_dir_all(root).map_err(|e| {
-        errln!("nightshift: creating {}: {e}", root.display());
-        exit::STATE
-    })?;
-    let repo = demo::ensure_repo(root).map_err(|e| {
-        errln!("nightshift: making the demo repository: {e}");
-        exit::INTERNAL
-    })?;
-    let bare = demo::ensure_destination(root).map_err(|e| {
-        errln!("nightshift: making the demo destination: {e}");
-        exit::INTERNAL
-    })?;
-    {
-        let store = open_store(root)?;
-        orchestrator::owner::init(&store).map_err(|e| {
-            errln!("nightshift: {e}");
-            exit::STATE
-        })?;
-    }
-    let build = ApiCommand::ImageBuild {
-        mirror: image::DEFAULT_MIRROR.into(),
-        agent: None,
-    };
-    let reference = match api
-        .execute_streaming(build, &Caller::Local, &mut |line| errln!("image: {line}"))
+/// `demo`: what the library makes and runs, said step by step.
+async fn demo_cmd(api: &Api) -> Result<i32, i32> {
+    let setup = demo::prepare(api, &mut |line| errln!("image: {line}"))
         .await
-    {
-        Ok(Reply::ImageRef { reference }) => reference,
-        Ok(other) => {
-            errln!("nightshift: building the image answered {other:?}");
-            return Err(exit::INTERNAL);
-        }
-        Err(e) => return Err(fail(&e)),
-    };
-    outln!("demo: repository {}", repo.display());
+        .map_err(|e| fail(&e))?;
+    outln!("demo: repository {}", setup.repo.display());
     outln!(
         "demo: destination origin = {} (a local bare repository)",
-        bare.display()
+        setup.destination.display()
     );
-    outln!("demo: running a scripted agent in a Tier 0 sandbox ({reference})");
-    let req = RunRequest {
-        repo: repo.clone(),
-        base_ref: "HEAD".into(),
-        image: reference,
-        task: demo::TASK.into(),
-        command: vec!["bash".into(), "-c".into(), demo::AGENT_SCRIPT.into()],
-        caps: config.caps(),
-        echo: true,
-        repo_confidentiality: config.repository_confidentiality(&repo),
-        dry_run: false,
-    };
-    let record = perform(root, &config, config_path, req).await?;
+    outln!(
+        "demo: running a scripted agent in a Tier 0 sandbox ({})",
+        setup.image
+    );
+    let record = demo::run(api, &setup, &warn).await.map_err(|e| fail(&e))?;
     print_summary(&record);
-    let state = root.display();
+    let state = api.root().display();
     outln!();
     outln!("What the agent left, as the supervisor observed and imported it:");
     outln!(
         "  git -C {} log --stat {}",
-        repo.display(),
+        setup.repo.display(),
         record.result_ref.as_deref().unwrap_or("-")
     );
-    let store = open_store(root)?;
-    let pending: Vec<_> = orchestrator::acts::rows(&store, None)
-        .map_err(store_err)?
-        .into_iter()
-        .filter(|r| r.act.run == record.id)
-        .collect();
+    let pending = demo::pending(api, &record).map_err(|e| fail(&e))?;
     outln!();
     outln!("Waiting for you in the morning queue (`nightshift --state-dir {state} queue`):");
     for r in &pending {
@@ -1588,7 +1532,7 @@ async fn demo_cmd(
         );
         outln!(
             "  git --git-dir {} log --oneline agent/greet",
-            bare.display()
+            setup.destination.display()
         );
     }
     outln!();
@@ -1597,84 +1541,31 @@ async fn demo_cmd(
     Ok(orchestrator::api::run_exit_code(&record))
 }
 
-fn read_stdin_bytes() -> std::io::Result<Vec<u8>> {
-    let mut buf = Vec::new();
-    // One byte past the hook's limit is enough to know it is over.
-    std::io::stdin()
-        .take(policies::hook::MAX_HOOK_INPUT as u64 + 1)
-        .read_to_end(&mut buf)?;
-    Ok(buf)
-}
-
-/// `policy check`: fails closed. Any failure, including a panic, is exit 2
-/// with the reason on stderr; so is no answer within
-/// [`orchestrator::policy::HOOK_BOUND`] (a locked or slow state): a timer
-/// thread claims the answer and exits 2 unless the check claimed it first.
-/// It never makes a state: without one it refuses, naming how to make one
-/// (the decision itself is `Api::policy_check`).
-fn policy_check(api: &Api, rules: Option<&std::path::Path>, args: &CheckArgs) -> i32 {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let answered = Arc::new(AtomicBool::new(false));
-    {
-        let answered = answered.clone();
-        std::thread::spawn(move || {
-            std::thread::sleep(orchestrator::policy::HOOK_BOUND);
-            if !answered.swap(true, Ordering::SeqCst) {
-                errln!(
-                    "refused by rule nightshift:hook-internal: no answer within {} s (the state is busy or slow): refused rather than answered late",
-                    orchestrator::policy::HOOK_BOUND.as_secs()
-                );
-                std::process::exit(policies::hook::EXIT_BLOCK);
-            }
-        });
+/// `policy check`: the hook's answer (it fails closed: see
+/// `commands::policy`), said on stderr; its code is the exit code.
+fn policy_check(api: &Api, rules: Option<PathBuf>, args: CheckArgs) -> i32 {
+    let call = commands::policy::HookCall {
+        rules,
+        actor: args.actor,
+        tool: args.tool,
+        args_json: args.args_json,
+    };
+    let answer = commands::policy::hook_check(api, call, std::io::stdin());
+    if let Some(warning) = answer.warning {
+        errln!("{warning}");
     }
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        if args.args_json != "-" {
-            return Err(format!(
-                "--args-json {}: only - (stdin) is supported",
-                args.args_json
-            ));
-        }
-        let stdin = read_stdin_bytes().map_err(|e| format!("reading stdin: {e}"))?;
-        api.policy_check(rules, args.actor.as_deref(), &args.tool, &stdin)
-            .map_err(|e| e.message)
-    }));
-    if answered.swap(true, Ordering::SeqCst) {
-        // The timer answered (and is ending the process).
-        loop {
-            std::thread::park();
-        }
+    if let Some(line) = answer.line {
+        errln!("{line}");
     }
-    match result {
-        Ok(Ok(answer)) => {
-            if let Some(warning) = answer.warning {
-                errln!("{warning}");
-            }
-            if let Some(line) = answer.line {
-                errln!("{line}");
-            }
-            answer.code
-        }
-        Ok(Err(reason)) => {
-            errln!(
-                "refused by rule nightshift:hook-internal: {}",
-                reason.replace('\n', " ")
-            );
-            policies::hook::EXIT_BLOCK
-        }
-        Err(_) => {
-            errln!("refused by rule nightshift:hook-internal: the policy check panicked");
-            policies::hook::EXIT_BLOCK
-        }
-    }
+    answer.code
 }
 
 async fn policy_cmd(api: &Api, args: PolicyArgs) -> Result<i32, i32> {
     let rules = args.rules;
     let command = match args.command {
-        PolicyCommand::Check(check) => return Ok(policy_check(api, rules.as_deref(), &check)),
+        PolicyCommand::Check(check) => return Ok(policy_check(api, rules, check)),
         PolicyCommand::Explain(check) => {
-            let input = read_stdin_bytes().map_err(|e| {
+            let input = commands::policy::read_hook_input(std::io::stdin()).map_err(|e| {
                 errln!("nightshift: reading stdin: {e}");
                 exit::BAD_INPUT
             })?;
@@ -2083,94 +1974,50 @@ fn render_destinations(
 }
 
 /// `nightshift serve`: the dashboard and JSON API (orchestrator::serve),
-/// with one watchdog for the whole process.
-async fn serve_cmd(
-    api: &Api,
-    root: &std::path::Path,
-    config_path: Option<&std::path::Path>,
-    args: ServeArgs,
-) -> Result<i32, i32> {
-    let config = load_config(root, config_path)?;
-    orchestrator::acts::use_queue_ttls(config.queue_ttls());
-    orchestrator::acts::use_queue_bounds(config.queue_bounds());
-    open_store(root)?;
-    let identity = orchestrator::run::process_identity(std::process::id())
-        .unwrap_or_else(|| format!("{}:0", std::process::id()));
-    spawn_watchdog(root, config_path, &identity);
-    // Checked when the configuration was read; a second look costs nothing.
-    let front = config.front().map_err(|e| {
-        errln!("nightshift: {e}");
-        exit::BAD_INPUT
-    })?;
+/// the run queue in process and the act executor beside it, with one
+/// watchdog for the whole process (`commands::serve`).
+async fn serve_cmd(api: &Api, args: ServeArgs) -> Result<i32, i32> {
+    let prepared = commands::serve::prepare(api, &warn).map_err(|e| fail(&e))?;
     let opts = orchestrator::serve::ServeOptions {
-        front,
-        config: config_path.map(std::path::Path::to_path_buf),
+        front: prepared.front,
+        config: api.config_path().map(std::path::Path::to_path_buf),
         bind: args.bind,
         allow_hosts: args.allow_hosts,
         insecure_network: args.insecure_network,
         owner_key: args
             .owner_key_file
-            .unwrap_or_else(|| root.join("owner.key")),
+            .unwrap_or_else(|| api.root().join("owner.key")),
         chain_every: std::time::Duration::from_secs(args.chain_check_every),
         tls: match (args.tls_cert, args.tls_key) {
             (Some(cert), Some(key)) => Some(orchestrator::serve::TlsFiles { cert, key }),
             _ => None,
         },
     };
-    // The run queue's dispatcher runs beside the pages, on this runtime,
-    // until the server stops; its runs are then stopped and waited for.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let dispatcher = async {
-        if args.max_parallel == 0 {
-            return;
-        }
-        // Runs in this process, with this process's identity on every
-        // sandbox: the one watchdog above covers them all.
-        let sup = match api.creating_supervisor(&config).await {
-            Ok(sup) => sup,
-            Err(e) => {
-                errln!(
-                    "nightshift serve: no dispatcher ({})",
-                    terminal::line(&e.to_string())
-                );
-                return;
-            }
-        };
-        let runner = orchestrator::task_runner::InProcess {
-            sup,
-            config: config.clone(),
-        };
-        let options = run_queue::DispatchOptions {
-            max_parallel: args.max_parallel,
-            runner: run_queue::Runner::InProcess(Arc::new(runner)),
-            poll: std::time::Duration::from_millis(500),
-            until_empty: false,
-        };
-        if let Err(e) = run_queue::dispatch_loop(api, &options, stopped).await {
-            errln!(
-                "nightshift serve: the run queue's dispatcher stopped: {}",
-                terminal::line(&e.to_string())
-            );
-        }
+    let queue = commands::serve::RunQueue {
+        max_parallel: args.max_parallel,
+        lease_secs: args.task_lease_secs,
     };
     let scheme = if opts.tls.is_some() { "https" } else { "http" };
-    let server = async {
-        let served = orchestrator::serve::serve(root.to_path_buf(), opts, |addr| {
-            outln!("nightshift serve: listening on {scheme}://{addr}")
-        })
-        .await;
-        let _ = stop.send(true);
-        served
-    };
-    let (served, ()) = tokio::join!(server, dispatcher);
-    served.map(|()| exit::OK).map_err(|e| {
-        errln!("nightshift: {e}");
-        match e {
-            orchestrator::serve::ServeError::Bind(_) => exit::BAD_INPUT,
-            orchestrator::serve::ServeError::Store(_) => exit::STATE,
-            _ => exit::INTERNAL,
-        }
-    })
+    orchestrator::serve::serve_with_queue(
+        api,
+        &prepared.config,
+        opts,
+        queue,
+        |addr| outln!("nightshift serve: listening on {scheme}://{addr}"),
+        |e| match e {
+            commands::serve::QueueError::NoDispatcher(e) => errln!(
+                "nightshift serve: no dispatcher ({})",
+                terminal::line(&e.to_string())
+            ),
+            commands::serve::QueueError::Stopped(e) => errln!(
+                "nightshift serve: the run queue's dispatcher stopped: {}",
+                terminal::line(&e.to_string())
+            ),
+        },
+    )
+    .await
+    .map_err(|e| fail(&ApiError::of(e)))?;
+    Ok(exit::OK)
 }
 
 /// `nightshift users`: dashboard accounts; a password only ever from stdin.

@@ -9,7 +9,12 @@
 //! tier-1 retirement removes only an unlocked *allow* that binds only that
 //! agent. Everything else loosens or reaches another party (an allow, the
 //! retirement of any refuse or ask, even the agent's own, an unlock, a rule
-//! on another actor, a lock) and is a proposal the owner must ratify.
+//! on another actor, a lock) and is a proposal the owner must ratify
+//! (`tests::agents_may_tighten_on_themselves`,
+//! `tests::a_glob_actor_is_no_one_agent_and_never_tier1`,
+//! `tests::retirement_is_tier1_only_for_an_own_unlocked_allow`,
+//! `tests::anything_else_needs_the_owner_and_says_so`,
+//! `tests/properties.rs::an_agent_cannot_declare_what_loosens`).
 
 use std::fmt;
 

@@ -3,10 +3,14 @@
 //!
 //! Invariants: [`DOORS`] is the one list of door names and their policy
 //! fields. The door (the orchestrator's `acts.rs`) passes every field named
-//! here, and only these; rule files are checked against it when they are
-//! read ([`check_rule`]): a `doors` entry that names no door (a glob that
-//! matches none), or a match clause on a field that one of the rule's doors
-//! never sends, is an error, so a rule cannot silently never match. A
+//! here, and only these
+//! (`orchestrator/supervisor/src/acts/mod.rs::tests::the_policy_sees_exactly_the_fields_the_door_schema_names`);
+//! rule files are checked against it when they are read ([`check_rule`]): a
+//! `doors` entry that names no door (a glob that matches none), or a match
+//! clause on a field that one of the rule's doors never sends, is an error,
+//! so a rule cannot silently never match
+//! (`tests::unknown_doors_and_unsent_fields_fail`,
+//! `tests/loading.rs::a_field_the_door_never_sends_is_named_at_its_clause`). A
 //! harness's tools (`policy check --tool`) are open-ended and are named in a
 //! rule's `tools`, which this schema does not check.
 

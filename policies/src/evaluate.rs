@@ -2,14 +2,18 @@
 //!
 //! Invariants (the precedence law, each checked by property tests):
 //! - the most restrictive applicable rule wins, `refuse > ask > allow`;
-//!   specificity only chooses which rule of that verdict is *named*;
+//!   specificity only chooses which rule of that verdict is *named*
+//!   (`tests/properties.rs::refuse_beats_everything`,
+//!   `tests/properties.rs::specificity_only_chooses_the_name`);
 //! - no applicable rule means allow;
 //! - a rule that needs a name the request lacks (a specific subject and no
 //!   actor; a scope and no scope) *stands aside*: it is listed in
 //!   `stood_aside`, and a standing-aside refuse counts as ask, never as
 //!   nothing. A field missing from the args is not a missing name: the args
 //!   are all there is, so the clause just fails (`matches`) or holds
-//!   (`not_matches`), see [`crate::rule::Clause::holds`];
+//!   (`not_matches`), see [`crate::rule::Clause::holds`]
+//!   (`tests/properties.rs::standing_aside_is_counted_and_a_refuse_escalates_to_ask`,
+//!   `rule::tests::absent_field_fails_matches_and_holds_not_matches`);
 //! - a freeze refuses everything and names itself;
 //! - the decision is a function of the *set* of rules: order and duplicates
 //!   do not change it (ties are broken by rule id, lists are sorted);

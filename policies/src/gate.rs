@@ -4,11 +4,13 @@
 //! 1. routing is an alias, never a raw destination: text with `://`, an
 //!    `@host:` (scp-style remotes), a leading `/`, `.` or `~`, or a `\` is
 //!    refused by name, because an agent that can name a raw destination can
-//!    send anything anywhere;
+//!    send anything anywhere (`tests::raw_urls_and_paths_are_refused_by_name`);
 //! 2. routing is trusted (an untrusted alias choice is refused);
 //! 3. the alias is one the owner configured;
-//! 4. private content goes only to a destination whose readers are private;
-//! 5. untrusted content never goes out without a person: ask, at least.
+//! 4. private content goes only to a destination whose readers are private
+//!    (`tests::private_content_only_to_private_readers`);
+//! 5. untrusted content never goes out without a person: ask, at least
+//!    (`tests::untrusted_content_needs_a_person_everywhere`).
 //!
 //! Otherwise the gate allows; the policy rules still apply beside it, and
 //! the stricter of the two answers stands.

@@ -8,7 +8,12 @@
 //! `refused by rule <id>: <reason>` or `asks a person: <reason>`, on one
 //! line (control characters in reasons become spaces); refusals that no
 //! declared rule made name a reserved id (`nightshift:freeze`,
-//! `nightshift:hook-input`), which no declared rule can have.
+//! `nightshift:hook-input`), which no declared rule can have
+//! (`tests/hook.rs::fuzzed_stdin_exits_2_unless_valid_json_the_rules_allow`,
+//! `tests/hook.rs::allow_exits_zero_and_prints_nothing`,
+//! `tests/hook.rs::huge_input_is_refused_even_if_valid`,
+//! `tests/hook.rs::refusal_and_ask_lines_are_exact`,
+//! `tests/loading.rs::reserved_ids_cannot_be_declared`).
 //!
 //! Two input shapes: with a tool name given (`--tool Bash`), stdin is the
 //! tool's arguments as any JSON value; with `--tool -`, stdin is the object
@@ -21,7 +26,8 @@
 //! `tool_input`: when its `tool_name` is the tool given, its `tool_input`
 //! (and `cwd`) are used, as with `--tool -`; when it names another tool, the
 //! mismatch is refused. It is never matched as if it were the arguments,
-//! where no rule's field (`command`) would be found and the call allowed.
+//! where no rule's field (`command`) would be found and the call allowed
+//! (`tests/hook.rs::a_harness_payload_with_a_tool_name_uses_its_tool_input_or_refuses_the_mismatch`).
 
 use serde_json::Value;
 

@@ -13,7 +13,7 @@
 //! *first* label, from provenance the caller tracked (the owner's config,
 //! an agent's output); it is not a way to relabel something that already
 //! had one, which is why there is no method that hands back the value and
-//! its label apart.
+//! its label apart (`tests::labelled_values_only_degrade`).
 
 use std::fmt;
 

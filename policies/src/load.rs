@@ -2,8 +2,10 @@
 //!
 //! Invariants: only `*.toml` files directly in the directory are read, in
 //! byte order of their names, so the same directory always gives the same
-//! rows in the same order (and so the same generation). Any error in any
-//! file means no rule set is returned.
+//! rows in the same order (and so the same generation)
+//! (`tests/loading.rs::a_directory_gives_its_own_toml_files_in_byte_order_of_their_names`).
+//! Any error in any file means no rule set is returned
+//! (`tests/loading.rs::an_error_in_any_file_of_a_directory_loads_nothing`).
 
 use std::path::{Path, PathBuf};
 

@@ -5,8 +5,13 @@
 //! at least one door, a non-empty reason, clauses with exactly one test and
 //! compiled linear-time patterns, and `since < until` when both are set.
 //! Whether its doors and fields exist is the door schema's question
-//! ([`crate::doors`]), asked when rule files are read.
-//! A rule is never edited: it is retired and a new one declared.
+//! ([`crate::doors`]), asked when rule files are read
+//! (`tests::bad_rules_are_refused_with_their_reason`,
+//! `tests::serde_round_trip_goes_through_compile`,
+//! `tests/loading.rs::clause_with_both_tests_is_refused`).
+//! A rule is never edited: it is retired and a new one declared (it has no
+//! setter; `tests/ruleset.rs::agents_retire_only_what_tightens_on_themselves`
+//! shows a retired id cannot be declared again).
 //!
 //! Field paths in match clauses are dotted: `command` is the top-level
 //! `command` key of the request's args, `input.path` walks into objects and
@@ -18,8 +23,10 @@
 //! elements make when joined (each quoted as a shell would need it), and as
 //! its compact JSON; anything else as its compact JSON. `matches` holds when
 //! any text matches, `not_matches` when none does, so an array can never
-//! slip past a rule written for the command line it stands for. The texts
-//! are at most about three times the field's size.
+//! slip past a rule written for the command line it stands for
+//! (`tests/recursive_delete.rs::any_recursive_rm_is_refused_as_a_line_an_argv_or_a_shell_and_its_line`,
+//! `tests/recursive_delete.rs::shell_join_quotes_only_what_a_shell_would_split`).
+//! The texts are at most about three times the field's size.
 
 use std::borrow::Cow;
 use std::fmt;

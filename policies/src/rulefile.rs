@@ -9,7 +9,9 @@
 //! declared before its retirements; files are applied in the order given.
 //! Every error carries the file, a 1-based line, and the rule id when one is
 //! known; a set with any error is never returned, so nothing half-loaded
-//! can be used.
+//! can be used (`tests/loading.rs::unknown_field_is_named`,
+//! `tests/loading.rs::a_field_the_door_never_sends_is_named_at_its_clause`,
+//! `tests/loading.rs::an_error_in_any_file_of_a_directory_loads_nothing`).
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -3,26 +3,35 @@
 //! Invariants:
 //! - rows are only ever appended; a rule is never edited. Changing a rule is
 //!   a retirement row plus a new declaration, and a rule id is never reused,
-//!   even after retirement, so "which rule bound whom" stays answerable;
+//!   even after retirement, so "which rule bound whom" stays answerable
+//!   (`tests/ruleset.rs::agents_retire_only_what_tightens_on_themselves`,
+//!   `tests/loading.rs::duplicate_id_is_named_at_the_second_declaration`);
 //! - [`RuleSet::apply`] checks a row completely before changing anything, so
 //!   a refused row leaves the set exactly as it was, and the generation
-//!   moves only when a row is applied;
+//!   moves only when a row is applied
+//!   (`tests/ruleset.rs::generation_moves_only_on_applied_rows_and_names_them`,
+//!   `tests/ruleset.rs::apply_all_is_all_or_nothing_and_rows_round_trip_through_json`);
 //! - the generation is the number of rows applied plus a SHA-256 chain over
 //!   their canonical JSON (`digest_n = sha256(digest_{n-1} || row_n)`,
 //!   starting from 32 zero bytes). The count orders generations; the digest
 //!   names the exact rows, so two stores that replayed different rows never
-//!   share a generation;
+//!   share a generation
+//!   (`tests/ruleset.rs::generation_moves_only_on_applied_rows_and_names_them`);
 //! - an agent's declaration applies only if it is tier 1
 //!   ([`crate::authority`]); everything else an agent wants goes through a
 //!   proposal, inert until the owner ratifies it. Ratified rules are locked
 //!   unless the ratification says otherwise; a locked rule is retired only
-//!   after an unlock;
+//!   after an unlock
+//!   (`tests/ruleset.rs::a_proposal_is_inert_until_ratified_and_ratified_rules_are_locked`,
+//!   `tests/properties.rs::an_agent_cannot_declare_what_loosens`);
 //! - while frozen, tier-1 (agent-declared) rules are suspended: dropped from
 //!   the active set, and listed by [`RuleSet::suspended`] for the audit. The
 //!   freeze refuses every request, so dropping them loosens nothing.
 //!
 //! Owner rulings (ratify, reject, unlock, freeze, thaw) carry no author: the
-//! caller applies them only under the owner's own credential.
+//! caller applies them only under the owner's own credential
+//! (`tests/tests/policy_cli.rs::a_proposal_is_inert_until_the_owner_ratifies_it_and_then_locked`,
+//! `tests/tests/policy_cli.rs::a_freeze_refuses_every_door_and_every_run_until_the_owner_thaws`).
 
 use std::collections::BTreeMap;
 use std::fmt;

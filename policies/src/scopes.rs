@@ -9,7 +9,8 @@
 //!   (a routing the owner has not configured, or content its readers may not
 //!   read, is refused whatever the rules say); only an `allow` rule the
 //!   owner ratified or declared (an autonomy scope) carries an act out, and
-//!   only when the gate's one objection is that the content is untrusted.
+//!   only when the gate's one objection is that the content is untrusted
+//!   (`tests::only_an_owners_allow_carries_an_act_and_only_past_an_untrusted_objection`).
 //! - Every proposal is a change the engine accepts under its precedence law:
 //!   every `ask` that covers the acts to let through is retired (unlocked
 //!   first when locked) and declared again as pieces whose clauses exclude
@@ -17,7 +18,10 @@
 //!   outside the region is unchanged, and the `allow` is never shadowed by a
 //!   wider ask. A `refuse` is never narrowed: a request a refuse covers is
 //!   no evidence. A proposal is offered only if, applied to the rule set,
-//!   every act of its evidence is carried out under its allow.
+//!   every act of its evidence is carried out under its allow
+//!   (`tests/scopes.rs::proposals_never_pass_what_a_person_blocked_or_readers_may_not_read`,
+//!   `tests/scopes.rs::adopting_changes_exactly_the_diff`,
+//!   `tests/scopes.rs::no_proposal_carries_a_force_push_a_deletion_or_what_a_refuse_covers`).
 //! - No proposal lets through an act a person rejected, let expire or found
 //!   stale, nor an act whose content its destination's readers may not read,
 //!   nor one to a destination the owner has not configured: each proposal is
@@ -28,11 +32,14 @@
 //!   act it would let through that the history lacks, from every recorded
 //!   request and near variants of its evidence; a pattern rung admits names
 //!   beyond any list, so it is never safe. The narrowest rung admits only
-//!   routings of its evidence, so its delta is empty by construction.
+//!   routings of its evidence, so its delta is empty by construction
+//!   (`tests/scopes.rs::the_narrowest_rung_has_an_empty_delta`).
 //! - Proposals are scoped to one repository, name one configured
-//!   destination literally, and never match a force push or a deletion.
+//!   destination literally, and never match a force push or a deletion
+//!   (`tests/scopes.rs::no_proposal_carries_a_force_push_a_deletion_or_what_a_refuse_covers`).
 //! - Evidence is content-free: ids, counts, times; never a body, a title, a
-//!   commit message.
+//!   commit message
+//!   (`tests/scopes.rs::no_proposal_carries_a_force_push_a_deletion_or_what_a_refuse_covers`).
 //! - A proposal's id is a digest of the changes it makes, so the same
 //!   proposal has the same id on another day (a refused one is not offered
 //!   again) and adopting an id adopts exactly what was shown.
@@ -1257,6 +1264,73 @@ mod tests {
             ]
         );
         assert!(broader_patterns(&t[..1]).is_empty());
+    }
+
+    fn allow(id: &str) -> Rule {
+        Rule::compile(RuleSpec {
+            id: id.into(),
+            subject: "*".into(),
+            scope: None,
+            doors: vec!["push".into()],
+            tools: Vec::new(),
+            effect: Effect::Allow,
+            reason: "r".into(),
+            authority: "t".into(),
+            locked: false,
+            since: None,
+            until: None,
+            clauses: vec![],
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn only_an_owners_allow_carries_an_act_and_only_past_an_untrusted_objection() {
+        use crate::gate::Readers;
+        let request = Request::new(
+            "push",
+            serde_json::json!({"remote": "origin", "ref": "refs/heads/agent/x"}),
+        );
+        let clock = Timestamp(1_800_000_000);
+        let with = |author: Author| {
+            let mut set = RuleSet::new();
+            set.apply(Row::Declare {
+                rule: allow("allow-push"),
+                author,
+            })
+            .unwrap();
+            set
+        };
+        // A shipped allow is not a scope: untrusted content is asked for.
+        let shipped = with(Author::Shipped);
+        let j = passage(
+            &shipped,
+            &request,
+            "origin",
+            Some(Readers::Private),
+            Label::TOP,
+            clock,
+        );
+        assert_eq!(j.passage, Passage::Asked);
+        assert_eq!(j.scope, None);
+        // The owner's allow carries it, when untrusted content is the gate's one objection.
+        let owner = with(Author::Owner);
+        let j = passage(
+            &owner,
+            &request,
+            "origin",
+            Some(Readers::Private),
+            Label::TOP,
+            clock,
+        );
+        assert_eq!(j.passage, Passage::Carried);
+        assert_eq!(j.scope, Some(RuleId("allow-push".into())));
+        // Not past any other objection: private content to public readers,
+        // or a destination the owner has not configured.
+        for readers in [Some(Readers::Public), None] {
+            let j = passage(&owner, &request, "origin", readers, Label::TOP, clock);
+            assert_eq!(j.passage, Passage::Refused, "{readers:?}");
+        }
     }
 
     #[test]

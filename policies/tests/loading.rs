@@ -242,6 +242,30 @@ fn retirement_naming_no_rule_is_named() {
 }
 
 #[test]
+fn a_directory_gives_its_own_toml_files_in_byte_order_of_their_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let retire = "[[retire]]\nrule = \"r1\"\nreason = \"changed\"\nauthority = \"test\"\n";
+    // `Z` sorts before `a` in bytes (not in a case-blind or locale order):
+    // the declaration is read first, so the retirement finds its rule.
+    std::fs::write(dir.path().join("Z.toml"), GOOD).unwrap();
+    std::fs::write(dir.path().join("a.toml"), retire).unwrap();
+    // Not read: another extension, a subdirectory's file, a directory.
+    std::fs::write(dir.path().join("b.toml.bak"), "not toml [").unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    std::fs::write(dir.path().join("sub/c.toml"), "not toml [").unwrap();
+    std::fs::create_dir(dir.path().join("d.toml")).unwrap();
+    let set = load_dir(dir.path()).unwrap();
+    let same =
+        rule_set_from_files([(Path::new("Z.toml"), GOOD), (Path::new("a.toml"), retire)]).unwrap();
+    assert_eq!(set.generation(), same.generation());
+    assert_eq!(set.generation().rows, 2);
+    // The other order names no rule to retire.
+    std::fs::rename(dir.path().join("Z.toml"), dir.path().join("b.toml")).unwrap();
+    let e = load_dir(dir.path()).unwrap_err();
+    assert!(e.to_string().contains("a.toml"), "{e}");
+}
+
+#[test]
 fn retirement_in_a_later_file_applies() {
     let retire = "[[retire]]\nrule = \"r1\"\nreason = \"changed\"\nauthority = \"test\"\n";
     let set =

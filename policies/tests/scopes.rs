@@ -373,3 +373,71 @@ fn agent_branches_are_proposed_and_main_is_not() {
     assert_eq!(out.proposals.len(), 1, "{:?}", out.proposals);
     assert_eq!(out.proposals[0].rung, 0);
 }
+
+#[test]
+fn no_proposal_carries_a_force_push_a_deletion_or_what_a_refuse_covers() {
+    // The defaults plus the owner's refuse on `agent/bad`.
+    let rules = rules(1);
+    let dest = destinations();
+    let push = |i: usize, r: &str, outcome: Outcome| Record {
+        id: format!("d{i}"),
+        run: format!("run{i}"),
+        at: i as i64,
+        actor: format!("run-run{i}"),
+        door: "push".into(),
+        repository: "/r1".into(),
+        destination: "origin".into(),
+        // Fields no rule reads, standing for content the evidence must not keep.
+        args: serde_json::json!({"remote": "origin", "ref": r, "commit": "c", "force": false, "delete": false,
+            "repository": "/r1", "title": "SECRET-TITLE", "message": "SECRET-MESSAGE"}),
+        label: Label::TOP,
+        outcome,
+    };
+    let records = vec![
+        push(0, "refs/heads/agent/x1", Outcome::Approved),
+        push(1, "refs/heads/agent/x2", Outcome::DryAsked),
+        push(2, "refs/heads/agent/bad", Outcome::Refused),
+    ];
+    let out = scopes::propose(scopes::Input {
+        rules: &rules,
+        records: &records,
+        evidence: &records,
+        destinations: &dest,
+        refused: &BTreeSet::new(),
+        clock: CLOCK,
+    });
+    assert!(
+        out.proposals.iter().any(|p| p.rung > 0),
+        "a pattern rung that spans agent/bad: {:?}",
+        out.proposals
+    );
+    let shown = format!("{out:?}");
+    assert!(!shown.contains("SECRET"), "content in a proposal: {shown}");
+    for p in &out.proposals {
+        let next = scopes::adopted(&rules, p).unwrap();
+        assert_eq!(
+            judge(&next, &records[0]).passage,
+            Passage::Carried,
+            "{}",
+            p.id
+        );
+        for r in &records[..2] {
+            for field in ["force", "delete"] {
+                let mut v = r.clone();
+                v.args[field] = true.into();
+                assert_ne!(
+                    judge(&next, &v).passage,
+                    Passage::Carried,
+                    "{} {field}",
+                    p.id
+                );
+            }
+        }
+        assert_eq!(
+            judge(&next, &records[2]).passage,
+            Passage::Refused,
+            "{}",
+            p.id
+        );
+    }
+}

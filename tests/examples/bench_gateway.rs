@@ -77,10 +77,12 @@ fn main() {
     let models = orchestrator::gateway::load(state.path()).unwrap().unwrap();
     let door = state.path().join("doors").join("bench");
     std::fs::create_dir_all(&door).unwrap();
-    let paths = orchestrator::store::StatePaths::new(state.path().to_path_buf());
+    let stores: orchestrator::state_store::Stores = std::sync::Arc::new(
+        orchestrator::store::SqliteBackend::new(state.path().to_path_buf(), None),
+    );
     let _gw = rt.block_on(async {
         orchestrator::gateway::open(
-            &paths,
+            &stores,
             &door,
             "bench",
             orchestrator::acts::run_content_label(policies::Confidentiality::Private),

@@ -7,6 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use orchestrator::state_store::AuditLog as _;
+
 /// The `nightshift` binary built beside this test executable.
 pub fn nightshift_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
@@ -25,18 +27,31 @@ pub fn nightshift_bin() -> PathBuf {
 }
 
 /// One isolated nightshift state for a test.
+/// The variable that runs the end-to-end tests on another store:
+/// `postgres` puts each test's state in a fresh PostgreSQL database (on the
+/// server `NIGHTSHIFT_TEST_PG` names, or one started for the test process).
+pub const TEST_STORE_VAR: &str = "NIGHTSHIFT_TEST_STORE";
+
 #[derive(Debug)]
 pub struct State {
     pub dir: tempfile::TempDir,
+    /// The store's URL when it is not the state directory's SQLite store.
+    pub store_url: Option<String>,
 }
 
 impl State {
     pub fn new() -> Self {
+        let store_url = match std::env::var(TEST_STORE_VAR).as_deref() {
+            Ok("postgres") => Some(orchestrator::store_postgres::testing::fresh_database()),
+            Ok("sqlite") | Ok("") | Err(_) => None,
+            Ok(other) => panic!("{TEST_STORE_VAR}={other}: use postgres or sqlite"),
+        };
         Self {
             dir: tempfile::Builder::new()
                 .prefix("nightshift-e2e-")
                 .tempdir()
                 .expect("temp state dir"),
+            store_url,
         }
     }
 
@@ -44,11 +59,34 @@ impl State {
         self.dir.path()
     }
 
+    /// Whether this state's store is PostgreSQL (`NIGHTSHIFT_TEST_STORE`).
+    pub fn on_postgres(&self) -> bool {
+        self.store_url.is_some()
+    }
+
+    /// The store's port over this state, as the binary builds it.
+    pub fn stores(&self) -> orchestrator::state_store::Stores {
+        match &self.store_url {
+            Some(url) => std::sync::Arc::new(orchestrator::store_postgres::PgBackend::new(
+                url,
+                self.path().to_path_buf(),
+            )),
+            None => std::sync::Arc::new(orchestrator::store::SqliteBackend::new(
+                self.path().to_path_buf(),
+                None,
+            )),
+        }
+    }
+
     /// A `nightshift` command bound to this state, with a clean environment
     /// apart from what the engine client needs.
     pub fn cmd(&self) -> Command {
         let mut c = Command::new(nightshift_bin());
         c.env("NIGHTSHIFT_STATE_DIR", self.path());
+        match &self.store_url {
+            Some(url) => c.env("NIGHTSHIFT_STORE", url),
+            None => c.env_remove("NIGHTSHIFT_STORE"),
+        };
         c
     }
 
@@ -68,21 +106,51 @@ impl State {
     /// The run and body of this state's audit entries of `kind`, oldest
     /// first.
     pub fn audit_runs_and_bodies(&self, kind: &str) -> Vec<(Option<String>, serde_json::Value)> {
-        let db = rusqlite::Connection::open(self.path().join("state.db")).expect("state.db");
-        let mut stmt = db
-            .prepare("SELECT run, body FROM audit WHERE kind = ?1 ORDER BY seq")
-            .expect("the audit table");
-        let rows = stmt
-            .query_map([kind], |r| {
-                Ok((r.get::<_, Option<String>>(0)?, r.get::<_, String>(1)?))
+        self.stores()
+            .connect()
+            .expect("the state's store")
+            .entries()
+            .expect("reading the audit log")
+            .into_iter()
+            .filter(|e| e.kind == kind)
+            .map(|e| (e.run, serde_json::Value::Object(e.body)))
+            .collect()
+    }
+
+    /// Every audit entry of this state, read through the store's port.
+    pub fn audit_entries(&self) -> Vec<orchestrator_audit::Entry> {
+        self.stores()
+            .connect()
+            .expect("the state's store")
+            .entries()
+            .expect("reading the audit log")
+    }
+
+    /// How many audit entries of `kind` hold `needle` in their body (as
+    /// compact JSON, e.g. `"verdict":"error"`).
+    pub fn count_audit(&self, kind: &str, needle: &str) -> usize {
+        self.audit_entries()
+            .into_iter()
+            .filter(|e| e.kind == kind)
+            .filter(|e| {
+                serde_json::Value::Object(e.body.clone())
+                    .to_string()
+                    .contains(needle)
             })
-            .expect("reading the audit table")
-            .map(|r| {
-                let (run, body) = r.expect("an audit row");
-                (run, serde_json::from_str(&body).expect("audit body json"))
-            })
-            .collect();
-        rows
+            .count()
+    }
+
+    /// A tamper test of the SQLite file itself: on another store it says so
+    /// and returns true (the test then stops; it asserts in the SQLite
+    /// pass, and PostgreSQL's own tamper tests are
+    /// `orchestrator/store-postgres/tests/`).
+    pub fn sqlite_only(&self, what: &str) -> bool {
+        if self.on_postgres() {
+            eprintln!(
+                "SQLite only ({what}): this test changes state.db itself; PostgreSQL's tamper tests are in orchestrator/store-postgres/tests/"
+            );
+        }
+        self.on_postgres()
     }
 
     /// `nightshift runs --json`.

@@ -45,6 +45,8 @@ impl Morning {
             remote_dir.path(),
             &["init", "-q", "--bare", bare.to_str().unwrap()],
         );
+        // Every update of every ref is logged ([`Morning::ref_updates`]).
+        git(&bare, &["config", "core.logAllRefUpdates", "always"]);
         let git_server = GitHttpServer::start(&bare, "nightshift", PASSWORD);
         let secrets = state.path().join("secrets");
         std::fs::create_dir(&secrets).unwrap();
@@ -131,6 +133,24 @@ impl Morning {
     /// What `r` holds in the remote, if anything.
     pub fn remote_ref(&self, r: &str) -> Option<String> {
         remote_ref(&self.bare, r)
+    }
+
+    /// How many times the remote's `r` was written (created or moved):
+    /// its reflog, which receive-pack appends to under the ref's lock.
+    pub fn ref_updates(&self, r: &str) -> usize {
+        let out = std::process::Command::new("git")
+            .arg("--git-dir")
+            .arg(&self.bare)
+            .args(["reflog", "show", "--format=%H", r, "--"])
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            return 0;
+        }
+        stdout(&out)
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count()
     }
 
     /// How many pushes (receive-pack POSTs) reached the remote.

@@ -319,25 +319,42 @@ if cat /proc/*/environ 2>/dev/null | tr '\0' '\n' | grep -q -e {PASSWORD} -e {TO
 
     // The password and token never reached the audit or the queue either.
     // (The runs table holds the agent's command, which names them to probe for.)
-    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
-    for table in ["audit", "acts", "policy_rows"] {
-        let mut stmt = db.prepare(&format!("SELECT * FROM {table}")).unwrap();
-        let n = stmt.column_count();
-        let rows: Vec<String> = stmt
-            .query_map([], |r| {
-                Ok((0..n)
-                    .map(|i| match r.get_ref(i).unwrap() {
-                        rusqlite::types::ValueRef::Text(t) | rusqlite::types::ValueRef::Blob(t) => {
-                            String::from_utf8_lossy(t).into_owned()
-                        }
-                        other => format!("{other:?}"),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(" "))
-            })
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+    // Read through the store's port, whichever store it is.
+    let store = m.state.stores().connect().unwrap();
+    let tables: [(&str, Vec<String>); 3] = [
+        (
+            "audit",
+            m.state
+                .audit_entries()
+                .into_iter()
+                .map(|e| format!("{} {}", e.kind, serde_json::Value::Object(e.body)))
+                .collect(),
+        ),
+        (
+            "acts",
+            store
+                .acts(None)
+                .unwrap()
+                .into_iter()
+                .map(|(act, state, content)| {
+                    format!(
+                        "{act} {state} {}",
+                        String::from_utf8_lossy(&content.unwrap_or_default())
+                    )
+                })
+                .collect(),
+        ),
+        (
+            "policy_rows",
+            store
+                .policy_rows()
+                .unwrap()
+                .into_iter()
+                .map(|r| r.to_string())
+                .collect(),
+        ),
+    ];
+    for (table, rows) in tables {
         for row in rows {
             assert!(
                 !row.contains(PASSWORD) && !row.contains(TOKEN),
@@ -462,15 +479,7 @@ fn a_flood_of_acts_is_answered_audited_and_capped() {
     assert!(log.contains("ok=200 refused=60"), "{log}");
     assert!(log.contains("refused by rule nightshift:rate-cap"), "{log}");
     // Each request answered and audited exactly once.
-    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
-    let n: i64 = db
-        .query_row(
-            "SELECT count(*) FROM audit WHERE kind = 'door_request'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
-    assert_eq!(n, 260);
+    assert_eq!(m.state.count_audit("door_request", ""), 260);
     assert_eq!(queue(&m).len(), 200);
     assert!(m.state.verify().status.success());
 }
@@ -502,14 +511,7 @@ fn a_destination_that_stays_down_is_retried_with_backoff_then_failed() {
         stdout(&out),
         stderr(&out)
     );
-    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
-    let attempts: i64 = db
-        .query_row(
-            "SELECT count(*) FROM audit WHERE kind = 'act' AND body LIKE '%\"transition\":\"executing\"%'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let attempts = m.state.count_audit("act", "\"transition\":\"executing\"");
     assert_eq!(attempts, 3, "bounded attempts");
     assert_eq!(queue(&m)[0]["status"], "failed");
     assert!(m.state.verify().status.success());
@@ -548,14 +550,7 @@ echo q > q.txt; nightshift-act ask --file q.txt; echo "after=$?""#,
     }
     // The door still answers afterwards.
     assert!(log.contains("after=0"), "{log}");
-    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
-    let errors: i64 = db
-        .query_row(
-            "SELECT count(*) FROM audit WHERE kind = 'door_request' AND body LIKE '%\"verdict\":\"error\"%'",
-            [],
-            |r| r.get(0),
-        )
-        .unwrap();
+    let errors = m.state.count_audit("door_request", "\"verdict\":\"error\"");
     assert_eq!(errors, 3);
     assert!(m.state.verify().status.success());
 }
@@ -675,16 +670,9 @@ PY
 "#,
     );
     assert!(log.contains("capped=200"), "{log}");
-    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
-    let count = |verdict: &str| -> i64 {
-        db.query_row(
-            &format!(
-                "SELECT count(*) FROM audit WHERE kind = 'door_request' AND body LIKE '%\"verdict\":\"{verdict}\"%'"
-            ),
-            [],
-            |r| r.get(0),
-        )
-        .unwrap()
+    let count = |verdict: &str| {
+        m.state
+            .count_audit("door_request", &format!("\"verdict\":\"{verdict}\""))
     };
     assert_eq!(count("refused"), 1000, "each answered request audited once");
     assert_eq!(count("flood"), 1, "the flood itself audited once");
@@ -741,15 +729,7 @@ fn the_queue_is_bounded_per_night_and_per_repository_and_a_run_is_rejected_at_on
         "{log}"
     );
     // Every refusal is audited by name.
-    let db = rusqlite::Connection::open(m.state.path().join("state.db")).unwrap();
-    let count = |rule: &str| -> i64 {
-        db.query_row(
-            "SELECT count(*) FROM audit WHERE kind = 'door_request' AND body LIKE ?1",
-            [format!("%{rule}%")],
-            |r| r.get(0),
-        )
-        .unwrap()
-    };
+    let count = |rule: &str| m.state.count_audit("door_request", rule);
     assert_eq!(count("nightshift:queue-repository"), 2);
     assert_eq!(count("nightshift:queue-night"), 7);
     assert_eq!(queue(&m).len(), 15);

@@ -1,9 +1,14 @@
 //! One refusal through the real engine: an image that declares a VOLUME gets
 //! an anonymous engine volume mounted, a writable host path that is not the
 //! worktree. The attestation sees it in the inspected container and refuses.
+//!
+//! Whether a container started is asked of the engine itself (its event
+//! log), not of what nightshift recorded: the probe sees a start however
+//! the supervisor records or cleans up after it.
 
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use tests::{audit_kinds, image, make_repo, only_run, stderr, State};
 
@@ -33,32 +38,77 @@ fn volume_image() -> String {
     tag
 }
 
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// The containers of this state the engine started since `since` (unix
+/// seconds), from the engine's event log, one id per start.
+fn engine_starts(state: &State, since: u64) -> Vec<String> {
+    let tag = orchestrator::state_tag(state.path());
+    let out = Command::new("docker")
+        .args([
+            "events",
+            "--since",
+            &since.saturating_sub(1).to_string(),
+            "--until",
+            &(unix_now() + 1).to_string(),
+            "--filter",
+            "type=container",
+            "--filter",
+            "event=start",
+            "--filter",
+            &format!("label=nightshift.state={tag}"),
+            "--format",
+            "{{.ID}}",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "docker events: {}", stderr(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
 #[test]
 fn a_container_that_breaks_tier0_never_starts() {
     let state = State::new();
     let repo = make_repo();
-    let sentinel = state.path().join("agent-ran");
+    let image = volume_image();
+    let since = unix_now();
     let out = state.run(&[
         "run",
         "--repo",
         repo.path().to_str().unwrap(),
         "--image",
-        &volume_image(),
+        &image,
         "--",
         "touch",
         "/workspace/agent-ran",
     ]);
+    // The engine never started it (asked before anything else: whatever
+    // nightshift recorded, a start shows here).
+    let run = only_run(&state);
+    let container = run["container_id"].as_str().unwrap_or_default().to_string();
+    assert!(!container.is_empty(), "no container was created: {run}");
+    assert_eq!(
+        engine_starts(&state, since),
+        Vec::<String>::new(),
+        "the engine started the refused container {container}"
+    );
     assert_eq!(out.status.code(), Some(6), "{}", stderr(&out));
     let err = stderr(&out);
     assert!(
         err.contains("mounts-only-worktree"),
         "refusal does not name the property: {err}"
     );
-    let run = only_run(&state);
     assert_eq!(run["status"], "refused: attestation");
     assert!(run["started_at"].is_null(), "the agent was started");
     assert!(run["result_commit"].is_null());
-    assert!(!sentinel.exists());
     let kinds = audit_kinds(&state, run["id"].as_str().unwrap());
     assert!(kinds.contains(&"attestation".to_string()));
     assert!(!kinds.contains(&"started".to_string()));
@@ -83,6 +133,7 @@ fn a_container_that_breaks_tier0_never_starts() {
 fn the_attestation_of_a_real_sandbox_covers_the_hardening() {
     let state = State::new();
     let repo = make_repo();
+    let since = unix_now();
     let out = state.run(&[
         "run",
         "--repo",
@@ -94,6 +145,9 @@ fn the_attestation_of_a_real_sandbox_covers_the_hardening() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let run = only_run(&state);
+    // The probe the refusal test relies on sees a start when there is one.
+    let container = run["container_id"].as_str().unwrap();
+    assert_eq!(engine_starts(&state, since), [container]);
     let show = state.show(run["id"].as_str().unwrap());
     let att = show["audit"]
         .as_array()

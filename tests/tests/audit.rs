@@ -36,6 +36,9 @@ fn two_concurrent_runs(state: &State) {
 #[test]
 fn concurrent_runs_keep_one_intact_chain_and_a_tamper_is_named() {
     let state = State::new();
+    if state.sqlite_only("rows deleted or rewritten in state.db") {
+        return;
+    }
     two_concurrent_runs(&state);
     let ok = state.verify();
     assert!(ok.status.success(), "{}", stdout(&ok));
@@ -70,6 +73,9 @@ fn concurrent_runs_keep_one_intact_chain_and_a_tamper_is_named() {
 #[test]
 fn deleting_the_tail_before_the_last_checkpoint_is_found() {
     let state = State::new();
+    if state.sqlite_only("rows deleted or rewritten in state.db") {
+        return;
+    }
     two_concurrent_runs(&state);
     let db = rusqlite::Connection::open(state.path().join("state.db")).unwrap();
     let max: i64 = db
@@ -118,6 +124,9 @@ fn refused_check(state: &State) {
 #[test]
 fn deleting_the_tail_after_the_last_checkpoint_is_found_by_the_head() {
     let state = State::new();
+    if state.sqlite_only("rows deleted or rewritten in state.db") {
+        return;
+    }
     // A policy row (with its checkpoint), then entries no checkpoint follows.
     assert!(state.run(&["freeze", "--why", "x"]).status.success());
     for _ in 0..5 {
@@ -186,9 +195,6 @@ fn verify_beside_concurrent_appenders_never_cries_wolf() {
     // The appenders did append meanwhile, and the chain is whole.
     let out = state.verify();
     assert!(out.status.success(), "{}", stdout(&out));
-    let db = rusqlite::Connection::open(state.path().join("state.db")).unwrap();
-    let n: i64 = db
-        .query_row("SELECT count(*) FROM audit", [], |r| r.get(0))
-        .unwrap();
+    let n = state.audit_entries().len();
     assert!(n > 20, "only {n} entries were appended");
 }

@@ -58,7 +58,17 @@ fn the_command_line_goes_through_a_running_serve_and_works_alone_after_kill_9() 
         stdout(&out)
     );
     assert_eq!(decided_by(&m, &one, "approved"), "owner via serve");
-    assert!(m.remote_ref("refs/heads/agent/one").is_some());
+    // The decision returned at once; serve's executor carries it out.
+    let started = std::time::Instant::now();
+    while m.remote_ref("refs/heads/agent/one").is_none()
+        && started.elapsed() < std::time::Duration::from_secs(30)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(
+        m.remote_ref("refs/heads/agent/one").is_some(),
+        "serve's executor did not carry the approved act out"
+    );
     // An error comes back with its exit code: an act that does not exist.
     let out = m.as_owner(&["approve", "01NOSUCHACT"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));

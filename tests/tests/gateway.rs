@@ -696,10 +696,12 @@ fn direct_gateway_with(
     let models = orchestrator::gateway::load(state.path()).unwrap().unwrap();
     let door = state.path().join("doors").join(run);
     std::fs::create_dir_all(&door).unwrap();
-    let paths = orchestrator::store::StatePaths::new(state.path().to_path_buf());
+    let stores: orchestrator::state_store::Stores = std::sync::Arc::new(
+        orchestrator::store::SqliteBackend::new(state.path().to_path_buf(), None),
+    );
     let handle = rt.block_on(async {
         orchestrator::gateway::open(
-            &paths,
+            &stores,
             &door,
             run,
             orchestrator::acts::run_content_label(confidentiality),
@@ -1396,6 +1398,7 @@ fn model_calls_on_a_full_disk_are_refused_and_every_one_is_audited() {
     let template = state_with_models(&server, "");
     let state = State {
         dir: tempfile::tempdir_in(disk.dir.path()).unwrap(),
+        store_url: None,
     };
     std::fs::copy(
         template.path().join("models.toml"),

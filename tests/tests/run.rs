@@ -147,18 +147,10 @@ fn the_audit_holds_no_content() {
         "echo OUTPUT-MUST-NOT-BE-AUDITED; echo FILE-CONTENT-MUST-NOT-BE-AUDITED > f.txt",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let db = rusqlite::Connection::open(state.path().join("state.db")).unwrap();
-    let mut stmt = db.prepare("SELECT kind, body FROM audit").unwrap();
-    let rows: Vec<String> = stmt
-        .query_map([], |r| {
-            Ok(format!(
-                "{} {}",
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?
-            ))
-        })
-        .unwrap()
-        .map(Result::unwrap)
+    let rows: Vec<String> = state
+        .audit_entries()
+        .into_iter()
+        .map(|e| format!("{} {}", e.kind, serde_json::Value::Object(e.body)))
         .collect();
     assert!(rows.len() >= 8);
     for row in rows {

@@ -32,7 +32,14 @@ impl Drop for Cleanup<'_> {
 fn dispatcher(state: &State, max_parallel: &str) -> Child {
     state
         .cmd()
-        .args(["tasks", "run", "--max-parallel", max_parallel])
+        .args([
+            "tasks",
+            "run",
+            "--max-parallel",
+            max_parallel,
+            "--lease-secs",
+            "3",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -226,4 +233,88 @@ fn a_bad_task_enqueues_nothing_and_is_named() {
         assert!(stderr(&out).contains(said), "{}", stderr(&out));
     }
     assert!(tasks(&state).is_empty());
+}
+
+/// `nightshift run` goes through the queue's task path: its run is a task
+/// (done, naming the run, when it ends); killed with `kill -9` mid-run, its
+/// task is left running under a lease that lapses, and a dispatcher then
+/// takes it over and settles it from the run, which the run's watchdog
+/// ended. A dispatcher's own child runs make no task of their own (the
+/// first test counts one task a run).
+#[test]
+fn a_foreground_run_is_a_task_and_a_killed_one_is_settled_by_a_dispatcher() {
+    let state = State::new();
+    let repo = make_repo();
+    let mut cleanup = Cleanup {
+        state: &state,
+        dispatchers: Vec::new(),
+    };
+    let out = state.run(&[
+        "run",
+        "--repo",
+        repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--task",
+        "write a file",
+        "--json",
+        "--",
+        "bash",
+        "-c",
+        "echo x > x.txt",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let record: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let all = tasks(&state);
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert_eq!(all[0]["state"], "done", "{all:#?}");
+    assert_eq!(all[0]["progress"]["run"], record["id"], "{all:#?}");
+    assert_eq!(all[0]["progress"]["exit_code"], 0, "{all:#?}");
+    assert_eq!(all[0]["spec"]["task"], "write a file", "{all:#?}");
+
+    // A second run, killed with kill -9 while its agent waits.
+    let mut run = state
+        .cmd()
+        .args([
+            "run",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--image",
+            &image(),
+            "--",
+        ])
+        .args(["bash", "-c", &format!("{WAIT_AT_GATE}echo y > y.txt")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    cleanup.dispatchers.push(run.id());
+    let running = tests::wait_running(&state, &mut run, 1);
+    wait_tasks(&state, "the foreground run's task running", |t| {
+        t.len() == 2 && t[1]["state"] == "running" && t[1]["progress"]["run"] == running[0].as_str()
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    run.wait().unwrap();
+    // Nothing settles the task but a dispatcher, once the lease lapses.
+    assert_eq!(states(&state), ["done", "running"]);
+    let mut second = dispatcher(&state, "1");
+    cleanup.dispatchers.push(second.id());
+    let status = wait_exit(&mut second);
+    assert_eq!(status, Some(0));
+    let all = tasks(&state);
+    assert_ne!(all[1]["state"], "running", "{all:#?}");
+    assert_eq!(all[1]["progress"]["run"], running[0].as_str(), "{all:#?}");
+    let runs = state.runs();
+    assert_eq!(runs.len(), 2, "a task ran twice: {runs:#?}");
+    let r = runs
+        .iter()
+        .find(|r| r["id"] == running[0].as_str())
+        .unwrap();
+    assert_ne!(r["status"], "running", "{r:#?}");
+    assert_eq!(all[1]["progress"]["status"], r["status"], "{all:#?}");
+    assert!(state.verify().status.success());
 }

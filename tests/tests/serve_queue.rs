@@ -7,6 +7,9 @@
 //! tasks from their runs (none runs twice), the queued task stays queued and
 //! then runs; the audit chain still verifies. A run that fails ends only its
 //! task; a stopped `serve` stops its runs, imports their work and waits.
+//! Two `nightshift worker`s (`serve` without pages) share one queue and
+//! one budget; one killed with `kill -9`, the other takes its tasks over
+//! once their leases lapse and runs the rest.
 
 use tests::browser::Serve;
 use tests::queue::{processes, running_run, states, tasks, wait_tasks};
@@ -48,7 +51,7 @@ fn a_killed_serve_loses_no_task_and_leaves_no_orphan_sandbox() {
     assert_eq!(states(&state), ["queued", "queued", "queued"]);
 
     // serve starts two tasks (two at a time), as its own runs ...
-    let mut first = Serve::start(&state, &["--max-parallel", "2"]);
+    let mut first = Serve::start(&state, &["--max-parallel", "2", "--task-lease-secs", "3"]);
     let (run1, run2) = (running_run(&state, 0), running_run(&state, 1));
     assert_eq!(states(&state), ["running", "running", "queued"]);
     let serve_id = format!("{}:", first.child.id());
@@ -75,7 +78,7 @@ fn a_killed_serve_loses_no_task_and_leaves_no_orphan_sandbox() {
 
     // The next serve settles both tasks from their runs, then runs the
     // queued one.
-    let second = Serve::start(&state, &["--max-parallel", "2"]);
+    let second = Serve::start(&state, &["--max-parallel", "2", "--task-lease-secs", "3"]);
     wait_tasks(&state, "the two killed tasks settled", |t| {
         t[0]["state"] == "done" && t[1]["state"] == "done"
     });
@@ -146,7 +149,7 @@ fn a_failing_run_ends_only_its_task_and_a_stopped_serve_ends_its_runs() {
         &image(),
         &format!("echo 1 > kept.txt; {WAIT_AT_GATE}echo 1 > done.txt"),
     );
-    let mut serve = Serve::start(&state, &["--max-parallel", "2"]);
+    let mut serve = Serve::start(&state, &["--max-parallel", "2", "--task-lease-secs", "3"]);
     wait_tasks(&state, "the first task failed", |t| {
         t[0]["state"] == "failed"
     });
@@ -190,5 +193,119 @@ fn a_failing_run_ends_only_its_task_and_a_stopped_serve_ends_its_runs() {
         "{files}"
     );
     assert!(state.containers().is_empty());
+    assert!(state.verify().status.success());
+}
+
+/// A `nightshift worker` of this state, with short task leases.
+struct Worker(std::process::Child);
+
+impl Worker {
+    fn start(state: &State) -> Worker {
+        Worker(
+            state
+                .cmd()
+                .args(["worker", "--max-parallel", "2", "--task-lease-secs", "3"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("starting a worker"),
+        )
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn two_workers_share_one_queue_and_one_takes_over_a_killed_ones_tasks() {
+    let state = State::new();
+    let _cleanup = Cleanup(&state);
+    let repo = make_repo();
+    for n in 1..=4 {
+        let out = state.run(&[
+            "enqueue",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--image",
+            &image(),
+            "--",
+            "bash",
+            "-c",
+            &format!("echo {n} > started-{n}.txt; {WAIT_AT_GATE}echo {n} > done-{n}.txt"),
+        ]);
+        assert!(out.status.success(), "enqueue: {}", stderr(&out));
+    }
+    // The first worker takes two tasks (the queue's budget: two at once) ...
+    let mut first = Worker::start(&state);
+    let (run1, run2) = (running_run(&state, 0), running_run(&state, 1));
+    let first_id = format!("{}:", first.0.id());
+    for t in &tasks(&state)[..2] {
+        assert!(
+            t["progress"]["dispatcher"]
+                .as_str()
+                .unwrap()
+                .starts_with(&first_id),
+            "{t:#?}"
+        );
+    }
+    // ... and the second, sharing the budget, starts nothing beside them.
+    let second = Worker::start(&state);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert_eq!(states(&state), ["running", "running", "queued", "queued"]);
+    for (n, run) in [(1, &run1), (2, &run2)] {
+        tests::wait_for_file(
+            &state
+                .path()
+                .join("worktrees")
+                .join(run)
+                .join(format!("started-{n}.txt")),
+        );
+    }
+    // The first dies with kill -9, its runs with it; once its leases lapse
+    // the second settles its tasks from their runs and runs the rest.
+    first.0.kill().unwrap();
+    first.0.wait().unwrap();
+    wait_tasks(&state, "the killed worker's tasks settled", |t| {
+        t[0]["state"] == "done" && t[1]["state"] == "done"
+    });
+    let run3 = running_run(&state, 2);
+    let run4 = running_run(&state, 3);
+    let second_id = format!("{}:", second.0.id());
+    for t in &tasks(&state)[2..] {
+        assert!(
+            t["progress"]["dispatcher"]
+                .as_str()
+                .unwrap()
+                .starts_with(&second_id),
+            "{t:#?}"
+        );
+    }
+    open_gate(&state, &run3);
+    open_gate(&state, &run4);
+    wait_tasks(&state, "every task done", |t| {
+        t.iter().all(|t| t["state"] == "done")
+    });
+    let runs = state.runs();
+    assert_eq!(runs.len(), 4, "a task ran twice or not at all: {runs:#?}");
+    for (t, run) in tasks(&state).iter().zip([&run1, &run2, &run3, &run4]) {
+        assert_eq!(t["progress"]["run"], run.as_str(), "{t:#?}");
+    }
+    for run in [&run1, &run2] {
+        let r = runs.iter().find(|r| r["id"] == run.as_str()).unwrap();
+        let status = r["status"].as_str().unwrap();
+        assert!(
+            status.starts_with("lost") || status.starts_with("killed"),
+            "{r:#?}"
+        );
+    }
+    for run in [&run3, &run4] {
+        let r = runs.iter().find(|r| r["id"] == run.as_str()).unwrap();
+        assert_eq!(r["status"], "exited 0", "{r:#?}");
+    }
+    drop(second);
     assert!(state.verify().status.success());
 }

@@ -29,21 +29,27 @@
 //! - An act is only approved by an [`Owner`], or ahead of time under an
 //!   autonomy scope the owner ratified (`ApproveUnderScope`, recorded as
 //!   `scope <rule>`), and only for its own digest ([`act_digest`]); a forged
-//!   or outdated approval is refused and changes nothing.
+//!   or outdated approval is refused and changes nothing
+//!   (`tests::approve_with_a_forged_digest_is_refused`,
+//!   `tests::a_scope_approves_ahead_of_time_only_a_pending_act_and_only_its_digest`).
 //! - An approval is used once. `BeginExecution` moves it out of `Approved`
 //!   and nothing moves it back. It may carry a further attempt only through
 //!   `AwaitingRetry`, which is entered only when the previous attempt is
 //!   known not to have taken effect (`AttemptFailed { retryable: true }` or
 //!   a restart check that found it not applied), and at most
 //!   `max_attempts` times in all. So an approval yields at most one
-//!   successful execution and at most `max_attempts` `Execute` effects.
+//!   successful execution and at most `max_attempts` `Execute` effects
+//!   (`tests::a_second_begin_execution_on_the_same_approval_is_refused`;
+//!   invariants (a), (f) and (g) of
+//!   `tests/model.rs::random_event_sequences_keep_the_invariants`).
 //! - Nothing starts without, at that instant, an unexpired approval whose
 //!   digest equals both the act's digest and the digest the executor
 //!   recomputed under its lock; expiry ends the act (`Expired`), a mismatch
 //!   sends it back to the queue (`Stale`) for a new approval.
 //! - A crash while `Executing` never leads to a blind re-execution:
 //!   `Recover` moves the act to `OutcomeUnknown` and asks the executor to
-//!   look at the destination ([`Effect::CheckRemote`]) before anything else.
+//!   look at the destination ([`Effect::CheckRemote`]) before anything else
+//!   (`tests::recover_never_re_executes_but_asks_for_a_check`).
 //! - `Rejected`, `Expired`, `Done` and `Failed` are final: every event on
 //!   them is a [`TransitionError::Final`].
 //! - Every transition that changes the state yields exactly one
@@ -58,11 +64,16 @@
 //! always follows a durable `Executing`; a crash in between leaves
 //! `Executing`, which restart turns into `OutcomeUnknown` through `Recover`.
 //! On restart the adapter also re-issues the effects a durable state still
-//! owes ([`owed_effects`]).
+//! owes ([`owed_effects`], `tests::owed_effects_repeat_a_pending_check_or_retry_and_nothing_else`).
+//! The supervisor's adapter is held to it by
+//! `tests/tests/acts.rs::kill_9_during_execution_never_sends_twice_and_ends_defined`
+//! and `tests/tests/faults.rs::two_executors_killed_at_random_carry_every_approved_act_out_once`.
 //!
 //! Failure reasons, rejection reasons and outcomes go into the audit: they
 //! must be written by the supervisor or the owner (an error class, a ref, a
-//! pull request number), never copied from agent-written content.
+//! pull request number), never copied from agent-written content (the
+//! executors' reasons are fixed words:
+//! `orchestrator/executors/src/error.rs::audit_reasons_hold_no_words_of_the_destination`).
 
 use std::collections::BTreeMap;
 

@@ -7,12 +7,17 @@
 //! - Each property reads its own fields only, so breaking one setting fails
 //!   the properties that setting belongs to and no others (the engine itself
 //!   ties some together: `--privileged` also disables SELinux labels and the
-//!   masked /proc paths, and the verdict says so).
+//!   masked /proc paths, and the verdict says so)
+//!   (`tests/fixtures.rs::each_breakage_fails_exactly_its_property`,
+//!   `tests/fixtures.rs::recorded_privileged_fails_privileged_and_what_the_engine_unmasks_with_it`).
 //! - Absent values fail where the engine always reports them (booleans such
 //!   as `Privileged`, limits, the worktree mount) and pass only where absence
-//!   is the engine's way of saying "empty" or "default" (lists, `PidMode`).
+//!   is the engine's way of saying "empty" or "default" (lists, `PidMode`)
+//!   (`tests/fixtures.rs::a_nearly_empty_document_fails_closed`,
+//!   `tests/fixtures.rs::hardened_without_null_fields_still_passes`).
 //! - `observed` is clipped, has control characters replaced, and never
-//!   contains an environment value.
+//!   contains an environment value (`tests::clip_bounds_length_and_removes_line_breaks`,
+//!   `tests/random_mutations.rs::environment_values_never_reach_the_verdict`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

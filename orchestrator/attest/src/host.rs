@@ -2,12 +2,14 @@
 //! document: the host's accounts (`/etc/passwd`, `/etc/group`,
 //! `/etc/subuid`, `/etc/subgid`) and the mount the worktree sits on
 //! (`/proc/self/mountinfo`). The adapter reads the files; this module only
-//! parses their text.
+//! parses their text (`crate::tests::the_crate_reads_data_and_does_no_io`).
 //!
 //! Invariants:
 //! - Parsing never fails: a line that cannot be read is skipped, because a
 //!   property built on these lists fails closed where it matters (an
-//!   unreadable mount table yields no mount, which fails its property).
+//!   unreadable mount table yields no mount, which fails its property)
+//!   (`tests::accounts_and_ranges_parse_and_clash`,
+//!   `tests::the_topmost_mount_of_a_path_is_found`).
 //! - Mount points are compared after undoing the kernel's octal escapes
 //!   (`\040` for a space), so a path with spaces is still found.
 

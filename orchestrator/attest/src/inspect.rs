@@ -4,11 +4,13 @@
 //!
 //! Invariants:
 //! - Only fields that a property checks are named; everything else is
-//!   ignored, so an engine that adds fields still parses.
+//!   ignored, so an engine that adds fields still parses (the recorded
+//!   documents hold many more: `tests/fixtures.rs::raw_fixture_bytes_parse_like_the_value`,
+//!   `tests/fixtures.rs::hardened_fixture_passes_every_property_in_order`).
 //! - `null` and an absent field both become `None`: the engine prints `null`
 //!   for empty lists and bollard's serializer drops `None` fields, so the two
 //!   must mean the same. Whether `None` is acceptable is decided per property
-//!   in `attest`, never here.
+//!   in `attest`, never here (`tests/fixtures.rs::hardened_without_null_fields_still_passes`).
 //! - `HostConfig` and `Config` must be objects: without them there is nothing
 //!   to attest, and that is an error rather than a list of failures.
 //! - A field present with the wrong JSON type is an error naming its path:

@@ -1,18 +1,22 @@
 //! Tier 0 attestation: a pure verdict on a created (not yet started)
 //! container, computed from the configuration the engine *reports*, never
-//! from the one the supervisor asked for.
+//! from the one the supervisor asked for
+//! (`orchestrator/supervisor/src/run.rs::tests::privileges_are_refused_before_the_start`,
+//! `tests/tests/attestation.rs::a_container_that_breaks_tier0_never_starts`).
 //!
 //! Invariants:
 //! - No I/O: the engine adapter inspects the container and hands the
 //!   document here, and the supervisor hands what it read on the host (its
-//!   accounts, its mount table) as text; this crate only reads data.
+//!   accounts, its mount table) as text; this crate only reads data
+//!   (`tests::the_crate_reads_data_and_does_no_io`).
 //! - Every property is always listed, pass or fail, in a fixed order
 //!   ([`PROPERTY_NAMES`]), so two attestations compare line by line and the
 //!   audit entry has the same shape every time.
 //! - Fail closed: a value that is absent where the engine always reports one,
 //!   or that this crate cannot interpret, fails its property.
 //! - `observed` strings are short and hold no secrets: environment variables
-//!   are reported by key name only, never by value.
+//!   are reported by key name only, never by value
+//!   (`tests/random_mutations.rs::environment_values_never_reach_the_verdict`).
 
 #![forbid(unsafe_code)]
 
@@ -39,4 +43,42 @@ pub enum AttestError {
         #[source]
         source: serde_json::Error,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    /// Reads the crate's code (before its tests, comments left out): no
+    /// module names a file, a socket, a process, the environment or a clock.
+    #[test]
+    fn the_crate_reads_data_and_does_no_io() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap();
+            checked += 1;
+            for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+                for word in [
+                    "std::fs",
+                    "std::io",
+                    "std::net",
+                    "std::os",
+                    "std::process",
+                    "std::env",
+                    "File::",
+                    "OpenOptions",
+                    "Instant",
+                    "SystemTime",
+                ] {
+                    assert!(
+                        !line.contains(word),
+                        "{} names {word}: {line}",
+                        path.display()
+                    );
+                }
+            }
+        }
+        assert!(checked >= 4, "only {checked} modules were read");
+    }
 }

@@ -26,7 +26,7 @@ fn fixture(name: &str) -> Value {
 
 /// nightshift's own profile, which the hardened fixtures were created with.
 fn profile_digest() -> String {
-    let path = format!("{}/../src/seccomp.json", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/../core/src/seccomp.json", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     seccomp_profile_digest(&text).expect("the profile is json")
 }

@@ -58,8 +58,13 @@ pub(crate) fn entry_hash(log: &LogId, fields: Hashed<'_>) -> Result<String, NotC
             put_bytes(&mut buf, run.as_bytes());
         }
     }
-    let mut pointer = String::new();
-    put_object(&mut buf, fields.body, &mut pointer)?;
+    put_object(&mut buf, fields.body).map_err(|mut path| {
+        // The path was gathered from the offending value outwards.
+        path.reverse();
+        NotCanonical {
+            pointer: path.iter().map(|seg| format!("/{seg}")).collect(),
+        }
+    })?;
     put_bytes(&mut buf, fields.prev.as_bytes());
     Ok(hex::encode(Sha256::digest(&buf)))
 }
@@ -74,29 +79,49 @@ fn put_bytes(buf: &mut Vec<u8>, bytes: &[u8]) {
     buf.extend_from_slice(bytes);
 }
 
-fn put_object(
-    buf: &mut Vec<u8>,
-    map: &Map<String, Value>,
-    pointer: &mut String,
-) -> Result<(), NotCanonical> {
+/// Where a value with no canonical encoding is, as JSON pointer segments
+/// from it outwards (gathered only on that path: encoding an entry that is
+/// fine allocates nothing for it).
+type Path = Vec<String>;
+
+fn put_object(buf: &mut Vec<u8>, map: &Map<String, Value>) -> Result<(), Path> {
     buf.push(b'o');
     put_len(buf, map.len());
-    let mut keys: Vec<&String> = map.keys().collect();
-    keys.sort_unstable();
-    for key in keys {
+    // A map that iterates in byte order (serde_json's default) is written
+    // as it iterates; otherwise its keys are sorted first.
+    let mut sorted = true;
+    let mut last: Option<&String> = None;
+    for key in map.keys() {
+        if last.is_some_and(|l| l.as_bytes() > key.as_bytes()) {
+            sorted = false;
+            break;
+        }
+        last = Some(key);
+    }
+    let write = |buf: &mut Vec<u8>, key: &String, value: &Value| {
         put_bytes(buf, key.as_bytes());
-        let mark = pointer.len();
-        pointer.push('/');
-        pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
-        put_value(buf, &map[key.as_str()], pointer)?;
-        pointer.truncate(mark);
+        put_value(buf, value).map_err(|mut path| {
+            path.push(key.replace('~', "~0").replace('/', "~1"));
+            path
+        })
+    };
+    if sorted {
+        for (key, value) in map {
+            write(buf, key, value)?;
+        }
+    } else {
+        let mut keys: Vec<&String> = map.keys().collect();
+        keys.sort_unstable();
+        for key in keys {
+            write(buf, key, &map[key.as_str()])?;
+        }
     }
     Ok(())
 }
 
 // Recursion depth follows the value's nesting; serde_json's parser already
 // caps that at 128 for any body read back from storage.
-fn put_value(buf: &mut Vec<u8>, value: &Value, pointer: &mut String) -> Result<(), NotCanonical> {
+fn put_value(buf: &mut Vec<u8>, value: &Value) -> Result<(), Path> {
     match value {
         Value::Null => buf.push(b'n'),
         Value::Bool(false) => buf.push(b'f'),
@@ -106,17 +131,25 @@ fn put_value(buf: &mut Vec<u8>, value: &Value, pointer: &mut String) -> Result<(
             // guaranteed to round-trip, so a float could hash differently
             // after a trip through storage. Audit bodies hold sizes and
             // counts, never measurements that need fractions.
-            let decimal = if let Some(u) = n.as_u64() {
-                u.to_string()
-            } else if let Some(i) = n.as_i64() {
-                i.to_string()
-            } else {
-                return Err(NotCanonical {
-                    pointer: pointer.clone(),
-                });
+            let mut digits = [0u8; 24];
+            let len = {
+                use std::io::Write;
+                let mut cursor = std::io::Cursor::new(&mut digits[..]);
+                let written = if let Some(u) = n.as_u64() {
+                    write!(cursor, "{u}")
+                } else if let Some(i) = n.as_i64() {
+                    write!(cursor, "{i}")
+                } else {
+                    return Err(Vec::new());
+                };
+                // 24 bytes hold any u64 or i64 in decimal.
+                if written.is_err() {
+                    return Err(Vec::new());
+                }
+                cursor.position() as usize
             };
             buf.push(b'i');
-            put_bytes(buf, decimal.as_bytes());
+            put_bytes(buf, &digits[..len]);
         }
         Value::String(s) => {
             buf.push(b's');
@@ -126,14 +159,13 @@ fn put_value(buf: &mut Vec<u8>, value: &Value, pointer: &mut String) -> Result<(
             buf.push(b'a');
             put_len(buf, items.len());
             for (i, item) in items.iter().enumerate() {
-                let mark = pointer.len();
-                pointer.push('/');
-                pointer.push_str(&i.to_string());
-                put_value(buf, item, pointer)?;
-                pointer.truncate(mark);
+                put_value(buf, item).map_err(|mut path| {
+                    path.push(i.to_string());
+                    path
+                })?;
             }
         }
-        Value::Object(map) => put_object(buf, map, pointer)?,
+        Value::Object(map) => put_object(buf, map)?,
     }
     Ok(())
 }

@@ -1,7 +1,9 @@
 //! The audit chain: pure functions that seal content-free entries into a
 //! hash chain, take checkpoints of it, and verify a stored chain against its
 //! checkpoints. No I/O: the caller stores entries (one write path) and keeps
-//! checkpoints apart from them, in a separate append-only file.
+//! checkpoints apart from them, in a separate append-only file (which finds
+//! what a rewrite of the entries alone hides:
+//! `tests/tests/audit.rs::deleting_the_tail_before_the_last_checkpoint_is_found`).
 //!
 //! # Format
 //!
@@ -35,7 +37,9 @@
 //! # What [`verify`] checks, in this order
 //!
 //! 1. The checkpoints themselves: each names an entry (`seq >= 1`) and their
-//!    seqs never decrease (they are appended as the log grows).
+//!    seqs never decrease (they are appended as the log grows)
+//!    (`verify::tests::checkpoint_of_entry_zero_is_rejected`,
+//!    `verify::tests::reordered_checkpoints_are_rejected`).
 //! 2. Walking the entries, at position `p` (1-based): the entry's hash is not
 //!    one already seen (duplicate); its `seq` is `p` (deletion, insertion,
 //!    reordering); its hash matches its contents under this log's id
@@ -49,7 +53,9 @@
 //!    (its checkpoint) onwards: that entry must be unchanged, and everything
 //!    after it is walked as above. It costs only the new entries, and sees a
 //!    change before that entry only when the change moved it: a reader that
-//!    uses it must still run a whole [`verify`] now and then.
+//!    uses it must still run a whole [`verify`] now and then
+//!    (`verify::tests::verify_after_agrees_with_verify_on_every_change_after_the_start`,
+//!    `verify::tests::verify_after_names_a_start_that_moved_and_misses_older_changes`).
 //!
 //! The first failure is reported with the position of the entry it concerns
 //! (the seq that entry should have had) and stops the walk.
@@ -64,7 +70,10 @@
 //! its commit and the head) unprovable. A chain rewritten from entry `k` on
 //! is reported at the first checkpoint (or head) at or after `k`, which is
 //! the first entry at which the rewrite is provable. Checkpoints and the
-//! head are only as trustworthy as the files that hold them.
+//! head are only as trustworthy as the files that hold them
+//! (`verify::tests::truncation_after_the_last_checkpoint_is_undetectable_by_design`,
+//! `verify::tests::rewritten_tail_fails_at_the_next_checkpoint`,
+//! `verify::tests::the_head_finds_any_removed_suffix_and_a_rewrite`).
 
 #![forbid(unsafe_code)]
 
@@ -75,7 +84,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 pub use verify::{
-    verify, verify_after, verify_with_head, BadCheckpoint, BadEntry, Verified, VerifyError,
+    verify, verify_after, verify_with_head, BadCheckpoint, BadEntry, StreamVerifier, Verified,
+    VerifyError,
 };
 
 /// The id of one log. Every hash is bound to it, so an entry spliced in from

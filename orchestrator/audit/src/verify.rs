@@ -4,9 +4,11 @@
 //! that `seal` could have produced under this log's id, numbered 1..=n with
 //! no gaps, and every checkpoint names one of them and matches it. On failure
 //! it names the first position at which the chain provably stops being
-//! that; the crate note lists the checks and what they cannot see.
+//! that; the crate note lists the checks and what they cannot see
+//! (`tests::untouched_chain_verifies_and_reports_its_head`,
+//! `tests/chain_mutations.rs::any_single_mutation_is_reported_at_the_first_bad_entry`).
 
-use std::collections::HashMap;
+use std::borrow::Cow;
 
 use crate::encoding::{self, Hashed};
 use crate::{genesis, Checkpoint, Entry, LogId};
@@ -150,25 +152,91 @@ fn walk(
     checkpoints: &[Checkpoint],
     first_index: u64,
 ) -> Result<Verified, VerifyError> {
-    let mut seen: HashMap<&str, u64> = HashMap::with_capacity(entries.len());
-    let (mut position, mut prev) = after;
-    // Checkpoints are sorted by seq (checked above), so one cursor suffices.
-    let mut next_checkpoint = checkpoints.iter().zip(first_index..).peekable();
-
+    let mut walker = Walker::new(
+        Cow::Borrowed(log),
+        after,
+        Cow::Borrowed(checkpoints),
+        first_index,
+    );
     for entry in entries {
-        position += 1;
-        let bad = |reason| VerifyError::Entry {
-            seq: position,
-            reason,
-        };
-        if let Some(&of) = seen.get(entry.hash.as_str()) {
-            return Err(bad(BadEntry::Duplicate { of }));
-        }
-        if entry.seq != position {
-            return Err(bad(BadEntry::WrongSequence { found: entry.seq }));
-        }
-        let recomputed = encoding::entry_hash(
+        walker.push(entry)?;
+    }
+    walker.finish()
+}
+
+/// How many of the latest entries' hash digests a walk keeps (8 bytes
+/// each: 8 MiB), to name a duplicated entry as such.
+const RECENT: usize = 1 << 20;
+
+/// The chain walked one entry at a time, in memory that does not grow with
+/// the chain (the checkpoints it is given, one hash, and a ring of the
+/// latest [`RECENT`] entries' 64-bit digests): what [`verify`] and
+/// [`StreamVerifier`] share. An entry found at a later position than its
+/// seq names is a duplicate when it is exactly the entry checked at that
+/// seq (its digest in the ring); otherwise, or when that entry is older
+/// than the ring reaches, it is named out of sequence. Either is an error
+/// at the same position.
+#[derive(Debug)]
+struct Walker<'a> {
+    log: Cow<'a, LogId>,
+    position: u64,
+    prev: String,
+    checkpoints: Cow<'a, [Checkpoint]>,
+    next: usize,
+    first_index: u64,
+    /// The position walking began after.
+    start: u64,
+    recent: Vec<u64>,
+}
+
+fn digest64(hash: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    hash.hash(&mut h);
+    h.finish()
+}
+
+impl<'a> Walker<'a> {
+    fn new(
+        log: Cow<'a, LogId>,
+        after: (u64, &str),
+        checkpoints: Cow<'a, [Checkpoint]>,
+        first_index: u64,
+    ) -> Self {
+        Walker {
             log,
+            position: after.0,
+            prev: after.1.to_owned(),
+            checkpoints,
+            next: 0,
+            first_index,
+            start: after.0,
+            recent: Vec::new(),
+        }
+    }
+
+    /// The ring's slot of the entry walked at `seq`.
+    fn slot(&self, seq: u64) -> usize {
+        ((seq - self.start - 1) % RECENT as u64) as usize
+    }
+
+    /// The digest of the entry walked at `seq` (before the current one),
+    /// while the ring still holds it.
+    fn recent_at(&self, seq: u64) -> Option<u64> {
+        // Walked so far, the current entry not counted.
+        let walked = self.position - 1 - self.start;
+        if seq <= self.start
+            || seq >= self.position
+            || self.position - seq > walked.min(RECENT as u64)
+        {
+            return None;
+        }
+        self.recent.get(self.slot(seq)).copied()
+    }
+
+    fn sealed(&self, entry: &Entry) -> bool {
+        let recomputed = encoding::entry_hash(
+            &self.log,
             Hashed {
                 seq: entry.seq,
                 time: &entry.time,
@@ -179,36 +247,179 @@ fn walk(
             },
         );
         // A body that cannot be encoded was never sealed: it was altered.
-        if recomputed.as_deref() != Ok(entry.hash.as_str()) {
+        recomputed.as_deref() == Ok(entry.hash.as_str())
+    }
+
+    fn push(&mut self, entry: &Entry) -> Result<(), VerifyError> {
+        let sealed = self.sealed(entry);
+        self.push_judged(entry, sealed)
+    }
+
+    /// [`Walker::push`] with the entry's seal already judged (`sealed`:
+    /// its hash is its contents' under this log), so seals can be judged
+    /// apart, on other threads.
+    fn push_judged(&mut self, entry: &Entry, sealed: bool) -> Result<(), VerifyError> {
+        self.position += 1;
+        let position = self.position;
+        let bad = |reason| VerifyError::Entry {
+            seq: position,
+            reason,
+        };
+        if entry.seq != position {
+            if entry.seq < position && self.recent_at(entry.seq) == Some(digest64(&entry.hash)) {
+                return Err(bad(BadEntry::Duplicate { of: entry.seq }));
+            }
+            return Err(bad(BadEntry::WrongSequence { found: entry.seq }));
+        }
+        if !sealed {
             return Err(bad(BadEntry::Altered));
         }
-        if entry.prev != prev {
+        if entry.prev != self.prev {
             return Err(bad(BadEntry::BrokenLink));
         }
-        while let Some((cp, index)) = next_checkpoint.next_if(|(cp, _)| cp.seq == position) {
+        // Checkpoints are sorted by seq (checked before), so one cursor
+        // suffices.
+        while let Some(cp) = self
+            .checkpoints
+            .get(self.next)
+            .filter(|cp| cp.seq == position)
+        {
+            let index = self.first_index + self.next as u64;
             if cp.hash != entry.hash || cp.time != entry.time {
                 return Err(bad(BadEntry::CheckpointMismatch { index }));
             }
+            self.next += 1;
         }
-        seen.insert(&entry.hash, position);
-        prev = &entry.hash;
+        self.prev.clear();
+        self.prev.push_str(&entry.hash);
+        let slot = self.slot(position);
+        let d = digest64(&entry.hash);
+        if slot < self.recent.len() {
+            self.recent[slot] = d;
+        } else {
+            self.recent.push(d);
+        }
+        Ok(())
     }
 
-    if let Some((cp, index)) = next_checkpoint.next() {
-        return Err(VerifyError::Entry {
-            seq: position + 1,
-            reason: BadEntry::Truncated {
-                index,
-                checkpoint: cp.seq,
-            },
-        });
+    fn finish(self) -> Result<Verified, VerifyError> {
+        if let Some(cp) = self.checkpoints.get(self.next) {
+            return Err(VerifyError::Entry {
+                seq: self.position + 1,
+                reason: BadEntry::Truncated {
+                    index: self.first_index + self.next as u64,
+                    checkpoint: cp.seq,
+                },
+            });
+        }
+        Ok(Verified {
+            entries: self.position,
+            head: self.prev,
+            checkpoints: self.checkpoints.len() as u64,
+        })
+    }
+}
+
+/// [`verify_with_head`] over entries handed over one at a time (read from
+/// the store as they come, never all held): memory bounded by the
+/// checkpoints and one entry, whatever the chain's length. The same fault
+/// is named the same way as by [`verify_with_head`]: the entries and
+/// checkpoints are judged first, a head that does not match is said only
+/// once the whole chain walked.
+#[derive(Debug)]
+pub struct StreamVerifier {
+    walker: Walker<'static>,
+    head: Option<Checkpoint>,
+    head_mismatch: bool,
+}
+
+impl StreamVerifier {
+    /// A verifier of the whole chain of `log` against `checkpoints` and
+    /// `head`, both read before the entries are. Fails at once when the
+    /// checkpoints are inconsistent in themselves.
+    pub fn new(
+        log: &LogId,
+        checkpoints: Vec<Checkpoint>,
+        head: Option<Checkpoint>,
+    ) -> Result<Self, VerifyError> {
+        check_checkpoints(&checkpoints)?;
+        Ok(StreamVerifier {
+            walker: Walker::new(
+                Cow::Owned(log.clone()),
+                (0, &genesis(log)),
+                Cow::Owned(checkpoints),
+                1,
+            ),
+            head,
+            head_mismatch: false,
+        })
     }
 
-    Ok(Verified {
-        entries: position,
-        head: prev.to_owned(),
-        checkpoints: checkpoints.len() as u64,
-    })
+    /// The next entry, in stored order. After an error, push no more.
+    pub fn push(&mut self, entry: &Entry) -> Result<(), VerifyError> {
+        self.walker.push(entry)?;
+        self.check_head_at(entry);
+        Ok(())
+    }
+
+    /// The next entries, in stored order: the same verdict as pushing them
+    /// one by one, with their seals (the hashing, most of the cost) judged
+    /// on up to `threads` threads at once.
+    pub fn push_batch(&mut self, entries: &[Entry], threads: usize) -> Result<(), VerifyError> {
+        let threads = threads.clamp(1, 16);
+        let mut sealed = vec![false; entries.len()];
+        if threads == 1 || entries.len() < 64 {
+            for (s, e) in sealed.iter_mut().zip(entries) {
+                *s = self.walker.sealed(e);
+            }
+        } else {
+            let per = entries.len().div_ceil(threads);
+            let walker = &self.walker;
+            std::thread::scope(|scope| {
+                for (out, chunk) in sealed.chunks_mut(per).zip(entries.chunks(per)) {
+                    scope.spawn(move || {
+                        for (s, e) in out.iter_mut().zip(chunk) {
+                            *s = walker.sealed(e);
+                        }
+                    });
+                }
+            });
+        }
+        for (entry, ok) in entries.iter().zip(sealed) {
+            self.walker.push_judged(entry, ok)?;
+            self.check_head_at(entry);
+        }
+        Ok(())
+    }
+
+    fn check_head_at(&mut self, entry: &Entry) {
+        if let Some(head) = &self.head {
+            if head.seq == entry.seq && (entry.hash != head.hash || entry.time != head.time) {
+                self.head_mismatch = true;
+            }
+        }
+    }
+
+    /// How many entries were pushed.
+    pub fn entries(&self) -> u64 {
+        self.walker.position
+    }
+
+    /// The verdict once every entry was pushed.
+    pub fn finish(self) -> Result<Verified, VerifyError> {
+        let head = self.head;
+        let mismatch = self.head_mismatch;
+        let verified = self.walker.finish()?;
+        if mismatch {
+            if let Some(head) = &head {
+                return Err(VerifyError::Entry {
+                    seq: head.seq,
+                    reason: BadEntry::HeadMismatch,
+                });
+            }
+        }
+        check_head(verified, head.as_ref(), |_| None)
+    }
 }
 
 /// [`verify`], and then the chain's head kept apart from the entries: the
@@ -692,5 +903,102 @@ mod tests {
         old[1].body.insert("bytes".into(), json!(1));
         assert_eq!(after(&old, 4, &cps, None).map(|v| v.entries), Ok(6));
         assert_eq!(failure(&old, &cps), Some((2, BadEntry::Altered)));
+    }
+
+    fn streamed(
+        entries: &[Entry],
+        cps: &[Checkpoint],
+        head: Option<&Checkpoint>,
+    ) -> Result<Verified, VerifyError> {
+        let mut v = StreamVerifier::new(&log(), cps.to_vec(), head.cloned())?;
+        for e in entries {
+            v.push(e)?;
+        }
+        v.finish()
+    }
+
+    /// The streamed verdict is `verify_with_head`'s, head faults included,
+    /// and an entry's fault is named before the head's, as there.
+    #[test]
+    fn streaming_names_every_head_fault_as_verify_with_head_does() {
+        let entries = chain(6);
+        let cps = at(&entries, &[2, 6]);
+        let good = checkpoint(&entries[5]);
+        let mut wrong = checkpoint(&entries[2]);
+        wrong.hash = entries[3].hash.clone();
+        let past = Checkpoint {
+            seq: 9,
+            ..good.clone()
+        };
+        let mut altered = entries.clone();
+        altered[4].kind = "other".into();
+        for (es, head) in [
+            (&entries, Some(&good)),
+            (&entries, None),
+            (&entries, Some(&wrong)),
+            (&entries, Some(&past)),
+            (&altered, Some(&wrong)),
+        ] {
+            assert_eq!(
+                streamed(es, &cps, head),
+                verify_with_head(&log(), es, &cps, head),
+                "head {head:?}"
+            );
+        }
+        assert!(matches!(
+            streamed(&altered, &cps, Some(&wrong)),
+            Err(VerifyError::Entry {
+                seq: 5,
+                reason: BadEntry::Altered
+            })
+        ));
+    }
+
+    /// A duplicate is named as such from the ring of recent digests, and a
+    /// different entry sealed for the same earlier position is not.
+    #[test]
+    fn a_duplicate_is_told_from_a_forgery_without_keeping_the_chain() {
+        let mut entries = chain(5);
+        entries.insert(4, entries[1].clone());
+        assert_eq!(
+            streamed(&entries, &[], None),
+            Err(VerifyError::Entry {
+                seq: 5,
+                reason: BadEntry::Duplicate { of: 2 }
+            })
+        );
+    }
+
+    /// Seals judged on several threads in batches give the verdict pushing
+    /// one by one gives, for a fault anywhere in a batch.
+    #[test]
+    fn batches_judged_on_threads_name_the_same_first_fault() {
+        let entries = chain(300);
+        let cps = at(&entries, &[100, 300]);
+        for bad in [1usize, 63, 64, 150, 299] {
+            for fault in 0..3 {
+                let mut es = entries.clone();
+                match fault {
+                    0 => es[bad].kind = "altered".into(),
+                    1 => es[bad].prev = "0".repeat(64),
+                    _ => {
+                        es.remove(bad);
+                    }
+                }
+                let batched = StreamVerifier::new(&log(), cps.clone(), None).and_then(|mut v| {
+                    for chunk in es.chunks(97) {
+                        v.push_batch(chunk, 4)?;
+                    }
+                    v.finish()
+                });
+                assert_eq!(batched, verify(&log(), &es, &cps), "fault {fault} at {bad}");
+                assert!(batched.is_err());
+            }
+        }
+        let whole = StreamVerifier::new(&log(), cps.clone(), None).and_then(|mut v| {
+            v.push_batch(&entries, 2)?;
+            v.finish()
+        });
+        assert_eq!(whole, verify(&log(), &entries, &cps));
     }
 }

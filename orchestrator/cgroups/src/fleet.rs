@@ -4,7 +4,10 @@
 //! - [`ensure_fleet`] is idempotent: it creates only missing directories and
 //!   writes a control file only when its current value differs from the
 //!   wanted one (compared after the kernel's own normalisation: `-1`, `max`
-//!   and v1's page-rounded "unlimited" are all "unlimited");
+//!   and v1's page-rounded "unlimited" are all "unlimited")
+//!   (`tests::ensure_is_idempotent_and_reapplies_changes`,
+//!   `tests::same_value_normalises_unlimited`,
+//!   `tests::v2_only_enables_what_is_missing_and_needs_controllers`);
 //! - a limit that is `None` is written as unlimited, so removing a limit from
 //!   the config removes it from the host;
 //! - memory is limited together with swap (v1 `memory.memsw.limit_in_bytes`
@@ -14,7 +17,8 @@
 //!   `memory.limit_in_bytes <= memory.memsw.limit_in_bytes` holds after each
 //!   write, whether the limit rises or falls;
 //! - limits are validated before anything is written: a bad config is an
-//!   [`CgroupError::InvalidLimit`], never a half-applied fleet.
+//!   [`CgroupError::InvalidLimit`], never a half-applied fleet
+//!   (`tests::bad_limits_and_names_write_nothing`).
 
 use std::path::{Path, PathBuf};
 

@@ -3,7 +3,8 @@
 //!
 //! Invariants of both implementations, mirroring cgroupfs:
 //! - `write` never creates a file: a control file that the kernel does not
-//!   offer is `NotFound`;
+//!   offer is `NotFound` (`tests::real_fs_write_does_not_create`,
+//!   `tests::fake_behaves_like_cgroupfs`);
 //! - `create_dir` needs the parent to exist and the directory not to;
 //! - `remove_dir` of a cgroup removes its control files with it, but fails
 //!   while it has child cgroups.

@@ -9,7 +9,8 @@
 //!   co-mounted controllers are reached through the symlinks hosts provide);
 //! - [`Layout::V2`]'s `root` is the cgroup2 mount point;
 //! - [`layout_from_mountinfo`] is pure; [`detect`] reads `/proc/self/mountinfo`
-//!   and only probes `/sys/fs/cgroup` when that cannot be read.
+//!   and only probes `/sys/fs/cgroup` when that cannot be read
+//!   (`tests::detect_uses_mountinfo_then_probes`).
 
 use std::path::{Path, PathBuf};
 

@@ -14,8 +14,11 @@
 //!   cgroups is ever written, except enabling controllers in the v2 root's
 //!   `cgroup.subtree_control`;
 //! - parsing and planning are pure functions over strings; only the
-//!   functions taking a `&impl CgroupFs` do I/O;
-//! - bad file contents are errors naming the file, never panics.
+//!   functions taking a `&impl CgroupFs` do I/O
+//!   (`tests::only_the_cgroup_fs_touches_files`);
+//! - bad file contents are errors naming the file, never panics
+//!   (`sample::tests::gone_container_is_not_found_and_bad_files_are_named`,
+//!   `layout::tests::escaped_mount_points_and_garbage`).
 
 #![forbid(unsafe_code)]
 
@@ -66,6 +69,33 @@ pub fn validate_name(name: &str) -> Result<(), CgroupError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reads the crate's code (before its tests): only `fs.rs`, behind the
+    /// `CgroupFs` trait, names the filesystem.
+    #[test]
+    fn only_the_cgroup_fs_touches_files() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&src).unwrap() {
+            let path = entry.unwrap().path();
+            if path.ends_with("fs.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            let code = text.split("#[cfg(test)]").next().unwrap();
+            checked += 1;
+            for word in [
+                "std::fs",
+                "File::",
+                "OpenOptions",
+                "read_dir",
+                "std::process",
+            ] {
+                assert!(!code.contains(word), "{} names {word}", path.display());
+            }
+        }
+        assert!(checked >= 5, "only {checked} modules were read");
+    }
 
     #[test]
     fn names_are_single_safe_components() {

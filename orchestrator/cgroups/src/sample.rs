@@ -3,12 +3,14 @@
 //! Invariants:
 //! - the parsers ([`parse_u64`], [`keyed_value`], [`parse_limit`]) are pure
 //!   over the files' text; [`sample`] only reads and names the file that did
-//!   not parse;
+//!   not parse (`tests::gone_container_is_not_found_and_bad_files_are_named`);
 //! - a figure the host does not offer is `None`, never a made-up 0:
 //!   `memory.peak` before Linux 5.19, `oom_kill` before 4.13 (v1) / in old
 //!   `memory.events`, and on v1 the fleet's own `oom_kills`, because v1
 //!   counts a kill only in the killed process's own cgroup, never in its
-//!   parents (the fleet would read 0 while its containers were killed);
+//!   parents (the fleet would read 0 while its containers were killed)
+//!   (`tests/recorded.rs::v2_before_memory_peak`,
+//!   `tests/recorded.rs::v1_old_kernel_has_no_oom_kill_count`);
 //! - `cpu_ns` is nanoseconds on both layouts (v2's microseconds × 1000);
 //! - samples are taken no more often than [`MIN_SAMPLE_INTERVAL`] and no less
 //!   often than [`MAX_SAMPLE_INTERVAL`] ([`sample_interval`]).

@@ -3,8 +3,11 @@
 //! `--cgroup-parent`, and `sample()` reads their figures.
 //!
 //! Skipped, with a message on stderr, only when `docker info` fails or the
-//! cgroup filesystem is not writable. Every container and cgroup made here is
-//! removed, also when a test fails (the guard's `Drop`).
+//! cgroup filesystem is not writable; and never where the host is meant to
+//! run them: with `NIGHTSHIFT_REQUIRE_HOST_TESTS=1` (set by
+//! `scripts/test.sh`, so in CI) a skip is a failure naming what is missing.
+//! Every container and cgroup made here is removed, also when a test fails
+//! (the guard's `Drop`).
 
 use std::io::Write as _;
 use std::process::Command;
@@ -26,6 +29,15 @@ fn say(msg: &str) {
     let _ = writeln!(std::io::stderr(), "{msg}");
 }
 
+/// This host cannot run `test`: said on stderr, or a failure where the
+/// host is required to run it (`NIGHTSHIFT_REQUIRE_HOST_TESTS=1`).
+fn skip(test: &str, why: &str) {
+    if std::env::var("NIGHTSHIFT_REQUIRE_HOST_TESTS").as_deref() == Ok("1") {
+        panic!("{test} cannot run here, and NIGHTSHIFT_REQUIRE_HOST_TESTS=1 requires it: {why}");
+    }
+    say(&format!("SKIPPED {test}: {why}"));
+}
+
 fn docker(args: &[&str]) -> Result<String> {
     let out = Command::new("docker")
         .args(args)
@@ -44,13 +56,13 @@ fn docker(args: &[&str]) -> Result<String> {
 /// The layout, or `None` (said why) when this host cannot run these tests.
 fn host(test: &str) -> Option<Layout> {
     if let Err(e) = docker(&["info", "--format", "{{.ServerVersion}}"]) {
-        say(&format!("SKIPPED {test}: `docker info` failed: {e:#}"));
+        skip(test, &format!("`docker info` failed: {e:#}"));
         return None;
     }
     let layout = match detect(&RealFs) {
         Ok(l) => l,
         Err(e) => {
-            say(&format!("SKIPPED {test}: no cgroup filesystem: {e}"));
+            skip(test, &format!("no cgroup filesystem: {e}"));
             return None;
         }
     };
@@ -66,10 +78,10 @@ fn host(test: &str) -> Option<Layout> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Some(layout),
         Err(e) => {
-            say(&format!(
-                "SKIPPED {test}: cgroup filesystem not writable ({}: {e})",
-                probe.display()
-            ));
+            skip(
+                test,
+                &format!("cgroup filesystem not writable ({}: {e})", probe.display()),
+            );
             None
         }
     }

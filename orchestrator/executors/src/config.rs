@@ -35,17 +35,24 @@
 //! Invariants:
 //! - These structs hold paths to credential files, never credentials: they
 //!   may be printed and serialized. The files are read by the executors at
-//!   the moment of use ([`crate::Secret`]).
+//!   the moment of use ([`crate::Secret`])
+//!   (`tests::the_listing_shows_kinds_and_urls_without_credentials`,
+//!   `tests/loopback.rs::configs_print_paths_never_secrets`).
 //! - Every table refuses unknown fields; every HTTP URL is `http://` or
 //!   `https://` with no user information in it (a credential never travels
-//!   in a URL, and the username has its own field).
+//!   in a URL, and the username has its own field)
+//!   (`tests::unknown_fields_are_refused_with_their_line`,
+//!   `tests::bad_values_are_refused`).
 //! - A credential never travels in clear over a network: one attached to a
 //!   plain `http://` destination that is not loopback is refused at load,
-//!   unless the owner wrote `insecure = true` for it (then every use warns).
+//!   unless the owner wrote `insecure = true` for it (then every use warns)
+//!   (`tests::a_credential_on_plain_http_beyond_loopback_is_refused_unless_insecure`).
 //! - An SSH remote has a known_hosts file and exactly one way to
 //!   authenticate (a key file or the agent); nothing is trusted on first use.
 //! - Aliases are the only names an act may use; they are plain words
-//!   (`[A-Za-z0-9._-]+`), so that an alias shown to a person is the alias.
+//!   (`[A-Za-z0-9._-]+`), so that an alias shown to a person is the alias
+//!   (`tests::bad_values_are_refused`; the door refuses anything else for a
+//!   destination: `sandbox-image/door/src/validate.rs::tests::urls_and_paths_are_refused_by_name`).
 //! - Every problem is reported, each naming the file, the line of its table
 //!   and the alias.
 

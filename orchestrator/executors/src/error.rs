@@ -3,11 +3,16 @@
 //! Invariants:
 //! - No message, field or source holds a credential. A destination's answer
 //!   is kept only as a short excerpt from which the credential in use has
-//!   been scrubbed.
+//!   been scrubbed (`tests::excerpt_scrubs_the_secret_before_cutting`,
+//!   `forge::tests::statuses_are_classified_and_never_echo_the_token`,
+//!   `tests/loopback.rs::a_wrong_password_is_a_final_auth_error_that_does_not_show_it`).
 //! - [`ExecError::retryable`] is true only when the effect certainly did not
 //!   happen, or when a repeat is harmless (a push repeats its lease check,
 //!   and a remote that already holds the commit counts as done). When in
-//!   doubt it is false, as the deferred queue asks.
+//!   doubt it is false, as the deferred queue asks
+//!   (`forge::tests::transport_failures_are_retryable_only_when_nothing_was_sent`,
+//!   `notify::tests::any_2xx_succeeds_and_only_429_and_503_are_retried`,
+//!   `tests/loopback.rs::servers_that_are_down_give_retryable_errors`).
 //! - [`ExecError::audit_reason`] is content-free (a class, a status, ids the
 //!   supervisor chose): it is what goes into the audit. `Display` may carry
 //!   a destination's words and is for the operator's log.

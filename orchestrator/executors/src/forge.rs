@@ -23,7 +23,11 @@
 //!   409) is answered by looking it up: one open for the same head, base
 //!   and approved commit is adopted (success), any other is an error saying
 //!   so. Any other validation refusal (400, 409, 422) is
-//!   [`ExecError::Invalid`], reported as the forge's refusal.
+//!   [`ExecError::Invalid`], reported as the forge's refusal
+//!   (`tests::statuses_are_classified_and_never_echo_the_token`,
+//!   `tests::transport_failures_are_retryable_only_when_nothing_was_sent`,
+//!   `tests::already_exists_adopts_the_open_pull_request_at_the_approved_commit`,
+//!   `tests::find_returns_only_a_pull_request_at_the_approved_head`).
 //! - [`find_pull_request`] finds an open pull request for a head, base and
 //!   commit, so that after a crash an existing one is adopted instead of
 //!   duplicated.

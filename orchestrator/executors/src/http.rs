@@ -6,15 +6,19 @@
 //! Invariants:
 //! - Every call has a time limit (the request's `timeout`), follows no
 //!   redirect (a credential is never carried to a place the owner did not
-//!   name) and ignores proxy variables of the environment.
+//!   name) and ignores proxy variables of the environment
+//!   (`tests::a_redirect_is_returned_not_followed_and_no_proxy_is_asked`).
 //! - The bearer token travels as a [`Secret`] up to the moment the header is
 //!   written; a request's `Debug` shows `***` for it.
 //! - A transport error says whether the request certainly never left
-//!   ([`TransportError::NotSent`]): only then is a new attempt safe.
+//!   ([`TransportError::NotSent`]): only then is a new attempt safe
+//!   (`tests::nothing_listening_is_not_sent`,
+//!   `forge::tests::transport_failures_are_retryable_only_when_nothing_was_sent`).
 //! - Responses are read up to [`MAX_RESPONSE_BYTES`]; more is an error.
 //! - TLS is rustls (ring) with the system's roots plus the request's
 //!   `ca_file` ([`crate::tls`]); a server that is not trusted is
-//!   [`TransportError::Tls`]: the request never left.
+//!   [`TransportError::Tls`]: the request never left
+//!   (`tests/destinations.rs::https_to_a_server_of_another_ca_or_with_an_expired_certificate_is_refused`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -231,5 +235,39 @@ mod tests {
         let r = HttpRequest::new(&url, "text/plain", b"hi", Duration::from_secs(5));
         let err = UreqPost.post(&r).unwrap_err();
         assert!(matches!(err, TransportError::NotSent(_)), "{err:?}");
+    }
+
+    #[test]
+    fn a_redirect_is_returned_not_followed_and_no_proxy_is_asked() {
+        use std::io::{Read, Write};
+        // Where a redirect would take the request: it must see nothing.
+        let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        elsewhere.set_nonblocking(true).unwrap();
+        let target = format!("http://{}/stolen", elsewhere.local_addr().unwrap());
+        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/x", server.local_addr().unwrap());
+        let answer = std::thread::spawn(move || {
+            let (mut conn, _) = server.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf).unwrap();
+            let reply = format!(
+                "HTTP/1.1 302 Found\r\nLocation: {target}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+            );
+            conn.write_all(reply.as_bytes()).unwrap();
+        });
+        let token = Secret::new("tok-abc").unwrap();
+        let r = HttpRequest {
+            bearer: Some(&token),
+            ..HttpRequest::new(&url, "text/plain", b"hi", Duration::from_secs(5))
+        };
+        let response = UreqPost.post(&r).unwrap();
+        answer.join().unwrap();
+        assert_eq!(response.status, 302);
+        assert!(elsewhere.accept().is_err(), "the redirect was followed");
+        // The agent itself: a time limit, no redirect, no proxy from the environment.
+        let agent = UreqPost::agent(&r).unwrap();
+        assert_eq!(agent.config().max_redirects(), 0);
+        assert!(agent.config().proxy().is_none());
+        assert_eq!(agent.config().timeouts().global, Some(r.timeout));
     }
 }

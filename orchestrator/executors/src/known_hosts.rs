@@ -7,10 +7,16 @@
 //!   otherwise; plain or `|1|salt|hash` hashed names) is accepted. An
 //!   unknown host, a key that differs from the listed one (changed), and a
 //!   key of a type the file does not list for the host are refused, each
-//!   named with the host, the key's type and its SHA256 fingerprint.
+//!   named with the host, the key's type and its SHA256 fingerprint
+//!   (`tests::only_the_listed_key_for_the_exact_host_and_port_is_known`,
+//!   `tests/destinations.rs::ssh_push_with_a_key_lands_and_unknown_or_changed_host_keys_are_refused`).
 //! - Markers (`@revoked`, `@cert-authority`) are never trusted: a revoked
-//!   key is refused; certificate authorities are not supported.
-//! - Nothing is trusted on first use, and the file is never written.
+//!   key is refused; certificate authorities are not supported
+//!   (`tests::hashed_names_and_markers`).
+//! - Nothing is trusted on first use, and the file is never written: the
+//!   decision is a pure function of the file's text, and an unknown host
+//!   stays unknown on every attempt
+//!   (`tests/destinations.rs::ssh_push_with_a_key_lands_and_unknown_or_changed_host_keys_are_refused`).
 
 use base64::Engine as _;
 use hmac::{Hmac, Mac};

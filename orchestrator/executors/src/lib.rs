@@ -1,5 +1,5 @@
 //! Executors: the supervisor-side code that carries out an approved act,
-//! with credentials that live only here.
+//! with the destinations' credentials, which it reads from their files.
 //!
 //! - [`push`] a commit of the host repository to a configured git remote
 //!   (HTTPS, SSH, loopback HTTP, `file://`), under a lease on the remote
@@ -10,8 +10,11 @@
 //!   webhook, or a Slack-compatible incoming webhook.
 //!
 //! Each takes the destination's config ([`Destinations`]), never a URL from
-//! an act: the caller resolves the act's alias and must have rechecked the
-//! act under its lock; an executor carries out exactly what it is given.
+//! an act (their signatures take a config; an act names an alias, and the
+//! door refuses a URL or a path there:
+//! `sandbox-image/door/src/validate.rs::tests::urls_and_paths_are_refused_by_name`):
+//! the caller resolves the act's alias and must have rechecked the act
+//! under its lock; an executor carries out exactly what it is given.
 //!
 //! Invariants held across the crate:
 //! - credentials are read from the owner's files at the moment of use, kept
@@ -19,7 +22,9 @@
 //!   and no audit text ([`ExecError::audit_reason`]);
 //! - every network call has a time limit and follows no redirect;
 //! - a failure is retryable ([`ExecError::retryable`]) only when a new
-//!   attempt cannot do anything that was not approved.
+//!   attempt cannot do anything that was not approved
+//!   (`forge::tests::transport_failures_are_retryable_only_when_nothing_was_sent`,
+//!   `tests/loopback.rs::servers_that_are_down_give_retryable_errors`).
 //!
 //! The forge and notify executors reach HTTP through the [`HttpPost`] trait
 //! (real: [`UreqPost`], rustls); the push executor is the crate's git2

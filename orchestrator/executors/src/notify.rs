@@ -13,11 +13,14 @@
 //! Invariants:
 //! - Every credential (token, HMAC key, a URL kept in `url_file`) is read
 //!   from its file at the moment of the call and never appears in an error:
-//!   an endpoint whose URL is a secret is named by the file that holds it.
+//!   an endpoint whose URL is a secret is named by the file that holds it
+//!   (`tests::a_slack_url_kept_in_a_file_is_used_and_never_shown`,
+//!   `tests/destinations.rs::a_slack_compatible_hook_gets_text_and_its_url_stays_secret`).
 //! - Any 2xx is success; 401 and 403 are a refused credential; anything
-//!   else is an error with the status, retryable only for 429 and 503.
+//!   else is an error with the status, retryable only for 429 and 503
+//!   (`tests::any_2xx_succeeds_and_only_429_and_503_are_retried`).
 //! - `webhook` and `slack` carry text: a body that is not UTF-8 is refused,
-//!   never altered.
+//!   never altered (`tests::a_webhook_is_json_signed_with_the_key_from_its_file`).
 
 use std::time::Duration;
 
@@ -341,5 +344,41 @@ mod tests {
         assert_eq!(seen[0].0, url);
         assert_eq!(seen[0].2, br#"{"text":"3 runs"}"#);
         assert!(!action(&chat).contains("XXSECRETXX"), "{}", action(&chat));
+    }
+
+    /// Answers every post with one status.
+    struct Answers(u16);
+
+    impl HttpPost for Answers {
+        fn post(&self, _: &HttpRequest<'_>) -> Result<HttpResponse, TransportError> {
+            Ok(HttpResponse {
+                status: self.0,
+                body: b"no".to_vec(),
+            })
+        }
+        fn get(&self, _: &HttpRequest<'_>) -> Result<HttpResponse, TransportError> {
+            unreachable!("notify never reads")
+        }
+    }
+
+    #[test]
+    fn any_2xx_succeeds_and_only_429_and_503_are_retried() {
+        let endpoint = NotifyConfig::new("https://hooks.test/x", Readers::Private);
+        let post = |status| notify_with(&Answers(status), &endpoint, b"hi", "text/plain");
+        for status in [200, 201, 202, 204, 299] {
+            assert_eq!(post(status).unwrap().status, status);
+        }
+        for status in [401, 403] {
+            assert_eq!(
+                post(status).unwrap_err().class(),
+                "auth_refused",
+                "{status}"
+            );
+        }
+        for status in [300, 302, 400, 404, 408, 409, 422, 429, 500, 502, 503, 504] {
+            let e = post(status).unwrap_err();
+            assert!(matches!(e, ExecError::Status { .. }), "{status}: {e}");
+            assert_eq!(e.retryable(), status == 429 || status == 503, "{status}");
+        }
     }
 }

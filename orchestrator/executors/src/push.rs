@@ -10,7 +10,9 @@
 //!   ([`ExecError::Stale`]). The update names that old value, and the
 //!   remote's receive-pack applies it only if the ref still holds it under
 //!   its lock; so a remote that moved at any moment refuses the update
-//!   rather than losing a commit.
+//!   rather than losing a commit
+//!   (`tests/loopback.rs::a_remote_that_moved_is_stale_and_stays_as_it_was`,
+//!   `tests/loopback.rs::a_remote_that_moves_between_listing_and_update_refuses_the_update`).
 //! - TLS: OpenSSL verifies the server against the system's roots; a remote
 //!   with a `ca_file` also accepts a certificate that verifies against it
 //!   ([`crate::tls::verify_leaf`]). Nothing else is accepted.
@@ -23,15 +25,18 @@
 //!   (`already_there`): that makes repeating an attempt harmless, which is
 //!   why transport failures of a push may be retried.
 //! - Never a forced update: the refspec has no `+`, and libgit2 refuses a
-//!   non-fast-forward before sending anything.
+//!   non-fast-forward before sending anything
+//!   (`tests/loopback.rs::a_non_fast_forward_is_refused`).
 //! - The push sees only the host repository's objects: the repository is
 //!   reopened as a bare object database with none of the host's config
 //!   (no `insteadOf`, no proxy, no pushurl), so the URL used is the URL the
-//!   owner configured.
+//!   owner configured (`tests/loopback.rs::the_host_repositorys_config_cannot_redirect_a_push`,
+//!   `tests/loopback.rs::a_commit_missing_from_the_host_is_refused_before_connecting`).
 //! - The credential is read from its file just before connecting, handed to
 //!   libgit2 only when the remote asks for one, and offered at most once per
 //!   request phase: a second ask means it was refused, which ends the push
-//!   as [`ExecError::Auth`] instead of looping.
+//!   as [`ExecError::Auth`] instead of looping
+//!   (`tests/loopback.rs::a_wrong_password_is_a_final_auth_error_that_does_not_show_it`).
 //! - libgit2's own timeouts are process-global settings behind `unsafe`, so
 //!   each push runs on its own thread and the caller stops waiting after
 //!   the remote's `timeout_secs` ([`ExecError::TimedOut`], not retryable:

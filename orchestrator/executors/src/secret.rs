@@ -2,13 +2,17 @@
 //!
 //! Invariants:
 //! - A [`Secret`] never prints: its `Debug` is `***`, it has no `Display`,
-//!   no `Serialize`, and no error of this crate carries one. The only way to
-//!   the text is [`Secret::expose`], called where the credential is handed
-//!   to the destination and nowhere else.
+//!   no `Serialize`, and no error of this crate carries one
+//!   (`tests::debug_hides_the_text`). The only way to the text is
+//!   [`Secret::expose`] (the field is private), called where the credential
+//!   is handed to the destination, and where an answer is scrubbed of it or
+//!   a URL kept in a file is checked.
 //! - A secret is one line of visible text: no control character can reach
 //!   an HTTP header or a git credential, so a file cannot smuggle a second
 //!   header. One trailing line end is dropped, as editors add it.
-//! - Reading errors name the file, never its content.
+//! - Reading errors name the file, never its content
+//!   (`tests::reading_errors_show_no_content`; the callers name the file:
+//!   `tests/destinations.rs::a_world_readable_token_file_is_refused_naming_it_and_nothing_is_sent`).
 //! - A credential file must be a regular file owned by the user the
 //!   supervisor runs as and not readable or writable by group or others
 //!   (mode `0600` or tighter); any other is refused before a byte is read.
@@ -238,5 +242,21 @@ mod tests {
             Secret::read_file(&dir.path().join("nope")),
             Err(SecretError::Io(_))
         ));
+    }
+
+    #[test]
+    fn reading_errors_show_no_content() {
+        let long = [&b"SECRET"[..], &vec![b'a'; 20_000]].concat();
+        for content in [
+            &b"SECRET\nX-Other: 1\n"[..],
+            b"SECRET\tx",
+            b"SECRET\xff",
+            &long,
+        ] {
+            let f = file(content);
+            let err = Secret::read_file(f.path()).unwrap_err();
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains("SECRET"), "{shown}");
+        }
     }
 }

@@ -12,12 +12,16 @@
 //!   server's certificate to [`verify_leaf`], which verifies it with rustls
 //!   (webpki: chain to the file's authorities, the host name, the validity
 //!   period). Anything else is refused; nothing is trusted on first use and
-//!   no verification is ever switched off.
+//!   no verification is ever switched off
+//!   (`tests/destinations.rs::https_to_a_server_of_another_ca_or_with_an_expired_certificate_is_refused`,
+//!   `tests::a_leaf_is_trusted_only_for_its_ca_and_name`).
 //!
 //! Invariants:
-//! - A `ca_file` adds trust for its destination only, never for others.
+//! - A `ca_file` adds trust for its destination only, never for others
+//!   (`tests::a_leaf_is_trusted_only_for_its_ca_and_name`).
 //! - A `ca_file` that holds no certificate is an error naming it, not an
-//!   empty (or system-only) trust.
+//!   empty (or system-only) trust
+//!   (`tests::a_ca_file_without_certificates_is_an_error_naming_it`).
 
 use std::path::Path;
 use std::sync::{Arc, OnceLock};

@@ -358,3 +358,33 @@ fn configs_print_paths_never_secrets() {
     }
     assert!(shown.contains("forge-token"), "the path is shown: {shown}");
 }
+
+/// The host repository's own config names another place for the remote's
+/// URL (`insteadOf`, `pushInsteadOf`): the push still goes where the
+/// owner's destination says.
+#[test]
+fn the_host_repositorys_config_cannot_redirect_a_push() {
+    let repos = Repos::new();
+    let commit = repos.commit("a.txt", "one");
+    let url = format!("file://{}", repos.bare.display());
+    let decoy = repos.dir.path().join("decoy.git");
+    common::git(
+        repos.dir.path(),
+        &["init", "-q", "--bare", decoy.to_str().unwrap()],
+    );
+    let decoy_url = format!("file://{}", decoy.display());
+    for key in ["insteadOf", "pushInsteadOf"] {
+        common::git(
+            &repos.host,
+            &["config", &format!("url.{decoy_url}.{key}"), &url],
+        );
+    }
+    let config = RemoteConfig::new(url, Readers::Private);
+    push(&config, &repos.host, &commit, BRANCH, None).unwrap();
+    assert_eq!(repos.remote_ref(BRANCH).as_deref(), Some(commit.as_str()));
+    let decoy_refs = common::git(
+        repos.dir.path(),
+        &["--git-dir", decoy.to_str().unwrap(), "for-each-ref"],
+    );
+    assert_eq!(decoy_refs, "", "the push went to the decoy");
+}

@@ -13,7 +13,8 @@
 //!   each symlink with `symlinkat`. Nothing is opened through a symlink and
 //!   nothing that already exists is reused or overwritten, so even a tree that
 //!   slipped past the check cannot write outside the worktree or into its
-//!   `.git`;
+//!   `.git` (`tests/hostile_trees.rs::hostile_trees_planted_in_the_host_are_never_checked_out`,
+//!   `tests/tests/hostile.rs::hostile_trees_never_write_outside_a_worktree`);
 //! - blobs are written verbatim (no filters, no attributes), as git would with
 //!   no `.gitattributes` conversions, so the import reads back exactly them;
 //! - files are chowned through their open descriptor before their stat data is

@@ -1,7 +1,8 @@
 //! The one error type of the crate.
 //!
 //! Messages are lowercase and say what was being done; the underlying error is
-//! attached as the source and never repeated in the message.
+//! attached as the source and never repeated in the message
+//! (`tests::messages_are_lowercase_and_keep_their_source_apart`).
 
 use std::path::PathBuf;
 
@@ -105,6 +106,36 @@ impl GitError {
         GitError::Git {
             action: action.into(),
             source,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn messages_are_lowercase_and_keep_their_source_apart() {
+        let e = GitError::io("reading", "/w/x", std::io::Error::other("UNDERLYING"));
+        assert_eq!(e.to_string(), "reading /w/x");
+        assert!(e.source().unwrap().to_string().contains("UNDERLYING"));
+        let e = GitError::git("writing a ref", git2::Error::from_str("UNDERLYING"));
+        assert_eq!(e.to_string(), "writing a ref");
+        assert!(e.source().is_some());
+        // Every message of the enum above: lowercase, and none prints a source.
+        let code = include_str!("error.rs")
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap();
+        let variants: Vec<&str> = code.split("#[error(\"").skip(1).collect();
+        assert!(variants.len() >= 20, "{}", variants.len());
+        for variant in variants {
+            let message = variant.split("\")]").next().unwrap();
+            let first = message.chars().next().unwrap();
+            assert!(first.is_lowercase() || first == '{', "{message}");
+            assert!(!message.contains("{source"), "{message}");
+            assert!(!variant.contains("#[from]"), "{message}");
         }
     }
 }

@@ -4,7 +4,8 @@
 //! and then with `O_NOFOLLOW | O_NONBLOCK | O_NOCTTY`, so a symlink is never
 //! followed and a FIFO or device swapped in is never waited on; the opened
 //! descriptor is checked again with `fstat`; at most `cap + 1` bytes are ever
-//! read, whatever size the file claims.
+//! read, whatever size the file claims (`tests::never_opens_a_fifo`,
+//! `tests::reads_small_regular_files_and_refuses_the_rest`).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read};

@@ -1,34 +1,42 @@
-//! The git adapter: the only crate of nightshift that names `git2`.
+//! The git adapter: the worktree and the host repository, through `git2`
+//! (which the executors also use, to push).
 //!
 //! Three jobs, each in its own module:
 //! - [`resolve_base`] turns a host repository and a ref into the base commit of a run;
 //! - [`create_worktree`] makes the run's self-contained checkout, which shares no
 //!   file and no pointer with the host repository;
 //! - [`import_run`] brings the run's result back into the host repository as
-//!   `refs/nightshift/runs/<id>`, reading the worktree only as data;
+//!   `refs/nightshift/runs/<id>`, reading the worktree only as data
+//!   (`tests/hostile.rs::hostile_worktree_is_read_only_as_data`);
 //! - [`remove_worktree`] throws the worktree away;
 //! - [`receive_pack`] takes the commit of an act from the pack the agent sent
 //!   over the door, into the host under `refs/nightshift/acts/<id>`, without
 //!   ever reading the worktree while the sandbox can still change it; the
 //!   pack is first checked against the limits from its headers alone
 //!   ([`scan_pack`], pure over a `Read`), and the commit may reference only
-//!   objects of the pack or reachable from the run's base.
+//!   objects of the pack or reachable from the run's base
+//!   (`import::pack::tests::a_commit_referencing_host_only_objects_is_refused_as_an_unknown_id_is`,
+//!   `tests/tests/door_races.rs::a_fifo_or_a_sparse_10gb_file_for_a_loose_object_neither_blocks_nor_bloats_the_door`).
 //!
 //! Invariants held across the crate:
 //! - the host repository is trusted; the worktree, once a sandbox has run in it, is
 //!   hostile: it is never opened as a repository, no hook, config, attribute,
 //!   filter or submodule entry of it is read or run, and no symlink in it is
-//!   followed;
+//!   followed (`tests/hostile.rs::hostile_worktree_is_read_only_as_data`,
+//!   `tests/tests/hostile.rs::nothing_the_sandbox_wrote_runs_or_is_followed_on_the_host`);
 //! - no tree git would refuse (an entry `..`, a name holding `/`, `.git` or
 //!   an alias of it, a name given twice) enters the host from a worktree, and
 //!   none is ever checked out: every write of a checkout goes through
 //!   directory handles that never follow a symlink ([`tree_names`],
-//!   [`checkout`]);
-//! - a worktree holds only the objects reachable from its base commit;
+//!   [`checkout`]; `tests/hostile_trees.rs::hostile_trees_are_never_imported`,
+//!   `tests/hostile_trees.rs::hostile_trees_planted_in_the_host_are_never_checked_out`);
+//! - a worktree holds only the objects reachable from its base commit
+//!   (`tests/worktree.rs::worktree_holds_only_objects_reachable_from_the_base`);
 //! - the host repository only ever gains objects and refs under
 //!   `refs/nightshift/runs/` and `refs/nightshift/acts/`; its HEAD, branches,
-//!   config and working tree are
-//!   never touched.
+//!   config and working tree are never touched
+//!   (`tests/hostile.rs::hostile_worktree_is_read_only_as_data`,
+//!   `import::pack::tests::a_pack_less_the_base_lands_under_the_act_ref`).
 
 #![forbid(unsafe_code)]
 

@@ -14,8 +14,8 @@
 //!   they read them ([`crate::checkout`]), everything else by
 //!   [`write_pack_of`] before the checkout;
 //! - each pack and its version-2 index are written by us under a temporary
-//!   name and renamed to `pack-<checksum>` once complete, so a reader never
-//!   sees half a pack;
+//!   name (`tmp-<tag>.pack`) and renamed to `pack-<checksum>` once complete,
+//!   so what a reader finds under a pack's name is whole;
 //! - packs are new files in the new worktree: nothing is shared with the
 //!   host's object store.
 

@@ -3,7 +3,7 @@
 //! Invariant: an id that passes [`validate_run_id`] makes both
 //! `refs/heads/nightshift/run/<id>` and `refs/nightshift/runs/<id>` valid,
 //! single-component ref names, so an id can never climb out of its namespace or
-//! name a directory of refs.
+//! name a directory of refs (`tests::refuses_ids_that_would_escape_or_break_ref_names`).
 
 use crate::GitError;
 

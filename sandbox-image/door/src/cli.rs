@@ -1,7 +1,8 @@
 //! `nightshift-act`'s command line, parsed without I/O.
 //!
 //! Invariants: pure; any argument list gives an [`Invocation`] or a
-//! [`UsageError`] that says what is wrong, never a panic. Values are taken
+//! [`UsageError`] that says what is wrong, never a panic
+//! (`tests::any_arguments_parse_or_say_why`). Values are taken
 //! as given here; they are validated (aliases, refs, text) when the request
 //! is built, by the same checks the door applies.
 

@@ -11,7 +11,10 @@
 //!   protocol's limit: each exits [`EXIT_BLOCK`] (2, what pre-tool hooks
 //!   treat as "block the call and show stderr to the agent") with the
 //!   reason on one line. A harness treats other non-zero codes as a
-//!   non-blocking error and runs the tool, so no path here exits with one.
+//!   non-blocking error and runs the tool, so no path here exits with one
+//!   (`tests::only_done_allows`, `tests::no_answer_but_done_exits_0`,
+//!   `tests::bad_input_is_refused_before_anything_is_sent`,
+//!   `tests::any_stdin_gives_a_request_or_a_refusal_never_a_panic`).
 
 use crate::message::{Request, Response};
 use crate::validate::one_line;

@@ -10,13 +10,17 @@
 //! Invariants:
 //! - Only a counter greater than every counter seen before renews the lease:
 //!   the same heartbeat read again, an older one, or an unreadable one, renews
-//!   nothing. The door is mounted read-only, so nothing inside the sandbox can
-//!   write a greater one.
+//!   nothing (`tests::the_same_or_an_older_counter_renews_nothing`,
+//!   `tests::heartbeats_parse_strictly`). The door is mounted read-only, so
+//!   nothing inside the sandbox can write a greater one
+//!   (`orchestrator/attest/tests/fixtures.rs::writable_door_fails_mounts`).
 //! - Time is the wrapper's own monotonic clock (the caller passes the time
 //!   since it started, from `Instant`), never the file's mtime nor the
 //!   supervisor's wall-clock time written beside the counter (that is for
 //!   people reading the file): neither clock steps nor a touched mtime can
-//!   renew or expire a lease.
+//!   renew or expire a lease ([`Lease::observe`] takes the counter and the
+//!   monotonic time alone; `tests::never_held_past_the_bound_after_the_last_growth`,
+//!   `tests/lease_wrapper.rs::the_same_counter_rewritten_renews_nothing`).
 //! - A lease with no heartbeat at all expires one bound after the wrapper
 //!   started (the start grace is the bound itself).
 

@@ -5,10 +5,14 @@
 //! - The commit and its pack are resolved here, in the sandbox, and sent
 //!   over the door; the supervisor never reads the run's `.git` to find
 //!   them. It checks the pack itself (every object's hash, the commit
-//!   connected to what the host already holds), so nothing here is trusted.
+//!   connected to what the host already holds), so nothing here is trusted
+//!   (`tests/tests/door_races.rs::a_fifo_or_a_sparse_10gb_file_for_a_loose_object_neither_blocks_nor_bloats_the_door`,
+//!   `tests/tests/door_races.rs::alternates_rewritten_in_a_loop_never_let_a_foreign_commit_in`,
+//!   `orchestrator/git/src/import/pack.rs::tests::a_commit_not_connected_is_refused_and_no_ref_is_made`).
 //! - Nothing that starts with `-` reaches git as an argument, so no name can
 //!   turn into an option; revisions reach `git pack-objects` on its standard
-//!   input, one per line, as full hex ids only.
+//!   input, one per line, as full hex ids only
+//!   (`tests::a_name_that_reads_as_an_option_never_reaches_git`).
 //! - A pack is spooled to an unlinked file in the repository's git directory
 //!   (its size must be declared before it is sent) and refused here when it
 //!   is over [`MAX_PACK_BYTES`], as the door would refuse it.
@@ -205,4 +209,27 @@ pub fn pack_objects(commit: &str, base: Option<&str>) -> Result<Pack, PackError>
     file.seek(SeekFrom::Start(0))
         .map_err(io("rewinding the pack"))?;
     Ok(Pack { file, len })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Refused before git runs (these never spawn it).
+    #[test]
+    fn a_name_that_reads_as_an_option_never_reaches_git() {
+        for name in ["-", "--output=/tmp/x", "-h", "--all", ""] {
+            assert!(
+                matches!(resolve_commit(name), Err(ResolveError::Option { .. })),
+                "{name:?}"
+            );
+        }
+        let short = "a".repeat(39);
+        for commit in ["--all", "-", "HEAD", "main", short.as_str()] {
+            assert!(
+                matches!(pack_objects(commit, None), Err(PackError::BadCommit { .. })),
+                "{commit:?}"
+            );
+        }
+    }
 }

@@ -11,16 +11,21 @@
 //!   (refused from the request alone, before a byte of it is read), a
 //!   deletion that carries a commit or a pack, or text over its limit. [`encode_request`]
 //!   validates too, so our clients never send what the door would refuse
-//!   for its shape.
+//!   for its shape (`tests::malformed_requests_are_refused_with_a_reason`,
+//!   `tests::random_json_bodies_never_panic_and_never_pass_invalid`).
 //! - Every valid request encodes within [`MAX_REQUEST_FRAME`] (JSON at most
 //!   doubles a body: `"`, `\`, tab, LF and CR escape to two bytes, other
 //!   control characters are refused), and [`encode_response`] never fails:
 //!   it bounds and flattens each text field so the frame fits in
-//!   [`MAX_RESPONSE_FRAME`].
+//!   [`MAX_RESPONSE_FRAME`] (`tests::the_largest_valid_request_fits`,
+//!   `tests::a_hostile_response_prints_as_one_bounded_line`).
 //! - One request per connection: [`RequestReader`] never buffers more than
 //!   one frame, and anything sent after it is refused as out of order. The
 //!   pack a request declares follows the frame; the reader never takes any
-//!   of it (the door reads exactly `pack_bytes` more, see `PROTOCOL.md`).
+//!   of it (the door reads exactly `pack_bytes` more, see `PROTOCOL.md`)
+//!   (`tests::the_reader_never_buffers_past_the_limit`,
+//!   `tests::the_reader_refuses_a_second_request_and_trailing_bytes`,
+//!   `tests::reading_what_the_reader_wants_never_takes_the_next_request`).
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;

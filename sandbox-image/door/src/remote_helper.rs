@@ -13,7 +13,9 @@
 //! [`HelperError`], never a panic. The alias comes from the url's address,
 //! never from the remote's local name, and passes the same check as every
 //! other destination, so a url that smuggles a location is refused. A reply
-//! is always exactly one line.
+//! is always exactly one line (`tests::any_line_parses_or_is_refused`,
+//! `tests::the_alias_comes_from_the_address`,
+//! `tests::replies_are_always_one_line`).
 
 use thiserror::Error;
 

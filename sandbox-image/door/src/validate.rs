@@ -6,11 +6,15 @@
 //!   (or anything else that reaches the socket) sends that does not pass.
 //! - Routing fields are names, never locations: a destination is an alias
 //!   the owner configured (`[A-Za-z0-9._-]{1,64}`, not starting with `.` or
-//!   `-`), and anything that looks like a URL or a path is refused by name.
+//!   `-`), and anything that looks like a URL or a path is refused by name
+//!   (`tests::urls_and_paths_are_refused_by_name`,
+//!   `tests::other_malformed_aliases_are_refused`).
 //! - A ref on the wire is always a full branch ref, `refs/heads/...`, that
 //!   passes git's `check-ref-format` rules and is printable ASCII (so what a
 //!   person approves reads as what it is: no look-alike letters, no
-//!   invisible characters). Short names are normalised by the client only.
+//!   invisible characters). Short names are normalised by the client only
+//!   (`tests::ref_tricks_are_refused`, `tests::short_branch_names_are_normalised`,
+//!   `tests::anything_normalize_accepts_passes_the_wire_check`).
 //! - Text a person will read on one line (a title) holds no control or
 //!   bidirectional-override characters; bodies may hold tab, LF and CR and
 //!   no other control character.

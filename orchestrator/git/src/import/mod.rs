@@ -4,7 +4,8 @@
 //! - it is never opened as a git repository: its config, hooks, attributes,
 //!   `.gitmodules` and index are never read; only its object files (through a
 //!   bare object database of ours, see [`objects`]), three ref files
-//!   ([`refs`]) and its working files ([`observe`]) are read, as data;
+//!   ([`refs`]) and its working files ([`observe`]) are read, as data
+//!   (`tests/hostile.rs::hostile_worktree_is_read_only_as_data`);
 //! - no symlink in it is followed, no FIFO, socket or device in it is opened,
 //!   and no file is read past the limits;
 //! - every object copied into the host is hash-checked (libgit2's strict hash
@@ -26,7 +27,11 @@
 //! of the base commit instead: the result names why ([`HistoryDropped`]).
 //! Only a failure on the host's side (its repository missing or locked, a
 //! write refused) fails the import, and then nothing was promised: the caller
-//! keeps the worktree and may retry.
+//! keeps the worktree and may retry
+//! (`tests/import.rs::a_committed_object_over_the_size_limit_drops_the_history_not_the_files`,
+//! `tests/hostile.rs::a_symlinked_git_dir_or_object_dir_is_refused`,
+//! `tests/import.rs::a_locked_host_ref_fails_the_import_and_a_retry_succeeds`,
+//! `tests/import.rs::a_missing_host_repository_fails_the_import`).
 
 mod objects;
 mod observe;

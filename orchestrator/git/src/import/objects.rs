@@ -12,7 +12,8 @@
 //! - an object the host already has is taken to come with everything it
 //!   reaches (true for objects written by this module, which writes every
 //!   object after everything it reaches, and for objects reachable from the
-//!   host's refs); only objects the host lacks are read from the worktree;
+//!   host's refs); only objects the host lacks are read from the worktree
+//!   (`tests::an_object_the_host_holds_is_not_read_from_the_worktree`);
 //! - every object's size is checked from its header before it is read;
 //! - every tree copied is checked entry by entry as git's fsck checks it
 //!   ([`crate::tree_names`]): an entry named `..`, holding `/`, naming `.git`
@@ -572,5 +573,33 @@ mod tests {
         assert_eq!(parents, vec![oid(2), oid(3)]);
         assert!(parse_commit(oid(9), b"author x\ntree 00\n").is_err());
         assert!(parse_commit(oid(9), b"tree zz\n").is_err());
+    }
+
+    /// The host holds a tree the worktree's commit names; the worktree holds
+    /// neither it nor its blob. The copy takes the commit without reading
+    /// either from the worktree.
+    #[test]
+    fn an_object_the_host_holds_is_not_read_from_the_worktree() {
+        let dir = tempfile::tempdir().unwrap();
+        let host_repo = git2::Repository::init_bare(dir.path().join("host")).unwrap();
+        let wt_repo = git2::Repository::init_bare(dir.path().join("wt")).unwrap();
+        let (host, wt) = (host_repo.odb().unwrap(), wt_repo.odb().unwrap());
+        let blob = host.write(ObjectType::Blob, b"held\n").unwrap();
+        let mut tree = b"100644 f\0".to_vec();
+        tree.extend_from_slice(blob.as_bytes());
+        let tree = host.write(ObjectType::Tree, &tree).unwrap();
+        let commit = format!("tree {tree}\nauthor a <a> 1 +0000\ncommitter a <a> 1 +0000\n\nnew\n");
+        let commit = wt.write(ObjectType::Commit, commit.as_bytes()).unwrap();
+        assert!(!wt.exists(tree) && !wt.exists(blob));
+
+        copy_reachable(
+            &host,
+            &wt,
+            commit,
+            &ImportLimits::default(),
+            &mut |id, _| Ok(host.exists(id)),
+        )
+        .unwrap();
+        assert!(host.exists(commit));
     }
 }

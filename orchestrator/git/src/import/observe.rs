@@ -3,26 +3,35 @@
 //! Invariants:
 //! - the walk uses `read_dir` and `lstat` only, descends only into real
 //!   directories, and never goes through a symlink: a symlink becomes a git
-//!   symlink entry whose blob is its link text (`readlink`), never its target;
+//!   symlink entry whose blob is its link text (`readlink`), never its target
+//!   (`tests/hostile.rs::hostile_worktree_is_read_only_as_data`);
 //! - a regular file is opened with `O_NOFOLLOW | O_NONBLOCK` and read only after
 //!   `fstat` on the open descriptor says it is regular and within the limits;
-//!   FIFOs, sockets and devices are never opened;
+//!   FIFOs, sockets and devices are never opened
+//!   (`tests/hostile.rs::hostile_worktree_is_read_only_as_data`,
+//!   `tests/hostile.rs::special_ref_files_neither_hang_nor_are_followed`);
 //! - modes are git's: 100755 when the owner may execute, else 100644;
 //!   setuid, setgid and sticky bits are dropped;
 //! - `.gitignore` files are read the same way (never through a symlink) and
 //!   only leave out *untracked* paths: a path the tip's tree holds is always
-//!   observed, as git does;
+//!   observed, as git does (`tests/import.rs::gitignore_leaves_out_untracked_paths_only`;
+//!   a FIFO as `.gitignore`: `tests/hostile.rs::hostile_worktree_is_read_only_as_data`);
 //! - `.git` at the top is the repository and is skipped; a `.git` anywhere
 //!   below is skipped and listed (git trees cannot hold one); so is every
 //!   other name git refuses in a tree ([`crate::tree_names::check_name`]:
 //!   `git~1`, `.git ` and the other NTFS/HFS+ aliases of `.git`), so the
-//!   observed tree never holds a name a checkout would refuse;
+//!   observed tree never holds a name a checkout would refuse
+//!   (`tests/hostile.rs::nested_git_dirs_and_deep_trees_are_skipped_not_followed`,
+//!   `tree_names::tests::ntfs_aliases_of_dotgit_are_refused`,
+//!   `tree_names::tests::hfs_aliases_of_dotgit_are_refused`);
 //! - a path left out (limits, special file, unreadable, too deep) that the
 //!   tip's tree holds keeps the tip's entry, so that "not observed" never reads
 //!   as "deleted"; an untracked one is simply absent; both are listed. A kept
 //!   entry that is a tree is first checked whole (every tree under it, as
 //!   [`crate::tree_names::parse_tree`] does): one git would refuse is dropped
-//!   and listed, never kept;
+//!   and listed, never kept
+//!   (`tests/import.rs::observed_files_past_the_limits_are_skipped_and_listed`,
+//!   `tests/hostile_trees.rs::observed_state_never_keeps_a_hostile_tip_tree`);
 //! - a submodule (gitlink) of the tip's tree is kept as the tip has it: its
 //!   directory is not read.
 //!

@@ -1,5 +1,6 @@
 //! Taking a commit an agent asked to act on from a pack it sent over the
-//! door, never from its worktree.
+//! door, never from its worktree
+//! (`tests/tests/door_races.rs::a_fifo_or_a_sparse_10gb_file_for_a_loose_object_neither_blocks_nor_bloats_the_door`).
 //!
 //! Invariants:
 //! - Nothing here reads the run's worktree: the pack is a file the
@@ -26,7 +27,10 @@
 //!   "anything the host holds". Another branch's commit, a stash, an object
 //!   of the host's alone is refused exactly as an id nobody has: the same
 //!   [`GitError::NotConnected`], after the same walk, so the answer tells
-//!   the agent nothing about what the host holds. No ref is made then.
+//!   the agent nothing about what the host holds. No ref is made then
+//!   (`tests::a_commit_referencing_host_only_objects_is_refused_as_an_unknown_id_is`,
+//!   `tests::objects_of_the_bases_history_may_be_referenced`,
+//!   `tests::a_commit_not_connected_is_refused_and_no_ref_is_made`).
 //! - Bounded: the caller caps the pack's size; the scan caps objects and
 //!   inflated bytes; the indexer is stopped past `max_objects` objects; the
 //!   walk of the base's history visits at most `max_objects` objects (past

@@ -1,7 +1,8 @@
 //! Reading the agent's tip from the worktree's ref files, as data.
 //!
-//! Used by the import, once the sandbox is gone; never at request time (an
-//! act's commit comes over the door, see [`super::pack`]).
+//! Used by the import, once the sandbox is gone (the module is private to
+//! `import`, and `import_run` is its one caller); an act's commit comes
+//! over the door instead, see [`super::pack`].
 //!
 //! Invariants: only `.git/HEAD`, one loose ref file and `.git/packed-refs` are
 //! read. Every path is walked one component at a time from a directory
@@ -13,7 +14,12 @@
 //! non-directory on the way is refused with the same answer whatever lies
 //! beyond it, so no lookup tells anything about files outside the worktree.
 //! A loose ref must hold exactly 40 hex digits (symbolic loose refs are not
-//! followed); a loose ref hides a packed one, as in git.
+//! followed); a loose ref hides a packed one, as in git
+//! (`tests::symlinked_ref_directories_are_refused`,
+//! `tests::a_fifo_or_oversized_file_as_a_ref_is_refused_without_blocking`,
+//! `tests::no_lookup_through_a_symlink_tells_whether_a_host_file_exists`,
+//! `tests::loose_refs_must_be_forty_hex`,
+//! `tests::loose_refs_in_real_directories_are_read_and_hide_packed_ones`).
 
 use std::fs::File;
 use std::os::fd::AsFd;

@@ -20,8 +20,9 @@
 //! - it makes itself non-dumpable first, so that the agent (same uid, no
 //!   capability) can neither ptrace it nor read or write its memory through
 //!   `/proc/1/mem`, nor open its other `/proc` files;
-//! - as init it reaps every orphan the agent leaves (they are re-parented
-//!   to it), so zombies never fill the run's pids cgroup.
+//! - as init it reaps every child that ends, orphans included (they are
+//!   re-parented to it; `reap` waits on any pid), so zombies do not pile
+//!   up in the run's pids cgroup.
 //!
 //! The host has a second end that needs neither this process nor the
 //! supervisor nor the watchdog: `nightshift lease-end` (see

@@ -1,0 +1,525 @@
+//! The dashboard's pages, rendered on the server with maud (every
+//! interpolation is HTML-escaped unless marked, and nothing here marks
+//! agent-written text).
+//!
+//! Invariants:
+//! - Everything an agent wrote (commit messages, file names, branch names,
+//!   diffs, output, act bodies) goes through [`v`] or [`vb`] first: the
+//!   terminal's visible escaping (bidi controls, zero-width and other
+//!   invisible characters shown as `\u{...}`), then maud's HTML escaping.
+//!   It is never markup, never an attribute but a `data-`/`value` one, and
+//!   never a link target: links are built only from ids the supervisor
+//!   made, checked by [`link_id`]
+//!   (`tests/tests/dashboard_browser.rs::the_morning_review_in_a_real_browser`).
+//! - No inline script or style: the one script and stylesheet are served
+//!   from the binary (`/assets/`), as the Content-Security-Policy demands.
+
+use maud::{html, Markup, DOCTYPE};
+
+use super::backend::{
+    ActView, ChainState, Diff, Morning, PolicyView, QueuePage, RefusalView, RunView,
+};
+use super::guard::Role;
+use nightshift_core::state_store::RunRecord;
+use nightshift_core::terminal;
+
+/// Agent-written text on one line, visibly escaped.
+pub fn v(s: &str) -> String {
+    terminal::line(s)
+}
+
+/// An agent-written body, line structure kept, visibly escaped.
+pub fn vb(b: &[u8]) -> String {
+    terminal::block(b)
+}
+
+/// An id usable in a link: the supervisor's own ids are short and plain.
+pub fn link_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Who is looking, for the header and the forms.
+#[derive(Debug, Clone)]
+pub struct Viewer {
+    pub user: String,
+    pub role: Role,
+    pub csrf: String,
+}
+
+fn layout(title: &str, who: Option<&Viewer>, frozen: Option<&str>, body: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { "nightshift: " (title) }
+                link rel="stylesheet" href="/assets/app.css";
+                script src="/assets/app.js" defer {}
+            }
+            body {
+                @if let Some(who) = who {
+                    nav {
+                        a href="/" { "Morning" }
+                        a href="/runs" { "Runs" }
+                        a href="/queue" { "Queue" }
+                        a href="/policy" { "Policy" }
+                        a.stop href="/stop" { "Stop" }
+                        span.who { (who.user) " (" (who.role.name()) ")" }
+                        form method="post" action="/api/v1/logout" {
+                            input type="hidden" name="csrf" value=(who.csrf);
+                            button type="submit" id="logout" { "Log out" }
+                        }
+                    }
+                    @if let Some(why) = frozen {
+                        p.frozen id="frozen" { "FROZEN: " (v(why)) }
+                    }
+                }
+                main { h1 { (title) } (body) }
+            }
+        }
+    }
+}
+
+pub fn login(error: Option<&str>) -> Markup {
+    layout(
+        "log in",
+        None,
+        None,
+        html! {
+            @if let Some(e) = error { p.error { (e) } }
+            form method="post" action="/api/v1/login" id="login" {
+                label { "Name " input type="text" name="name" id="name" autocomplete="username" required; }
+                label { "Password " input type="password" name="password" id="password" autocomplete="current-password" required; }
+                button type="submit" id="login-submit" { "Log in" }
+            }
+        },
+    )
+}
+
+fn run_link(id: &str) -> Markup {
+    html! {
+        @if link_id(id) { a.run href={ "/runs/" (id) } { (id) } } @else { code { (v(id)) } }
+    }
+}
+
+fn refusals_table(refusals: &[RefusalView]) -> Markup {
+    html! {
+        @if refusals.is_empty() { p { "No door request was refused." } }
+        @else {
+            table.refusals {
+                tr { th { "time" } th { "run" } th { "door" } th { "destination" } th { "verdict" } th { "rule" } }
+                @for r in refusals {
+                    tr {
+                        td { (v(&r.time)) } td { (run_link(&r.run)) } td { (v(&r.door)) }
+                        td { (v(r.destination.as_deref().unwrap_or("(none)"))) }
+                        td { (v(&r.verdict)) }
+                        td { (v(r.rule.as_deref().unwrap_or("the door (a malformed request)"))) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn runs_table(runs: &[(String, RunRecord)]) -> Markup {
+    html! {
+        table.runs {
+            tr { th { "run" } th { "outcome" } th { "status" } th { "repository" } th { "changes" } th { "created" } }
+            @for (outcome, r) in runs {
+                tr data-outcome=(outcome) {
+                    td { (run_link(&r.id)) }
+                    td { (outcome) }
+                    td { (v(&r.status)) @if let Some(why) = &r.reason { br; small { (v(why)) } } }
+                    td { (v(&r.repo)) }
+                    td {
+                        @match (r.files_changed, r.insertions, r.deletions) {
+                            (Some(f), Some(i), Some(d)) => { (f) " files +" (i) " -" (d) }
+                            _ => { "-" }
+                        }
+                    }
+                    td { (v(&r.created_at)) }
+                }
+            }
+        }
+    }
+}
+
+pub fn morning(who: &Viewer, m: &Morning) -> Markup {
+    layout(
+        "Morning",
+        Some(who),
+        m.frozen.as_deref(),
+        html! {
+            form method="get" action="/" {
+                label { "Since " input type="text" name="since" value=(m.since); }
+                button type="submit" { "Show" }
+            }
+            section #refusals {
+                h2 { "Refused door requests (" (m.refusals.len()) ")" }
+                (refusals_table(&m.refusals))
+            }
+            section #outcomes {
+                h2 { "Runs by outcome" }
+                ul { @for (o, n) in &m.by_outcome { li { (o) ": " strong { (n) } } } }
+                p { "Acts waiting: " strong #acts-waiting { (m.acts_waiting) } " · carried out: " (m.acts_done) " · " a href="/queue" { "decide them" } }
+            }
+            section #tokens {
+                h2 { "Model tokens" }
+                @if m.tokens.calls == 0 {
+                    p { "No model call in this period." }
+                } @else {
+                    p {
+                        "Charged: " strong #tokens-charged { (m.tokens.charged_tokens) }
+                        " (input " (m.tokens.input_tokens) ", output " (m.tokens.output_tokens)
+                        ", cached " (m.tokens.cached_tokens) ") over " (m.tokens.calls) " calls; "
+                        (m.tokens.refused) " refused, " (m.tokens.without_usage) " without usage (charged whole)."
+                    }
+                    table {
+                        tr { th { "run" } th { "calls" } th { "charged" } th { "cap" } }
+                        @for (run, t) in &m.tokens_by_run {
+                            tr {
+                                td { (run_link(run)) }
+                                td { (t.calls) }
+                                td { (t.charged_tokens) }
+                                td { (t.token_cap.map(|c| c.to_string()).unwrap_or("-".into())) }
+                            }
+                        }
+                    }
+                }
+            }
+            section #chain {
+                h2 { "Audit chain" }
+                (chain_section(&m.chain))
+            }
+            section #runs {
+                h2 { "Runs (" (m.runs.len()) ")" }
+                (runs_table(&m.runs))
+            }
+        },
+    )
+}
+
+/// Exactly what was verified and when: through which entry, what this
+/// load walked, and the last walk of the whole chain.
+fn chain_section(c: &ChainState) -> Markup {
+    let walked = html! {
+        @match (c.walked, c.why_whole, c.walked_from) {
+            (Some(w), Some(why), _) => { "This load walked the " (w) " (" (c.walked_entries) " entries: " (why) "). " }
+            (Some(_), None, Some(from)) if c.walked_entries > 0 => {
+                "This load walked entries " (from) " to " (from + c.walked_entries - 1)
+                " (the last verified again, and those appended since). "
+            }
+            _ => {}
+        }
+    };
+    let whole = html! {
+        @match (&c.whole_at, c.whole_through) {
+            (Some(at), Some(n)) => { "Whole chain last verified at " span #chain-whole-at { (v(at)) } " (entries 1 to " (n) "); " }
+            _ => { "The whole chain has not been verified yet; " }
+        }
+        "it is walked again every " (c.whole_every) " s."
+    };
+    html! {
+        @if c.intact {
+            p.ok #chain-verified {
+                "verified through entry " strong { (c.entries) }
+                @if let Some(at) = &c.verified_at { " at " (v(at)) }
+                ", head " code { (c.head.as_deref().unwrap_or("-")) }
+                @if let Some(cp) = c.last_checkpoint { ", last checkpoint #" (cp) }
+            }
+            p.detail { (walked) (whole) }
+        } @else {
+            p.error #chain-broken {
+                "BROKEN: " (v(c.error.as_deref().unwrap_or("unknown")))
+                @if let Some(at) = &c.broken_at {
+                    " (found at " (v(at)) " by "
+                    @if c.broken_by_whole_walk { "a walk of the whole chain" } @else { "a walk of the new entries" } ")"
+                }
+            }
+            p.detail { (whole) }
+        }
+    }
+}
+
+pub fn runs(who: &Viewer, frozen: Option<&str>, runs: &[(String, RunRecord)]) -> Markup {
+    layout("Runs", Some(who), frozen, runs_table(runs))
+}
+
+fn diff_block(d: &Diff) -> Markup {
+    diff_block_with(d, true)
+}
+
+/// The diff, with its commits after the base when `with_log`.
+fn diff_block_with(d: &Diff, with_log: bool) -> Markup {
+    html! {
+        @if let Some(e) = &d.error { p.error { (v(e)) } }
+        @else {
+            @if with_log && !d.log.is_empty() { pre.log { (vb(&d.log)) } }
+            @if let Some((f, i, del)) = d.stat { p.stat { (f) " files changed, +" (i) " -" (del) } }
+            ul.files {
+                @for f in &d.files {
+                    li {
+                        code.path { (v(&f.path)) }
+                        @if let Some(why) = f.risky { " " span.risky title=(why) { "RUNS ON THE HOST: " (why) } }
+                    }
+                }
+            }
+            details.diff {
+                summary { "the diff, as text" @if d.truncated { " (cut at 256 KiB)" } }
+                pre.diff { (vb(&d.patch)) }
+            }
+        }
+    }
+}
+
+fn act_decisions(who: &Viewer, a: &ActView) -> Markup {
+    html! {
+        @if who.role == Role::Owner && (a.state == "pending") {
+            form.decide method="post" action="/api/v1/acts/approve" {
+                input type="hidden" name="csrf" value=(who.csrf);
+                input type="hidden" name="act" value=(a.id);
+                button.approve type="submit" { "Approve" }
+            }
+            form.decide method="post" action="/api/v1/acts/reject" {
+                input type="hidden" name="csrf" value=(who.csrf);
+                input type="hidden" name="act" value=(a.id);
+                input.why type="text" name="why" placeholder="reason" required;
+                button.reject type="submit" { "Reject" }
+            }
+        }
+    }
+}
+
+fn act_block(who: &Viewer, a: &ActView, batch: bool) -> Markup {
+    let risky = a
+        .diff
+        .as_ref()
+        .is_some_and(|d| d.files.iter().any(|f| f.risky.is_some()));
+    html! {
+        div.act data-act=(a.id) data-state=(a.state) {
+            p.head {
+                @if batch && who.role == Role::Owner && a.state == "pending" {
+                    input.pick type="checkbox" form="batch" name="act" value=(a.id);
+                    " "
+                }
+                code.id { (a.id) } " " strong.door { (a.door) } " to " strong.dest { (v(&a.destination)) }
+                " " code.target { (v(&a.target)) }
+                " · " span.state { (a.state) }
+                @if risky { " " span.risky { "changes files the host may run" } }
+            }
+            @if let Some(d) = &a.detail { p.detail { (v(d)) } }
+            p.meta {
+                "run " (run_link(&a.run))
+                @if let Some(c) = &a.commit { " · commit " code.commit { (v(c)) } }
+                " · asked by rule " @for r in &a.rules { code { (v(r)) } " " }
+            }
+            @if let Some(text) = &a.text { pre.body { (vb(text.as_bytes())) } }
+            @if let Some(pubs) = &a.publishes {
+                p.publishes {
+                    "commits it would publish (" (pubs.count) ", " (v(&pubs.against)) "):"
+                }
+                pre.log.publishes { (vb(&pubs.log)) }
+                @if pubs.count > nightshift_supervisor::acts::MAX_LISTED_COMMITS {
+                    p.publishes { "... and " (pubs.count - nightshift_supervisor::acts::MAX_LISTED_COMMITS) " more commits" }
+                }
+            }
+            @if let Some(d) = &a.diff { (diff_block_with(d, a.publishes.is_none())) }
+            p.outcome {}
+            (act_decisions(who, a))
+        }
+    }
+}
+
+pub fn queue(who: &Viewer, frozen: Option<&str>, q: &QueuePage) -> Markup {
+    let mut commits: Vec<&str> = q
+        .acts
+        .iter()
+        .filter(|a| a.state == "pending")
+        .filter_map(|a| a.commit.as_deref())
+        .collect();
+    commits.sort_unstable();
+    commits.dedup();
+    let pages = q.total.div_ceil(q.per_page.max(1));
+    // Grouped by run, in the order of each run's oldest act on the page.
+    let mut groups: Vec<(&str, Vec<&ActView>)> = Vec::new();
+    for a in &q.acts {
+        match groups.iter_mut().find(|(r, _)| *r == a.run) {
+            Some((_, list)) => list.push(a),
+            None => groups.push((&a.run, vec![a])),
+        }
+    }
+    html! {
+        (layout("Queue", Some(who), frozen, html! {
+            p { (q.total) " acts waiting or stale; page " (q.page + 1) " of " (pages.max(1)) }
+            @if who.role == Role::Owner && !q.acts.is_empty() {
+                form #batch.decide method="post" action="/api/v1/acts/approve" {
+                    input type="hidden" name="csrf" value=(who.csrf);
+                    button #approve-selected type="submit" { "Approve the selected acts" }
+                }
+                @if !commits.is_empty() {
+                    section #by-commit {
+                        h2 { "One decision per content" }
+                        @for c in &commits {
+                            form.decide method="post" action="/api/v1/acts/approve-commit" {
+                                input type="hidden" name="csrf" value=(who.csrf);
+                                input type="hidden" name="commit" value=(c);
+                                button.approve-commit type="submit" data-commit=(c) { "Approve every act that carries " code { (v(c)) } }
+                            }
+                        }
+                    }
+                }
+            }
+            @for (run, acts) in &groups {
+                section.run-group {
+                    h2 { "run " (run_link(run)) }
+                    @for a in acts { (act_block(who, a, true)) }
+                }
+            }
+            nav.pages {
+                @if q.page > 0 { a href={ "/queue?page=" (q.page - 1) } { "previous" } " " }
+                @if q.page + 1 < pages { a href={ "/queue?page=" (q.page + 1) } { "next" } }
+            }
+        }))
+    }
+}
+
+pub fn run(who: &Viewer, frozen: Option<&str>, r: &RunView) -> Markup {
+    let run = &r.run;
+    html! {
+        (layout(&format!("Run {}", v(&run.id)), Some(who), frozen, html! {
+            table.facts {
+                tr { th { "status" } td #status { (v(&run.status)) @if let Some(x) = &run.reason { " — " (v(x)) } } }
+                tr { th { "repository" } td { (v(&run.repo)) " at " (v(&run.base_ref)) " " code { (v(run.base_commit.as_deref().unwrap_or("-"))) } } }
+                tr { th { "image" } td { code { (v(&run.image)) } } }
+                tr { th { "command" } td { code { (v(&run.command.join(" "))) } } }
+                tr { th { "result" } td { (v(run.result_ref.as_deref().unwrap_or("-"))) " " code { (v(run.result_commit.as_deref().unwrap_or(""))) } } }
+                tr { th { "resources" } td {
+                    "peak memory " (run.peak_memory_bytes.map(|b| format!("{:.1} MiB", b as f64 / 1048576.0)).unwrap_or("-".into()))
+                    " · cpu " (run.cpu_ns.map(|n| format!("{:.2} s", n as f64 / 1e9)).unwrap_or("-".into()))
+                    " · duration " (run.duration_ms.map(|n| format!("{:.1} s", n as f64 / 1e3)).unwrap_or("-".into()))
+                } }
+                tr { th { "model tokens" } td #model-tokens {
+                    @if r.model.calls == 0 { "no model call" } @else {
+                        (r.model.charged_tokens) " charged"
+                        @if let Some(cap) = r.model.token_cap { " of " (cap) }
+                        " over " (r.model.calls) " calls (input " (r.model.input_tokens) ", output " (r.model.output_tokens)
+                        "; " (r.model.refused) " refused, " (r.model.without_usage) " without usage)"
+                    }
+                } }
+            }
+            section #attestation {
+                h2 { "Attestation" }
+                @if let Some(props) = run.attestation.as_ref().and_then(|a| a.as_array()) {
+                    table { @for p in props { tr {
+                        td { @if p["ok"].as_bool().unwrap_or(false) { span.ok { "ok" } } @else { span.error { "FAIL" } } }
+                        td { (v(p["name"].as_str().unwrap_or("?"))) }
+                        td { code { (v(p["observed"].as_str().unwrap_or(""))) } }
+                    } } }
+                } @else { p { "none recorded" } }
+            }
+            section #changes {
+                h2 { "Changes against the base" }
+                @if let Some(d) = &r.diff { (diff_block(d)) } @else { p { "no result commit" } }
+            }
+            section #acts {
+                h2 { "Acts (" (r.acts.len()) ")" }
+                @for a in &r.acts { (act_block(who, a, false)) }
+            }
+            section #run-refusals {
+                h2 { "Refused door requests" }
+                (refusals_table(&r.refusals))
+            }
+            section #output {
+                h2 { "Output" @if r.output_truncated { " (the last 256 KiB)" } }
+                @let live = !nightshift_core::state_store::is_final(&run.status) && link_id(&run.id);
+                pre #live-output data-src=[live.then(|| format!("/api/v1/runs/{}/output", run.id))] { (vb(&r.output)) }
+            }
+            section #audit {
+                h2 { "Audit entries (" (r.audit.len()) ")" }
+                table { @for e in &r.audit { tr {
+                    td { (e["seq"]) } td { (v(e["time"].as_str().unwrap_or(""))) } td { (v(e["kind"].as_str().unwrap_or(""))) }
+                    td { code { (v(&e["body"].to_string())) } }
+                } } }
+            }
+        }))
+    }
+}
+
+pub fn policy(who: &Viewer, p: &PolicyView) -> Markup {
+    layout(
+        "Policy",
+        Some(who),
+        p.frozen.as_deref(),
+        html! {
+            p { "generation " code { (v(&p.generation)) } }
+            table.rules {
+                tr { th { "effect" } th { "rule" } th { "subject" } th { "doors" } th { "reason" } th { "locked" } }
+                @for r in &p.active { tr {
+                    td { (v(r["effect"].as_str().unwrap_or("?"))) }
+                    td { code { (v(r["id"].as_str().unwrap_or("?"))) } }
+                    td { (v(r["subject"].as_str().unwrap_or(""))) }
+                    td { (v(&r.get("doors").map(|d| d.to_string()).unwrap_or_default())) }
+                    td { (v(r["reason"].as_str().unwrap_or(""))) }
+                    td { (r["locked"].as_bool().unwrap_or(false)) }
+                } }
+            }
+            h2 { "Proposals awaiting ratification" }
+            @if p.pending.is_empty() { p { "none" } }
+            @for (id, author) in &p.pending {
+                div.proposal {
+                    code { (v(id)) } " by " (v(author))
+                    @if who.role == Role::Owner {
+                        form method="post" action="/api/v1/policy/ratify" {
+                            input type="hidden" name="csrf" value=(who.csrf);
+                            input type="hidden" name="proposal" value=(id);
+                            button type="submit" { "Ratify" }
+                        }
+                    }
+                }
+            }
+            @if who.role == Role::Owner && p.frozen.is_some() {
+                form method="post" action="/api/v1/thaw" {
+                    input type="hidden" name="csrf" value=(who.csrf);
+                    button #thaw type="submit" { "Thaw" }
+                }
+            }
+        },
+    )
+}
+
+pub fn stop(who: &Viewer, frozen: Option<&str>) -> Markup {
+    layout(
+        "Stop",
+        Some(who),
+        frozen,
+        html! {
+            @if who.role == Role::Owner {
+                p { "Kill every run of this supervisor at once and freeze: no run starts and no door answers until the owner thaws." }
+                form #stop-form method="post" action="/api/v1/kill" {
+                    input type="hidden" name="csrf" value=(who.csrf);
+                    input type="hidden" name="freeze" value="true";
+                    label { "Reason " input #stop-why type="text" name="why" required; }
+                    label { input #stop-confirm type="checkbox" name="confirm" value="yes" required; " I mean it: kill all runs and freeze" }
+                    button #stop-submit.stop type="submit" { "Kill all and freeze" }
+                }
+                p.outcome #stop-outcome {}
+            } @else {
+                p { "Only the owner can stop runs. From a terminal on the supervisor's machine: " code { "nightshift kill --all --freeze" } }
+            }
+        },
+    )
+}
+
+pub fn error(who: Option<&Viewer>, status: u16, message: &str) -> Markup {
+    layout(
+        &format!("error {status}"),
+        who,
+        None,
+        html! { p.error { (v(message)) } },
+    )
+}

@@ -1,0 +1,9 @@
+//! The Docker engine adapter: the core's `ContainerEngine` port over the
+//! Engine API (bollard), the sandbox image's recipe and loading
+//! ([`image`]), and the lease's host-side end ([`lease`]). The only crate
+//! that names bollard (`scripts/check-layers.py`), and in it the only
+//! module is [`engine`] (`scripts/check-layers.py` too).
+
+pub mod engine;
+pub mod image;
+pub mod lease;
