@@ -4,7 +4,8 @@
 //!
 //! Invariants:
 //! - Everything an agent wrote (commit messages, file names, branch names,
-//!   diffs, output, act bodies) goes through [`v`] or [`vb`] first: the
+//!   diffs, output, act bodies), and the owner's task text, which may
+//!   quote such text, goes through [`v`] or [`vb`] first: the
 //!   terminal's visible escaping (bidi controls, zero-width and other
 //!   invisible characters shown as `\u{...}`), then maud's HTML escaping.
 //!   It is never markup, never an attribute but a `data-`/`value` one, and
@@ -40,6 +41,26 @@ pub fn link_id(id: &str) -> bool {
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// The most of a task's first line a table shows.
+const TASK_IN_TABLE: usize = 120;
+
+/// A run's task in a table cell: its first line, escaped, cut at
+/// [`TASK_IN_TABLE`] characters, with a mark when anything was left out
+/// (the Run page shows it whole).
+pub fn task_line(task: Option<&str>) -> String {
+    let Some(task) = task else {
+        return "-".into();
+    };
+    let first = task.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    let mut shown: String = first.chars().take(TASK_IN_TABLE).collect();
+    let more = shown.len() < first.len() || task.trim() != first.trim();
+    shown = v(&shown);
+    if more {
+        shown.push_str(" …");
+    }
+    shown
 }
 
 /// Who is looking, for the header and the forms.
@@ -129,10 +150,11 @@ fn refusals_table(refusals: &[RefusalView]) -> Markup {
 fn runs_table(runs: &[(String, RunRecord)]) -> Markup {
     html! {
         table.runs {
-            tr { th { "run" } th { "outcome" } th { "status" } th { "repository" } th { "changes" } th { "created" } }
+            tr { th { "run" } th { "task" } th { "outcome" } th { "status" } th { "repository" } th { "changes" } th { "created" } }
             @for (outcome, r) in runs {
                 tr data-outcome=(outcome) {
                     td { (run_link(&r.id)) }
+                    td.task { (task_line(r.task.as_deref())) }
                     td { (outcome) }
                     td { (v(&r.status)) @if let Some(why) = &r.reason { br; small { (v(why)) } } }
                     td { (v(&r.repo)) }
@@ -393,6 +415,7 @@ pub fn run(who: &Viewer, frozen: Option<&str>, r: &RunView) -> Markup {
     html! {
         (layout(&format!("Run {}", v(&run.id)), Some(who), frozen, html! {
             table.facts {
+                tr { th { "task" } td { @if let Some(t) = &run.task { pre #task { (vb(t.as_bytes())) } } @else { "none given" } } }
                 tr { th { "status" } td #status { (v(&run.status)) @if let Some(x) = &run.reason { " — " (v(x)) } } }
                 tr { th { "repository" } td { (v(&run.repo)) " at " (v(&run.base_ref)) " " code { (v(run.base_commit.as_deref().unwrap_or("-"))) } } }
                 tr { th { "image" } td { code { (v(&run.image)) } } }

@@ -1221,6 +1221,12 @@ fn render_show(view: &RunView, json: bool) {
         terminal::line(run.base_commit.as_deref().unwrap_or("-"))
     );
     outln!("  image: {}", terminal::line(&run.image));
+    if let Some(task) = &run.task {
+        outln!("  task:");
+        for l in terminal::block(task.as_bytes()).lines() {
+            outln!("    {l}");
+        }
+    }
     if let Some(mem) = run.peak_memory_bytes {
         outln!("  peak memory: {:.1} MiB", mem as f64 / (1 << 20) as f64);
     }

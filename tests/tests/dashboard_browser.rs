@@ -35,6 +35,10 @@ nightshift-act notify team --file m.txt
 true
 "#;
 
+/// The hostile run's task (`--task`): the owner's words quoting hostile
+/// text, on two lines.
+const HOSTILE_TASK: &str = "Fix the bug in <script>window.__pwned=11</script> \u{1b}[2J\u{202e}txt.exe\n<img src=x onerror=window.__pwned=12> and nothing else";
+
 async fn pwned(c: &Client) -> serde_json::Value {
     c.execute(
         "return typeof window.__pwned === 'undefined' ? null : window.__pwned;",
@@ -125,7 +129,7 @@ async fn the_morning_review_in_a_real_browser() {
         "echo a > a.txt && git add a.txt && git commit -qm a && git push -q origin HEAD:refs/heads/agent/single; \
          echo b > b.txt && git add b.txt && git commit -qm b && git push -q origin HEAD:refs/heads/agent/reject; true",
     );
-    let hostile = m.run_agent(HOSTILE_SCRIPT);
+    let hostile = m.run_agent_with_task(HOSTILE_SCRIPT, Some(HOSTILE_TASK));
     let same_acts = acts_of(&m, &same);
     assert_eq!(same_acts.len(), 2, "{same_acts:?}");
     let shared_commit = commit_of(&same_acts[0]);
@@ -186,6 +190,18 @@ async fn the_morning_review_in_a_real_browser() {
     // Morning: the runs by outcome, the chain verified.
     let morning = text_of(&c, "main").await;
     assert!(morning.contains("finished: 3"), "{morning}");
+    // Each run's task, its first line, escaped: the hostile run's literally.
+    let tasks = text_of(&c, "#runs table.runs").await;
+    assert!(
+        tasks.contains(
+            "Fix the bug in <script>window.__pwned=11</script> \\u{1b}[2J\\u{202e}txt.exe …"
+        ),
+        "the task is not on Morning, escaped: {tasks}"
+    );
+    assert!(
+        !tasks.contains("onerror"),
+        "a task's second line in a table: {tasks}"
+    );
     assert!(text_of(&c, "#chain").await.contains("verified"));
     assert_eq!(
         pwned(&c).await,
@@ -193,6 +209,30 @@ async fn the_morning_review_in_a_real_browser() {
         "a payload ran on Morning"
     );
     screenshot(&c, "morning.png").await;
+    // The same task, whole, in `runs --json`, `show` and the HTTP API.
+    let listed = m.state.runs();
+    let listed = listed.iter().find(|r| r["id"] == hostile.as_str()).unwrap();
+    assert_eq!(listed["task"], HOSTILE_TASK, "runs --json: {listed}");
+    let shown = m.state.run(&["show", &hostile]);
+    let shown = tests::stdout(&shown);
+    assert!(
+        shown.contains("  task:\n    Fix the bug in <script>window.__pwned=11</script> \\u{1b}[2J\\u{202e}txt.exe\n    <img src=x"),
+        "show: {shown}"
+    );
+    assert!(
+        !shown.contains('\u{1b}') && !shown.contains('\u{202e}'),
+        "show printed the task raw"
+    );
+    c.goto(&serve.url("/api/v1/runs")).await.unwrap();
+    let api: serde_json::Value = serde_json::from_str(&text_of(&c, "body").await).unwrap();
+    let record = api
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pair| &pair[1])
+        .find(|r| r["id"] == hostile.as_str())
+        .unwrap();
+    assert_eq!(record["task"], HOSTILE_TASK, "the API: {record}");
 
     // The hostile run: its diff, commit message, file names and output literally.
     c.goto(&serve.url(&format!("/runs/{hostile}")))
@@ -222,6 +262,12 @@ async fn the_morning_review_in_a_real_browser() {
     assert!(
         changes.contains("RUNS ON THE HOST"),
         "the workflow file is not flagged: {changes}"
+    );
+    let task = text_of(&c, "#task").await;
+    assert_eq!(
+        task,
+        "Fix the bug in <script>window.__pwned=11</script> \\u{1b}[2J\\u{202e}txt.exe\n<img src=x onerror=window.__pwned=12> and nothing else",
+        "the task is not on Run, whole and escaped"
     );
     let output = text_of(&c, "#live-output").await;
     assert!(
