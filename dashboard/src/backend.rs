@@ -698,6 +698,11 @@ pub struct PolicyView {
     pub frozen: Option<String>,
     pub active: Vec<serde_json::Value>,
     pub pending: Vec<(String, String)>,
+    /// Each pending proposal whole, with what it would change
+    /// (`api::PolicyView::proposals`).
+    pub proposals: Vec<serde_json::Value>,
+    /// The agents' rules a freeze suspends.
+    pub suspended: Vec<serde_json::Value>,
 }
 
 /// The Policy page's view: `policy list`'s, as the command API builds it.
@@ -709,6 +714,8 @@ pub fn policy_view(store: &dyn StateStore) -> Result<PolicyView, BackendError> {
         frozen: v.frozen.map(|(reason, _)| reason),
         active: v.active,
         pending: v.pending,
+        proposals: v.proposals,
+        suspended: v.suspended,
     })
 }
 

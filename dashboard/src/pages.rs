@@ -473,6 +473,116 @@ pub fn run(who: &Viewer, frozen: Option<&str>, r: &RunView) -> Markup {
     }
 }
 
+/// A rule's fields as a JSON row holds them, shown as text.
+fn field(r: &serde_json::Value, key: &str) -> String {
+    match r.get(key) {
+        None | Some(serde_json::Value::Null) => "-".into(),
+        Some(serde_json::Value::String(s)) => v(s),
+        Some(other) => v(&other.to_string()),
+    }
+}
+
+fn rules_table(rules: &[serde_json::Value], id: &str) -> Markup {
+    html! {
+        table.rules id=(id) {
+            tr { th { "effect" } th { "rule" } th { "subject" } th { "doors" } th { "reason" } th { "locked" } th { "author" } th { "authority" } }
+            @for r in rules { tr {
+                td { (field(r, "effect")) }
+                td { code { (field(r, "id")) } }
+                td { (field(r, "subject")) }
+                td { (field(r, "doors")) }
+                td { (field(r, "reason")) }
+                td { (r["locked"].as_bool().unwrap_or(false)) }
+                td.author { (field(r, "author")) }
+                td.authority { (field(r, "authority")) }
+            } }
+        }
+    }
+}
+
+/// One pending proposal, whole: the rule it declares (or what it retires
+/// or unlocks), who proposed it and why, and what it would change.
+fn proposal_block(who: &Viewer, p: &serde_json::Value) -> Markup {
+    let id = p["id"].as_str().unwrap_or("?");
+    let change = &p["change"];
+    let rule = &change["rule"];
+    let changes = p["would_change"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    html! {
+        div.proposal data-proposal=(id) {
+            p.head {
+                code { (v(id)) } " proposed by " strong.author { (field(p, "author")) }
+                ": " strong.change { (field(change, "change")) }
+            }
+            @if rule.is_object() {
+                table.rule {
+                    tr { th { "rule" } td { code { (field(rule, "id")) } } }
+                    tr { th { "effect" } td.effect { strong { (field(rule, "effect")) } } }
+                    tr { th { "subject" } td.subject { code { (field(rule, "subject")) } } }
+                    tr { th { "doors" } td.doors { (field(rule, "doors")) } }
+                    tr { th { "tools" } td { (field(rule, "tools")) } }
+                    tr { th { "match clauses" } td.clauses {
+                        @match rule.get("match").and_then(|m| m.as_array()).filter(|m| !m.is_empty()) {
+                            Some(clauses) => { ul { @for c in clauses { li { code { (v(&c.to_string())) } } } } }
+                            None => { "none: it matches every request of its subject and doors" }
+                        }
+                    } }
+                    tr { th { "locked once ratified" } td.lock { "yes (ratification locks it)" } }
+                    tr { th { "in force" } td.expiry {
+                        @if rule["since"].is_null() { "from its ratification" } @else { "from " (field(rule, "since")) }
+                        @if rule["until"].is_null() { ", with no expiry" } @else { " until " (field(rule, "until")) }
+                    } }
+                    @if !rule["scope"].is_null() { tr { th { "scope" } td { code { (field(rule, "scope")) } } } }
+                    tr { th { "why (the proposer's words)" } td.reason { (field(rule, "reason")) } }
+                }
+            } @else {
+                table.rule {
+                    tr { th { "rule" } td { code { (field(change, "rule")) } } }
+                    tr { th { "why (the proposer's words)" } td.reason { (field(change, "reason")) } }
+                }
+            }
+            @if let Some(e) = p["error"].as_str() { p.error { (v(e)) } }
+            @else {
+                section.would-change {
+                    h3 { "What ratifying it would change" }
+                    @if changes.is_empty() {
+                        p { "No recorded act or dry-run act would have been decided otherwise." }
+                    } @else {
+                        p { (changes.len()) " recorded acts and dry-run acts would have been decided otherwise:" }
+                        table {
+                            tr { th { "act" } th { "run" } th { "door" } th { "destination" } th { "target" } th { "now" } th { "under it" } }
+                            @for c in changes { tr.changed {
+                                td { code { (field(c, "act")) } } td { (run_link(c["run"].as_str().unwrap_or(""))) }
+                                td { (field(c, "door")) } td { (field(c, "destination")) } td { code { (field(c, "target")) } }
+                                td { (field(c, "before")) " (" (field(c, "before_rule")) ")" }
+                                td { strong { (field(c, "after")) } " (" (field(c, "after_rule")) ")" }
+                            } }
+                        }
+                    }
+                    @if rule.is_object() {
+                        p.beyond {
+                            "Beyond these, it " (field(rule, "effect")) "s every future request of subject "
+                            code { (field(rule, "subject")) } " at the doors " (field(rule, "doors"))
+                            @if rule.get("match").and_then(|m| m.as_array()).is_some_and(|m| !m.is_empty()) { " that its match clauses take" }
+                            @else { ", whatever it carries" }
+                            ", for as long as it is in force."
+                        }
+                    }
+                }
+            }
+            @if who.role == Role::Owner {
+                form method="post" action="/api/v1/policy/ratify" {
+                    input type="hidden" name="csrf" value=(who.csrf);
+                    input type="hidden" name="proposal" value=(id);
+                    button.ratify type="submit" { "Ratify this rule (and lock it)" }
+                }
+            }
+        }
+    }
+}
+
 pub fn policy(who: &Viewer, p: &PolicyView) -> Markup {
     layout(
         "Policy",
@@ -480,31 +590,15 @@ pub fn policy(who: &Viewer, p: &PolicyView) -> Markup {
         p.frozen.as_deref(),
         html! {
             p { "generation " code { (v(&p.generation)) } }
-            table.rules {
-                tr { th { "effect" } th { "rule" } th { "subject" } th { "doors" } th { "reason" } th { "locked" } }
-                @for r in &p.active { tr {
-                    td { (v(r["effect"].as_str().unwrap_or("?"))) }
-                    td { code { (v(r["id"].as_str().unwrap_or("?"))) } }
-                    td { (v(r["subject"].as_str().unwrap_or(""))) }
-                    td { (v(&r.get("doors").map(|d| d.to_string()).unwrap_or_default())) }
-                    td { (v(r["reason"].as_str().unwrap_or(""))) }
-                    td { (r["locked"].as_bool().unwrap_or(false)) }
-                } }
+            (rules_table(&p.active, "active-rules"))
+            @if !p.suspended.is_empty() {
+                h2 { "Suspended by the freeze (" (p.suspended.len()) ")" }
+                p { "Agents' rules do not bind while frozen; they bind again after a thaw." }
+                (rules_table(&p.suspended, "suspended-rules"))
             }
             h2 { "Proposals awaiting ratification" }
-            @if p.pending.is_empty() { p { "none" } }
-            @for (id, author) in &p.pending {
-                div.proposal {
-                    code { (v(id)) } " by " (v(author))
-                    @if who.role == Role::Owner {
-                        form method="post" action="/api/v1/policy/ratify" {
-                            input type="hidden" name="csrf" value=(who.csrf);
-                            input type="hidden" name="proposal" value=(id);
-                            button type="submit" { "Ratify" }
-                        }
-                    }
-                }
-            }
+            @if p.proposals.is_empty() { p { "none" } }
+            @for prop in &p.proposals { (proposal_block(who, prop)) }
             @if who.role == Role::Owner && p.frozen.is_some() {
                 form method="post" action="/api/v1/thaw" {
                     input type="hidden" name="csrf" value=(who.csrf);

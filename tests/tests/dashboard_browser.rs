@@ -329,6 +329,111 @@ async fn the_morning_review_in_a_real_browser() {
     );
     screenshot(&c, "queue.png").await;
 
+    // Policy: an agent's proposals shown whole, with what each would change.
+    let rules = tempfile::tempdir().unwrap();
+    let rule = |id: &str, effect: &str, clause: &str, reason: &str| {
+        let path = rules.path().join(format!("{id}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "[[rule]]\nid = \"{id}\"\nsubject = \"*\"\ndoors = [\"notify\"]\neffect = \"{effect}\"\n\
+                 reason = '{reason}'\nauthority = \"agent\"\nmatch = [{clause}]\n"
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let loosen = rule(
+        "notify-anything",
+        "allow",
+        "",
+        "<script>window.__pwned=13</script> saves you clicks",
+    );
+    let tighten = rule(
+        "no-team",
+        "refuse",
+        r#"{ field = "destination", matches = '^team$' }"#,
+        "team is noisy",
+    );
+    let mut proposals = Vec::new();
+    for file in [&loosen, &tighten] {
+        let out = m
+            .state
+            .run(&["policy", "propose", file, "--actor", "agent-x"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = tests::stdout(&out);
+        proposals.push(
+            text.strip_prefix("proposed ")
+                .and_then(|t| t.split(':').next())
+                .unwrap_or_else(|| panic!("{text}"))
+                .to_string(),
+        );
+    }
+    // A tightening an agent declares itself (tier 1): the freeze suspends it.
+    let own = rule(
+        "agent-own",
+        "refuse",
+        r#"{ field = "destination", matches = '^nowhere$' }"#,
+        "mine",
+    );
+    let text = std::fs::read_to_string(&own).unwrap();
+    std::fs::write(
+        &own,
+        text.replace("subject = \"*\"", "subject = \"agent-y\""),
+    )
+    .unwrap();
+    let out = m
+        .state
+        .run(&["policy", "declare", &own, "--actor", "agent-y"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let hostile_notify = acts_of(&m, &hostile)
+        .into_iter()
+        .find(|a| a["act"]["door"] == "notify")
+        .unwrap()["act"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.goto(&serve.url("/policy")).await.unwrap();
+    let block = |id: &str| format!(".proposal[data-proposal=\"{id}\"]");
+    let loose = text_of(&c, &block(&proposals[0])).await;
+    for want in [
+        "proposed by agent agent-x",
+        "declare",
+        "notify-anything",
+        "allow",
+        "[\"notify\"]",
+        "none: it matches every request of its subject and doors",
+        "<script>window.__pwned=13</script> saves you clicks",
+        "No recorded act or dry-run act would have been decided otherwise.",
+        "Beyond these, it allows every future request of subject * at the doors [\"notify\"], whatever it carries",
+    ] {
+        assert!(loose.contains(want), "{want:?} is not on the proposal: {loose}");
+    }
+    let tight = text_of(&c, &block(&proposals[1])).await;
+    assert!(
+        tight.contains("^team$"),
+        "the match clause is not shown: {tight}"
+    );
+    let changed = text_of(&c, &format!("{} tr.changed", block(&proposals[1]))).await;
+    assert!(
+        changed.contains(&hostile_notify)
+            && changed.contains("asked")
+            && changed.contains("refused"),
+        "the act it would refuse is not shown: {changed}"
+    );
+    let active = text_of(&c, "#active-rules").await;
+    assert!(
+        active.contains("the shipped rules") && active.contains("agent agent-y"),
+        "the rules table has no author: {active}"
+    );
+    assert_eq!(
+        pwned(&c).await,
+        serde_json::Value::Null,
+        "a payload ran on Policy"
+    );
+    screenshot(&c, "policy.png").await;
+    c.goto(&serve.url("/queue")).await.unwrap();
+
     // Approve one act: carried out against the loopback git server, shown without a reload.
     c.execute("window.__same_page = 1;", vec![]).await.unwrap();
     c.find(Locator::Css(&format!(
@@ -438,6 +543,13 @@ async fn the_morning_review_in_a_real_browser() {
         .unwrap();
     c.wait().for_element(Locator::Id("frozen")).await.unwrap();
     assert!(text_of(&c, "#frozen").await.contains("stop everything"));
+    c.goto(&serve.url("/policy")).await.unwrap();
+    let suspended = text_of(&c, "#suspended-rules").await;
+    assert!(
+        suspended.contains("agent-own") && suspended.contains("agent agent-y"),
+        "the agent's rule vanished under the freeze: {suspended}"
+    );
+    assert!(!text_of(&c, "#active-rules").await.contains("agent-own"));
     let started = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
