@@ -357,15 +357,49 @@ fn act_block(who: &Viewer, a: &ActView, batch: bool) -> Markup {
     }
 }
 
+/// Approving every act on the page that carries commit `c`: a
+/// confirmation step (a `<details>`, no script needed) that lists each act
+/// it would carry out (door, destination, ref) before the click, each line
+/// then showing that act's outcome; the approval names exactly those acts.
+fn by_commit(who: &Viewer, c: &str, acts: &[&ActView]) -> Markup {
+    html! {
+        details.by-commit data-commit=(c) {
+            summary { "Approve every act that carries " code { (v(c)) } " (" (acts.len()) @if acts.len() == 1 { " act" } @else { " acts" } ")" }
+            p { "This carries out, each under its own approval:" }
+            ol.planned-acts {
+                @for a in acts {
+                    li.planned data-act=(a.id) {
+                        strong.door { (a.door) } " to " strong.dest { (v(&a.destination)) } " " code.target { (v(&a.target)) }
+                        " · run " (run_link(&a.run)) " · act " code { (a.id) }
+                        " · " span.state { (a.state) } " " span.outcome {}
+                    }
+                }
+            }
+            form.decide method="post" action="/api/v1/acts/approve" {
+                input type="hidden" name="csrf" value=(who.csrf);
+                @for a in acts { input type="hidden" name="act" value=(a.id); }
+                button.approve-commit type="submit" data-commit=(c) {
+                    "Carry out these " (acts.len()) @if acts.len() == 1 { " act" } @else { " acts" }
+                }
+            }
+        }
+    }
+}
+
 pub fn queue(who: &Viewer, frozen: Option<&str>, q: &QueuePage) -> Markup {
-    let mut commits: Vec<&str> = q
-        .acts
-        .iter()
-        .filter(|a| a.state == "pending")
-        .filter_map(|a| a.commit.as_deref())
-        .collect();
-    commits.sort_unstable();
-    commits.dedup();
+    // Every pending act on the page by the commit it carries: one
+    // decision per content, listed whole before it is taken.
+    let mut commits: Vec<(&str, Vec<&ActView>)> = Vec::new();
+    for a in q.acts.iter().filter(|a| a.state == "pending") {
+        let Some(c) = a.commit.as_deref() else {
+            continue;
+        };
+        match commits.iter_mut().find(|(k, _)| *k == c) {
+            Some((_, list)) => list.push(a),
+            None => commits.push((c, vec![a])),
+        }
+    }
+    commits.sort_by(|x, y| x.0.cmp(y.0));
     let pages = q.total.div_ceil(q.per_page.max(1));
     // Grouped by run, in the order of each run's oldest act on the page.
     let mut groups: Vec<(&str, Vec<&ActView>)> = Vec::new();
@@ -386,13 +420,7 @@ pub fn queue(who: &Viewer, frozen: Option<&str>, q: &QueuePage) -> Markup {
                 @if !commits.is_empty() {
                     section #by-commit {
                         h2 { "One decision per content" }
-                        @for c in &commits {
-                            form.decide method="post" action="/api/v1/acts/approve-commit" {
-                                input type="hidden" name="csrf" value=(who.csrf);
-                                input type="hidden" name="commit" value=(c);
-                                button.approve-commit type="submit" data-commit=(c) { "Approve every act that carries " code { (v(c)) } }
-                            }
-                        }
+                        @for (c, acts) in &commits { (by_commit(who, c, acts)) }
                     }
                 }
             }

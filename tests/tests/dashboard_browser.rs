@@ -472,17 +472,67 @@ async fn the_morning_review_in_a_real_browser() {
     );
     assert_eq!(m.remote_ref("refs/heads/agent/reject"), None);
 
-    // One decision for one content: every act carrying the commit.
-    c.find(Locator::Css(&format!(
-        "button.approve-commit[data-commit=\"{shared_commit}\"]"
-    )))
-    .await
-    .unwrap()
-    .click()
-    .await
-    .unwrap();
+    // One decision for one content: every act carrying the commit, each
+    // listed (door, destination, ref) before the click and its outcome
+    // after. The hostile run's branch name is listed as text.
+    let hostile_push = acts_of(&m, &hostile)
+        .into_iter()
+        .find(|a| a["act"]["door"] == "push")
+        .unwrap();
+    let listed = text_of(
+        &c,
+        &format!(
+            "details.by-commit[data-commit=\"{}\"] ol.planned-acts",
+            commit_of(&hostile_push)
+        ),
+    )
+    .await;
+    assert!(
+        listed.contains("push to origin refs/heads/agent/\"><svg/onload=window.__pwned=4>"),
+        "the hostile act is not listed literally: {listed}"
+    );
+    let by_commit = format!("details.by-commit[data-commit=\"{shared_commit}\"]");
+    c.find(Locator::Css(&format!("{by_commit} summary")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let planned = text_of(&c, &format!("{by_commit} ol.planned-acts")).await;
+    for a in &same_acts {
+        let id = a["act"]["id"].as_str().unwrap();
+        assert!(planned.contains(id), "act {id} is not listed: {planned}");
+    }
+    assert!(
+        planned.contains("push to origin refs/heads/agent/one")
+            && planned.contains("push to origin refs/heads/agent/two"),
+        "the acts it would carry out are not listed before the click: {planned}"
+    );
+    assert_eq!(
+        m.remote_ref("refs/heads/agent/one"),
+        None,
+        "opening the list carried something out"
+    );
+    c.find(Locator::Css(&format!("{by_commit} button.approve-commit")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     for a in &same_acts {
         wait_state(&c, a["act"]["id"].as_str().unwrap(), "done").await;
+    }
+    let started = Instant::now();
+    loop {
+        let after = text_of(&c, &format!("{by_commit} ol.planned-acts")).await;
+        if after.matches("done").count() >= 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the outcomes are not shown in the list: {after}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(
         m.remote_ref("refs/heads/agent/one").as_deref(),
