@@ -362,8 +362,17 @@ pub async fn watch_chain(backend: Backend) {
 }
 
 /// The freeze in force, if any: its reason.
+/// The freeze in force, as the banner says it: its reason and who froze.
 pub fn freeze_state(store: &dyn StateStore) -> Result<Option<String>, BackendError> {
-    acts::frozen(store).map_err(BackendError::Failed)
+    let rules = nightshift_core::policy::load(store, None)
+        .map_err(|e| BackendError::Failed(e.to_string()))?;
+    Ok(rules.freeze().map(|f| frozen_line(&f.reason, &f.authority)))
+}
+
+/// A freeze's reason and authority (who froze: `dashboard:NAME`, `nightshift
+/// freeze by USER`), on one line.
+pub fn frozen_line(reason: &str, authority: &str) -> String {
+    format!("{reason} (frozen by {authority})")
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -494,6 +503,36 @@ pub struct ActView {
     /// destination does not hold yet.
     #[serde(skip)]
     pub publishes: Option<Arc<acts::Publishes>>,
+    /// When it was queued and when its approval window closes, unix seconds.
+    pub queued_at: i64,
+    pub expires_at: i64,
+    /// The same, as the page says them now ("queued 3 h 5 min ago",
+    /// "expires in 20 h 55 min").
+    pub age: String,
+    pub expiry: String,
+}
+
+/// A span of seconds as a person reads it: `3 h 5 min`, `12 min`, `40 s`.
+pub fn span(secs: i64) -> String {
+    let s = secs.max(0);
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min", s / 60),
+        3600..=86_399 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// An act's age and expiry at `now`, as [`ActView::age`] and
+/// [`ActView::expiry`] say them.
+pub fn age_and_expiry(queued_at: i64, expires_at: i64, now: i64) -> (String, String) {
+    let age = format!("queued {} ago", span(now - queued_at));
+    let expiry = if expires_at > now {
+        format!("expires in {}", span(expires_at - now))
+    } else {
+        format!("approval window closed {} ago", span(now - expires_at))
+    };
+    (age, expiry)
 }
 
 fn state_detail(s: &State) -> Option<String> {
@@ -552,7 +591,16 @@ pub fn act_view(backend: &Backend, store: &dyn StateStore, row: &Row, with_diff:
             .and_then(|run| publishes(backend, store, &row.act, &run.repo, c)),
         _ => None,
     };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default();
+    let (age, expiry) = age_and_expiry(row.act.created_at, row.act.expires_at, now);
     ActView {
+        queued_at: row.act.created_at,
+        expires_at: row.act.expires_at,
+        age,
+        expiry,
         id: row.act.id.clone(),
         run: row.act.run.clone(),
         door: row.act.door.name(),
@@ -711,7 +759,7 @@ pub fn policy_view(store: &dyn StateStore) -> Result<PolicyView, BackendError> {
         .map_err(|e| BackendError::Failed(e.to_string()))?;
     Ok(PolicyView {
         generation: v.generation,
-        frozen: v.frozen.map(|(reason, _)| reason),
+        frozen: v.frozen.map(|(reason, by)| frozen_line(&reason, &by)),
         active: v.active,
         pending: v.pending,
         proposals: v.proposals,

@@ -276,19 +276,77 @@ fn diff_block(d: &Diff) -> Markup {
     diff_block_with(d, true)
 }
 
+/// Most commits an act or a run lists by subject before the toggle.
+const SUBJECTS_SHOWN: usize = 5;
+/// Most characters of one subject shown before the toggle.
+const SUBJECT_CHARS: usize = 100;
+/// Most changed files listed before the toggle.
+const FILES_SHOWN: usize = 8;
+
+/// A `commit ID` / `    subject` log (the format `backend` and
+/// `acts::publishes` ask git for) collapsed to one line per commit: the
+/// first [`SUBJECTS_SHOWN`] short ids and subjects (cut at
+/// [`SUBJECT_CHARS`]), the whole log behind a `<details>` toggle (no
+/// script needed). `count` is the number of commits when known.
+fn compact_log(log: &[u8], count: Option<u64>) -> Markup {
+    let text = String::from_utf8_lossy(log);
+    let mut commits: Vec<(&str, &str)> = Vec::new();
+    for line in text.lines() {
+        if let Some(id) = line.strip_prefix("commit ") {
+            commits.push((id, ""));
+        } else if let (Some(last), Some(subject)) = (commits.last_mut(), line.strip_prefix("    "))
+        {
+            if last.1.is_empty() {
+                last.1 = subject;
+            }
+        }
+    }
+    let total = count.unwrap_or(commits.len() as u64);
+    html! {
+        ul.subjects {
+            @for (id, subject) in commits.iter().take(SUBJECTS_SHOWN) {
+                li {
+                    code.commit { (v(&id.chars().take(12).collect::<String>())) } " "
+                    (v(&subject.chars().take(SUBJECT_CHARS).collect::<String>()))
+                    @if subject.chars().count() > SUBJECT_CHARS { " …" }
+                }
+            }
+        }
+        @if total > SUBJECTS_SHOWN as u64 || commits.iter().any(|(_, s)| s.chars().count() > SUBJECT_CHARS) {
+            details.log {
+                summary {
+                    @if total > SUBJECTS_SHOWN as u64 { "and " (total - SUBJECTS_SHOWN as u64) " more commits; " }
+                    "the whole log"
+                }
+                pre.log { (vb(log)) }
+            }
+        }
+    }
+}
+
 /// The diff, with its commits after the base when `with_log`.
 fn diff_block_with(d: &Diff, with_log: bool) -> Markup {
     html! {
         @if let Some(e) = &d.error { p.error { (v(e)) } }
         @else {
-            @if with_log && !d.log.is_empty() { pre.log { (vb(&d.log)) } }
+            @if with_log && !d.log.is_empty() { (compact_log(&d.log, None)) }
             @if let Some((f, i, del)) = d.stat { p.stat { (f) " files changed, +" (i) " -" (del) } }
+            // Files the host may run first, then the first others; the
+            // rest behind a toggle.
+            @let (risky, plain): (Vec<_>, Vec<_>) = d.files.iter().partition(|f| f.risky.is_some());
+            @let shown = FILES_SHOWN.saturating_sub(risky.len());
             ul.files {
-                @for f in &d.files {
+                @for f in risky.iter().chain(plain.iter().take(shown)) {
                     li {
                         code.path { (v(&f.path)) }
                         @if let Some(why) = f.risky { " " span.risky title=(why) { "RUNS ON THE HOST: " (why) } }
                     }
+                }
+            }
+            @if plain.len() > shown {
+                details.files {
+                    summary { "and " (plain.len() - shown) " more files" }
+                    ul.files { @for f in plain.iter().skip(shown) { li { code.path { (v(&f.path)) } } } }
                 }
             }
             details.diff {
@@ -330,8 +388,10 @@ fn act_block(who: &Viewer, a: &ActView, batch: bool) -> Markup {
                     " "
                 }
                 code.id { (a.id) } " " strong.door { (a.door) } " to " strong.dest { (v(&a.destination)) }
-                " " code.target { (v(&a.target)) }
+                @if a.target != a.destination { " " code.target { (v(&a.target)) } }
                 " · " span.state { (a.state) }
+                " · " span.age { (a.age) }
+                @if a.state == "pending" { " · " span.expiry { (a.expiry) } }
                 @if risky { " " span.risky { "changes files the host may run" } }
             }
             @if let Some(d) = &a.detail { p.detail { (v(d)) } }
@@ -345,9 +405,9 @@ fn act_block(who: &Viewer, a: &ActView, batch: bool) -> Markup {
                 p.publishes {
                     "commits it would publish (" (pubs.count) ", " (v(&pubs.against)) "):"
                 }
-                pre.log.publishes { (vb(&pubs.log)) }
+                div.publishes { (compact_log(&pubs.log, Some(pubs.count))) }
                 @if pubs.count > nightshift_supervisor::acts::MAX_LISTED_COMMITS {
-                    p.publishes { "... and " (pubs.count - nightshift_supervisor::acts::MAX_LISTED_COMMITS) " more commits" }
+                    p.publishes { "(the whole log lists the first " (nightshift_supervisor::acts::MAX_LISTED_COMMITS) ")" }
                 }
             }
             @if let Some(d) = &a.diff { (diff_block_with(d, a.publishes.is_none())) }

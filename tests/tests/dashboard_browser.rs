@@ -130,6 +130,23 @@ async fn the_morning_review_in_a_real_browser() {
          echo b > b.txt && git add b.txt && git commit -qm b && git push -q origin HEAD:refs/heads/agent/reject; true",
     );
     let hostile = m.run_agent_with_task(HOSTILE_SCRIPT, Some(HOSTILE_TASK));
+    // A push of twelve commits, one with a 100 KB subject.
+    let long = m.run_agent(
+        "for i in $(seq 1 11); do echo $i > f$i && git add f$i && git commit -qm \"commit $i\" -m 'a body line'; done; \
+         echo big > big && git add big && git commit -qm \"$(head -c 100000 /dev/zero | tr '\\0' x)\" && \
+         git push -q origin HEAD:refs/heads/agent/long; true",
+    );
+    let hostile_notify = acts_of(&m, &hostile)
+        .into_iter()
+        .find(|a| a["act"]["door"] == "notify")
+        .unwrap()["act"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let long_act = acts_of(&m, &long)[0]["act"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let same_acts = acts_of(&m, &same);
     assert_eq!(same_acts.len(), 2, "{same_acts:?}");
     let shared_commit = commit_of(&same_acts[0]);
@@ -189,7 +206,7 @@ async fn the_morning_review_in_a_real_browser() {
 
     // Morning: the runs by outcome, the chain verified.
     let morning = text_of(&c, "main").await;
-    assert!(morning.contains("finished: 3"), "{morning}");
+    assert!(morning.contains("finished: 4"), "{morning}");
     // Each run's task, its first line, escaped: the hostile run's literally.
     let tasks = text_of(&c, "#runs table.runs").await;
     assert!(
@@ -328,6 +345,69 @@ async fn the_morning_review_in_a_real_browser() {
         "fetched from elsewhere: {elsewhere:?}"
     );
     screenshot(&c, "queue.png").await;
+    // Compact acts: the long push lists five subjects, each cut, the whole
+    // log behind a closed toggle; every act says its age and expiry; a
+    // message act does not repeat its destination.
+    let long_block = format!(".act[data-act=\"{long_act}\"]");
+    let subjects = c
+        .execute(
+            "return [...document.querySelectorAll(arguments[0] + ' ul.subjects li')].map(l => l.textContent);",
+            vec![serde_json::json!(long_block)],
+        )
+        .await
+        .unwrap();
+    let subjects = subjects.as_array().unwrap();
+    assert_eq!(subjects.len(), 5, "{subjects:?}");
+    assert!(
+        subjects.iter().all(|l| l.as_str().unwrap().len() < 200),
+        "a subject is shown whole: {subjects:?}"
+    );
+    let toggle = c
+        .execute(
+            "const d = document.querySelector(arguments[0] + ' details.log'); return d ? [d.open, d.querySelector('summary').textContent] : null;",
+            vec![serde_json::json!(long_block)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        toggle[0], false,
+        "the whole log is not behind a closed toggle: {toggle}"
+    );
+    assert!(
+        toggle[1].as_str().unwrap().contains(" more commits"),
+        "{toggle}"
+    );
+    let height = c
+        .execute(
+            "return document.querySelector(arguments[0]).getBoundingClientRect().height;",
+            vec![serde_json::json!(long_block)],
+        )
+        .await
+        .unwrap()
+        .as_f64()
+        .unwrap();
+    assert!(height < 600.0, "the long push act is {height} px tall");
+    let ages = c
+        .execute(
+            "return [...document.querySelectorAll('.act[data-state=pending]')].map(a => [a.querySelector('.age')?.textContent, a.querySelector('.expiry')?.textContent]);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    for a in ages.as_array().unwrap() {
+        assert!(
+            a[0].as_str()
+                .is_some_and(|t| t.starts_with("queued ") && t.ends_with(" ago"))
+                && a[1].as_str().is_some_and(|t| t.starts_with("expires in ")),
+            "an act without age or expiry: {ages}"
+        );
+    }
+    let notify_head = text_of(&c, &format!(".act[data-act=\"{hostile_notify}\"] p.head")).await;
+    assert_eq!(
+        notify_head.matches("team").count(),
+        1,
+        "the message act repeats its destination: {notify_head}"
+    );
 
     // Policy: an agent's proposals shown whole, with what each would change.
     let rules = tempfile::tempdir().unwrap();
@@ -386,13 +466,6 @@ async fn the_morning_review_in_a_real_browser() {
         .state
         .run(&["policy", "declare", &own, "--actor", "agent-y"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let hostile_notify = acts_of(&m, &hostile)
-        .into_iter()
-        .find(|a| a["act"]["door"] == "notify")
-        .unwrap()["act"]["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
     c.goto(&serve.url("/policy")).await.unwrap();
     let block = |id: &str| format!(".proposal[data-proposal=\"{id}\"]");
     let loose = text_of(&c, &block(&proposals[0])).await;
@@ -592,7 +665,12 @@ async fn the_morning_review_in_a_real_browser() {
         .await
         .unwrap();
     c.wait().for_element(Locator::Id("frozen")).await.unwrap();
-    assert!(text_of(&c, "#frozen").await.contains("stop everything"));
+    let banner = text_of(&c, "#frozen").await;
+    assert!(
+        banner.contains("stop everything")
+            && banner.contains(&format!("frozen by dashboard:{OWNER}")),
+        "the banner does not say who froze: {banner}"
+    );
     c.goto(&serve.url("/policy")).await.unwrap();
     let suspended = text_of(&c, "#suspended-rules").await;
     assert!(
