@@ -389,6 +389,9 @@ pub struct Morning {
     /// runs with calls, most charged first).
     pub tokens: nightshift_gateway::CallsSummary,
     pub tokens_by_run: Vec<(String, nightshift_gateway::CallsSummary)>,
+    /// Acts each run queued since `since` (its door requests answered
+    /// `queued`), for the night's picture.
+    pub acts_by_run: std::collections::BTreeMap<String, usize>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -464,7 +467,14 @@ pub fn morning(
         .map(|(run, bodies)| (run, nightshift_gateway::summarize(bodies)))
         .collect();
     tokens_by_run.sort_by_key(|t| std::cmp::Reverse(t.1.charged_tokens));
+    let mut acts_by_run = std::collections::BTreeMap::new();
+    for (run, body) in store.bodies_of_kind_since("door_request", since)? {
+        if body["verdict"] == "queued" {
+            *acts_by_run.entry(run.unwrap_or_default()).or_insert(0) += 1;
+        }
+    }
     Ok(Morning {
+        acts_by_run,
         tokens,
         tokens_by_run,
         since: since.to_string(),

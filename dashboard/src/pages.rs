@@ -171,6 +171,104 @@ fn runs_table(runs: &[(String, RunRecord)]) -> Markup {
     }
 }
 
+/// A supervisor-made outcome's colour (never anything an agent wrote).
+fn outcome_fill(outcome: &str) -> &'static str {
+    match outcome {
+        "finished" => "#2e7d32",
+        "killed" => "#c62828",
+        "failed" => "#ef6c00",
+        "import failed" => "#6a1b9a",
+        "running" => "#1565c0",
+        _ => "#616161",
+    }
+}
+
+/// The night: one bar per run across the hours (server-rendered SVG, no
+/// script), coloured by outcome, cap kills and acts marked, each bar a
+/// link to its run; the task only as a `<title>`'s escaped text.
+fn night_svg(m: &Morning) -> Markup {
+    let now = time::OffsetDateTime::now_utc();
+    let Some(n) = super::night::layout(
+        &m.runs,
+        &|id| m.acts_by_run.get(id).copied().unwrap_or(0),
+        now,
+    ) else {
+        return html! { p { "No run to draw." } };
+    };
+    let tasks: std::collections::HashMap<&str, Option<&str>> = m
+        .runs
+        .iter()
+        .map(|(_, r)| (r.id.as_str(), r.task.as_deref()))
+        .collect();
+    let w = super::night::WIDTH;
+    html! {
+        svg #night xmlns="http://www.w3.org/2000/svg" width=(w + 80.0) height=(n.height) viewBox={ "-40 0 " (w + 80.0) " " (n.height) } role="img" {
+            title { "the night: one bar per run" }
+            @for (x, label) in &n.ticks {
+                line x1=(x) x2=(x) y1="12" y2=(n.height) stroke="#bbb" stroke-width="1" {}
+                text x=(x) y="10" font-size="10" text-anchor="middle" fill="#444" { (label) }
+            }
+            @for b in &n.bars {
+                @let title = format!("{} · {}{}{}", b.run, b.outcome,
+                    if b.capped { " · killed by a cap" } else { "" },
+                    if b.acts > 0 { format!(" · {} acts", b.acts) } else { String::new() });
+                @let bar = html! {
+                    title { (v(&title)) @if let Some(Some(t)) = tasks.get(b.run.as_str()) { " · " (task_line(Some(t))) } }
+                    rect.bar x=(b.x) y=(b.y) width=(b.w) height=(super::night::ROW - 4.0) fill=(outcome_fill(&b.outcome)) data-outcome=(b.outcome) {}
+                    @if b.capped {
+                        path.cap d={ "M" (b.x + b.w) " " (b.y) " l6 " ((super::night::ROW - 4.0) / 2.0) " l-6 " ((super::night::ROW - 4.0) / 2.0) " z" } fill="#000" {}
+                    }
+                    @for i in 0..b.acts.min(10) {
+                        circle.act cx=(b.x + b.w - 4.0 - i as f64 * 6.0) cy=(b.y + (super::night::ROW - 4.0) / 2.0) r="2.5" fill="#fff" stroke="#000" {}
+                    }
+                };
+                @if link_id(&b.run) { a href={ "/runs/" (b.run) } { (bar) } } @else { g { (bar) } }
+            }
+        }
+        p.legend {
+            @for o in ["finished", "killed", "failed", "import failed", "running"] {
+                span.legend-item { svg width="10" height="10" { rect width="10" height="10" fill=(outcome_fill(o)) {} } " " (o) " " }
+            }
+            "· ▶ killed by a cap · ○ an act it queued"
+        }
+    }
+}
+
+/// The run's memory and CPU over time, from its `resources` samples.
+fn usage_svg(audit: &[serde_json::Value]) -> Markup {
+    let samples: Vec<(String, serde_json::Value)> = audit
+        .iter()
+        .filter(|e| e["kind"] == "resources")
+        .map(|e| {
+            (
+                e["time"].as_str().unwrap_or("").to_string(),
+                e["body"].clone(),
+            )
+        })
+        .collect();
+    let Some(u) = super::night::usage(&samples) else {
+        return html! { p #resources-none { "Fewer than two resource samples were recorded." } };
+    };
+    let (w, h) = (super::night::WIDTH, super::night::USAGE_H);
+    let points = |ps: &[(f64, f64)]| {
+        ps.iter()
+            .map(|(x, y)| format!("{x:.1},{y:.1}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    html! {
+        svg #resources xmlns="http://www.w3.org/2000/svg" width=(w) height=(h + 20.0) viewBox={ "0 0 " (w) " " (h + 20.0) } role="img" {
+            title { "memory and CPU over the run" }
+            rect x="0" y="0" width=(w) height=(h) fill="none" stroke="#bbb" {}
+            polyline.memory points=(points(&u.memory)) fill="none" stroke="#1565c0" stroke-width="2" {}
+            polyline.cpu points=(points(&u.cpu)) fill="none" stroke="#c62828" stroke-width="2" {}
+            text x="4" y=(h + 14.0) font-size="11" fill="#1565c0" { "memory (peak " (format!("{:.1}", u.peak_memory as f64 / 1048576.0)) " MiB)" }
+            text x="260" y=(h + 14.0) font-size="11" fill="#c62828" { "CPU (peak " (format!("{:.2}", u.peak_cpu)) " cores)" }
+            text x=(w - 4.0) y=(h + 14.0) font-size="11" text-anchor="end" fill="#444" { (format!("{:.0}", u.seconds)) " s" }
+        }
+    }
+}
+
 pub fn morning(who: &Viewer, m: &Morning) -> Markup {
     layout(
         "Morning",
@@ -180,6 +278,10 @@ pub fn morning(who: &Viewer, m: &Morning) -> Markup {
             form method="get" action="/" {
                 label { "Since " input type="text" name="since" value=(m.since); }
                 button type="submit" { "Show" }
+            }
+            section #night-picture {
+                h2 { "The night" }
+                (night_svg(m))
             }
             section #refusals {
                 h2 { "Refused door requests (" (m.refusals.len()) ")" }
@@ -522,6 +624,10 @@ pub fn run(who: &Viewer, frozen: Option<&str>, r: &RunView) -> Markup {
                         "; " (r.model.refused) " refused, " (r.model.without_usage) " without usage)"
                     }
                 } }
+            }
+            section #usage {
+                h2 { "Memory and CPU" }
+                (usage_svg(&r.audit))
             }
             section #attestation {
                 h2 { "Attestation" }

@@ -3,7 +3,9 @@
 //! server: log in; see finished runs and their diffs; approve an act and
 //! see it carried out without a reload; reject one with a reason; approve
 //! every act that carries one commit; pull the kill switch and see the run
-//! die; log out. A hostile run's commit messages, file names, branch name,
+//! die; log out. Each run's task, a proposal whole with what it would
+//! change, approve-by-commit's list, compact acts, the night's SVG and a
+//! run's memory and CPU, a capped run and a push the remote refuses. A hostile run's commit messages, file names, branch name,
 //! output and act body carry script tags, event handlers, `javascript:`
 //! links, SVG, CSS and terminal escapes: no script runs (a global the
 //! payloads would set stays unset), nothing is fetched from anywhere else,
@@ -143,6 +145,27 @@ async fn the_morning_review_in_a_real_browser() {
         .as_str()
         .unwrap()
         .to_string();
+    // A run its time cap kills, busy long enough for two resource samples.
+    let out = m.state.run(&[
+        "run",
+        "--repo",
+        m.repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--timeout",
+        "12s",
+        "--task",
+        "spin until the cap <b>stops</b> you",
+        "--",
+        "bash",
+        "-c",
+        "while :; do :; done",
+    ]);
+    assert!(!out.status.success(), "the capped run ended well");
+    let capped = m.state.runs().last().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let long_act = acts_of(&m, &long)[0]["act"]["id"]
         .as_str()
         .unwrap()
@@ -206,7 +229,10 @@ async fn the_morning_review_in_a_real_browser() {
 
     // Morning: the runs by outcome, the chain verified.
     let morning = text_of(&c, "main").await;
-    assert!(morning.contains("finished: 4"), "{morning}");
+    assert!(
+        morning.contains("finished: 4") && morning.contains("killed: 1"),
+        "{morning}"
+    );
     // Each run's task, its first line, escaped: the hostile run's literally.
     let tasks = text_of(&c, "#runs table.runs").await;
     assert!(
@@ -218,6 +244,60 @@ async fn the_morning_review_in_a_real_browser() {
     assert!(
         !tasks.contains("onerror"),
         "a task's second line in a table: {tasks}"
+    );
+    // The night as a picture: a bar per run, each a link to its run, the
+    // cap kill and the acts marked, nothing but drawing in the SVG.
+    let night = c
+        .execute(
+            "const s = document.querySelector('svg#night'); if (!s) return null; return {\
+               links: [...s.querySelectorAll('a')].map(a => a.getAttribute('href')),\
+               bars: s.querySelectorAll('rect.bar').length,\
+               tags: [...new Set([...s.querySelectorAll('*')].map(e => e.localName))],\
+               attrs: [...new Set([...s.querySelectorAll('*')].flatMap(e => [...e.attributes].map(a => a.name)))],\
+               caps: s.querySelectorAll('path.cap').length,\
+               acts: s.querySelectorAll('circle.act').length,\
+               titles: [...s.querySelectorAll('a > title')].map(t => t.textContent) };",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(night["bars"], 5, "{night}");
+    let links: Vec<&str> = night["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    for run in [&same, &two, &hostile, &long, &capped] {
+        assert!(
+            links.contains(&format!("/runs/{run}").as_str()),
+            "no bar links run {run}: {night}"
+        );
+    }
+    for tag in night["tags"].as_array().unwrap() {
+        assert!(
+            ["title", "line", "text", "a", "rect", "path", "circle", "g"]
+                .contains(&tag.as_str().unwrap()),
+            "an element the picture does not draw: {tag} ({night})"
+        );
+    }
+    for attr in night["attrs"].as_array().unwrap() {
+        assert!(
+            !attr.as_str().unwrap().starts_with("on"),
+            "an event handler in the picture: {night}"
+        );
+    }
+    assert_eq!(night["caps"], 1, "the cap kill is not marked: {night}");
+    assert!(
+        night["acts"].as_u64().unwrap() >= 6,
+        "the acts are not marked: {night}"
+    );
+    assert!(
+        night["titles"].as_array().unwrap().iter().any(|t| t
+            .as_str()
+            .unwrap()
+            .contains("<script>window.__pwned=11</script>")),
+        "the hostile task is not shown as text: {night}"
     );
     assert!(text_of(&c, "#chain").await.contains("verified"));
     assert_eq!(
@@ -313,6 +393,27 @@ async fn the_morning_review_in_a_real_browser() {
         assert!(h.starts_with('/'), "a link the page did not make: {h}");
     }
     screenshot(&c, "run.png").await;
+
+    // The capped run: its memory and CPU over time.
+    c.goto(&serve.url(&format!("/runs/{capped}")))
+        .await
+        .unwrap();
+    let usage = c
+        .execute(
+            "const s = document.querySelector('svg#resources'); if (!s) return null; return [\
+               s.querySelector('polyline.memory').getAttribute('points').split(' ').length,\
+               s.querySelector('polyline.cpu').getAttribute('points').split(' ').length,\
+               s.textContent];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(
+        usage[0].as_u64().unwrap() >= 2 && usage[1].as_u64().unwrap() >= 1,
+        "no memory and CPU drawn: {usage}"
+    );
+    assert!(usage[2].as_str().unwrap().contains("cores"), "{usage}");
+    screenshot(&c, "run-capped.png").await;
 
     // The finished run with an ordinary diff.
     c.goto(&serve.url(&format!("/runs/{two}"))).await.unwrap();
@@ -620,6 +721,29 @@ async fn the_morning_review_in_a_real_browser() {
         .await
         .unwrap();
     assert_eq!(same_page, 1, "the page reloaded to show the outcomes");
+
+    // A push the remote refuses (its pre-receive hook): failed, on the page.
+    let hook = m.bare.join("hooks/pre-receive");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\necho 'agent/long is not welcome here' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    c.find(Locator::Css(&format!(
+        ".act[data-act=\"{long_act}\"] button.approve"
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    wait_state(&c, &long_act, "failed").await;
+    assert_eq!(m.remote_ref("refs/heads/agent/long"), None);
+    c.goto(&serve.url("/")).await.unwrap();
+    screenshot(&c, "morning-after.png").await;
+    c.goto(&serve.url(&format!("/runs/{long}"))).await.unwrap();
+    screenshot(&c, "run-failed-push.png").await;
 
     // The kill switch, from the Stop page: a running run dies, nightshift freezes.
     let mut child = m
