@@ -3,14 +3,21 @@
 //! server: log in; see finished runs and their diffs; approve an act and
 //! see it carried out without a reload; reject one with a reason; approve
 //! every act that carries one commit; pull the kill switch and see the run
-//! die; log out. Each run's task, a proposal whole with what it would
-//! change, approve-by-commit's list, compact acts, the night's SVG and a
-//! run's memory and CPU, a capped run and a push the remote refuses. A hostile run's commit messages, file names, branch name,
-//! output and act body carry script tags, event handlers, `javascript:`
-//! links, SVG, CSS and terminal escapes: no script runs (a global the
-//! payloads would set stays unset), nothing is fetched from anywhere else,
-//! and the text is shown literally. Screenshots of Morning, Run and Queue
-//! are saved in `target/screenshots/`. Behind a TLS proxy (`[serve]
+//! die; log out. Issue 23's morning: each run's task (on Morning, Run,
+//! `show`, `runs --json`, the API); a proposal shown whole with the acts
+//! its ratification would decide otherwise, rules with author and
+//! authority, an agent's rule listed as suspended under a freeze;
+//! approve-by-commit listing its acts before the click and their outcomes
+//! after; compact acts (subjects, age, expiry); the night's SVG and a run's
+//! memory and CPU; a run its time cap kills and a push the remote refuses;
+//! the frozen banner naming who froze. A hostile run's task, commit
+//! messages, file names, branch name, output and act body carry script
+//! tags, event handlers, `javascript:` links, SVG, CSS and terminal
+//! escapes: no script runs (a global the payloads would set stays unset),
+//! nothing is fetched from anywhere else, the SVG holds only drawing
+//! elements, and the text is shown literally. Screenshots are saved in
+//! `target/screenshots/` (`scripts/screenshots.sh` copies them to
+//! `docs/screenshots/`). Behind a TLS proxy (`[serve]
 //! external_origin`), a browser at the external https origin logs in,
 //! holds a `Secure`, `__Host-` session cookie and pulls the kill switch.
 
@@ -742,7 +749,9 @@ async fn the_morning_review_in_a_real_browser() {
     assert_eq!(m.remote_ref("refs/heads/agent/long"), None);
     c.goto(&serve.url("/")).await.unwrap();
     screenshot(&c, "morning-after.png").await;
-    c.goto(&serve.url(&format!("/runs/{long}"))).await.unwrap();
+    c.goto(&serve.url(&format!("/runs/{long}#acts")))
+        .await
+        .unwrap();
     screenshot(&c, "run-failed-push.png").await;
 
     // The kill switch, from the Stop page: a running run dies, nightshift freezes.
