@@ -679,7 +679,7 @@ fn field(r: &serde_json::Value, key: &str) -> String {
 fn rules_table(rules: &[serde_json::Value], id: &str) -> Markup {
     html! {
         table.rules id=(id) {
-            tr { th { "effect" } th { "rule" } th { "subject" } th { "doors" } th { "reason" } th { "locked" } th { "author" } th { "authority" } }
+            tr { th { "effect" } th { "rule" } th { "subject" } th { "doors" } th { "reason" } th { "locked" } th { "author" } th { "authority" } th { "binds as" } }
             @for r in rules { tr {
                 td { (field(r, "effect")) }
                 td { code { (field(r, "id")) } }
@@ -689,6 +689,7 @@ fn rules_table(rules: &[serde_json::Value], id: &str) -> Markup {
                 td { (r["locked"].as_bool().unwrap_or(false)) }
                 td.author { (field(r, "author")) }
                 td.authority { (field(r, "authority")) }
+                td.binds-as { (field(r, "binds_as")) }
             } }
         }
     }

@@ -604,7 +604,9 @@ async fn the_morning_review_in_a_real_browser() {
     );
     let active = text_of(&c, "#active-rules").await;
     assert!(
-        active.contains("the shipped rules") && active.contains("agent agent-y"),
+        active.contains("the shipped rules")
+            && active.contains("agent agent-y")
+            && active.contains("tier 1: an agent's tightening"),
         "the rules table has no author: {active}"
     );
     assert_eq!(

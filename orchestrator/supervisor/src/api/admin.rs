@@ -74,7 +74,7 @@ fn author_name(author: &policies::ruleset::Author) -> String {
     }
 }
 
-/// A rule's author and the authority it binds under.
+/// A rule's author and the standing it binds under.
 fn origin_names(origin: &policies::ruleset::Origin) -> (String, String) {
     use policies::ruleset::Origin;
     match origin {
@@ -91,15 +91,18 @@ fn origin_names(origin: &policies::ruleset::Origin) -> (String, String) {
     }
 }
 
-/// A rule's row as the views show it: the rule, its lock now, its author
-/// and authority.
+/// A rule's row as the views show it: the rule (its declared `authority`
+/// among its fields), its lock now, its `author` and the standing it binds
+/// under (`binds_as`).
 fn rule_row(set: &policies::RuleSet, rule: &policies::Rule) -> serde_json::Value {
     let mut v = serde_json::to_value(rule).unwrap_or_default();
     if let Some(entry) = set.entries().get(rule.id()) {
         v["locked"] = entry.locked.into();
-        let (author, authority) = origin_names(&entry.origin);
+        // The rule's own `authority` (as declared) is kept; `binds_as`
+        // says under which standing it binds.
+        let (author, binds_as) = origin_names(&entry.origin);
         v["author"] = author.into();
-        v["authority"] = authority.into();
+        v["binds_as"] = binds_as.into();
     }
     v
 }
