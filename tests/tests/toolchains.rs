@@ -1,6 +1,6 @@
 //! Toolchain images (`nightshift image build --with rust,python`): a run
-//! `--with` them gets that image and its tools work inside Tier 0, without
-//! network. The image is built by scripts/test.sh when missing.
+//! `--with` them gets that image and its tools work inside Tier 0, and
+//! cannot reach PyPI or crates.io from there. The image is built by scripts/test.sh when missing.
 
 use tests::{make_repo, only_run, stderr, stdout, State};
 
@@ -21,7 +21,10 @@ fn a_run_with_rust_and_python_gets_their_image_and_builds_offline() {
     let script = "cargo new --vcs none -q probe && cd probe \
          && printf 'fn main() { println!(\"built {}\", 6 * 7); }' > src/main.rs \
          && cargo run --offline -q && cargo --version \
-         && python3 -m pip --version | cut -d' ' -f1";
+         && python3 -m pip --version | cut -d' ' -f1 \
+         && for host in pypi.org files.pythonhosted.org index.crates.io static.crates.io; do \
+              python3 -c \"import socket,sys; socket.create_connection((sys.argv[1], 443), 5)\" $host \
+              2>/dev/null && echo reached-$host; done; echo probed";
     let out = state.run(&[
         "run",
         "--with",
@@ -45,6 +48,9 @@ fn a_run_with_rust_and_python_gets_their_image_and_builds_offline() {
     assert!(log.contains("built 42"), "{log}");
     assert!(log.contains("cargo 1."), "{log}");
     assert!(log.lines().any(|l| l.trim() == "pip"), "{log}");
+    // The registries the image's tools would fetch from are out of reach:
+    // Tier 0 has no network (the setup phase is what may fetch).
+    assert!(log.contains("probed") && !log.contains("reached-"), "{log}");
     assert!(state.containers().is_empty());
 }
 
