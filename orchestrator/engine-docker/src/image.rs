@@ -398,36 +398,6 @@ struct Recipe {
     toolchain_packages: String,
 }
 
-/// Builds the default image unless the engine already has it; returns its reference.
-pub async fn build(
-    engine: &Engine,
-    scratch_root: &Path,
-    mirror: &str,
-    progress: impl FnMut(&str),
-) -> Result<String, ImageError> {
-    build_image(
-        engine,
-        scratch_root,
-        mirror,
-        &ImageSpec::default(),
-        progress,
-    )
-    .await
-}
-
-/// Builds an agent image unless the engine already has it (the same
-/// inputs give the same reference: a no-op); returns its reference.
-pub async fn build_agent(
-    engine: &Engine,
-    scratch_root: &Path,
-    mirror: &str,
-    agent: Agent,
-    progress: impl FnMut(&str),
-) -> Result<String, ImageError> {
-    let spec = ImageSpec::new(Some(agent), &[]);
-    build_image(engine, scratch_root, mirror, &spec, progress).await
-}
-
 /// Builds the image `spec` names unless the engine already has it (the
 /// same inputs give the same reference: a no-op); returns its reference.
 pub async fn build_image(
