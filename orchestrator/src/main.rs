@@ -500,11 +500,18 @@ enum ImageCommand {
         /// Build an agent image instead: claude-code, codex, mini-swe-agent, aider, python-sdks.
         #[arg(long)]
         agent: Option<String>,
+        /// Toolchains from Debian's packages on top (rust, python, node),
+        /// comma-separated: the image `run --with` and `--image` take.
+        #[arg(long)]
+        with: Option<String>,
     },
-    /// Print the default image's reference (or an agent image's, with --agent).
+    /// Print the default image's reference (or an agent image's, with
+    /// --agent; with toolchains, with --with).
     Ref {
         #[arg(long)]
         agent: Option<String>,
+        #[arg(long)]
+        with: Option<String>,
     },
 }
 
@@ -579,6 +586,10 @@ struct RunArgs {
     /// The model the preset's agent asks the gateway for.
     #[arg(long, requires = "agent")]
     model: Option<String>,
+    /// Run in the image with these toolchains (rust, python, node; comma-
+    /// separated) over the default or the preset's image (`image build --with`).
+    #[arg(long, conflicts_with = "image")]
+    with: Option<String>,
     /// The agent command and its arguments.
     #[arg(last = true, required_unless_present = "agent")]
     command: Vec<String>,
@@ -1046,12 +1057,24 @@ fn render(reply: &Reply, json: bool) {
 
 async fn image_cmd(api: &Api, command: ImageCommand) -> Result<i32, i32> {
     let command = match command {
-        ImageCommand::Ref { agent } => ApiCommand::ImageRef {
+        ImageCommand::Ref { agent, with } => ApiCommand::ImageRef {
             agent: agent.map(|a| agent_preset(&a).map(|_| a)).transpose()?,
+            with: toolchains(with.as_deref())?
+                .iter()
+                .map(|t| t.name().to_string())
+                .collect(),
         },
-        ImageCommand::Build { mirror, agent } => ApiCommand::ImageBuild {
+        ImageCommand::Build {
+            mirror,
+            agent,
+            with,
+        } => ApiCommand::ImageBuild {
             mirror,
             agent: agent.map(|a| agent_preset(&a).map(|_| a)).transpose()?,
+            with: toolchains(with.as_deref())?
+                .iter()
+                .map(|t| t.name().to_string())
+                .collect(),
         },
     };
     let reply = api
@@ -1069,6 +1092,17 @@ fn agent_preset(name: &str) -> Result<image::Agent, i32> {
     })
 }
 
+/// The toolchains of `--with` (a usage error, exit 2, names the unknown one).
+fn toolchains(with: Option<&str>) -> Result<Vec<image::Toolchain>, i32> {
+    match with {
+        None => Ok(Vec::new()),
+        Some(list) => image::Toolchain::parse_list(list).map_err(|e| {
+            errln!("nightshift: {e}");
+            exit::USAGE
+        }),
+    }
+}
+
 fn size_arg(s: &str) -> Result<u64, String> {
     orchestrator::config::parse_size(s)
 }
@@ -1083,6 +1117,7 @@ fn span_arg(s: &str) -> Result<std::time::Duration, String> {
 async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
     let json = args.json;
     let agent = args.agent.map(|name| (name, args.model));
+    let with = toolchains(args.with.as_deref())?;
     let order = commands::run::RunOrder {
         repo: args.repo,
         base_ref: args.base_ref,
@@ -1104,6 +1139,7 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
         command: args.command,
         // A dispatcher's child (`tasks run`) carries its task's id.
         of_task: std::env::var_os("NIGHTSHIFT_TASK").is_some(),
+        with,
     };
     let mut prepared = commands::run::prepare(api, order).map_err(|e| fail(&e))?;
     if let Some((name, model)) = agent {

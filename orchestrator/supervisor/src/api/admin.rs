@@ -401,42 +401,36 @@ impl Api {
         })
     }
 
-    pub(super) fn image_ref(&self, agent: Option<&str>) -> Result<Reply, ApiError> {
-        let reference = match agent {
-            None => nightshift_engine_docker::image::default_reference(),
-            Some(name) => agent_preset(name)?.reference(),
-        };
+    pub(super) fn image_ref(
+        &self,
+        agent: Option<&str>,
+        with: &[String],
+    ) -> Result<Reply, ApiError> {
+        let reference = image_spec(agent, with)?.reference();
         Ok(Reply::ImageRef { reference })
     }
 
-    /// Builds the default image (or an agent's), saying each step to `progress`.
+    /// Builds the default image (or an agent's, with toolchains or
+    /// without), saying each step to `progress`.
     pub(super) async fn image_build(
         &self,
         mirror: &str,
         agent: Option<&str>,
+        with: &[String],
         progress: &mut (dyn FnMut(&str) + Send),
     ) -> Result<Reply, ApiError> {
-        let agent = agent.map(agent_preset).transpose()?;
+        let spec = image_spec(agent, with)?;
         let engine = nightshift_engine_docker::engine::Engine::connect().await?;
         let paths = StatePaths::new(self.root.clone());
-        let reference = match agent {
-            None => {
-                nightshift_engine_docker::image::build(&engine, &paths.image_build(), mirror, |l| {
-                    progress(l)
-                })
-                .await
-                .map_err(|e| ApiError::of(e).doing("building the image"))?
-            }
-            Some(agent) => nightshift_engine_docker::image::build_agent(
-                &engine,
-                &paths.image_build(),
-                mirror,
-                agent,
-                |l| progress(l),
-            )
-            .await
-            .map_err(|e| ApiError::of(e).doing(format!("building the {} image", agent.name())))?,
-        };
+        let reference = nightshift_engine_docker::image::build_image(
+            &engine,
+            &paths.image_build(),
+            mirror,
+            &spec,
+            |l| progress(l),
+        )
+        .await
+        .map_err(|e| ApiError::of(e).doing(format!("building the image {}", spec.reference())))?;
         Ok(Reply::ImageRef { reference })
     }
 
@@ -648,6 +642,22 @@ impl Api {
             expire_error,
         })
     }
+}
+
+/// The image an agent preset's name and toolchain names ask for.
+fn image_spec(
+    agent: Option<&str>,
+    with: &[String],
+) -> Result<nightshift_engine_docker::image::ImageSpec, ApiError> {
+    use nightshift_engine_docker::image::{ImageSpec, Toolchain};
+    let agent = agent.map(agent_preset).transpose()?;
+    let mut toolchains = Vec::new();
+    for list in with {
+        toolchains.extend(
+            Toolchain::parse_list(list).map_err(|e| ApiError::new(ErrorKind::BadInput, e))?,
+        );
+    }
+    Ok(ImageSpec::new(agent, &toolchains))
 }
 
 fn agent_preset(name: &str) -> Result<nightshift_engine_docker::image::Agent, ApiError> {

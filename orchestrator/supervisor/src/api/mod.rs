@@ -193,12 +193,20 @@ pub enum Command {
         #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
     },
-    /// The default image's reference, or an agent image's.
-    ImageRef { agent: Option<String> },
-    /// Build the default image (or an agent's) in the local engine.
+    /// The default image's reference, or an agent image's; with
+    /// toolchains (`rust`, `python`, `node`), the image holding them.
+    ImageRef {
+        agent: Option<String>,
+        #[serde(default)]
+        with: Vec<String>,
+    },
+    /// Build the default image (or an agent's, with toolchains or without)
+    /// in the local engine.
     ImageBuild {
         mirror: String,
         agent: Option<String>,
+        #[serde(default)]
+        with: Vec<String>,
     },
     /// The destinations (`STATE/destinations.toml`), checked.
     Destinations {},
@@ -691,9 +699,14 @@ impl Api {
                 actor,
                 owner_key_file.as_deref(),
             ),
-            Command::ImageRef { agent } => self.image_ref(agent.as_deref()),
-            Command::ImageBuild { mirror, agent } => {
-                self.image_build(&mirror, agent.as_deref(), progress).await
+            Command::ImageRef { agent, with } => self.image_ref(agent.as_deref(), &with),
+            Command::ImageBuild {
+                mirror,
+                agent,
+                with,
+            } => {
+                self.image_build(&mirror, agent.as_deref(), &with, progress)
+                    .await
             }
             Command::Destinations {} => self.destinations(),
             Command::Summary {} => self.summary(),
