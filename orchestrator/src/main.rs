@@ -498,8 +498,15 @@ enum ImageCommand {
         #[arg(long, env = "NIGHTSHIFT_DEBIAN_MIRROR", default_value = image::DEFAULT_MIRROR)]
         mirror: String,
         /// Build an agent image instead: claude-code, codex, mini-swe-agent, aider, python-sdks.
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["service", "postgres"])]
         agent: Option<String>,
+        /// Build the service image instead (this binary, run as `serve` or
+        /// `worker`, hosted; see docs/hosted.md).
+        #[arg(long, conflicts_with = "postgres")]
+        service: bool,
+        /// Build the PostgreSQL image of deploy/compose.yaml instead.
+        #[arg(long)]
+        postgres: bool,
     },
     /// Print the default image's reference (or an agent image's, with --agent).
     Ref {
@@ -1049,7 +1056,17 @@ async fn image_cmd(api: &Api, command: ImageCommand) -> Result<i32, i32> {
         ImageCommand::Ref { agent } => ApiCommand::ImageRef {
             agent: agent.map(|a| agent_preset(&a).map(|_| a)).transpose()?,
         },
-        ImageCommand::Build { mirror, agent } => ApiCommand::ImageBuild {
+        ImageCommand::Build {
+            mirror,
+            service: true,
+            ..
+        } => return hosted_image(api, &mirror, commands::image::Hosted::Service).await,
+        ImageCommand::Build {
+            mirror,
+            postgres: true,
+            ..
+        } => return hosted_image(api, &mirror, commands::image::Hosted::Postgres).await,
+        ImageCommand::Build { mirror, agent, .. } => ApiCommand::ImageBuild {
             mirror,
             agent: agent.map(|a| agent_preset(&a).map(|_| a)).transpose()?,
         },
@@ -1060,6 +1077,16 @@ async fn image_cmd(api: &Api, command: ImageCommand) -> Result<i32, i32> {
         .map_err(|e| fail(&e))?;
     render(&reply, false);
     Ok(reply.exit_code())
+}
+
+/// `image build --service` / `--postgres`: the reference on stdout.
+async fn hosted_image(api: &Api, mirror: &str, which: commands::image::Hosted) -> Result<i32, i32> {
+    let reference =
+        commands::image::build_hosted(api, mirror, which, &mut |line| errln!("image: {line}"))
+            .await
+            .map_err(|e| fail(&e))?;
+    outln!("{reference}");
+    Ok(exit::OK)
 }
 
 fn agent_preset(name: &str) -> Result<image::Agent, i32> {

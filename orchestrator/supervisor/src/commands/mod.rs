@@ -21,6 +21,7 @@
 
 pub mod dispatch;
 pub mod execute;
+pub mod image;
 pub mod policy;
 pub mod run;
 pub mod serve;
