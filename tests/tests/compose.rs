@@ -5,6 +5,8 @@
 //! `serve` over TLS, two workers. Tasks are enqueued through the HTTP API
 //! (a login, its CSRF token), one worker is `docker kill`ed while it runs
 //! them, and every task still ends: the other worker finishes the night.
+//! Each task also looks, from inside its sandbox, for what a worker holds
+//! (the store's and the engine's sockets, the secrets) and finds none.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -295,10 +297,12 @@ fn a_compose_night_on_two_workers_survives_a_killed_worker() {
         serde_json::from_str(login.split("\r\n\r\n").nth(1).unwrap()).unwrap();
     let csrf = json["csrf"].as_str().unwrap().to_string();
 
-    // A short night: six tasks, each a few seconds in its sandbox.
+    // A short night: six tasks, each a few seconds in its sandbox. Each
+    // also looks for what the workers hold and a sandbox must not: the
+    // store's socket, the engine's socket, the secrets (exit 9 if found).
     let task = serde_json::json!({
         "repo": repo,
-        "command": ["sh", "-c", "sleep 4; echo done > done.txt"],
+        "command": ["sh", "-c", "sleep 4; for p in /run/postgresql/.s.PGSQL.5432 /var/run/docker.sock /run/secrets/store-url; do test -e $p && exit 9; done; echo done > done.txt"],
     });
     let body = serde_json::json!({ "task": vec![task; 6] }).to_string();
     let answer = https(
@@ -349,8 +353,19 @@ fn a_compose_night_on_two_workers_survives_a_killed_worker() {
         );
         std::thread::sleep(Duration::from_millis(500));
     };
-    let done = tasks.iter().filter(|t| t["state"] == "done").count();
-    assert!(done >= 4, "only {done} of 6 done: {tasks:#?}");
+    // Each task's run exited 0 (none saw what it must not), except those
+    // the killed worker held, settled as lost.
+    let status = |t: &serde_json::Value| t["progress"]["status"].as_str().unwrap_or("").to_string();
+    for t in &tasks {
+        let s = status(t);
+        assert!(
+            s == "exited 0" || s.starts_with("lost"),
+            "task {} ended {s:?} (exited 9: a sandbox saw a worker's socket or secret): {tasks:#?}",
+            t["id"]
+        );
+    }
+    let ok = tasks.iter().filter(|t| status(t) == "exited 0").count();
+    assert!(ok >= 4, "only {ok} of 6 ran to the end: {tasks:#?}");
     let survivor = format!("{}_worker_2", project.name);
     let running = Command::new("docker")
         .args(["inspect", "-f", "{{.State.Running}}", &survivor])
