@@ -54,6 +54,15 @@ struct Cli {
     /// default), `sqlite:DIR`, or `postgres://…`.
     #[arg(long, global = true, env = "NIGHTSHIFT_STORE")]
     store: Option<String>,
+    /// A file holding the store's URL (a secret: the URL may hold a
+    /// password), read when no --store is given.
+    #[arg(long, global = true, env = "NIGHTSHIFT_STORE_FILE")]
+    store_file: Option<PathBuf>,
+    /// Hosted mode (set in the service image): `serve` and `worker` refuse
+    /// to start on a configuration a hosted deployment must not have
+    /// (docs/hosted.md).
+    #[arg(long, global = true, env = "NIGHTSHIFT_HOSTED", value_parser = clap::builder::FalseyValueParser::new())]
+    hosted: bool,
     /// How the log on stderr is written: text for a person, json (one
     /// object a line) for a collector; what is logged is set by NIGHTSHIFT_LOG.
     #[arg(
@@ -498,12 +507,19 @@ enum ImageCommand {
         #[arg(long, env = "NIGHTSHIFT_DEBIAN_MIRROR", default_value = image::DEFAULT_MIRROR)]
         mirror: String,
         /// Build an agent image instead: claude-code, codex, mini-swe-agent, aider, python-sdks.
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["service", "postgres"])]
         agent: Option<String>,
         /// Toolchains from Debian's packages on top (rust, python, node),
         /// comma-separated: the image `run --with` and `--image` take.
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["service", "postgres"])]
         with: Option<String>,
+        /// Build the service image instead (this binary, run as `serve` or
+        /// `worker`, hosted; see docs/hosted.md).
+        #[arg(long, conflicts_with = "postgres")]
+        service: bool,
+        /// Build the PostgreSQL image of deploy/compose.yaml instead.
+        #[arg(long)]
+        postgres: bool,
     },
     /// Print the default image's reference (or an agent image's, with
     /// --agent; with toolchains, with --with).
@@ -692,11 +708,72 @@ async fn dispatch(cli: Cli) -> i32 {
                 .and_then(|t| t.get("store")?.get("url")?.as_str().map(str::to_string))
         }
     };
-    let stores = match build_stores(&root, cli.store.as_deref().or(configured.as_deref())) {
+    let from_file = match (&cli.store, &configured, &cli.store_file) {
+        (None, None, Some(file)) => match std::fs::read_to_string(file) {
+            Ok(text) => Some(text.trim().to_string()),
+            Err(e) => {
+                errln!(
+                    "nightshift: reading the store's URL from {} (NIGHTSHIFT_STORE_FILE): {e}",
+                    terminal::line(&file.display().to_string())
+                );
+                return exit::BAD_INPUT;
+            }
+        },
+        _ => None,
+    };
+    let store_setting = match (&cli.store, &configured, &from_file) {
+        (Some(url), _, _) => Some(commands::hosted::Setting {
+            value: url.clone(),
+            from: "--store / NIGHTSHIFT_STORE".into(),
+        }),
+        (None, Some(url), _) => Some(commands::hosted::Setting {
+            value: url.clone(),
+            from: format!(
+                "[store] url in {}",
+                config
+                    .clone()
+                    .unwrap_or_else(|| root.join("config.toml"))
+                    .display()
+            ),
+        }),
+        (None, None, Some(url)) => Some(commands::hosted::Setting {
+            value: url.clone(),
+            from: "NIGHTSHIFT_STORE_FILE".into(),
+        }),
+        _ => None,
+    };
+    let stores = match build_stores(&root, store_setting.as_ref().map(|s| s.value.as_str())) {
         Ok(s) => s,
         Err(code) => return code,
     };
     let api = Api::new(stores.clone(), config.clone());
+    if cli.hosted {
+        let start = match &cli.command {
+            Command::Serve(args) => Some(commands::hosted::Start {
+                role: commands::hosted::Role::Serve,
+                store: store_setting.clone(),
+                dashboard: Some(commands::hosted::Dashboard {
+                    bind: args.bind,
+                    tls: args.tls_cert.is_some(),
+                }),
+                tls_key: args.tls_key.clone(),
+                store_file: from_file.as_ref().and(cli.store_file.clone()),
+            }),
+            Command::Worker { .. } => Some(commands::hosted::Start {
+                role: commands::hosted::Role::Worker,
+                store: store_setting.clone(),
+                dashboard: None,
+                tls_key: None,
+                store_file: from_file.as_ref().and(cli.store_file.clone()),
+            }),
+            _ => None,
+        };
+        if let Some(start) = start {
+            if let Err(e) = commands::hosted::check(&api, start) {
+                return fail(&e);
+            }
+        }
+    }
     let result = match cli.command {
         Command::Image { command } => image_cmd(&api, command).await,
         Command::Run(args) => run_cmd(&api, args).await,
@@ -1066,8 +1143,16 @@ async fn image_cmd(api: &Api, command: ImageCommand) -> Result<i32, i32> {
         },
         ImageCommand::Build {
             mirror,
-            agent,
-            with,
+            service: true,
+            ..
+        } => return hosted_image(api, &mirror, commands::image::Hosted::Service).await,
+        ImageCommand::Build {
+            mirror,
+            postgres: true,
+            ..
+        } => return hosted_image(api, &mirror, commands::image::Hosted::Postgres).await,
+        ImageCommand::Build {
+            mirror, agent, with, ..
         } => ApiCommand::ImageBuild {
             mirror,
             agent: agent.map(|a| agent_preset(&a).map(|_| a)).transpose()?,
@@ -1083,6 +1168,16 @@ async fn image_cmd(api: &Api, command: ImageCommand) -> Result<i32, i32> {
         .map_err(|e| fail(&e))?;
     render(&reply, false);
     Ok(reply.exit_code())
+}
+
+/// `image build --service` / `--postgres`: the reference on stdout.
+async fn hosted_image(api: &Api, mirror: &str, which: commands::image::Hosted) -> Result<i32, i32> {
+    let reference =
+        commands::image::build_hosted(api, mirror, which, &mut |line| errln!("image: {line}"))
+            .await
+            .map_err(|e| fail(&e))?;
+    outln!("{reference}");
+    Ok(exit::OK)
 }
 
 fn agent_preset(name: &str) -> Result<image::Agent, i32> {

@@ -52,7 +52,10 @@ pub enum ImageError {
     },
 }
 
-fn io<'a>(doing: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ImageError + 'a {
+pub(crate) fn io<'a>(
+    doing: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> ImageError + 'a {
     move |source| ImageError::Io {
         doing,
         path: path.to_path_buf(),
@@ -85,7 +88,7 @@ fn config_json(layer_diff_id: &str, inputs_digest: &str) -> String {
 
 /// SHA-256 over the parts, each prefixed with its length: two different
 /// lists of parts never hash the same bytes.
-fn digest_parts<P: AsRef<str>>(parts: &[P]) -> String {
+pub(crate) fn digest_parts<P: AsRef<str>>(parts: &[P]) -> String {
     let mut h = Sha256::new();
     for part in parts {
         let part = part.as_ref();
@@ -533,13 +536,17 @@ async fn build_recipe(
         let archive = archive.clone();
         let reference = reference.clone();
         let digest = digest.clone();
-        tokio::task::spawn_blocking(move || assemble(&rootfs, &archive, &reference, &digest))
-            .await
-            .map_err(|e| ImageError::Io {
-                doing: "assembling",
-                path: scratch.clone(),
-                source: std::io::Error::other(e.to_string()),
-            })??
+        tokio::task::spawn_blocking(move || {
+            assemble(&rootfs, &archive, &reference, |diff| {
+                config_json(diff, &digest)
+            })
+        })
+        .await
+        .map_err(|e| ImageError::Io {
+            doing: "assembling",
+            path: scratch.clone(),
+            source: std::io::Error::other(e.to_string()),
+        })??
     };
     progress("loading the image into the engine");
     engine.load_image(&archive).await?;
@@ -558,7 +565,7 @@ async fn build_recipe(
 
 /// Runs one of the recipe scripts with `args`, passing its `image:` lines
 /// to `progress`; its last lines of stderr name a failure.
-async fn run_script(
+pub(crate) async fn run_script(
     script: &Path,
     args: &[&std::ffi::OsStr],
     progress: &mut impl FnMut(&str),
@@ -605,11 +612,11 @@ async fn run_script(
 
 /// Writes a `docker save`-layout archive holding the root filesystem as its
 /// one layer; returns the image id it will have.
-fn assemble(
+pub(crate) fn assemble(
     rootfs: &Path,
     archive: &Path,
     reference: &str,
-    inputs: &str,
+    config_of: impl FnOnce(&str) -> String,
 ) -> Result<String, ImageError> {
     let mut hasher = Sha256::new();
     let mut f = std::fs::File::open(rootfs).map_err(io("reading", rootfs))?;
@@ -623,7 +630,7 @@ fn assemble(
     }
     let layer_hex = hex::encode(hasher.finalize());
     let diff_id = format!("sha256:{layer_hex}");
-    let config = config_json(&diff_id, inputs).into_bytes();
+    let config = config_of(&diff_id).into_bytes();
     let config_hex = hex::encode(Sha256::digest(&config));
     let manifest = format!(
         r#"[{{"Config":"{config_hex}.json","RepoTags":[{}],"Layers":["{layer_hex}/layer.tar"]}}]"#,
@@ -852,11 +859,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let rootfs = dir.path().join("rootfs.tar");
         std::fs::write(&rootfs, b"not really a tar, but bytes are bytes").unwrap();
-        let a = assemble(&rootfs, &dir.path().join("a.tar"), "x:1", "d").unwrap();
-        let b = assemble(&rootfs, &dir.path().join("b.tar"), "x:1", "d").unwrap();
+        let a = assemble(&rootfs, &dir.path().join("a.tar"), "x:1", |d| {
+            config_json(d, "d")
+        })
+        .unwrap();
+        let b = assemble(&rootfs, &dir.path().join("b.tar"), "x:1", |d| {
+            config_json(d, "d")
+        })
+        .unwrap();
         assert_eq!(a, b);
         std::fs::write(&rootfs, b"different bytes").unwrap();
-        let c = assemble(&rootfs, &dir.path().join("c.tar"), "x:1", "d").unwrap();
+        let c = assemble(&rootfs, &dir.path().join("c.tar"), "x:1", |d| {
+            config_json(d, "d")
+        })
+        .unwrap();
         assert_ne!(a, c);
     }
 }
