@@ -288,6 +288,7 @@ enum TasksCommand {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("task_text").args(["task", "task_file"])))]
 struct EnqueueArgs {
     /// A tasks file: `[[task]]` tables (docs/api.md), started in order.
     #[arg(long, conflicts_with_all = ["repo", "task", "task_file", "image", "command", "agent", "dry_run"])]
@@ -297,8 +298,9 @@ struct EnqueueArgs {
     #[arg(long)]
     dry_run: bool,
     /// A real agent by its preset (claude-code, codex, mini-swe-agent, aider,
-    /// python-sdks) instead of a command; see docs/agents.md.
-    #[arg(long, conflicts_with = "command")]
+    /// python-sdks) instead of a command; see docs/agents.md. It needs
+    /// --task or --task-file: the task is what the agent is asked to do.
+    #[arg(long, conflicts_with = "command", requires = "task_text")]
     agent: Option<String>,
     /// The model the preset's agent asks the gateway for.
     #[arg(long, requires = "agent")]
@@ -525,6 +527,7 @@ enum AuditCommand {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("task_text").args(["task", "task_file"])))]
 struct RunArgs {
     /// The repository to work on.
     #[arg(long)]
@@ -573,8 +576,9 @@ struct RunArgs {
     dry_run: bool,
     /// Run a real agent by its preset (claude-code, codex, mini-swe-agent,
     /// aider, python-sdks): its image (`image build --agent`), command line
-    /// and environment; see docs/agents.md.
-    #[arg(long, conflicts_with = "command")]
+    /// and environment; see docs/agents.md. It needs --task or
+    /// --task-file: the task is what the agent is asked to do.
+    #[arg(long, conflicts_with = "command", requires = "task_text")]
     agent: Option<String>,
     /// The model the preset's agent asks the gateway for.
     #[arg(long, requires = "agent")]
@@ -1112,7 +1116,9 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
             errln!("nightshift: {e}");
             exit::USAGE
         })?;
-        prepared = prepared.with_agent(agent, preset).map_err(|e| fail(&e))?;
+        prepared = prepared
+            .with_agent(api, agent, model.as_deref(), preset)
+            .map_err(|e| fail(&e))?;
     }
     let record = commands::run::run(api, prepared, &warn)
         .await

@@ -233,7 +233,7 @@ impl<E: ContainerEngine, S: StateStore> Supervisor<E, S> {
         store.put_run(record)
     }
 
-    fn paths(&self) -> nightshift_core::state_store::StatePaths {
+    pub(crate) fn paths(&self) -> nightshift_core::state_store::StatePaths {
         let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
         nightshift_core::state_store::StatePaths::new(store.root().to_path_buf())
     }
