@@ -197,6 +197,32 @@ pub fn check_ready(agent: Agent, model: Option<&str>, root: &Path) -> Result<(),
         })
 }
 
+/// Names at the worktree's top that `agent` writes for itself (its chat
+/// and input history, its caches): left out of the run's result unless
+/// the tip tracks them (`orchestrator_git::ImportSpec::leave_out`).
+pub fn bookkeeping(agent: Agent) -> &'static [&'static str] {
+    match agent {
+        Agent::Aider => &[
+            ".aider.chat.history.md",
+            ".aider.input.history",
+            ".aider.llm.history",
+            ".aider.tags.cache.v*",
+        ],
+        Agent::ClaudeCode | Agent::Codex | Agent::MiniSweAgent | Agent::PythonSdks => &[],
+    }
+}
+
+/// The preset whose image a run's `image` reference names
+/// (`nightshift-agent-PRESET:...`), if any.
+pub fn of_image(image: &str) -> Option<Agent> {
+    Agent::ALL.into_iter().find(|a| {
+        image
+            .strip_prefix("nightshift-agent-")
+            .and_then(|rest| rest.strip_prefix(a.name()))
+            .is_some_and(|rest| rest.starts_with(':'))
+    })
+}
+
 /// The command every agent image runs: its preset's `run.sh`.
 pub const ENTRYPOINT: &str = "nightshift-agent";
 /// The variable the preset's script reads the model name from.
@@ -309,6 +335,21 @@ mod tests {
             e.contains("\".aider.conf.yml\"") && e.contains("aider preset"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn aiders_bookkeeping_is_left_out_of_its_runs_results() {
+        for agent in Agent::ALL {
+            assert_eq!(of_image(&agent.reference()), Some(agent));
+        }
+        assert_eq!(of_image("nightshift-sandbox:abc"), None);
+        assert_eq!(of_image("nightshift-agent-aiderx:abc"), None);
+        let aider = bookkeeping(Agent::Aider);
+        for name in [".aider.chat.history.md", ".aider.input.history"] {
+            assert!(aider.contains(&name), "{name}");
+        }
+        assert!(aider.contains(&".aider.tags.cache.v*"));
+        assert!(bookkeeping(Agent::ClaudeCode).is_empty());
     }
 
     #[test]
