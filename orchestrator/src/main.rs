@@ -845,6 +845,7 @@ async fn execute_cmd(api: &Api, watch: bool, lease_secs: i64) -> Result<i32, i32
 
 /// `worker`: the queue's runs and the executor until SIGINT or SIGTERM.
 async fn worker_cmd(api: &Api, max_parallel: usize, lease_secs: i64) -> Result<i32, i32> {
+    warn_rules_left_out(api, None);
     let (tx, rx) = tokio::sync::watch::channel(false);
     let signal = Arc::new(Mutex::new(None));
     let seen = signal.clone();
@@ -888,6 +889,20 @@ async fn worker_cmd(api: &Api, max_parallel: usize, lease_secs: i64) -> Result<i
 /// Where the library's warnings go: stderr, after the program's name.
 fn warn(line: &str) {
     errln!("nightshift: {line}");
+}
+
+/// Warns, loudly, when the rule files in force (`rules`, else
+/// `STATE/rules/`) leave out shipped rules (`policy::shipped_rules_left_out`).
+fn warn_rules_left_out(api: &Api, rules: Option<&std::path::Path>) {
+    let Ok(store) = api.open_state() else {
+        return;
+    };
+    if let Ok(left) = orchestrator::policy::shipped_rules_left_out(&*store, rules) {
+        let source = orchestrator::policy::rules_source(&*store, rules);
+        if let Some(w) = orchestrator::policy::left_out_warning(&left, &source) {
+            warn(&w);
+        }
+    }
 }
 
 /// Prints an error of the API and gives its exit code.
@@ -1085,6 +1100,7 @@ fn span_arg(s: &str) -> Result<std::time::Duration, String> {
 /// `--model` are parsed into a preset here (a usage error, exit 2), after
 /// the order is checked against the configuration, as they always were.
 async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
+    warn_rules_left_out(api, None);
     let json = args.json;
     let agent = args.agent.map(|name| (name, args.model));
     let order = commands::run::RunOrder {
@@ -1583,7 +1599,8 @@ async fn policy_cmd(api: &Api, args: PolicyArgs) -> Result<i32, i32> {
             }
         }
         PolicyCommand::List { json, actor } => {
-            return respond(api, ApiCommand::PolicyList { rules, actor }, json).await
+            warn_rules_left_out(api, rules.as_deref());
+            return respond(api, ApiCommand::PolicyList { rules, actor }, json).await;
         }
         PolicyCommand::Declare {
             file,
@@ -1983,6 +2000,7 @@ fn render_destinations(
 /// the run queue in process and the act executor beside it, with one
 /// watchdog for the whole process (`commands::serve`).
 async fn serve_cmd(api: &Api, args: ServeArgs) -> Result<i32, i32> {
+    warn_rules_left_out(api, None);
     let prepared = commands::serve::prepare(api, &warn).map_err(|e| fail(&e))?;
     let opts = orchestrator::serve::ServeOptions {
         front: prepared.front,
