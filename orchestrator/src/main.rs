@@ -1143,6 +1143,17 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
         outln!("{}", terminal::json(&record, true));
     } else {
         print_summary(&record);
+        // What the run left for the morning: its acts and refused requests.
+        match api
+            .execute(ApiCommand::Show {
+                run: record.id.clone(),
+            })
+            .await
+        {
+            Ok(Reply::Run(view)) => print_acts_and_refusals(&view.acts, &view.refusals),
+            Ok(_) => {}
+            Err(e) => warn(&format!("listing the run's acts: {e}")),
+        }
     }
     Ok(orchestrator::api::run_exit_code(&record))
 }
@@ -1217,6 +1228,7 @@ fn render_show(view: &RunView, json: bool) {
         run,
         audit: entries,
         refusals: refused,
+        acts,
     } = view;
     let model_calls: Vec<(u64, serde_json::Value)> = entries
         .iter()
@@ -1273,12 +1285,7 @@ fn render_show(view: &RunView, json: bool) {
             );
         }
     }
-    if !refused.is_empty() {
-        outln!("  refused door requests ({}):", refused.len());
-        for r in refused {
-            outln!("    {}", refusal_line(r));
-        }
-    }
+    print_acts_and_refusals(acts, refused);
     if model.calls > 0 {
         outln!(
             "  model calls: {} ({} refused, {} without usage); tokens {} of {} (input {}, output {}, cached {})",
@@ -1932,6 +1939,36 @@ fn render_queue(view: &QueueView, json: bool) {
             terminal::line(&r.act.id),
             terminal::line(&r.status)
         );
+    }
+}
+
+/// A run's queued acts and refused door requests, as `run` and `show`
+/// print them (each value escaped).
+fn print_acts_and_refusals(
+    acts: &[orchestrator::api::RunAct],
+    refused: &[orchestrator::acts::Refusal],
+) {
+    if !acts.is_empty() {
+        outln!("  acts queued ({}; review: nightshift queue):", acts.len());
+        for a in acts {
+            outln!(
+                "    {}  {:<10} {} to {}{}",
+                terminal::line(&a.id),
+                terminal::line(&a.status),
+                terminal::line(&a.door),
+                terminal::line(&a.destination),
+                a.target
+                    .as_deref()
+                    .map(|t| format!(" {}", terminal::line(t)))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    if !refused.is_empty() {
+        outln!("  refused door requests ({}):", refused.len());
+        for r in refused {
+            outln!("    {}", refusal_line(r));
+        }
     }
 }
 

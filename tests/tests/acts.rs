@@ -796,3 +796,34 @@ fn the_queue_is_bounded_per_night_and_per_repository_and_a_run_is_rejected_at_on
     assert!(stderr(&out).contains("no run"), "{}", stderr(&out));
     assert!(m.state.verify().status.success());
 }
+
+/// The text output of `run` and of `show` lists what the run left for the
+/// morning: its queued acts and its refused door requests.
+#[test]
+fn run_and_show_list_the_runs_queued_acts_and_refused_requests() {
+    let state = State::new();
+    let repo = make_repo();
+    let out = state.run(&[
+        "run",
+        "--repo",
+        repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--",
+        "bash",
+        "-c",
+        "echo q > q.txt; nightshift-act ask --file q.txt; nightshift-act notify nowhere --file q.txt; true",
+    ]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let id = only_run(&state)["id"].as_str().unwrap().to_string();
+    let shown = state.run(&["show", &id]);
+    for text in [stdout(&out), stdout(&shown)] {
+        assert!(
+            text.contains("acts queued (1; review: nightshift queue):"),
+            "{text}"
+        );
+        assert!(text.contains("pending    ask to "), "{text}");
+        assert!(text.contains("refused door requests (1):"), "{text}");
+        assert!(text.contains("notify to nowhere"), "{text}");
+    }
+}
