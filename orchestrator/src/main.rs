@@ -1998,7 +1998,8 @@ fn render_destinations(
     for p in problems {
         errln!("nightshift: {}", terminal::line(p));
     }
-    if !problems.is_empty() {
+    // The listing still shows when only credential files failed their check.
+    if !problems.is_empty() && listed.is_none() {
         return;
     }
     let Some(listed) = listed else {

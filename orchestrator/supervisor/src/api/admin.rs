@@ -451,6 +451,8 @@ impl Api {
             });
         }
         let (listed, problems) = match Destinations::load(&path) {
+            // Each credential file is checked as the executor will read it:
+            // a token file readable by everyone fails now, not in the morning.
             Ok(dest) => (
                 Some(
                     dest.listing()
@@ -458,7 +460,7 @@ impl Api {
                         .map(|l| serde_json::to_value(l).unwrap_or_default())
                         .collect(),
                 ),
-                Vec::new(),
+                dest.secret_problems(),
             ),
             Err(ConfigError::Invalid { origin, problems }) => (
                 None,
