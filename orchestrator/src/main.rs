@@ -1736,6 +1736,25 @@ fn render_act(d: &ActDetail) {
         "destination: {}",
         terminal::line(&d.act.routing.destination)
     );
+    // Why it failed, in the destination's own words where it gave some
+    // (sanitised and bounded by the executor: `ExecError::audit_reason`).
+    match &d.state {
+        deferred_queue::State::Failed { reason, attempts } => {
+            outln!(
+                "failed after {attempts} attempt(s): {}",
+                terminal::line(reason)
+            )
+        }
+        deferred_queue::State::AwaitingRetry {
+            last_failure,
+            attempts,
+            ..
+        } => outln!(
+            "attempt {attempts} failed, retrying: {}",
+            terminal::line(last_failure)
+        ),
+        _ => {}
+    }
     if let Some(stale) = &d.stale {
         outln!("stale: {}", terminal::block(stale.why.as_bytes()));
         if let Some(orchestrator::api::Lease { bound, now }) = &stale.lease {
