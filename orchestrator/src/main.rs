@@ -217,6 +217,10 @@ enum Command {
     Destinations {
         #[arg(long)]
         json: bool,
+        /// Also ask each remote and forge whether it accepts the credential
+        /// (a ref listing, an authenticated read), changing nothing.
+        #[arg(long)]
+        probe: bool,
     },
     /// The morning summary: print it, or send it to the configured notify
     /// destination (counts and ids only).
@@ -812,7 +816,9 @@ async fn dispatch(cli: Cli) -> i32 {
         }
         Command::Enqueue(args) => enqueue_cmd(&api, args).await,
         Command::Tasks { command, json } => tasks_cmd(&api, command, json).await,
-        Command::Destinations { json } => respond(&api, ApiCommand::Destinations {}, json).await,
+        Command::Destinations { json, probe } => {
+            respond(&api, ApiCommand::Destinations { probe }, json).await
+        }
         Command::Summary { send, due, json } => {
             let command = if send || due {
                 ApiCommand::SummarySend { due }

@@ -429,3 +429,59 @@ fn the_destinations_command_checks_every_credential_file() {
     assert!(!err.contains(TOKEN) && !err.contains(HOOK_KEY), "{err}");
     assert!(stdout(&out).contains("https://github.com/owner/name.git"));
 }
+
+/// `destinations --probe` asks each remote for its refs and each forge for
+/// its open pull requests with the configured credential, changing
+/// nothing: a wrong password and a wrong token are named, right ones pass.
+#[test]
+fn destinations_probe_asks_each_destination_whether_it_takes_the_credential() {
+    use tests::loopback::ForgeServer;
+    let state = State::new();
+    let remote_dir = tempfile::tempdir().unwrap();
+    let bare = remote_dir.path().join("origin.git");
+    git(
+        remote_dir.path(),
+        &["init", "-q", "--bare", bare.to_str().unwrap()],
+    );
+    let server = GitHttpServer::start(&bare, "nightshift", "right-password");
+    let forge = ForgeServer::start("right-token");
+    let secrets = state.path().join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    let write = |pw: &str, token: &str| {
+        let pw = secret(&secrets, "pw", pw);
+        let token = secret(&secrets, "token", token);
+        std::fs::write(
+            state.path().join("destinations.toml"),
+            format!(
+                "[remotes.origin]\nurl = \"{}\"\nreaders = \"private\"\nusername = \"nightshift\"\npassword_file = \"{}\"\n\n\
+                 [forges.forge]\napi = \"{}\"\nrepo = \"owner/name\"\nremote = \"origin\"\ntoken_file = \"{}\"\nreaders = \"private\"\n",
+                server.url(),
+                pw.display(),
+                forge.url(),
+                token.display()
+            ),
+        )
+        .unwrap();
+    };
+    write("wrong-password", "wrong-token");
+    // Without --probe nothing is asked: the files themselves are sound.
+    let out = state.run(&["destinations"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = state.run(&["destinations", "--probe"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("remotes.origin: probe: ") && err.contains("refused the credential"),
+        "{err}"
+    );
+    assert!(err.contains("forges.forge: probe: "), "{err}");
+    assert!(
+        !err.contains("wrong-password") && !err.contains("wrong-token"),
+        "{err}"
+    );
+    write("right-password", "right-token");
+    let out = state.run(&["destinations", "--probe"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Nothing changed at the remote.
+    assert_eq!(git(&bare, &["for-each-ref"]).trim(), "");
+}

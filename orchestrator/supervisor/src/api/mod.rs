@@ -200,8 +200,14 @@ pub enum Command {
         mirror: String,
         agent: Option<String>,
     },
-    /// The destinations (`STATE/destinations.toml`), checked.
-    Destinations {},
+    /// The destinations (`STATE/destinations.toml`), checked; with `probe`,
+    /// each remote and forge is also asked, without changing anything,
+    /// whether it accepts the credential (a ref listing; an authenticated
+    /// read of the forge's pull requests).
+    Destinations {
+        #[serde(default)]
+        probe: bool,
+    },
     /// The morning summary.
     Summary {},
     /// Send the morning summary now (or when `due`: if its time has passed).
@@ -712,7 +718,12 @@ impl Api {
             Command::ImageBuild { mirror, agent } => {
                 self.image_build(&mirror, agent.as_deref(), progress).await
             }
-            Command::Destinations {} => self.destinations(),
+            Command::Destinations { probe } => {
+                let api = self.clone();
+                tokio::task::spawn_blocking(move || api.destinations(probe))
+                    .await
+                    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
+            }
             Command::Summary {} => self.summary(),
             Command::SummarySend { due } => self.summary_send(due),
             Command::UsersAdd {
