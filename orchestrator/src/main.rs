@@ -226,6 +226,10 @@ enum Command {
     Destinations {
         #[arg(long)]
         json: bool,
+        /// Also ask each remote and forge whether it accepts the credential
+        /// (a ref listing, an authenticated read), changing nothing.
+        #[arg(long)]
+        probe: bool,
     },
     /// The morning summary: print it, or send it to the configured notify
     /// destination (counts and ids only).
@@ -297,6 +301,7 @@ enum TasksCommand {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("task_text").args(["task", "task_file"])))]
 struct EnqueueArgs {
     /// A tasks file: `[[task]]` tables (docs/api.md), started in order.
     #[arg(long, conflicts_with_all = ["repo", "task", "task_file", "image", "command", "agent", "dry_run"])]
@@ -306,8 +311,9 @@ struct EnqueueArgs {
     #[arg(long)]
     dry_run: bool,
     /// A real agent by its preset (claude-code, codex, mini-swe-agent, aider,
-    /// python-sdks) instead of a command; see docs/agents.md.
-    #[arg(long, conflicts_with = "command")]
+    /// python-sdks) instead of a command; see docs/agents.md. It needs
+    /// --task or --task-file: the task is what the agent is asked to do.
+    #[arg(long, conflicts_with = "command", requires = "task_text")]
     agent: Option<String>,
     /// The model the preset's agent asks the gateway for.
     #[arg(long, requires = "agent")]
@@ -548,6 +554,7 @@ enum AuditCommand {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("task_text").args(["task", "task_file"])))]
 struct RunArgs {
     /// The repository to work on.
     #[arg(long)]
@@ -596,8 +603,9 @@ struct RunArgs {
     dry_run: bool,
     /// Run a real agent by its preset (claude-code, codex, mini-swe-agent,
     /// aider, python-sdks): its image (`image build --agent`), command line
-    /// and environment; see docs/agents.md.
-    #[arg(long, conflicts_with = "command")]
+    /// and environment; see docs/agents.md. It needs --task or
+    /// --task-file: the task is what the agent is asked to do.
+    #[arg(long, conflicts_with = "command", requires = "task_text")]
     agent: Option<String>,
     /// The model the preset's agent asks the gateway for.
     #[arg(long, requires = "agent")]
@@ -896,7 +904,9 @@ async fn dispatch(cli: Cli) -> i32 {
         }
         Command::Enqueue(args) => enqueue_cmd(&api, args).await,
         Command::Tasks { command, json } => tasks_cmd(&api, command, json).await,
-        Command::Destinations { json } => respond(&api, ApiCommand::Destinations {}, json).await,
+        Command::Destinations { json, probe } => {
+            respond(&api, ApiCommand::Destinations { probe }, json).await
+        }
         Command::Summary { send, due, json } => {
             let command = if send || due {
                 ApiCommand::SummarySend { due }
@@ -929,6 +939,7 @@ async fn execute_cmd(api: &Api, watch: bool, lease_secs: i64) -> Result<i32, i32
 
 /// `worker`: the queue's runs and the executor until SIGINT or SIGTERM.
 async fn worker_cmd(api: &Api, max_parallel: usize, lease_secs: i64) -> Result<i32, i32> {
+    warn_rules_left_out(api, None);
     let (tx, rx) = tokio::sync::watch::channel(false);
     let signal = Arc::new(Mutex::new(None));
     let seen = signal.clone();
@@ -972,6 +983,20 @@ async fn worker_cmd(api: &Api, max_parallel: usize, lease_secs: i64) -> Result<i
 /// Where the library's warnings go: stderr, after the program's name.
 fn warn(line: &str) {
     errln!("nightshift: {line}");
+}
+
+/// Warns, loudly, when the rule files in force (`rules`, else
+/// `STATE/rules/`) leave out shipped rules (`policy::shipped_rules_left_out`).
+fn warn_rules_left_out(api: &Api, rules: Option<&std::path::Path>) {
+    let Ok(store) = api.open_state() else {
+        return;
+    };
+    if let Ok(left) = orchestrator::policy::shipped_rules_left_out(&*store, rules) {
+        let source = orchestrator::policy::rules_source(&*store, rules);
+        if let Some(w) = orchestrator::policy::left_out_warning(&left, &source) {
+            warn(&w);
+        }
+    }
 }
 
 /// Prints an error of the API and gives its exit code.
@@ -1210,6 +1235,7 @@ fn span_arg(s: &str) -> Result<std::time::Duration, String> {
 /// `--model` are parsed into a preset here (a usage error, exit 2), after
 /// the order is checked against the configuration, as they always were.
 async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
+    warn_rules_left_out(api, None);
     let json = args.json;
     let agent = args.agent.map(|name| (name, args.model));
     let with = toolchains(args.with.as_deref())?;
@@ -1243,7 +1269,9 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
             errln!("nightshift: {e}");
             exit::USAGE
         })?;
-        prepared = prepared.with_agent(agent, preset).map_err(|e| fail(&e))?;
+        prepared = prepared
+            .with_agent(api, agent, model.as_deref(), preset)
+            .map_err(|e| fail(&e))?;
     }
     let record = commands::run::run(api, prepared, &warn)
         .await
@@ -1252,6 +1280,17 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
         outln!("{}", terminal::json(&record, true));
     } else {
         print_summary(&record);
+        // What the run left for the morning: its acts and refused requests.
+        match api
+            .execute(ApiCommand::Show {
+                run: record.id.clone(),
+            })
+            .await
+        {
+            Ok(Reply::Run(view)) => print_acts_and_refusals(&view.acts, &view.refusals),
+            Ok(_) => {}
+            Err(e) => warn(&format!("listing the run's acts: {e}")),
+        }
     }
     Ok(orchestrator::api::run_exit_code(&record))
 }
@@ -1326,6 +1365,7 @@ fn render_show(view: &RunView, json: bool) {
         run,
         audit: entries,
         refusals: refused,
+        acts,
     } = view;
     let model_calls: Vec<(u64, serde_json::Value)> = entries
         .iter()
@@ -1382,12 +1422,7 @@ fn render_show(view: &RunView, json: bool) {
             );
         }
     }
-    if !refused.is_empty() {
-        outln!("  refused door requests ({}):", refused.len());
-        for r in refused {
-            outln!("    {}", refusal_line(r));
-        }
-    }
+    print_acts_and_refusals(acts, refused);
     if model.calls > 0 {
         outln!(
             "  model calls: {} ({} refused, {} without usage); tokens {} of {} (input {}, output {}, cached {})",
@@ -1708,7 +1743,8 @@ async fn policy_cmd(api: &Api, args: PolicyArgs) -> Result<i32, i32> {
             }
         }
         PolicyCommand::List { json, actor } => {
-            return respond(api, ApiCommand::PolicyList { rules, actor }, json).await
+            warn_rules_left_out(api, rules.as_deref());
+            return respond(api, ApiCommand::PolicyList { rules, actor }, json).await;
         }
         PolicyCommand::Declare {
             file,
@@ -1837,6 +1873,25 @@ fn render_act(d: &ActDetail) {
         "destination: {}",
         terminal::line(&d.act.routing.destination)
     );
+    // Why it failed, in the destination's own words where it gave some
+    // (sanitised and bounded by the executor: `ExecError::audit_reason`).
+    match &d.state {
+        deferred_queue::State::Failed { reason, attempts } => {
+            outln!(
+                "failed after {attempts} attempt(s): {}",
+                terminal::line(reason)
+            )
+        }
+        deferred_queue::State::AwaitingRetry {
+            last_failure,
+            attempts,
+            ..
+        } => outln!(
+            "attempt {attempts} failed, retrying: {}",
+            terminal::line(last_failure)
+        ),
+        _ => {}
+    }
     if let Some(stale) = &d.stale {
         outln!("stale: {}", terminal::block(stale.why.as_bytes()));
         if let Some(orchestrator::api::Lease { bound, now }) = &stale.lease {
@@ -2043,6 +2098,36 @@ fn render_queue(view: &QueueView, json: bool) {
     }
 }
 
+/// A run's queued acts and refused door requests, as `run` and `show`
+/// print them (each value escaped).
+fn print_acts_and_refusals(
+    acts: &[orchestrator::api::RunAct],
+    refused: &[orchestrator::acts::Refusal],
+) {
+    if !acts.is_empty() {
+        outln!("  acts queued ({}; review: nightshift queue):", acts.len());
+        for a in acts {
+            outln!(
+                "    {}  {:<10} {} to {}{}",
+                terminal::line(&a.id),
+                terminal::line(&a.status),
+                terminal::line(&a.door),
+                terminal::line(&a.destination),
+                a.target
+                    .as_deref()
+                    .map(|t| format!(" {}", terminal::line(t)))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    if !refused.is_empty() {
+        outln!("  refused door requests ({}):", refused.len());
+        for r in refused {
+            outln!("    {}", refusal_line(r));
+        }
+    }
+}
+
 /// One refused door request on one line: when, which door, where to, and
 /// the rule (or label check) that refused it.
 fn refusal_line(r: &orchestrator::acts::Refusal) -> String {
@@ -2069,7 +2154,8 @@ fn render_destinations(
     for p in problems {
         errln!("nightshift: {}", terminal::line(p));
     }
-    if !problems.is_empty() {
+    // The listing still shows when only credential files failed their check.
+    if !problems.is_empty() && listed.is_none() {
         return;
     }
     let Some(listed) = listed else {
@@ -2108,6 +2194,7 @@ fn render_destinations(
 /// the run queue in process and the act executor beside it, with one
 /// watchdog for the whole process (`commands::serve`).
 async fn serve_cmd(api: &Api, args: ServeArgs) -> Result<i32, i32> {
+    warn_rules_left_out(api, None);
     let prepared = commands::serve::prepare(api, &warn).map_err(|e| fail(&e))?;
     let opts = orchestrator::serve::ServeOptions {
         front: prepared.front,

@@ -434,7 +434,7 @@ impl Api {
         Ok(Reply::ImageRef { reference })
     }
 
-    pub(super) fn destinations(&self) -> Result<Reply, ApiError> {
+    pub(super) fn destinations(&self, probe: bool) -> Result<Reply, ApiError> {
         use orchestrator_executors::{ConfigError, Destinations};
         let path = self.root.join("destinations.toml");
         if !path.exists() {
@@ -445,15 +445,24 @@ impl Api {
             });
         }
         let (listed, problems) = match Destinations::load(&path) {
-            Ok(dest) => (
-                Some(
-                    dest.listing()
-                        .iter()
-                        .map(|l| serde_json::to_value(l).unwrap_or_default())
-                        .collect(),
-                ),
-                Vec::new(),
-            ),
+            // Each credential file is checked as the executor will read it:
+            // a token file readable by everyone fails now, not in the morning.
+            Ok(dest) => {
+                let mut problems = dest.secret_problems();
+                // Probing sends a credential: only once every file is sound.
+                if probe && problems.is_empty() {
+                    problems.extend(probe_destinations(&dest));
+                }
+                (
+                    Some(
+                        dest.listing()
+                            .iter()
+                            .map(|l| serde_json::to_value(l).unwrap_or_default())
+                            .collect(),
+                    ),
+                    problems,
+                )
+            }
             Err(ConfigError::Invalid { origin, problems }) => (
                 None,
                 problems.iter().map(|p| format!("{origin}: {p}")).collect(),
@@ -764,4 +773,29 @@ fn repeated_repo_lines(repo: &str, base: &str, body: &[u8]) -> Vec<String> {
 /// absolute before a command leaves its process (`serve` has another).
 pub fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Asks each remote for its refs and each forge for its open pull requests
+/// (reads only, with the configured credential): one problem for each
+/// that refuses or cannot be reached. Messages are not probed: sending one
+/// is the only way to try a webhook.
+fn probe_destinations(dest: &orchestrator_executors::Destinations) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (alias, remote) in &dest.remotes {
+        if let Err(e) = orchestrator_executors::remote_heads(remote) {
+            problems.push(format!("remotes.{alias}: probe: {e}"));
+        }
+    }
+    for (alias, forge) in &dest.forges {
+        let probe = orchestrator_executors::find_pull_request(
+            forge,
+            "nightshift/probe",
+            "nightshift/probe",
+            "0000000000000000000000000000000000000000",
+        );
+        if let Err(e) = probe {
+            problems.push(format!("forges.{alias}: probe: {e}"));
+        }
+    }
+    problems
 }

@@ -179,9 +179,19 @@ fn caps(config: &Config, asked: &CapsAsked) -> Result<Caps, ApiError> {
 impl Prepared {
     /// The run of `agent`'s preset: its image (unless one was asked for)
     /// and its command, refused when the repository's base holds what the
-    /// preset's agent would load as its own configuration.
-    pub fn with_agent(mut self, agent: Agent, preset: Preset) -> Result<Self, ApiError> {
+    /// preset's agent would load as its own configuration, or when the
+    /// agent could reach no model (`agents::check_ready`: no
+    /// `models.toml`, no endpoint for its model, an unusable key).
+    pub fn with_agent(
+        mut self,
+        api: &Api,
+        agent: Agent,
+        model: Option<&str>,
+        preset: Preset,
+    ) -> Result<Self, ApiError> {
         crate::agents::check_repository(agent, &self.order.repo, &self.order.base_ref)
+            .map_err(|e| ApiError::new(ErrorKind::BadInput, e))?;
+        crate::agents::check_ready(agent, model, api.root())
             .map_err(|e| ApiError::new(ErrorKind::BadInput, e))?;
         self.preset_image = Some(preset.image);
         self.agent = Some(agent);
