@@ -362,8 +362,17 @@ pub async fn watch_chain(backend: Backend) {
 }
 
 /// The freeze in force, if any: its reason.
+/// The freeze in force, as the banner says it: its reason and who froze.
 pub fn freeze_state(store: &dyn StateStore) -> Result<Option<String>, BackendError> {
-    acts::frozen(store).map_err(BackendError::Failed)
+    let rules = nightshift_core::policy::load(store, None)
+        .map_err(|e| BackendError::Failed(e.to_string()))?;
+    Ok(rules.freeze().map(|f| frozen_line(&f.reason, &f.authority)))
+}
+
+/// A freeze's reason and authority (who froze: `dashboard:NAME`, `nightshift
+/// freeze by USER`), on one line.
+pub fn frozen_line(reason: &str, authority: &str) -> String {
+    format!("{reason} (frozen by {authority})")
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -380,6 +389,9 @@ pub struct Morning {
     /// runs with calls, most charged first).
     pub tokens: nightshift_gateway::CallsSummary,
     pub tokens_by_run: Vec<(String, nightshift_gateway::CallsSummary)>,
+    /// Acts each run queued since `since` (its door requests answered
+    /// `queued`), for the night's picture.
+    pub acts_by_run: std::collections::BTreeMap<String, usize>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -455,7 +467,14 @@ pub fn morning(
         .map(|(run, bodies)| (run, nightshift_gateway::summarize(bodies)))
         .collect();
     tokens_by_run.sort_by_key(|t| std::cmp::Reverse(t.1.charged_tokens));
+    let mut acts_by_run = std::collections::BTreeMap::new();
+    for (run, body) in store.bodies_of_kind_since("door_request", since)? {
+        if body["verdict"] == "queued" {
+            *acts_by_run.entry(run.unwrap_or_default()).or_insert(0) += 1;
+        }
+    }
     Ok(Morning {
+        acts_by_run,
         tokens,
         tokens_by_run,
         since: since.to_string(),
@@ -494,6 +513,36 @@ pub struct ActView {
     /// destination does not hold yet.
     #[serde(skip)]
     pub publishes: Option<Arc<acts::Publishes>>,
+    /// When it was queued and when its approval window closes, unix seconds.
+    pub queued_at: i64,
+    pub expires_at: i64,
+    /// The same, as the page says them now ("queued 3 h 5 min ago",
+    /// "expires in 20 h 55 min").
+    pub age: String,
+    pub expiry: String,
+}
+
+/// A span of seconds as a person reads it: `3 h 5 min`, `12 min`, `40 s`.
+pub fn span(secs: i64) -> String {
+    let s = secs.max(0);
+    match s {
+        0..=59 => format!("{s} s"),
+        60..=3599 => format!("{} min", s / 60),
+        3600..=86_399 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        _ => format!("{} d {} h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// An act's age and expiry at `now`, as [`ActView::age`] and
+/// [`ActView::expiry`] say them.
+pub fn age_and_expiry(queued_at: i64, expires_at: i64, now: i64) -> (String, String) {
+    let age = format!("queued {} ago", span(now - queued_at));
+    let expiry = if expires_at > now {
+        format!("expires in {}", span(expires_at - now))
+    } else {
+        format!("approval window closed {} ago", span(now - expires_at))
+    };
+    (age, expiry)
 }
 
 fn state_detail(s: &State) -> Option<String> {
@@ -552,7 +601,16 @@ pub fn act_view(backend: &Backend, store: &dyn StateStore, row: &Row, with_diff:
             .and_then(|run| publishes(backend, store, &row.act, &run.repo, c)),
         _ => None,
     };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default();
+    let (age, expiry) = age_and_expiry(row.act.created_at, row.act.expires_at, now);
     ActView {
+        queued_at: row.act.created_at,
+        expires_at: row.act.expires_at,
+        age,
+        expiry,
         id: row.act.id.clone(),
         run: row.act.run.clone(),
         door: row.act.door.name(),
@@ -698,6 +756,11 @@ pub struct PolicyView {
     pub frozen: Option<String>,
     pub active: Vec<serde_json::Value>,
     pub pending: Vec<(String, String)>,
+    /// Each pending proposal whole, with what it would change
+    /// (`api::PolicyView::proposals`).
+    pub proposals: Vec<serde_json::Value>,
+    /// The agents' rules a freeze suspends.
+    pub suspended: Vec<serde_json::Value>,
 }
 
 /// The Policy page's view: `policy list`'s, as the command API builds it.
@@ -706,9 +769,11 @@ pub fn policy_view(store: &dyn StateStore) -> Result<PolicyView, BackendError> {
         .map_err(|e| BackendError::Failed(e.to_string()))?;
     Ok(PolicyView {
         generation: v.generation,
-        frozen: v.frozen.map(|(reason, _)| reason),
+        frozen: v.frozen.map(|(reason, by)| frozen_line(&reason, &by)),
         active: v.active,
         pending: v.pending,
+        proposals: v.proposals,
+        suspended: v.suspended,
     })
 }
 

@@ -41,6 +41,7 @@
 pub mod backend;
 pub mod chain;
 pub mod guard;
+pub mod night;
 pub mod pages;
 pub mod risky;
 pub mod socket;

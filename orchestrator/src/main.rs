@@ -1177,7 +1177,10 @@ async fn image_cmd(api: &Api, command: ImageCommand) -> Result<i32, i32> {
             ..
         } => return hosted_image(api, &mirror, commands::image::Hosted::Postgres).await,
         ImageCommand::Build {
-            mirror, agent, with, ..
+            mirror,
+            agent,
+            with,
+            ..
         } => ApiCommand::ImageBuild {
             mirror,
             agent: agent.map(|a| agent_preset(&a).map(|_| a)).transpose()?,
@@ -1392,6 +1395,12 @@ fn render_show(view: &RunView, json: bool) {
         terminal::line(run.base_commit.as_deref().unwrap_or("-"))
     );
     outln!("  image: {}", terminal::line(&run.image));
+    if let Some(task) = &run.task {
+        outln!("  task:");
+        for l in terminal::block(task.as_bytes()).lines() {
+            outln!("    {l}");
+        }
+    }
     if let Some(mem) = run.peak_memory_bytes {
         outln!("  peak memory: {:.1} MiB", mem as f64 / (1 << 20) as f64);
     }

@@ -807,10 +807,24 @@ pub fn diff(
     clock: Timestamp,
 ) -> Result<Vec<DiffItem>, String> {
     let next = adopted(rules, proposal)?;
+    Ok(changes(rules, &next, records, destinations, clock))
+}
+
+/// Every recorded decision that `after` decides otherwise than `before`
+/// (its passage or its deciding rule), oldest first: what a change of the
+/// rule set would have changed over the history (a scope's adoption, or a
+/// proposed rule's ratification).
+pub fn changes(
+    before_rules: &RuleSet,
+    after_rules: &RuleSet,
+    records: &[Record],
+    destinations: &Destinations,
+    clock: Timestamp,
+) -> Vec<DiffItem> {
     let mut out = Vec::new();
     for r in records {
-        let before = judge_record(rules, destinations, r, clock);
-        let after = judge_record(&next, destinations, r, clock);
+        let before = judge_record(before_rules, destinations, r, clock);
+        let after = judge_record(after_rules, destinations, r, clock);
         let (br, ar) = (deciding(&before), deciding(&after));
         if before.passage != after.passage || br != ar {
             out.push(DiffItem {
@@ -826,7 +840,7 @@ pub fn diff(
             });
         }
     }
-    Ok(out)
+    out
 }
 
 /// Near variants of a record: other names in and beside its namespace, a

@@ -9,8 +9,12 @@ use std::process::{Command, Output};
 
 use orchestrator::state_store::AuditLog as _;
 
-/// The `nightshift` binary built beside this test executable.
+/// The `nightshift` binary built beside this test executable, or the one
+/// `NIGHTSHIFT_BENCH_BIN` names (a benchmark's baseline: another build).
 pub fn nightshift_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("NIGHTSHIFT_BENCH_BIN") {
+        return PathBuf::from(bin);
+    }
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> -> target/<profile>/nightshift
     let profile_dir = exe

@@ -87,17 +87,19 @@ impl Morning {
     /// One run of `bash -c SCRIPT` in the default image; it must exit 0.
     /// Returns the run's id.
     pub fn run_agent(&self, script: &str) -> String {
-        let out = self.state.run(&[
-            "run",
-            "--repo",
-            self.repo.path().to_str().unwrap(),
-            "--image",
-            &image(),
-            "--",
-            "bash",
-            "-c",
-            script,
-        ]);
+        self.run_agent_with_task(script, None)
+    }
+
+    /// As [`Morning::run_agent`], given `task` as `--task`.
+    pub fn run_agent_with_task(&self, script: &str, task: Option<&str>) -> String {
+        let repo = self.repo.path().to_str().unwrap();
+        let image = image();
+        let mut args = vec!["run", "--repo", repo, "--image", &image];
+        if let Some(task) = task {
+            args.extend(["--task", task]);
+        }
+        args.extend(["--", "bash", "-c", script]);
+        let out = self.state.run(&args);
         assert!(
             out.status.success(),
             "agent run failed: {}{}",

@@ -3,12 +3,21 @@
 //! server: log in; see finished runs and their diffs; approve an act and
 //! see it carried out without a reload; reject one with a reason; approve
 //! every act that carries one commit; pull the kill switch and see the run
-//! die; log out. A hostile run's commit messages, file names, branch name,
-//! output and act body carry script tags, event handlers, `javascript:`
-//! links, SVG, CSS and terminal escapes: no script runs (a global the
-//! payloads would set stays unset), nothing is fetched from anywhere else,
-//! and the text is shown literally. Screenshots of Morning, Run and Queue
-//! are saved in `target/screenshots/`. Behind a TLS proxy (`[serve]
+//! die; log out. Issue 23's morning: each run's task (on Morning, Run,
+//! `show`, `runs --json`, the API); a proposal shown whole with the acts
+//! its ratification would decide otherwise, rules with author and
+//! authority, an agent's rule listed as suspended under a freeze;
+//! approve-by-commit listing its acts before the click and their outcomes
+//! after; compact acts (subjects, age, expiry); the night's SVG and a run's
+//! memory and CPU; a run its time cap kills and a push the remote refuses;
+//! the frozen banner naming who froze. A hostile run's task, commit
+//! messages, file names, branch name, output and act body carry script
+//! tags, event handlers, `javascript:` links, SVG, CSS and terminal
+//! escapes: no script runs (a global the payloads would set stays unset),
+//! nothing is fetched from anywhere else, the SVG holds only drawing
+//! elements, and the text is shown literally. Screenshots are saved in
+//! `target/screenshots/` (`scripts/screenshots.sh` copies them to
+//! `docs/screenshots/`). Behind a TLS proxy (`[serve]
 //! external_origin`), a browser at the external https origin logs in,
 //! holds a `Secure`, `__Host-` session cookie and pulls the kill switch.
 
@@ -34,6 +43,10 @@ printf '<script>window.__pwned=5</script><img src=http://evil.example/x.png><a h
 nightshift-act notify team --file m.txt
 true
 "#;
+
+/// The hostile run's task (`--task`): the owner's words quoting hostile
+/// text, on two lines.
+const HOSTILE_TASK: &str = "Fix the bug in <script>window.__pwned=11</script> \u{1b}[2J\u{202e}txt.exe\n<img src=x onerror=window.__pwned=12> and nothing else";
 
 async fn pwned(c: &Client) -> serde_json::Value {
     c.execute(
@@ -125,7 +138,45 @@ async fn the_morning_review_in_a_real_browser() {
         "echo a > a.txt && git add a.txt && git commit -qm a && git push -q origin HEAD:refs/heads/agent/single; \
          echo b > b.txt && git add b.txt && git commit -qm b && git push -q origin HEAD:refs/heads/agent/reject; true",
     );
-    let hostile = m.run_agent(HOSTILE_SCRIPT);
+    let hostile = m.run_agent_with_task(HOSTILE_SCRIPT, Some(HOSTILE_TASK));
+    // A push of twelve commits, one with a 100 KB subject.
+    let long = m.run_agent(
+        "for i in $(seq 1 11); do echo $i > f$i && git add f$i && git commit -qm \"commit $i\" -m 'a body line'; done; \
+         echo big > big && git add big && git commit -qm \"$(head -c 100000 /dev/zero | tr '\\0' x)\" && \
+         git push -q origin HEAD:refs/heads/agent/long; true",
+    );
+    let hostile_notify = acts_of(&m, &hostile)
+        .into_iter()
+        .find(|a| a["act"]["door"] == "notify")
+        .unwrap()["act"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // A run its time cap kills, busy long enough for two resource samples.
+    let out = m.state.run(&[
+        "run",
+        "--repo",
+        m.repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--timeout",
+        "12s",
+        "--task",
+        "spin until the cap <b>stops</b> you",
+        "--",
+        "bash",
+        "-c",
+        "while :; do :; done",
+    ]);
+    assert!(!out.status.success(), "the capped run ended well");
+    let capped = m.state.runs().last().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let long_act = acts_of(&m, &long)[0]["act"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let same_acts = acts_of(&m, &same);
     assert_eq!(same_acts.len(), 2, "{same_acts:?}");
     let shared_commit = commit_of(&same_acts[0]);
@@ -185,7 +236,76 @@ async fn the_morning_review_in_a_real_browser() {
 
     // Morning: the runs by outcome, the chain verified.
     let morning = text_of(&c, "main").await;
-    assert!(morning.contains("finished: 3"), "{morning}");
+    assert!(
+        morning.contains("finished: 4") && morning.contains("killed: 1"),
+        "{morning}"
+    );
+    // Each run's task, its first line, escaped: the hostile run's literally.
+    let tasks = text_of(&c, "#runs table.runs").await;
+    assert!(
+        tasks.contains(
+            "Fix the bug in <script>window.__pwned=11</script> \\u{1b}[2J\\u{202e}txt.exe …"
+        ),
+        "the task is not on Morning, escaped: {tasks}"
+    );
+    assert!(
+        !tasks.contains("onerror"),
+        "a task's second line in a table: {tasks}"
+    );
+    // The night as a picture: a bar per run, each a link to its run, the
+    // cap kill and the acts marked, nothing but drawing in the SVG.
+    let night = c
+        .execute(
+            "const s = document.querySelector('svg#night'); if (!s) return null; return {\
+               links: [...s.querySelectorAll('a')].map(a => a.getAttribute('href')),\
+               bars: s.querySelectorAll('rect.bar').length,\
+               tags: [...new Set([...s.querySelectorAll('*')].map(e => e.localName))],\
+               attrs: [...new Set([...s.querySelectorAll('*')].flatMap(e => [...e.attributes].map(a => a.name)))],\
+               caps: s.querySelectorAll('path.cap').length,\
+               acts: s.querySelectorAll('circle.act').length,\
+               titles: [...s.querySelectorAll('a > title')].map(t => t.textContent) };",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(night["bars"], 5, "{night}");
+    let links: Vec<&str> = night["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    for run in [&same, &two, &hostile, &long, &capped] {
+        assert!(
+            links.contains(&format!("/runs/{run}").as_str()),
+            "no bar links run {run}: {night}"
+        );
+    }
+    for tag in night["tags"].as_array().unwrap() {
+        assert!(
+            ["title", "line", "text", "a", "rect", "path", "circle", "g"]
+                .contains(&tag.as_str().unwrap()),
+            "an element the picture does not draw: {tag} ({night})"
+        );
+    }
+    for attr in night["attrs"].as_array().unwrap() {
+        assert!(
+            !attr.as_str().unwrap().starts_with("on"),
+            "an event handler in the picture: {night}"
+        );
+    }
+    assert_eq!(night["caps"], 1, "the cap kill is not marked: {night}");
+    assert!(
+        night["acts"].as_u64().unwrap() >= 6,
+        "the acts are not marked: {night}"
+    );
+    assert!(
+        night["titles"].as_array().unwrap().iter().any(|t| t
+            .as_str()
+            .unwrap()
+            .contains("<script>window.__pwned=11</script>")),
+        "the hostile task is not shown as text: {night}"
+    );
     assert!(text_of(&c, "#chain").await.contains("verified"));
     assert_eq!(
         pwned(&c).await,
@@ -193,6 +313,30 @@ async fn the_morning_review_in_a_real_browser() {
         "a payload ran on Morning"
     );
     screenshot(&c, "morning.png").await;
+    // The same task, whole, in `runs --json`, `show` and the HTTP API.
+    let listed = m.state.runs();
+    let listed = listed.iter().find(|r| r["id"] == hostile.as_str()).unwrap();
+    assert_eq!(listed["task"], HOSTILE_TASK, "runs --json: {listed}");
+    let shown = m.state.run(&["show", &hostile]);
+    let shown = tests::stdout(&shown);
+    assert!(
+        shown.contains("  task:\n    Fix the bug in <script>window.__pwned=11</script> \\u{1b}[2J\\u{202e}txt.exe\n    <img src=x"),
+        "show: {shown}"
+    );
+    assert!(
+        !shown.contains('\u{1b}') && !shown.contains('\u{202e}'),
+        "show printed the task raw"
+    );
+    c.goto(&serve.url("/api/v1/runs")).await.unwrap();
+    let api: serde_json::Value = serde_json::from_str(&text_of(&c, "body").await).unwrap();
+    let record = api
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|pair| &pair[1])
+        .find(|r| r["id"] == hostile.as_str())
+        .unwrap();
+    assert_eq!(record["task"], HOSTILE_TASK, "the API: {record}");
 
     // The hostile run: its diff, commit message, file names and output literally.
     c.goto(&serve.url(&format!("/runs/{hostile}")))
@@ -223,6 +367,12 @@ async fn the_morning_review_in_a_real_browser() {
         changes.contains("RUNS ON THE HOST"),
         "the workflow file is not flagged: {changes}"
     );
+    let task = text_of(&c, "#task").await;
+    assert_eq!(
+        task,
+        "Fix the bug in <script>window.__pwned=11</script> \\u{1b}[2J\\u{202e}txt.exe\n<img src=x onerror=window.__pwned=12> and nothing else",
+        "the task is not on Run, whole and escaped"
+    );
     let output = text_of(&c, "#live-output").await;
     assert!(
         output.contains("<script>window.__pwned=3</script>"),
@@ -250,6 +400,27 @@ async fn the_morning_review_in_a_real_browser() {
         assert!(h.starts_with('/'), "a link the page did not make: {h}");
     }
     screenshot(&c, "run.png").await;
+
+    // The capped run: its memory and CPU over time.
+    c.goto(&serve.url(&format!("/runs/{capped}")))
+        .await
+        .unwrap();
+    let usage = c
+        .execute(
+            "const s = document.querySelector('svg#resources'); if (!s) return null; return [\
+               s.querySelector('polyline.memory').getAttribute('points').split(' ').length,\
+               s.querySelector('polyline.cpu').getAttribute('points').split(' ').length,\
+               s.textContent];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(
+        usage[0].as_u64().unwrap() >= 2 && usage[1].as_u64().unwrap() >= 1,
+        "no memory and CPU drawn: {usage}"
+    );
+    assert!(usage[2].as_str().unwrap().contains("cores"), "{usage}");
+    screenshot(&c, "run-capped.png").await;
 
     // The finished run with an ordinary diff.
     c.goto(&serve.url(&format!("/runs/{two}"))).await.unwrap();
@@ -282,6 +453,169 @@ async fn the_morning_review_in_a_real_browser() {
         "fetched from elsewhere: {elsewhere:?}"
     );
     screenshot(&c, "queue.png").await;
+    // Compact acts: the long push lists five subjects, each cut, the whole
+    // log behind a closed toggle; every act says its age and expiry; a
+    // message act does not repeat its destination.
+    let long_block = format!(".act[data-act=\"{long_act}\"]");
+    let subjects = c
+        .execute(
+            "return [...document.querySelectorAll(arguments[0] + ' ul.subjects li')].map(l => l.textContent);",
+            vec![serde_json::json!(long_block)],
+        )
+        .await
+        .unwrap();
+    let subjects = subjects.as_array().unwrap();
+    assert_eq!(subjects.len(), 5, "{subjects:?}");
+    assert!(
+        subjects.iter().all(|l| l.as_str().unwrap().len() < 200),
+        "a subject is shown whole: {subjects:?}"
+    );
+    let toggle = c
+        .execute(
+            "const d = document.querySelector(arguments[0] + ' details.log'); return d ? [d.open, d.querySelector('summary').textContent] : null;",
+            vec![serde_json::json!(long_block)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        toggle[0], false,
+        "the whole log is not behind a closed toggle: {toggle}"
+    );
+    assert!(
+        toggle[1].as_str().unwrap().contains(" more commits"),
+        "{toggle}"
+    );
+    let height = c
+        .execute(
+            "return document.querySelector(arguments[0]).getBoundingClientRect().height;",
+            vec![serde_json::json!(long_block)],
+        )
+        .await
+        .unwrap()
+        .as_f64()
+        .unwrap();
+    assert!(height < 600.0, "the long push act is {height} px tall");
+    let ages = c
+        .execute(
+            "return [...document.querySelectorAll('.act[data-state=pending]')].map(a => [a.querySelector('.age')?.textContent, a.querySelector('.expiry')?.textContent]);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    for a in ages.as_array().unwrap() {
+        assert!(
+            a[0].as_str()
+                .is_some_and(|t| t.starts_with("queued ") && t.ends_with(" ago"))
+                && a[1].as_str().is_some_and(|t| t.starts_with("expires in ")),
+            "an act without age or expiry: {ages}"
+        );
+    }
+    let notify_head = text_of(&c, &format!(".act[data-act=\"{hostile_notify}\"] p.head")).await;
+    assert_eq!(
+        notify_head.matches("team").count(),
+        1,
+        "the message act repeats its destination: {notify_head}"
+    );
+
+    // Policy: an agent's proposals shown whole, with what each would change.
+    let rules = tempfile::tempdir().unwrap();
+    let rule = |id: &str, effect: &str, clause: &str, reason: &str| {
+        let path = rules.path().join(format!("{id}.toml"));
+        std::fs::write(
+            &path,
+            format!(
+                "[[rule]]\nid = \"{id}\"\nsubject = \"*\"\ndoors = [\"notify\"]\neffect = \"{effect}\"\n\
+                 reason = '{reason}'\nauthority = \"agent\"\nmatch = [{clause}]\n"
+            ),
+        )
+        .unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let loosen = rule(
+        "notify-anything",
+        "allow",
+        "",
+        "<script>window.__pwned=13</script> saves you clicks",
+    );
+    let tighten = rule(
+        "no-team",
+        "refuse",
+        r#"{ field = "destination", matches = '^team$' }"#,
+        "team is noisy",
+    );
+    let mut proposals = Vec::new();
+    for file in [&loosen, &tighten] {
+        let out = m
+            .state
+            .run(&["policy", "propose", file, "--actor", "agent-x"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = tests::stdout(&out);
+        proposals.push(
+            text.strip_prefix("proposed ")
+                .and_then(|t| t.split(':').next())
+                .unwrap_or_else(|| panic!("{text}"))
+                .to_string(),
+        );
+    }
+    // A tightening an agent declares itself (tier 1): the freeze suspends it.
+    let own = rule(
+        "agent-own",
+        "refuse",
+        r#"{ field = "destination", matches = '^nowhere$' }"#,
+        "mine",
+    );
+    let text = std::fs::read_to_string(&own).unwrap();
+    std::fs::write(
+        &own,
+        text.replace("subject = \"*\"", "subject = \"agent-y\""),
+    )
+    .unwrap();
+    let out = m
+        .state
+        .run(&["policy", "declare", &own, "--actor", "agent-y"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    c.goto(&serve.url("/policy")).await.unwrap();
+    let block = |id: &str| format!(".proposal[data-proposal=\"{id}\"]");
+    let loose = text_of(&c, &block(&proposals[0])).await;
+    for want in [
+        "proposed by agent agent-x",
+        "declare",
+        "notify-anything",
+        "allow",
+        "[\"notify\"]",
+        "none: it matches every request of its subject and doors",
+        "<script>window.__pwned=13</script> saves you clicks",
+        "No recorded act or dry-run act would have been decided otherwise.",
+        "Beyond these, it allows every future request of subject * at the doors [\"notify\"], whatever it carries",
+    ] {
+        assert!(loose.contains(want), "{want:?} is not on the proposal: {loose}");
+    }
+    let tight = text_of(&c, &block(&proposals[1])).await;
+    assert!(
+        tight.contains("^team$"),
+        "the match clause is not shown: {tight}"
+    );
+    let changed = text_of(&c, &format!("{} tr.changed", block(&proposals[1]))).await;
+    assert!(
+        changed.contains(&hostile_notify)
+            && changed.contains("asked")
+            && changed.contains("refused"),
+        "the act it would refuse is not shown: {changed}"
+    );
+    let active = text_of(&c, "#active-rules").await;
+    assert!(
+        active.contains("the shipped rules")
+            && active.contains("agent agent-y")
+            && active.contains("tier 1: an agent's tightening"),
+        "the rules table has no author: {active}"
+    );
+    assert_eq!(
+        pwned(&c).await,
+        serde_json::Value::Null,
+        "a payload ran on Policy"
+    );
+    screenshot(&c, "policy.png").await;
+    c.goto(&serve.url("/queue")).await.unwrap();
 
     // Approve one act: carried out against the loopback git server, shown without a reload.
     c.execute("window.__same_page = 1;", vec![]).await.unwrap();
@@ -321,17 +655,67 @@ async fn the_morning_review_in_a_real_browser() {
     );
     assert_eq!(m.remote_ref("refs/heads/agent/reject"), None);
 
-    // One decision for one content: every act carrying the commit.
-    c.find(Locator::Css(&format!(
-        "button.approve-commit[data-commit=\"{shared_commit}\"]"
-    )))
-    .await
-    .unwrap()
-    .click()
-    .await
-    .unwrap();
+    // One decision for one content: every act carrying the commit, each
+    // listed (door, destination, ref) before the click and its outcome
+    // after. The hostile run's branch name is listed as text.
+    let hostile_push = acts_of(&m, &hostile)
+        .into_iter()
+        .find(|a| a["act"]["door"] == "push")
+        .unwrap();
+    let listed = text_of(
+        &c,
+        &format!(
+            "details.by-commit[data-commit=\"{}\"] ol.planned-acts",
+            commit_of(&hostile_push)
+        ),
+    )
+    .await;
+    assert!(
+        listed.contains("push to origin refs/heads/agent/\"><svg/onload=window.__pwned=4>"),
+        "the hostile act is not listed literally: {listed}"
+    );
+    let by_commit = format!("details.by-commit[data-commit=\"{shared_commit}\"]");
+    c.find(Locator::Css(&format!("{by_commit} summary")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let planned = text_of(&c, &format!("{by_commit} ol.planned-acts")).await;
+    for a in &same_acts {
+        let id = a["act"]["id"].as_str().unwrap();
+        assert!(planned.contains(id), "act {id} is not listed: {planned}");
+    }
+    assert!(
+        planned.contains("push to origin refs/heads/agent/one")
+            && planned.contains("push to origin refs/heads/agent/two"),
+        "the acts it would carry out are not listed before the click: {planned}"
+    );
+    assert_eq!(
+        m.remote_ref("refs/heads/agent/one"),
+        None,
+        "opening the list carried something out"
+    );
+    c.find(Locator::Css(&format!("{by_commit} button.approve-commit")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     for a in &same_acts {
         wait_state(&c, a["act"]["id"].as_str().unwrap(), "done").await;
+    }
+    let started = Instant::now();
+    loop {
+        let after = text_of(&c, &format!("{by_commit} ol.planned-acts")).await;
+        if after.matches("done").count() >= 2 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the outcomes are not shown in the list: {after}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(
         m.remote_ref("refs/heads/agent/one").as_deref(),
@@ -346,6 +730,31 @@ async fn the_morning_review_in_a_real_browser() {
         .await
         .unwrap();
     assert_eq!(same_page, 1, "the page reloaded to show the outcomes");
+
+    // A push the remote refuses (its pre-receive hook): failed, on the page.
+    let hook = m.bare.join("hooks/pre-receive");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\necho 'agent/long is not welcome here' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    c.find(Locator::Css(&format!(
+        ".act[data-act=\"{long_act}\"] button.approve"
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    wait_state(&c, &long_act, "failed").await;
+    assert_eq!(m.remote_ref("refs/heads/agent/long"), None);
+    c.goto(&serve.url("/")).await.unwrap();
+    screenshot(&c, "morning-after.png").await;
+    c.goto(&serve.url(&format!("/runs/{long}#acts")))
+        .await
+        .unwrap();
+    screenshot(&c, "run-failed-push.png").await;
 
     // The kill switch, from the Stop page: a running run dies, nightshift freezes.
     let mut child = m
@@ -391,7 +800,19 @@ async fn the_morning_review_in_a_real_browser() {
         .await
         .unwrap();
     c.wait().for_element(Locator::Id("frozen")).await.unwrap();
-    assert!(text_of(&c, "#frozen").await.contains("stop everything"));
+    let banner = text_of(&c, "#frozen").await;
+    assert!(
+        banner.contains("stop everything")
+            && banner.contains(&format!("frozen by dashboard:{OWNER}")),
+        "the banner does not say who froze: {banner}"
+    );
+    c.goto(&serve.url("/policy")).await.unwrap();
+    let suspended = text_of(&c, "#suspended-rules").await;
+    assert!(
+        suspended.contains("agent-own") && suspended.contains("agent agent-y"),
+        "the agent's rule vanished under the freeze: {suspended}"
+    );
+    assert!(!text_of(&c, "#active-rules").await.contains("agent-own"));
     let started = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {

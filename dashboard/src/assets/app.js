@@ -5,7 +5,8 @@
 
 function showOutcome(outcomes) {
   for (const o of outcomes) {
-    for (const el of document.querySelectorAll(".act")) {
+    // An act's block, and its line in an approval's list (.planned).
+    for (const el of document.querySelectorAll(".act, .planned")) {
       if (el.dataset.act !== o.act) continue;
       el.dataset.state = o.state;
       const state = el.querySelector(".state");

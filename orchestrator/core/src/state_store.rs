@@ -223,6 +223,12 @@ pub struct RunRecord {
     /// A dry run: no act was queued or carried out.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
+    /// The task text the run was given (`--task`), at most
+    /// `sandbox::MAX_TASK_BYTES`; `None` for a run given none and for runs
+    /// recorded before it was kept. The owner's words, but it may quote
+    /// hostile text: shown only escaped, like agent output.
+    #[serde(default)]
+    pub task: Option<String>,
 }
 
 /// Is a run's status final (it ended, whatever way)? Only `created` and

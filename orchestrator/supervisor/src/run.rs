@@ -353,6 +353,7 @@ async fn lifecycle<E: ContainerEngine, S: StateStore>(
         supervisor_pid: Some(std::process::id() as i64),
         supervisor: Some(sup.identity.clone()),
         dry_run: req.dry_run,
+        task: (!req.task.is_empty()).then(|| req.task.clone()),
         ..Default::default()
     };
     sup.save(&record)?;

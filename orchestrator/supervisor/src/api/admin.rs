@@ -49,6 +49,99 @@ pub struct PolicyView {
     pub actor: Option<String>,
     /// The rules that bind that actor's tool calls (any actor's without one).
     pub binding: Vec<String>,
+    /// Each pending proposal whole, for the owner deciding it: `id`,
+    /// `author`, `change` (the rule as declared: subject, doors, effect,
+    /// match clauses, lock, expiry, reason), `would_change` (the recorded
+    /// acts and dry-run acts its ratification would have decided otherwise,
+    /// [`policies::scopes::changes`] over the history) and `error` (why it
+    /// could not be ratified as things stand, when it could not).
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub proposals: Vec<serde_json::Value>,
+    /// The agents' rules a freeze suspends (listed, not vanished), as rows.
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub suspended: Vec<serde_json::Value>,
+}
+
+/// Who wrote a proposal, as the owner reads it.
+fn author_name(author: &policies::ruleset::Author) -> String {
+    use policies::ruleset::Author;
+    match author {
+        Author::Owner => "the owner".into(),
+        Author::Shipped => "the shipped rules".into(),
+        Author::Agent(actor) => format!("agent {actor}"),
+    }
+}
+
+/// A rule's author and the standing it binds under.
+fn origin_names(origin: &policies::ruleset::Origin) -> (String, String) {
+    use policies::ruleset::Origin;
+    match origin {
+        Origin::Shipped => ("the shipped rules".into(), "shipped".into()),
+        Origin::Owner => ("the owner".into(), "the owner".into()),
+        Origin::Tier1(actor) => (
+            format!("agent {actor}"),
+            "tier 1: an agent's tightening (a freeze suspends it)".into(),
+        ),
+        Origin::Ratified(proposal) => (
+            format!("proposal {proposal}"),
+            "ratified by the owner".into(),
+        ),
+    }
+}
+
+/// A rule's row as the views show it: the rule (its declared `authority`
+/// among its fields), its lock now, its `author` and the standing it binds
+/// under (`binds_as`).
+fn rule_row(set: &policies::RuleSet, rule: &policies::Rule) -> serde_json::Value {
+    let mut v = serde_json::to_value(rule).unwrap_or_default();
+    if let Some(entry) = set.entries().get(rule.id()) {
+        v["locked"] = entry.locked.into();
+        // The rule's own `authority` (as declared) is kept; `binds_as`
+        // says under which standing it binds.
+        let (author, binds_as) = origin_names(&entry.origin);
+        v["author"] = author.into();
+        v["binds_as"] = binds_as.into();
+    }
+    v
+}
+
+/// Each pending proposal whole, and what ratifying it would have changed
+/// over the recorded history (see [`PolicyView::proposals`]).
+fn proposals_view(store: &dyn StateStore, set: &policies::RuleSet) -> Vec<serde_json::Value> {
+    if set.pending().is_empty() {
+        return Vec::new();
+    }
+    let now = nightshift_core::policy::now();
+    let history = crate::scopes::history(store, set)
+        .and_then(|h| crate::scopes::gate_destinations(store).map(|d| (h, d)));
+    set.pending()
+        .iter()
+        .map(|(id, p)| {
+            let mut v = serde_json::json!({
+                "id": id,
+                "author": author_name(&p.author),
+                "change": serde_json::to_value(&p.change).unwrap_or_default(),
+                "would_change": [],
+            });
+            let mut next = set.clone();
+            let ratified = next.apply(policies::ruleset::Row::Ratify {
+                proposal: id.clone(),
+                authority: "owner".into(),
+                lock: true,
+            });
+            match (ratified, &history) {
+                (Err(e), _) => v["error"] = format!("it would not apply: {e}").into(),
+                (Ok(_), Err(e)) => v["error"] = format!("reading the history: {e}").into(),
+                (Ok(_), Ok((records, destinations))) => {
+                    let items = policies::scopes::changes(set, &next, records, destinations, now);
+                    v["would_change"] = serde_json::to_value(items).unwrap_or_default();
+                }
+            }
+            v
+        })
+        .collect()
 }
 
 /// The harness hook's answer: its exit code, the line it says on stderr
@@ -143,16 +236,14 @@ pub fn policy_view(
         .iter()
         .map(|r| r.id().to_string())
         .collect();
-    let active = set
-        .active(now)
-        .map(|r| {
-            let mut v = serde_json::to_value(r).unwrap_or_default();
-            if let Some(entry) = set.entries().get(r.id()) {
-                v["locked"] = entry.locked.into();
-            }
-            v
-        })
+    let active = set.active(now).map(|r| rule_row(&set, r)).collect();
+    let suspended = set
+        .suspended()
+        .iter()
+        .filter_map(|id| set.entries().get(id))
+        .map(|e| rule_row(&set, &e.rule))
         .collect();
+    let proposals = proposals_view(store, &set);
     Ok(PolicyView {
         generation: set.generation().to_string(),
         frozen: set
@@ -166,6 +257,8 @@ pub fn policy_view(
             .collect(),
         actor,
         binding,
+        proposals,
+        suspended,
     })
 }
 
