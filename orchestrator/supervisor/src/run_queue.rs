@@ -36,6 +36,18 @@
 //!   runs has ended (asked to stop, they end as `interrupted`), so its
 //!   leases outlive them; an error in its loop (the store busy) is logged
 //!   and tried again rather than leaving its runs unwatched.
+//! - Fencing: every move of a task a dispatcher holds carries the claim it
+//!   got (holder and generation, [`TaskFence`]), and the store refuses the
+//!   move once that claim was taken over, even if the same dispatcher took
+//!   the task back since
+//!   (`orchestrator/store-postgres/tests/contract.rs::a_lost_claim_moves_nothing_even_after_it_is_taken_back`).
+//!   A dispatcher that could not renew for half a lease (cut off from the
+//!   store) stops its runs in process before its claims lapse; a task whose
+//!   run lived on another host (its supervisor's identity names another
+//!   host, `run::identity_elsewhere`) is settled, in the store only, once
+//!   that run's sandbox has surely ended by its own lease, and queued again
+//!   only if its spec's `retries` allows
+//!   (`tests/tests/workers.rs::a_worker_cut_off_from_the_store_is_fenced_and_another_settles_its_tasks_once`).
 //! - A run in process that panics or fails ends its task `failed` (a
 //!   panic) or settled from its run's record, with the reason, and nothing
 //!   else: the panic is caught at its tokio task's `JoinHandle`, the run is
@@ -956,6 +968,8 @@ fn step(
                     dispatcher: Some(me.to_string()),
                     run: in_process.then(|| ulid::Ulid::new().to_string().to_lowercase()),
                     in_process,
+                    // A task run again after its worker was lost counts on.
+                    attempt: t.progress.attempt,
                     started_at: Some(nightshift_core::state_store::now_rfc3339()),
                     ..Default::default()
                 };
@@ -1247,9 +1261,11 @@ pub async fn dispatch_loop(
     }
     let mut last_error: Option<String> = None;
     let every = Duration::from_millis((lease_secs as u64 * 1000 / 3).max(100));
-    // Past this without a renewal, this dispatcher's claims may lapse
-    // before it renews again: it stops its runs first (see `fence_self`).
-    let fence_at = Duration::from_millis(lease_secs as u64 * 1000 * 2 / 3);
+    // Past half a lease without a renewal (one missed, the next not yet
+    // due), this dispatcher's claims may lapse before it renews again: it
+    // stops its runs first, with half a lease left for their sandboxes to
+    // go (see `fence_self`).
+    let fence_at = Duration::from_millis(lease_secs as u64 * 1000 / 2);
     let mut renewed = std::time::Instant::now();
     let mut held_at = std::time::Instant::now();
     loop {
@@ -1333,8 +1349,8 @@ fn heartbeat(
     Ok(())
 }
 
-/// This dispatcher could not renew its claims for two thirds of their
-/// length (the store unreachable, or too slow): before they lapse and
+/// This dispatcher could not renew its claims for half their length (the
+/// store unreachable, or too slow): before they lapse and
 /// another dispatcher takes its tasks over, it stops every run it holds in
 /// process (`Stop::Fenced`: each ends as `interrupted: fenced`, its sandbox
 /// removed; work the store cannot take now stays in the kept worktree).
@@ -1645,6 +1661,7 @@ mod tests {
             &task,
             Some(nightshift_core::exit::DENIED),
             None,
+            None,
         )
         .unwrap();
         assert_eq!(moved, Some(TaskState::Queued));
@@ -1656,6 +1673,7 @@ mod tests {
             dir.path(),
             &task,
             Some(nightshift_core::exit::BAD_INPUT),
+            None,
             None,
         )
         .unwrap();
@@ -1699,7 +1717,7 @@ mod tests {
                 ..Default::default()
             };
             assert!(store
-                .move_task(id, &["queued"], "running", &progress_json(&p))
+                .move_task(id, &["queued"], "running", &progress_json(&p), None)
                 .unwrap());
         }
         store
@@ -2090,7 +2108,7 @@ mod tests {
         assert_eq!(again.kind, ErrorKind::Failed, "{again}");
         // Taken by a dispatcher first: the cancel loses, the start stands.
         assert!(store
-            .move_task(&ids[1], &["queued"], "starting", "{}")
+            .move_task(&ids[1], &["queued"], "starting", "{}", None)
             .unwrap());
         assert_eq!(
             cancel(&mut store, &ids[1]).unwrap_err().kind,
@@ -2165,7 +2183,7 @@ mod tests {
         let config = nightshift_core::config::Config::default();
         // The first is running under this dispatcher: one more may start.
         assert!(store
-            .move_task(&ids_[0], &["queued"], "running", "{}")
+            .move_task(&ids_[0], &["queued"], "running", "{}", None)
             .unwrap());
         let all = list(&store).unwrap();
         let due = due(&all, &config, 2, None);
@@ -2193,7 +2211,7 @@ mod tests {
         .unwrap() as usize;
         assert!(fits >= 1);
         assert!(store
-            .move_task(&ids_[0], &["queued"], "running", "{}")
+            .move_task(&ids_[0], &["queued"], "running", "{}", None)
             .unwrap());
         let all = list(&store).unwrap();
         let due = due(&all, &config, 100, None);
