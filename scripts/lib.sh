@@ -42,6 +42,8 @@ ensure_packages() {
   # Each run's worktree is its own loop-mounted ext4 filesystem (hostview.rs).
   command -v mkfs.ext4 >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.ext4 ] || [ -x /sbin/mkfs.ext4 ] || missing+=(e2fsprogs)
   command -v losetup >/dev/null 2>&1 || [ -x /usr/sbin/losetup ] || [ -x /sbin/losetup ] || missing+=(mount)
+  # deploy/compose.yaml is tested with Debian's docker-compose (tests/tests/compose.rs).
+  command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "setup: installing ${missing[*]}" >&2
     apt_install "${missing[@]}"

@@ -54,6 +54,15 @@ struct Cli {
     /// default), `sqlite:DIR`, or `postgres://…`.
     #[arg(long, global = true, env = "NIGHTSHIFT_STORE")]
     store: Option<String>,
+    /// A file holding the store's URL (a secret: the URL may hold a
+    /// password), read when no --store is given.
+    #[arg(long, global = true, env = "NIGHTSHIFT_STORE_FILE")]
+    store_file: Option<PathBuf>,
+    /// Hosted mode (set in the service image): `serve` and `worker` refuse
+    /// to start on a configuration a hosted deployment must not have
+    /// (docs/hosted.md).
+    #[arg(long, global = true, env = "NIGHTSHIFT_HOSTED", value_parser = clap::builder::FalseyValueParser::new())]
+    hosted: bool,
     /// How the log on stderr is written: text for a person, json (one
     /// object a line) for a collector; what is logged is set by NIGHTSHIFT_LOG.
     #[arg(
@@ -217,6 +226,10 @@ enum Command {
     Destinations {
         #[arg(long)]
         json: bool,
+        /// Also ask each remote and forge whether it accepts the credential
+        /// (a ref listing, an authenticated read), changing nothing.
+        #[arg(long)]
+        probe: bool,
     },
     /// The morning summary: print it, or send it to the configured notify
     /// destination (counts and ids only).
@@ -288,6 +301,7 @@ enum TasksCommand {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("task_text").args(["task", "task_file"])))]
 struct EnqueueArgs {
     /// A tasks file: `[[task]]` tables (docs/api.md), started in order.
     #[arg(long, conflicts_with_all = ["repo", "task", "task_file", "image", "command", "agent", "dry_run"])]
@@ -297,8 +311,9 @@ struct EnqueueArgs {
     #[arg(long)]
     dry_run: bool,
     /// A real agent by its preset (claude-code, codex, mini-swe-agent, aider,
-    /// python-sdks) instead of a command; see docs/agents.md.
-    #[arg(long, conflicts_with = "command")]
+    /// python-sdks) instead of a command; see docs/agents.md. It needs
+    /// --task or --task-file: the task is what the agent is asked to do.
+    #[arg(long, conflicts_with = "command", requires = "task_text")]
     agent: Option<String>,
     /// The model the preset's agent asks the gateway for.
     #[arg(long, requires = "agent")]
@@ -498,13 +513,27 @@ enum ImageCommand {
         #[arg(long, env = "NIGHTSHIFT_DEBIAN_MIRROR", default_value = image::DEFAULT_MIRROR)]
         mirror: String,
         /// Build an agent image instead: claude-code, codex, mini-swe-agent, aider, python-sdks.
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["service", "postgres"])]
         agent: Option<String>,
+        /// Toolchains from Debian's packages on top (rust, python, node),
+        /// comma-separated: the image `run --with` and `--image` take.
+        #[arg(long, conflicts_with_all = ["service", "postgres"])]
+        with: Option<String>,
+        /// Build the service image instead (this binary, run as `serve` or
+        /// `worker`, hosted; see docs/hosted.md).
+        #[arg(long, conflicts_with = "postgres")]
+        service: bool,
+        /// Build the PostgreSQL image of deploy/compose.yaml instead.
+        #[arg(long)]
+        postgres: bool,
     },
-    /// Print the default image's reference (or an agent image's, with --agent).
+    /// Print the default image's reference (or an agent image's, with
+    /// --agent; with toolchains, with --with).
     Ref {
         #[arg(long)]
         agent: Option<String>,
+        #[arg(long)]
+        with: Option<String>,
     },
 }
 
@@ -525,6 +554,7 @@ enum AuditCommand {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("task_text").args(["task", "task_file"])))]
 struct RunArgs {
     /// The repository to work on.
     #[arg(long)]
@@ -573,12 +603,17 @@ struct RunArgs {
     dry_run: bool,
     /// Run a real agent by its preset (claude-code, codex, mini-swe-agent,
     /// aider, python-sdks): its image (`image build --agent`), command line
-    /// and environment; see docs/agents.md.
-    #[arg(long, conflicts_with = "command")]
+    /// and environment; see docs/agents.md. It needs --task or
+    /// --task-file: the task is what the agent is asked to do.
+    #[arg(long, conflicts_with = "command", requires = "task_text")]
     agent: Option<String>,
     /// The model the preset's agent asks the gateway for.
     #[arg(long, requires = "agent")]
     model: Option<String>,
+    /// Run in the image with these toolchains (rust, python, node; comma-
+    /// separated) over the default or the preset's image (`image build --with`).
+    #[arg(long, conflicts_with = "image")]
+    with: Option<String>,
     /// The agent command and its arguments.
     #[arg(last = true, required_unless_present = "agent")]
     command: Vec<String>,
@@ -681,11 +716,72 @@ async fn dispatch(cli: Cli) -> i32 {
                 .and_then(|t| t.get("store")?.get("url")?.as_str().map(str::to_string))
         }
     };
-    let stores = match build_stores(&root, cli.store.as_deref().or(configured.as_deref())) {
+    let from_file = match (&cli.store, &configured, &cli.store_file) {
+        (None, None, Some(file)) => match std::fs::read_to_string(file) {
+            Ok(text) => Some(text.trim().to_string()),
+            Err(e) => {
+                errln!(
+                    "nightshift: reading the store's URL from {} (NIGHTSHIFT_STORE_FILE): {e}",
+                    terminal::line(&file.display().to_string())
+                );
+                return exit::BAD_INPUT;
+            }
+        },
+        _ => None,
+    };
+    let store_setting = match (&cli.store, &configured, &from_file) {
+        (Some(url), _, _) => Some(commands::hosted::Setting {
+            value: url.clone(),
+            from: "--store / NIGHTSHIFT_STORE".into(),
+        }),
+        (None, Some(url), _) => Some(commands::hosted::Setting {
+            value: url.clone(),
+            from: format!(
+                "[store] url in {}",
+                config
+                    .clone()
+                    .unwrap_or_else(|| root.join("config.toml"))
+                    .display()
+            ),
+        }),
+        (None, None, Some(url)) => Some(commands::hosted::Setting {
+            value: url.clone(),
+            from: "NIGHTSHIFT_STORE_FILE".into(),
+        }),
+        _ => None,
+    };
+    let stores = match build_stores(&root, store_setting.as_ref().map(|s| s.value.as_str())) {
         Ok(s) => s,
         Err(code) => return code,
     };
     let api = Api::new(stores.clone(), config.clone());
+    if cli.hosted {
+        let start = match &cli.command {
+            Command::Serve(args) => Some(commands::hosted::Start {
+                role: commands::hosted::Role::Serve,
+                store: store_setting.clone(),
+                dashboard: Some(commands::hosted::Dashboard {
+                    bind: args.bind,
+                    tls: args.tls_cert.is_some(),
+                }),
+                tls_key: args.tls_key.clone(),
+                store_file: from_file.as_ref().and(cli.store_file.clone()),
+            }),
+            Command::Worker { .. } => Some(commands::hosted::Start {
+                role: commands::hosted::Role::Worker,
+                store: store_setting.clone(),
+                dashboard: None,
+                tls_key: None,
+                store_file: from_file.as_ref().and(cli.store_file.clone()),
+            }),
+            _ => None,
+        };
+        if let Some(start) = start {
+            if let Err(e) = commands::hosted::check(&api, start) {
+                return fail(&e);
+            }
+        }
+    }
     let result = match cli.command {
         Command::Image { command } => image_cmd(&api, command).await,
         Command::Run(args) => run_cmd(&api, args).await,
@@ -808,7 +904,9 @@ async fn dispatch(cli: Cli) -> i32 {
         }
         Command::Enqueue(args) => enqueue_cmd(&api, args).await,
         Command::Tasks { command, json } => tasks_cmd(&api, command, json).await,
-        Command::Destinations { json } => respond(&api, ApiCommand::Destinations {}, json).await,
+        Command::Destinations { json, probe } => {
+            respond(&api, ApiCommand::Destinations { probe }, json).await
+        }
         Command::Summary { send, due, json } => {
             let command = if send || due {
                 ApiCommand::SummarySend { due }
@@ -841,6 +939,7 @@ async fn execute_cmd(api: &Api, watch: bool, lease_secs: i64) -> Result<i32, i32
 
 /// `worker`: the queue's runs and the executor until SIGINT or SIGTERM.
 async fn worker_cmd(api: &Api, max_parallel: usize, lease_secs: i64) -> Result<i32, i32> {
+    warn_rules_left_out(api, None);
     let (tx, rx) = tokio::sync::watch::channel(false);
     let signal = Arc::new(Mutex::new(None));
     let seen = signal.clone();
@@ -884,6 +983,20 @@ async fn worker_cmd(api: &Api, max_parallel: usize, lease_secs: i64) -> Result<i
 /// Where the library's warnings go: stderr, after the program's name.
 fn warn(line: &str) {
     errln!("nightshift: {line}");
+}
+
+/// Warns, loudly, when the rule files in force (`rules`, else
+/// `STATE/rules/`) leave out shipped rules (`policy::shipped_rules_left_out`).
+fn warn_rules_left_out(api: &Api, rules: Option<&std::path::Path>) {
+    let Ok(store) = api.open_state() else {
+        return;
+    };
+    if let Ok(left) = orchestrator::policy::shipped_rules_left_out(&*store, rules) {
+        let source = orchestrator::policy::rules_source(&*store, rules);
+        if let Some(w) = orchestrator::policy::left_out_warning(&left, &source) {
+            warn(&w);
+        }
+    }
 }
 
 /// Prints an error of the API and gives its exit code.
@@ -1046,12 +1159,32 @@ fn render(reply: &Reply, json: bool) {
 
 async fn image_cmd(api: &Api, command: ImageCommand) -> Result<i32, i32> {
     let command = match command {
-        ImageCommand::Ref { agent } => ApiCommand::ImageRef {
+        ImageCommand::Ref { agent, with } => ApiCommand::ImageRef {
             agent: agent.map(|a| agent_preset(&a).map(|_| a)).transpose()?,
+            with: toolchains(with.as_deref())?
+                .iter()
+                .map(|t| t.name().to_string())
+                .collect(),
         },
-        ImageCommand::Build { mirror, agent } => ApiCommand::ImageBuild {
+        ImageCommand::Build {
+            mirror,
+            service: true,
+            ..
+        } => return hosted_image(api, &mirror, commands::image::Hosted::Service).await,
+        ImageCommand::Build {
+            mirror,
+            postgres: true,
+            ..
+        } => return hosted_image(api, &mirror, commands::image::Hosted::Postgres).await,
+        ImageCommand::Build {
+            mirror, agent, with, ..
+        } => ApiCommand::ImageBuild {
             mirror,
             agent: agent.map(|a| agent_preset(&a).map(|_| a)).transpose()?,
+            with: toolchains(with.as_deref())?
+                .iter()
+                .map(|t| t.name().to_string())
+                .collect(),
         },
     };
     let reply = api
@@ -1062,11 +1195,32 @@ async fn image_cmd(api: &Api, command: ImageCommand) -> Result<i32, i32> {
     Ok(reply.exit_code())
 }
 
+/// `image build --service` / `--postgres`: the reference on stdout.
+async fn hosted_image(api: &Api, mirror: &str, which: commands::image::Hosted) -> Result<i32, i32> {
+    let reference =
+        commands::image::build_hosted(api, mirror, which, &mut |line| errln!("image: {line}"))
+            .await
+            .map_err(|e| fail(&e))?;
+    outln!("{reference}");
+    Ok(exit::OK)
+}
+
 fn agent_preset(name: &str) -> Result<image::Agent, i32> {
     image::Agent::from_name(name).map_err(|e| {
         errln!("nightshift: {e}");
         exit::USAGE
     })
+}
+
+/// The toolchains of `--with` (a usage error, exit 2, names the unknown one).
+fn toolchains(with: Option<&str>) -> Result<Vec<image::Toolchain>, i32> {
+    match with {
+        None => Ok(Vec::new()),
+        Some(list) => image::Toolchain::parse_list(list).map_err(|e| {
+            errln!("nightshift: {e}");
+            exit::USAGE
+        }),
+    }
 }
 
 fn size_arg(s: &str) -> Result<u64, String> {
@@ -1081,8 +1235,10 @@ fn span_arg(s: &str) -> Result<std::time::Duration, String> {
 /// `--model` are parsed into a preset here (a usage error, exit 2), after
 /// the order is checked against the configuration, as they always were.
 async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
+    warn_rules_left_out(api, None);
     let json = args.json;
     let agent = args.agent.map(|name| (name, args.model));
+    let with = toolchains(args.with.as_deref())?;
     let order = commands::run::RunOrder {
         repo: args.repo,
         base_ref: args.base_ref,
@@ -1104,6 +1260,7 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
         command: args.command,
         // A dispatcher's child (`tasks run`) carries its task's id.
         of_task: std::env::var_os("NIGHTSHIFT_TASK").is_some(),
+        with,
     };
     let mut prepared = commands::run::prepare(api, order).map_err(|e| fail(&e))?;
     if let Some((name, model)) = agent {
@@ -1112,7 +1269,9 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
             errln!("nightshift: {e}");
             exit::USAGE
         })?;
-        prepared = prepared.with_agent(agent, preset).map_err(|e| fail(&e))?;
+        prepared = prepared
+            .with_agent(api, agent, model.as_deref(), preset)
+            .map_err(|e| fail(&e))?;
     }
     let record = commands::run::run(api, prepared, &warn)
         .await
@@ -1121,6 +1280,17 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
         outln!("{}", terminal::json(&record, true));
     } else {
         print_summary(&record);
+        // What the run left for the morning: its acts and refused requests.
+        match api
+            .execute(ApiCommand::Show {
+                run: record.id.clone(),
+            })
+            .await
+        {
+            Ok(Reply::Run(view)) => print_acts_and_refusals(&view.acts, &view.refusals),
+            Ok(_) => {}
+            Err(e) => warn(&format!("listing the run's acts: {e}")),
+        }
     }
     Ok(orchestrator::api::run_exit_code(&record))
 }
@@ -1195,6 +1365,7 @@ fn render_show(view: &RunView, json: bool) {
         run,
         audit: entries,
         refusals: refused,
+        acts,
     } = view;
     let model_calls: Vec<(u64, serde_json::Value)> = entries
         .iter()
@@ -1251,12 +1422,7 @@ fn render_show(view: &RunView, json: bool) {
             );
         }
     }
-    if !refused.is_empty() {
-        outln!("  refused door requests ({}):", refused.len());
-        for r in refused {
-            outln!("    {}", refusal_line(r));
-        }
-    }
+    print_acts_and_refusals(acts, refused);
     if model.calls > 0 {
         outln!(
             "  model calls: {} ({} refused, {} without usage); tokens {} of {} (input {}, output {}, cached {})",
@@ -1578,7 +1744,8 @@ async fn policy_cmd(api: &Api, args: PolicyArgs) -> Result<i32, i32> {
             }
         }
         PolicyCommand::List { json, actor } => {
-            return respond(api, ApiCommand::PolicyList { rules, actor }, json).await
+            warn_rules_left_out(api, rules.as_deref());
+            return respond(api, ApiCommand::PolicyList { rules, actor }, json).await;
         }
         PolicyCommand::Declare {
             file,
@@ -1707,6 +1874,25 @@ fn render_act(d: &ActDetail) {
         "destination: {}",
         terminal::line(&d.act.routing.destination)
     );
+    // Why it failed, in the destination's own words where it gave some
+    // (sanitised and bounded by the executor: `ExecError::audit_reason`).
+    match &d.state {
+        deferred_queue::State::Failed { reason, attempts } => {
+            outln!(
+                "failed after {attempts} attempt(s): {}",
+                terminal::line(reason)
+            )
+        }
+        deferred_queue::State::AwaitingRetry {
+            last_failure,
+            attempts,
+            ..
+        } => outln!(
+            "attempt {attempts} failed, retrying: {}",
+            terminal::line(last_failure)
+        ),
+        _ => {}
+    }
     if let Some(stale) = &d.stale {
         outln!("stale: {}", terminal::block(stale.why.as_bytes()));
         if let Some(orchestrator::api::Lease { bound, now }) = &stale.lease {
@@ -1913,6 +2099,36 @@ fn render_queue(view: &QueueView, json: bool) {
     }
 }
 
+/// A run's queued acts and refused door requests, as `run` and `show`
+/// print them (each value escaped).
+fn print_acts_and_refusals(
+    acts: &[orchestrator::api::RunAct],
+    refused: &[orchestrator::acts::Refusal],
+) {
+    if !acts.is_empty() {
+        outln!("  acts queued ({}; review: nightshift queue):", acts.len());
+        for a in acts {
+            outln!(
+                "    {}  {:<10} {} to {}{}",
+                terminal::line(&a.id),
+                terminal::line(&a.status),
+                terminal::line(&a.door),
+                terminal::line(&a.destination),
+                a.target
+                    .as_deref()
+                    .map(|t| format!(" {}", terminal::line(t)))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    if !refused.is_empty() {
+        outln!("  refused door requests ({}):", refused.len());
+        for r in refused {
+            outln!("    {}", refusal_line(r));
+        }
+    }
+}
+
 /// One refused door request on one line: when, which door, where to, and
 /// the rule (or label check) that refused it.
 fn refusal_line(r: &orchestrator::acts::Refusal) -> String {
@@ -1939,7 +2155,8 @@ fn render_destinations(
     for p in problems {
         errln!("nightshift: {}", terminal::line(p));
     }
-    if !problems.is_empty() {
+    // The listing still shows when only credential files failed their check.
+    if !problems.is_empty() && listed.is_none() {
         return;
     }
     let Some(listed) = listed else {
@@ -1978,6 +2195,7 @@ fn render_destinations(
 /// the run queue in process and the act executor beside it, with one
 /// watchdog for the whole process (`commands::serve`).
 async fn serve_cmd(api: &Api, args: ServeArgs) -> Result<i32, i32> {
+    warn_rules_left_out(api, None);
     let prepared = commands::serve::prepare(api, &warn).map_err(|e| fail(&e))?;
     let opts = orchestrator::serve::ServeOptions {
         front: prepared.front,

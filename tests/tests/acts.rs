@@ -796,3 +796,92 @@ fn the_queue_is_bounded_per_night_and_per_repository_and_a_run_is_rejected_at_on
     assert!(stderr(&out).contains("no run"), "{}", stderr(&out));
     assert!(m.state.verify().status.success());
 }
+
+/// The text output of `run` and of `show` lists what the run left for the
+/// morning: its queued acts and its refused door requests.
+#[test]
+fn run_and_show_list_the_runs_queued_acts_and_refused_requests() {
+    let state = State::new();
+    let repo = make_repo();
+    let out = state.run(&[
+        "run",
+        "--repo",
+        repo.path().to_str().unwrap(),
+        "--image",
+        &image(),
+        "--",
+        "bash",
+        "-c",
+        "echo q > q.txt; nightshift-act ask --file q.txt; nightshift-act notify nowhere --file q.txt; true",
+    ]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let id = only_run(&state)["id"].as_str().unwrap().to_string();
+    let shown = state.run(&["show", &id]);
+    for text in [stdout(&out), stdout(&shown)] {
+        assert!(
+            text.contains("acts queued (1; review: nightshift queue):"),
+            "{text}"
+        );
+        assert!(text.contains("pending    ask to "), "{text}");
+        assert!(text.contains("refused door requests (1):"), "{text}");
+        assert!(text.contains("notify to nowhere"), "{text}");
+    }
+}
+
+/// A push the remote refuses with a hook's message carries the remote's own
+/// words, sanitised and bounded, into the act's failure: `queue show`, the
+/// audit entry's reason and `show`'s listing say why, not just `git`.
+#[test]
+fn a_push_the_remote_refuses_carries_the_remotes_own_words() {
+    let m = setup();
+    let hook = m.bare.join("hooks/pre-receive");
+    std::fs::write(
+        &hook,
+        "#!/bin/sh\necho 'policy: branch names must start with team/' >&2\nprintf 'two\\033[31m\\r\\n' >&2\nexit 1\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let log = run_agent(
+        &m,
+        "echo w > w.txt && git add w.txt && git commit -qm w && git push origin HEAD:refs/heads/agent/work 2>&1; echo push=$?",
+    );
+    assert!(log.contains("push=0"), "{log}");
+    let push = act_of(&queue(&m), "push");
+    let out = m.state.run(&[
+        "approve",
+        &push,
+        "--owner-key-file",
+        m.key.to_str().unwrap(),
+    ]);
+    // The approval's own answer already says why.
+    let said = stdout(&out) + &stderr(&out);
+    assert!(
+        said.contains("failed (rejected: ") && said.contains("branch names must start with team/"),
+        "{said}"
+    );
+    let q = queue(&m);
+    assert_eq!(q[0]["status"], "failed", "{q:?}");
+    let reason = q[0]["state"]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        reason.starts_with("rejected: ")
+            && reason.contains("the destination said \"")
+            && reason.contains("policy: branch names must start with team/"),
+        "{reason}\n{q:?}"
+    );
+    assert!(!reason.chars().any(char::is_control), "{reason:?}");
+    let shown = m.state.run(&["queue", "show", &push]);
+    assert!(
+        stdout(&shown).contains("branch names must start with team/"),
+        "{}",
+        stdout(&shown)
+    );
+    assert!(
+        m.state
+            .count_audit("act", "branch names must start with team/")
+            >= 1
+    );
+    assert_eq!(remote_ref(&m.bare, "refs/heads/agent/work"), None);
+}

@@ -88,3 +88,69 @@ fn the_claude_code_image_holds_the_real_cli_and_its_preset_installs_the_door_hoo
     assert!(log.contains("(Claude Code)"), "{log}");
     assert!(log.lines().any(|l| l.trim() == "1"), "{log}");
 }
+
+/// A new user's first night: a preset's run that could reach no model is
+/// refused before anything starts, each refusal naming its fix, and a
+/// preset without a task is a usage error.
+#[test]
+fn a_preset_run_that_could_reach_no_model_is_refused_before_it_starts() {
+    use std::os::unix::fs::PermissionsExt;
+    let state = State::new();
+    let repo = make_repo();
+    let repo = repo.path().to_str().unwrap();
+    let refused = |args: &[&str], code: i32, needles: &[&str]| {
+        let out = state.run(args);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", stderr(&out));
+        for n in needles {
+            assert!(
+                stderr(&out).contains(n),
+                "{args:?}: {n:?} in {}",
+                stderr(&out)
+            );
+        }
+    };
+    refused(&["run", "--agent", "codex", "--repo", repo], 2, &["--task"]);
+    refused(
+        &["enqueue", "--agent", "codex", "--repo", repo],
+        2,
+        &["--task"],
+    );
+    let codex = ["run", "--agent", "codex", "--task", "t", "--repo", repo];
+    refused(
+        &codex,
+        3,
+        &["there is no ", "models.toml", "docs/models.md"],
+    );
+    let key = state.path().join("openai.key");
+    std::fs::write(&key, "sk-test\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    std::fs::write(
+        state.path().join("models.toml"),
+        format!(
+            "[endpoints.oai]\napi = \"openai\"\nbase_url = \"https://o.example/v1\"\nkey_file = \"{}\"\nmodels = [\"gpt-5*\"]\n",
+            key.display()
+        ),
+    )
+    .unwrap();
+    refused(&codex, 3, &["has mode 0644", "chmod 600"]);
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    refused(
+        &["run", "--agent", "aider", "--task", "t", "--repo", repo],
+        3,
+        &["its default model \"gpt-4.1\"", "gpt-5*", "--model"],
+    );
+    refused(
+        &[
+            "run",
+            "--agent",
+            "claude-code",
+            "--task",
+            "t",
+            "--repo",
+            repo,
+        ],
+        3,
+        &["has no anthropic endpoint"],
+    );
+    assert!(state.runs().is_empty());
+}

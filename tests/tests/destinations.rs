@@ -92,12 +92,19 @@ fn every_problem_of_the_file_is_named_by_file_line_and_alias() {
         "{err}"
     );
     assert!(!err.contains("[remotes.ok]"), "{err}");
-    // The owner accepts clear text for that one explicitly: loaded.
+    // The owner accepts clear text for that one explicitly: loaded (with
+    // a token file that exists, the supervisor's own and 0600: each is
+    // checked once the file itself is sound).
+    let token = secret(state.path(), "t.token", TOKEN);
     let fixed = std::fs::read_to_string(&file)
         .unwrap()
+        .replace("/etc/t", token.to_str().unwrap())
         .replace(
-            "token_file = \"/etc/t\"\n\n[remotes.ok]",
-            "token_file = \"/etc/t\"\ninsecure = true\n\n[remotes.ok]",
+            &format!("token_file = \"{}\"\n\n[remotes.ok]", token.display()),
+            &format!(
+                "token_file = \"{}\"\ninsecure = true\n\n[remotes.ok]",
+                token.display()
+            ),
         )
         .replace(
             "ssh_agent = true\n",
@@ -378,4 +385,103 @@ fn hex_sha256(bytes: &[u8]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// `nightshift destinations` checks every credential file as the executor
+/// will read it: a token file readable by everyone, one that is missing,
+/// and a secret that is not the supervisor's own kind of file are named
+/// (destination, field, file, what is wrong), never their content, and
+/// the command fails (exit 3) while still listing the destinations.
+#[test]
+fn the_destinations_command_checks_every_credential_file() {
+    let state = State::new();
+    let secrets = state.path().join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    let open = secret(&secrets, "open.token", TOKEN);
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let fine = secret(&secrets, "fine.secret", HOOK_KEY);
+    let missing = secrets.join("missing.token");
+    std::fs::write(
+        state.path().join("destinations.toml"),
+        format!(
+            "[remotes.origin]\nurl = \"https://github.com/owner/name.git\"\nreaders = \"public\"\ntoken_file = \"{open}\"\n\n\
+             [forges.gh]\napi = \"https://api.github.com\"\nrepo = \"owner/name\"\nremote = \"origin\"\ntoken_file = \"{missing}\"\nreaders = \"public\"\n\n\
+             [notify.hook]\nkind = \"webhook\"\nurl = \"https://hooks.example.com/n\"\nreaders = \"private\"\nsecret_file = \"{fine}\"\n",
+            open = open.display(),
+            missing = missing.display(),
+            fine = fine.display()
+        ),
+    )
+    .unwrap();
+    let out = state.run(&["destinations"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("remotes.origin: token_file {}: ", open.display()))
+            && err.contains("mode is 0644"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("forges.gh: token_file {}: ", missing.display())),
+        "{err}"
+    );
+    assert!(!err.contains("notify.hook"), "{err}");
+    assert!(!err.contains(TOKEN) && !err.contains(HOOK_KEY), "{err}");
+    assert!(stdout(&out).contains("https://github.com/owner/name.git"));
+}
+
+/// `destinations --probe` asks each remote for its refs and each forge for
+/// its open pull requests with the configured credential, changing
+/// nothing: a wrong password and a wrong token are named, right ones pass.
+#[test]
+fn destinations_probe_asks_each_destination_whether_it_takes_the_credential() {
+    use tests::loopback::ForgeServer;
+    let state = State::new();
+    let remote_dir = tempfile::tempdir().unwrap();
+    let bare = remote_dir.path().join("origin.git");
+    git(
+        remote_dir.path(),
+        &["init", "-q", "--bare", bare.to_str().unwrap()],
+    );
+    let server = GitHttpServer::start(&bare, "nightshift", "right-password");
+    let forge = ForgeServer::start("right-token");
+    let secrets = state.path().join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    let write = |pw: &str, token: &str| {
+        let pw = secret(&secrets, "pw", pw);
+        let token = secret(&secrets, "token", token);
+        std::fs::write(
+            state.path().join("destinations.toml"),
+            format!(
+                "[remotes.origin]\nurl = \"{}\"\nreaders = \"private\"\nusername = \"nightshift\"\npassword_file = \"{}\"\n\n\
+                 [forges.forge]\napi = \"{}\"\nrepo = \"owner/name\"\nremote = \"origin\"\ntoken_file = \"{}\"\nreaders = \"private\"\n",
+                server.url(),
+                pw.display(),
+                forge.url(),
+                token.display()
+            ),
+        )
+        .unwrap();
+    };
+    write("wrong-password", "wrong-token");
+    // Without --probe nothing is asked: the files themselves are sound.
+    let out = state.run(&["destinations"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = state.run(&["destinations", "--probe"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("remotes.origin: probe: ") && err.contains("refused the credential"),
+        "{err}"
+    );
+    assert!(err.contains("forges.forge: probe: "), "{err}");
+    assert!(
+        !err.contains("wrong-password") && !err.contains("wrong-token"),
+        "{err}"
+    );
+    write("right-password", "right-token");
+    let out = state.run(&["destinations", "--probe"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Nothing changed at the remote.
+    assert_eq!(git(&bare, &["for-each-ref"]).trim(), "");
 }

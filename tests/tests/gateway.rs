@@ -330,8 +330,55 @@ show(call("responses", False, "gpt-5-mini", {"model": 7}))
     assert!(calls
         .iter()
         .all(|c| c["outcome"].as_str().unwrap().starts_with("refused:")));
-    // A refused call's model is the agent's text: not recorded.
-    assert!(calls[0]["model"].is_null());
+    // A refused call's model is named (the agent's text, at most 256
+    // bytes, escaped wherever it is shown): `show` says what was asked for.
+    assert_eq!(calls[0]["model"], "gpt-4o");
+    assert_eq!(calls[1]["model"], "gpt-5");
+}
+
+/// A new user's first night: an agent whose model calls are refused again
+/// and again for what only the owner can fix (here a model no endpoint
+/// serves) is ended at once with that reason, not at its timeout; `show`
+/// names the model it asked for.
+#[test]
+fn a_run_whose_model_calls_are_refused_again_and_again_ends_with_the_reason() {
+    let server = ModelServer::start();
+    let state = state_with_models(&server, "");
+    let repo = make_repo();
+    let out = run_python(
+        &state,
+        repo.path(),
+        &["--timeout", "120s"],
+        r#"
+import time
+while True:
+    show(call("chat", False, "gpt-4o-unserved"))
+    time.sleep(0.2)
+"#,
+    );
+    let run = run_id(&state);
+    let record = &state.runs()[0];
+    let status = record["status"].as_str().unwrap();
+    assert!(
+        status.starts_with("killed: model calls refused 5 times in a row")
+            && status.contains("gpt-4o-unserved")
+            && status.contains("docs/models.md"),
+        "{status}\n{}",
+        stderr(&out)
+    );
+    assert!(server.requests().is_empty());
+    let shown = state.run(&["show", &run]);
+    assert!(
+        stdout(&shown).contains(" gpt-4o-unserved chat "),
+        "{}",
+        stdout(&shown)
+    );
+    let summary = state.run(&["summary", "--json"]);
+    assert!(
+        stdout(&summary).contains("\"model-refused\""),
+        "{}",
+        stdout(&summary)
+    );
 }
 
 /// Model output is a value like any other: each call's audit entry carries
@@ -457,7 +504,9 @@ fn the_run_token_cap_kills_the_run_with_its_reason_even_when_eight_calls_race() 
     let record = &state.runs()[0];
     let status = record["status"].as_str().unwrap();
     assert!(
-        status.starts_with("killed: model token cap (used ") && status.ends_with(" of 4500)"),
+        status.starts_with("killed: model token cap (used ")
+            && status.contains(" of 4500; a call needed at least ")
+            && status.ends_with(" were left)"),
         "{status}\n{}{log}",
         stderr(&out)
     );

@@ -980,3 +980,34 @@ fn a_retirement_is_proposed_ratified_and_a_locked_rule_unlocked_first() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_audit_intact(&state);
 }
+
+/// Rules in STATE/rules/ replace the shipped defaults: never silently.
+/// `policy list` (as `run`, `serve` and `worker`) warns, naming each
+/// shipped rule left out; a copy of the defaults beside the owner's own
+/// files silences it.
+#[test]
+fn rules_that_replace_the_shipped_defaults_are_warned_of_loudly() {
+    let state = State::new();
+    let out = state.run(&["policy", "list"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("WARNING"), "{}", stderr(&out));
+    let rules = state.path().join("rules");
+    std::fs::create_dir_all(&rules).unwrap();
+    std::fs::write(
+        rules.join("mine.toml"),
+        "[[rule]]\nid = \"no-notify\"\nsubject = \"*\"\ndoors = [\"notify\"]\neffect = \"refuse\"\nreason = \"r\"\nauthority = \"owner\"\n",
+    )
+    .unwrap();
+    let out = state.run(&["policy", "list"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("WARNING")
+            && err.contains("no-force-push-to-main (locked)")
+            && err.contains("ask-before-push"),
+        "{err}"
+    );
+    std::fs::write(rules.join("default.toml"), policies::DEFAULT_RULES).unwrap();
+    let out = state.run(&["policy", "list"]);
+    assert!(!stderr(&out).contains("WARNING"), "{}", stderr(&out));
+}

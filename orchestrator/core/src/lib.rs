@@ -16,6 +16,7 @@ pub mod audit_log;
 pub mod config;
 pub mod container_engine;
 pub mod front;
+pub mod hosted;
 pub mod hostview;
 pub mod monitor;
 pub mod owner;

@@ -6,6 +6,10 @@
 //!   it exists, else the shipped defaults) followed by the rows declared at
 //!   run time in the state store, replayed in order. Any error anywhere means
 //!   no rule set: callers fail closed.
+//! - Rule files in `STATE/rules/` (or `--rules DIR`) replace the shipped
+//!   defaults, never silently: [`shipped_rules_left_out`] names each
+//!   shipped rule they leave out, which `run`, `serve`, `worker` and
+//!   `policy list` warn of (`tests::rules_that_replace_the_defaults_name_what_they_leave_out`).
 //! - Every row written at run time is stored together with its audit entry
 //!   in one transaction; every refuse and ask is audited with the request's
 //!   digest, never its arguments
@@ -59,6 +63,51 @@ fn file_rules<S: StateStore + ?Sized>(
         Path::new("policies/rules/default.toml (built in)"),
         policies::DEFAULT_RULES,
     )])?)
+}
+
+/// The shipped default rules that the rule files in force leave out (by
+/// id; `(id, locked)`): none when the defaults are in force, else each one
+/// `dir` (or `STATE/rules/`) does not declare. A warning's matter: the
+/// owner's files replace the defaults rather than add to them.
+pub fn shipped_rules_left_out<S: StateStore + ?Sized>(
+    store: &S,
+    dir: Option<&Path>,
+) -> Result<Vec<(String, bool)>, PolicyError> {
+    let configured = store.root().join("rules");
+    if dir.is_none() && !configured.is_dir() {
+        return Ok(Vec::new());
+    }
+    let files = file_rules(store, dir)?;
+    let shipped = policies::rulefile::rule_set_from_files([(
+        Path::new("policies/rules/default.toml (built in)"),
+        policies::DEFAULT_RULES,
+    )])?;
+    Ok(shipped
+        .entries()
+        .iter()
+        .filter(|(id, _)| !files.entries().contains_key(*id))
+        .map(|(id, e)| (id.to_string(), e.locked))
+        .collect())
+}
+
+/// The warning for [`shipped_rules_left_out`]'s answer (`None`: nothing
+/// left out), naming the rules, where from, and the fix.
+pub fn left_out_warning(left_out: &[(String, bool)], source: &str) -> Option<String> {
+    if left_out.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = left_out
+        .iter()
+        .map(|(id, locked)| match locked {
+            true => format!("{id} (locked)"),
+            false => id.clone(),
+        })
+        .collect();
+    Some(format!(
+        "WARNING: {source} replaces nightshift's shipped rules, and these are NOT in force: {}; \
+         copy policies/rules/default.toml into that directory to keep them (docs/policy-hook.md)",
+        names.join(", ")
+    ))
 }
 
 /// Loads the whole rule set: files, then the stored rows.
@@ -448,4 +497,44 @@ pub fn label_text(label: policies::Label) -> String {
         policies::Confidentiality::Private => "private",
     };
     format!("{integrity}, {confidentiality}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_that_replace_the_defaults_name_what_they_leave_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = crate::state_store::fake::MemStore::new(dir.path());
+        // No STATE/rules: the defaults are in force, nothing to say.
+        assert!(shipped_rules_left_out(&store, None).unwrap().is_empty());
+        std::fs::create_dir(dir.path().join("rules")).unwrap();
+        std::fs::write(
+            dir.path().join("rules/mine.toml"),
+            "[[rule]]\nid = \"ask-before-push\"\nsubject = \"*\"\ndoors = [\"push\"]\neffect = \"ask\"\nreason = \"r\"\nauthority = \"owner\"\n",
+        )
+        .unwrap();
+        let left = shipped_rules_left_out(&store, None).unwrap();
+        assert!(
+            left.contains(&("no-force-push-to-main".to_string(), true)),
+            "{left:?}"
+        );
+        assert!(
+            left.contains(&("no-deleting-main".to_string(), true)),
+            "{left:?}"
+        );
+        assert!(
+            !left.iter().any(|(id, _)| id == "ask-before-push"),
+            "{left:?}"
+        );
+        let w = left_out_warning(&left, "the rules directory X").unwrap();
+        assert!(
+            w.contains("no-force-push-to-main (locked)") && w.contains("NOT in force"),
+            "{w}"
+        );
+        // A copy of the defaults leaves nothing out.
+        std::fs::write(dir.path().join("rules/mine.toml"), policies::DEFAULT_RULES).unwrap();
+        assert!(shipped_rules_left_out(&store, None).unwrap().is_empty());
+    }
 }

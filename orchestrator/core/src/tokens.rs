@@ -85,13 +85,21 @@ pub struct Grant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Refusal {
     /// The budget cannot hold this call even with nothing in flight.
-    Spent { scope: Scope, used: u64, cap: u64 },
+    /// `needed`: the least the call reserves (its input's bound and one
+    /// token out per choice), against `cap - used` left.
+    Spent {
+        scope: Scope,
+        used: u64,
+        cap: u64,
+        needed: u64,
+    },
     /// Calls in flight hold what this one needs.
     Held {
         scope: Scope,
         used: u64,
         reserved: u64,
         cap: u64,
+        needed: u64,
     },
 }
 
@@ -109,17 +117,25 @@ impl Refusal {
             Scope::Fleet => "the fleet's model token budget for the night",
         };
         match self {
-            Refusal::Spent { scope, used, cap } => format!(
-                "refused by nightshift: {} is spent (used {used} of {cap}); the run is ending",
-                which(scope)
+            Refusal::Spent {
+                scope,
+                used,
+                cap,
+                needed,
+            } => format!(
+                "refused by nightshift: {} is spent (used {used} of {cap}): this call needs at least {needed} \
+                 (its input's bound and its output), {} are left; the run is ending",
+                which(scope),
+                cap.saturating_sub(*used)
             ),
             Refusal::Held {
                 scope,
                 used,
                 reserved,
                 cap,
+                needed,
             } => format!(
-                "refused by nightshift: {} cannot hold this call while others are in flight (used {used}, reserved {reserved}, of {cap}); retry when they finish",
+                "refused by nightshift: {} cannot hold this call while others are in flight (used {used}, reserved {reserved}, of {cap}; this call needs at least {needed}); retry when they finish",
                 which(scope)
             ),
         }
@@ -143,6 +159,7 @@ pub fn reserve(
                 scope,
                 used: ledger.used,
                 cap,
+                needed: need,
             });
         }
         if ledger.remaining(cap) < need {
@@ -151,6 +168,7 @@ pub fn reserve(
                 used: ledger.used,
                 reserved: ledger.reserved,
                 cap,
+                needed: need,
             });
         }
     }
@@ -281,7 +299,8 @@ mod tests {
             Refusal::Spent {
                 scope: Scope::Run,
                 used: 950,
-                cap: 1000
+                cap: 1000,
+                ..
             }
         ));
         let r = reserve(
@@ -318,6 +337,42 @@ mod tests {
             r.message().contains("used 9990 of 10000"),
             "{}",
             r.message()
+        );
+    }
+
+    #[test]
+    fn a_spent_budget_says_what_the_refused_call_needed_against_what_was_left() {
+        let ask = Ask {
+            input_bound: 700,
+            requested_output: Some(100),
+            choices: 1,
+        };
+        let r = reserve(
+            Ledger {
+                used: 310,
+                reserved: 0,
+            },
+            1000,
+            NONE,
+            10_000,
+            ask,
+        )
+        .unwrap_err();
+        assert_eq!(
+            r,
+            Refusal::Spent {
+                scope: Scope::Run,
+                used: 310,
+                cap: 1000,
+                needed: 701
+            }
+        );
+        let m = r.message();
+        assert!(
+            m.contains("used 310 of 1000")
+                && m.contains("needs at least 701")
+                && m.contains("690 are left"),
+            "{m}"
         );
     }
 

@@ -8,6 +8,11 @@
 //! - The image is assembled here from the root filesystem archive (one
 //!   layer, fixed creation time), so its id is the digest of its
 //!   configuration: the same root filesystem always gives the same image id.
+//! - A toolchain image (`--with rust,python,node`) is the sandbox or agent
+//!   image's recipe with the toolchains' Debian packages added; its digest
+//!   covers the base image's digest and each toolchain's name and package
+//!   list, in one order whatever order they were asked in
+//!   (`tests::toolchain_references_follow_their_inputs_not_their_order`).
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -47,7 +52,10 @@ pub enum ImageError {
     },
 }
 
-fn io<'a>(doing: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ImageError + 'a {
+pub(crate) fn io<'a>(
+    doing: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> ImageError + 'a {
     move |source| ImageError::Io {
         doing,
         path: path.to_path_buf(),
@@ -80,7 +88,7 @@ fn config_json(layer_diff_id: &str, inputs_digest: &str) -> String {
 
 /// SHA-256 over the parts, each prefixed with its length: two different
 /// lists of parts never hash the same bytes.
-fn digest_parts<P: AsRef<str>>(parts: &[P]) -> String {
+pub(crate) fn digest_parts<P: AsRef<str>>(parts: &[P]) -> String {
     let mut h = Sha256::new();
     for part in parts {
         let part = part.as_ref();
@@ -246,6 +254,142 @@ pub fn malicious_pins(requirements: &str) -> Vec<String> {
         .collect()
 }
 
+/// The recipe that installs toolchains' Debian packages over a sandbox or
+/// agent root filesystem.
+pub const TOOLCHAIN_RECIPE: &str =
+    include_str!("../../../sandbox-image/toolchains/install-toolchains.sh");
+
+/// A toolchain installed from Debian's packages over the sandbox or an
+/// agent image (`sandbox-image/toolchains/<name>.txt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Toolchain {
+    Node,
+    Python,
+    Rust,
+}
+
+impl Toolchain {
+    pub const ALL: [Toolchain; 3] = [Toolchain::Node, Toolchain::Python, Toolchain::Rust];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Toolchain::Node => "node",
+            Toolchain::Python => "python",
+            Toolchain::Rust => "rust",
+        }
+    }
+
+    /// The Debian packages it adds.
+    pub fn packages(self) -> &'static str {
+        match self {
+            Toolchain::Node => include_str!("../../../sandbox-image/toolchains/node.txt"),
+            Toolchain::Python => include_str!("../../../sandbox-image/toolchains/python.txt"),
+            Toolchain::Rust => include_str!("../../../sandbox-image/toolchains/rust.txt"),
+        }
+    }
+
+    /// The toolchains of a comma-separated list (`rust,python`): sorted,
+    /// each once; an unknown or empty name is an error naming the known ones.
+    pub fn parse_list(list: &str) -> Result<Vec<Toolchain>, String> {
+        let mut out = Vec::new();
+        for name in list.split(',').map(str::trim) {
+            let t = Toolchain::ALL
+                .into_iter()
+                .find(|t| t.name() == name)
+                .ok_or_else(|| {
+                    format!(
+                        "no toolchain {name:?} in --with {list:?}; the toolchains are {}",
+                        Toolchain::ALL.map(Toolchain::name).join(", ")
+                    )
+                })?;
+            out.push(t);
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+}
+
+/// Which image: the sandbox or an agent's, with toolchains or without.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ImageSpec {
+    pub agent: Option<Agent>,
+    /// Sorted, each once (as [`Toolchain::parse_list`] gives them).
+    pub toolchains: Vec<Toolchain>,
+}
+
+impl ImageSpec {
+    pub fn new(agent: Option<Agent>, toolchains: &[Toolchain]) -> ImageSpec {
+        let mut toolchains = toolchains.to_vec();
+        toolchains.sort();
+        toolchains.dedup();
+        ImageSpec { agent, toolchains }
+    }
+
+    fn base_digest(&self) -> String {
+        self.agent
+            .map(Agent::inputs_digest)
+            .unwrap_or_else(inputs_digest)
+    }
+
+    fn base_reference(&self) -> String {
+        self.agent
+            .map(Agent::reference)
+            .unwrap_or_else(default_reference)
+    }
+
+    /// The digest of every input: the base image's, the toolchains'
+    /// recipe, then each toolchain's name and package list.
+    pub fn inputs_digest(&self) -> String {
+        if self.toolchains.is_empty() {
+            return self.base_digest();
+        }
+        let mut parts = vec![
+            "nightshift-toolchains/v1".to_string(),
+            self.base_digest(),
+            TOOLCHAIN_RECIPE.to_string(),
+        ];
+        for t in &self.toolchains {
+            parts.push(t.name().to_string());
+            parts.push(t.packages().to_string());
+        }
+        digest_parts(&parts)
+    }
+
+    /// `nightshift-sandbox-with-python-rust:<digest>` (the base image's
+    /// repository, then the toolchains); the base image's reference when
+    /// there are none.
+    pub fn reference(&self) -> String {
+        if self.toolchains.is_empty() {
+            return self.base_reference();
+        }
+        let base = self.base_reference();
+        let repository = base.split(':').next().unwrap_or(&base);
+        let names: Vec<&str> = self.toolchains.iter().map(|t| t.name()).collect();
+        format!(
+            "{repository}-with-{}:{}",
+            names.join("-"),
+            &self.inputs_digest()[..16]
+        )
+    }
+
+    /// The base image's Debian packages: the sandbox's and the agent's.
+    fn packages(&self) -> String {
+        let mut list = PACKAGES.to_string();
+        if let Some(agent) = self.agent {
+            list.push('\n');
+            list.push_str(agent.packages());
+        }
+        list
+    }
+
+    /// The toolchains' Debian packages, installed over the base image.
+    fn toolchain_packages(&self) -> String {
+        let lists: Vec<&str> = self.toolchains.iter().map(|t| t.packages()).collect();
+        lists.join("\n")
+    }
+}
+
 /// What one image build takes: its reference and digest, the Debian
 /// packages, and the agent preset installed over them, if any.
 struct Recipe {
@@ -253,45 +397,34 @@ struct Recipe {
     digest: String,
     packages: String,
     agent: Option<Agent>,
+    /// The toolchains' packages (none: empty).
+    toolchain_packages: String,
 }
 
-/// Builds the default image unless the engine already has it; returns its reference.
-pub async fn build(
+/// Builds the image `spec` names unless the engine already has it (the
+/// same inputs give the same reference: a no-op); returns its reference.
+pub async fn build_image(
     engine: &Engine,
     scratch_root: &Path,
     mirror: &str,
+    spec: &ImageSpec,
     progress: impl FnMut(&str),
 ) -> Result<String, ImageError> {
-    let recipe = Recipe {
-        reference: default_reference(),
-        digest: inputs_digest(),
-        packages: PACKAGES.to_string(),
-        agent: None,
-    };
-    build_recipe(engine, scratch_root, mirror, recipe, progress).await
-}
-
-/// Builds an agent image unless the engine already has it (the same
-/// inputs give the same reference: a no-op); returns its reference.
-pub async fn build_agent(
-    engine: &Engine,
-    scratch_root: &Path,
-    mirror: &str,
-    agent: Agent,
-    progress: impl FnMut(&str),
-) -> Result<String, ImageError> {
-    let bad = malicious_pins(agent.requirements());
-    if !bad.is_empty() {
-        return Err(ImageError::Malicious {
-            preset: agent.name(),
-            pins: bad.join(", "),
-        });
+    if let Some(agent) = spec.agent {
+        let bad = malicious_pins(agent.requirements());
+        if !bad.is_empty() {
+            return Err(ImageError::Malicious {
+                preset: agent.name(),
+                pins: bad.join(", "),
+            });
+        }
     }
     let recipe = Recipe {
-        reference: agent.reference(),
-        digest: agent.inputs_digest(),
-        packages: format!("{PACKAGES}\n{}", agent.packages()),
-        agent: Some(agent),
+        reference: spec.reference(),
+        digest: spec.inputs_digest(),
+        packages: spec.packages(),
+        agent: spec.agent,
+        toolchain_packages: spec.toolchain_packages(),
     };
     build_recipe(engine, scratch_root, mirror, recipe, progress).await
 }
@@ -308,6 +441,7 @@ async fn build_recipe(
         digest,
         packages: package_list,
         agent,
+        toolchain_packages,
     } = recipe;
     if let Some(found) = engine.image(&reference).await? {
         progress(&format!("up to date: {reference} ({})", found.id));
@@ -369,6 +503,31 @@ async fn build_recipe(
             out
         }
     };
+    let rootfs = match toolchain_packages.trim().is_empty() {
+        true => rootfs,
+        false => {
+            let list = scratch.join("toolchain-packages.txt");
+            std::fs::write(&list, &toolchain_packages).map_err(io("writing", &list))?;
+            let install = scratch.join("install-toolchains.sh");
+            std::fs::write(&install, TOOLCHAIN_RECIPE).map_err(io("writing", &install))?;
+            let out = scratch.join("toolchain-rootfs.tar");
+            progress("installing the toolchains");
+            run_script(
+                &install,
+                &[
+                    rootfs.as_os_str(),
+                    out.as_os_str(),
+                    list.as_os_str(),
+                    SUITE.as_ref(),
+                    mirror.as_ref(),
+                ],
+                &mut progress,
+            )
+            .await?;
+            let _ = std::fs::remove_file(&rootfs);
+            out
+        }
+    };
 
     progress("assembling the image (one layer, fixed time)");
     let archive = scratch.join("image.tar");
@@ -377,13 +536,17 @@ async fn build_recipe(
         let archive = archive.clone();
         let reference = reference.clone();
         let digest = digest.clone();
-        tokio::task::spawn_blocking(move || assemble(&rootfs, &archive, &reference, &digest))
-            .await
-            .map_err(|e| ImageError::Io {
-                doing: "assembling",
-                path: scratch.clone(),
-                source: std::io::Error::other(e.to_string()),
-            })??
+        tokio::task::spawn_blocking(move || {
+            assemble(&rootfs, &archive, &reference, |diff| {
+                config_json(diff, &digest)
+            })
+        })
+        .await
+        .map_err(|e| ImageError::Io {
+            doing: "assembling",
+            path: scratch.clone(),
+            source: std::io::Error::other(e.to_string()),
+        })??
     };
     progress("loading the image into the engine");
     engine.load_image(&archive).await?;
@@ -402,7 +565,7 @@ async fn build_recipe(
 
 /// Runs one of the recipe scripts with `args`, passing its `image:` lines
 /// to `progress`; its last lines of stderr name a failure.
-async fn run_script(
+pub(crate) async fn run_script(
     script: &Path,
     args: &[&std::ffi::OsStr],
     progress: &mut impl FnMut(&str),
@@ -449,11 +612,11 @@ async fn run_script(
 
 /// Writes a `docker save`-layout archive holding the root filesystem as its
 /// one layer; returns the image id it will have.
-fn assemble(
+pub(crate) fn assemble(
     rootfs: &Path,
     archive: &Path,
     reference: &str,
-    inputs: &str,
+    config_of: impl FnOnce(&str) -> String,
 ) -> Result<String, ImageError> {
     let mut hasher = Sha256::new();
     let mut f = std::fs::File::open(rootfs).map_err(io("reading", rootfs))?;
@@ -467,7 +630,7 @@ fn assemble(
     }
     let layer_hex = hex::encode(hasher.finalize());
     let diff_id = format!("sha256:{layer_hex}");
-    let config = config_json(&diff_id, inputs).into_bytes();
+    let config = config_of(&diff_id).into_bytes();
     let config_hex = hex::encode(Sha256::digest(&config));
     let manifest = format!(
         r#"[{{"Config":"{config_hex}.json","RepoTags":[{}],"Layers":["{layer_hex}/layer.tar"]}}]"#,
@@ -638,6 +801,51 @@ mod tests {
         }
     }
 
+    /// A toolchain image's reference: the base image's digest, then each
+    /// toolchain's name and its package list as on disk, sorted by name;
+    /// the order asked and repeats do not change it.
+    #[test]
+    fn toolchain_references_follow_their_inputs_not_their_order() {
+        let dir = recipe_dir().join("toolchains");
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+        let digest = independent_digest(&[
+            "nightshift-toolchains/v1",
+            &Agent::Codex.inputs_digest(),
+            &read("install-toolchains.sh"),
+            "python",
+            &read("python.txt"),
+            "rust",
+            &read("rust.txt"),
+        ]);
+        let spec = ImageSpec::new(
+            Some(Agent::Codex),
+            &Toolchain::parse_list("rust,python,rust").unwrap(),
+        );
+        assert_eq!(
+            spec.reference(),
+            format!("nightshift-agent-codex-with-python-rust:{}", &digest[..16])
+        );
+        let plain = ImageSpec::new(None, &Toolchain::parse_list("python, rust").unwrap());
+        assert!(plain
+            .reference()
+            .starts_with("nightshift-sandbox-with-python-rust:"));
+        assert_ne!(plain.inputs_digest(), spec.inputs_digest());
+        assert_eq!(ImageSpec::new(None, &[]).reference(), default_reference());
+        // Each toolchain's packages are installed over the base's.
+        let spec = ImageSpec::new(Some(Agent::Aider), &Toolchain::ALL);
+        assert!(spec.packages().lines().any(|l| l == "git"));
+        let packages = spec.toolchain_packages();
+        for needed in ["python3-venv", "cargo", "python3-pip", "npm", "nodejs"] {
+            assert!(packages.lines().any(|l| l == needed), "{needed}");
+        }
+        let err = Toolchain::parse_list("rust,go").unwrap_err();
+        assert!(
+            err.contains("\"go\"") && err.contains("node, python, rust"),
+            "{err}"
+        );
+        assert!(Toolchain::parse_list("").is_err());
+    }
+
     #[test]
     fn the_config_is_valid_json_with_its_fields() {
         let v: serde_json::Value = serde_json::from_str(&config_json("sha256:ab", "d1")).unwrap();
@@ -651,11 +859,20 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let rootfs = dir.path().join("rootfs.tar");
         std::fs::write(&rootfs, b"not really a tar, but bytes are bytes").unwrap();
-        let a = assemble(&rootfs, &dir.path().join("a.tar"), "x:1", "d").unwrap();
-        let b = assemble(&rootfs, &dir.path().join("b.tar"), "x:1", "d").unwrap();
+        let a = assemble(&rootfs, &dir.path().join("a.tar"), "x:1", |d| {
+            config_json(d, "d")
+        })
+        .unwrap();
+        let b = assemble(&rootfs, &dir.path().join("b.tar"), "x:1", |d| {
+            config_json(d, "d")
+        })
+        .unwrap();
         assert_eq!(a, b);
         std::fs::write(&rootfs, b"different bytes").unwrap();
-        let c = assemble(&rootfs, &dir.path().join("c.tar"), "x:1", "d").unwrap();
+        let c = assemble(&rootfs, &dir.path().join("c.tar"), "x:1", |d| {
+            config_json(d, "d")
+        })
+        .unwrap();
         assert_ne!(a, c);
     }
 }

@@ -5,5 +5,6 @@
 //! module is [`engine`] (`scripts/check-layers.py` too).
 
 pub mod engine;
+pub mod hosted_image;
 pub mod image;
 pub mod lease;

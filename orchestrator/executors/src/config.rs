@@ -790,6 +790,65 @@ impl Destinations {
 
     /// One row per destination, for `nightshift destinations`: nothing in
     /// it is a credential.
+    /// Every credential file the destinations name, checked as the
+    /// executor will read it (exists, readable, a regular file, the
+    /// supervisor's own, mode `0600` or tighter, one line of text; a key
+    /// file, at most 16 KiB): one problem each, naming the destination, the
+    /// field and the file, never its content. Empty when all are usable.
+    pub fn secret_problems(&self) -> Vec<String> {
+        use crate::secret::Secret;
+        let mut files: Vec<(String, &'static str, &Path, bool)> = Vec::new();
+        for (alias, r) in &self.remotes {
+            let at = format!("remotes.{alias}");
+            for (field, f) in [
+                ("password_file", &r.password_file),
+                ("token_file", &r.token_file),
+            ] {
+                if let Some(f) = f {
+                    files.push((at.clone(), field, f, false));
+                }
+            }
+            if let Some(f) = &r.ssh_key_file {
+                files.push((at.clone(), "ssh_key_file", f, true));
+            }
+        }
+        for (alias, f) in &self.forges {
+            files.push((
+                format!("forges.{alias}"),
+                "token_file",
+                &f.token_file,
+                false,
+            ));
+        }
+        for (alias, n) in &self.notify {
+            let at = format!("notify.{alias}");
+            for (field, f) in [
+                ("url_file", &n.url_file),
+                ("token_file", &n.token_file),
+                ("secret_file", &n.secret_file),
+            ] {
+                if let Some(f) = f {
+                    files.push((at.clone(), field, f, false));
+                }
+            }
+        }
+        let mut problems = Vec::new();
+        for (at, field, path, key) in files {
+            let read = match key {
+                true => Secret::read_key_file(path),
+                false => Secret::read_file(path),
+            };
+            if let Err(e) = read {
+                let mut text = e.to_string();
+                if let Some(source) = std::error::Error::source(&e) {
+                    text.push_str(&format!(": {source}"));
+                }
+                problems.push(format!("{at}: {field} {}: {text}", path.display()));
+            }
+        }
+        problems
+    }
+
     pub fn listing(&self) -> Vec<Listed> {
         let mut out = Vec::new();
         for (alias, r) in &self.remotes {

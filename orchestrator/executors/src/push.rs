@@ -417,7 +417,16 @@ impl Job {
         let pushing = Auth::new(&self.access);
         let status: RefCell<Option<Option<String>>> = RefCell::new(None);
         let stale: RefCell<Option<Option<String>>> = RefCell::new(None);
+        // The remote's own words (its hooks' output), at most REMOTE_SAID
+        // bytes kept: the first lines, where a hook says why.
+        let said: RefCell<Vec<u8>> = RefCell::new(Vec::new());
         let mut callbacks = pushing.callbacks();
+        callbacks.sideband_progress(|data| {
+            let mut said = said.borrow_mut();
+            let room = REMOTE_SAID.saturating_sub(said.len());
+            said.extend_from_slice(&data[..data.len().min(room)]);
+            true
+        });
         callbacks.push_negotiation(|updates| {
             let expected = self.expected_old.as_deref();
             for update in updates {
@@ -462,6 +471,7 @@ impl Job {
             Some(Some(reason)) => Err(ExecError::Rejected {
                 action: action.to_string(),
                 reason,
+                remote: crate::error::answer_text(&String::from_utf8_lossy(&said.into_inner())),
             }),
             None => Err(ExecError::Protocol {
                 action: action.to_string(),
@@ -602,6 +612,9 @@ fn refuse_host_key(access: &Access, why: String) -> git2::Error {
     git2::Error::new(ErrorCode::Certificate, ErrorClass::Ssh, why)
 }
 
+/// Most bytes of the remote's own words kept from one push.
+const REMOTE_SAID: usize = 4096;
+
 /// Classifies a libgit2 failure. Transport failures are retryable: the
 /// lease check of the next attempt makes a repeat harmless.
 fn git_error(action: &str, auth: &Auth<'_>, e: git2::Error) -> ExecError {
@@ -623,6 +636,7 @@ fn git_error(action: &str, auth: &Auth<'_>, e: git2::Error) -> ExecError {
         return ExecError::Rejected {
             action,
             reason: "not a fast-forward of the remote ref".into(),
+            remote: String::new(),
         };
     }
     let message = e.message();

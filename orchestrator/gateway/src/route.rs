@@ -151,6 +151,51 @@ fn printable(text: &str) -> String {
     format!("{:?}", cut)
 }
 
+/// Refusals in a row after which a run is ended: its agent cannot get
+/// past them by retrying (the model is not configured, the key cannot be
+/// used), and would otherwise spend the night until its timeout.
+pub const HOPELESS_AFTER: u32 = 5;
+
+/// The refusals only the owner can fix: an unconfigured model, an
+/// unusable key.
+pub fn hopeless(kind: &str) -> bool {
+    matches!(kind, "model" | "key")
+}
+
+/// Counts a run's calls refused in a row for a reason only the owner can
+/// fix (pure; `serve` feeds it each call's end).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RefusedInARow {
+    count: u32,
+}
+
+impl RefusedInARow {
+    /// One call ended, refused with `refusal` or forwarded (`None`).
+    /// `Some(reason)` when the run is to end: [`HOPELESS_AFTER`] hopeless
+    /// refusals in a row; the reason names the last one and the fix.
+    pub fn note(&mut self, refusal: Option<&Refusal>) -> Option<String> {
+        match refusal {
+            Some(r) if hopeless(r.kind) => {
+                self.count += 1;
+                (self.count == HOPELESS_AFTER).then(|| {
+                    format!(
+                        "model calls refused {HOPELESS_AFTER} times in a row, none forwarded (last: {}); \
+                         the owner must fix STATE/models.toml or its key file (docs/models.md)",
+                        r.message
+                    )
+                })
+            }
+            // A refusal the agent can get past (a bad body, a full budget
+            // for a moment) neither counts nor clears the row.
+            Some(_) => None,
+            None => {
+                self.count = 0;
+                None
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,5 +258,31 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_run_ends_after_refusals_in_a_row_only_the_owner_can_fix() {
+        let model = Refusal::new(403, "model", "model \"gpt-4.1\" is not configured");
+        let key = Refusal::new(502, "key", "the supervisor cannot use endpoint o's key");
+        let body = Refusal::new(400, "request_body", "bad");
+        let mut row = RefusedInARow::default();
+        for _ in 1..HOPELESS_AFTER {
+            assert_eq!(row.note(Some(&model)), None);
+            assert_eq!(row.note(Some(&body)), None);
+        }
+        // A forwarded call clears the row.
+        assert_eq!(row.note(None), None);
+        for _ in 1..HOPELESS_AFTER {
+            assert_eq!(row.note(Some(&key)), None);
+        }
+        let reason = row.note(Some(&model)).expect("the run ends");
+        assert!(
+            reason.contains("refused 5 times in a row")
+                && reason.contains("gpt-4.1")
+                && reason.contains("docs/models.md"),
+            "{reason}"
+        );
+        // Told once.
+        assert_eq!(row.note(Some(&model)), None);
     }
 }

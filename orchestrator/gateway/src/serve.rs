@@ -98,12 +98,15 @@ pub struct GatewayHandle {
     gw: Arc<Gateway>,
 }
 
-/// A spent budget: the run is to end for it.
+/// A spent budget, or calls refused again and again for a reason only the
+/// owner can fix (`route::RefusedInARow`): the run is to end for it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CapReached {
+    /// `model_tokens`, or `model_refused` (`used` refusals in a row).
+    pub kind: &'static str,
     pub used: u64,
     pub cap: u64,
-    /// The kill's detail: `model token cap (used N of M)`.
+    /// The kill's detail: `model token cap (used N of M; ...)`.
     pub detail: String,
 }
 
@@ -195,6 +198,8 @@ struct Gateway {
     /// Set when the run ends.
     closing: watch::Receiver<bool>,
     cap: watch::Sender<Option<CapReached>>,
+    /// Calls refused in a row for a reason only the owner can fix.
+    refused_in_a_row: Mutex<route::RefusedInARow>,
 }
 
 impl Gateway {
@@ -293,13 +298,14 @@ impl Gateway {
             .unwrap_or(false)
     }
 
-    fn cap_spent(&self, scope: tokens::Scope, used: u64, cap: u64) {
+    fn cap_spent(&self, scope: tokens::Scope, used: u64, cap: u64, needed: u64) {
         self.cap.send_if_modified(|v| {
             if v.is_none() {
                 *v = Some(CapReached {
+                    kind: "model_tokens",
                     used,
                     cap,
-                    detail: cap_detail(scope, used, cap),
+                    detail: cap_detail(scope, used, cap, needed),
                 });
                 true
             } else {
@@ -309,14 +315,45 @@ impl Gateway {
     }
 }
 
-/// The kill's detail for a spent budget.
-pub fn cap_detail(scope: tokens::Scope, used: u64, cap: u64) -> String {
-    match scope {
-        tokens::Scope::Run => format!("model token cap (used {used} of {cap})"),
-        tokens::Scope::Fleet => {
-            format!("model token cap of the fleet for the night (used {used} of {cap})")
+impl Gateway {
+    /// One call's end, refused (`Some`) or forwarded: after
+    /// `route::HOPELESS_AFTER` refusals in a row only the owner can fix, the
+    /// run is told to end (unless a budget already did).
+    fn note_call(&self, refusal: Option<&Refusal>) {
+        let reason = self
+            .refused_in_a_row
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .note(refusal);
+        if let Some(detail) = reason {
+            self.cap.send_if_modified(|v| {
+                if v.is_some() {
+                    return false;
+                }
+                *v = Some(CapReached {
+                    kind: "model_refused",
+                    used: route::HOPELESS_AFTER as u64,
+                    cap: route::HOPELESS_AFTER as u64,
+                    detail,
+                });
+                true
+            });
         }
     }
+}
+
+/// The kill's detail for a spent budget: what the refused call needed at
+/// least (its worst-case reservation's floor) against what was left, so
+/// that a cap "spent" at 31% is no riddle.
+pub fn cap_detail(scope: tokens::Scope, used: u64, cap: u64, needed: u64) -> String {
+    let which = match scope {
+        tokens::Scope::Run => "model token cap",
+        tokens::Scope::Fleet => "model token cap of the fleet for the night",
+    };
+    format!(
+        "{which} (used {used} of {cap}; a call needed at least {needed}, {} were left)",
+        cap.saturating_sub(used)
+    )
 }
 
 /// Binds `door_dir/model.sock` and serves it until the handle is closed.
@@ -362,6 +399,7 @@ pub fn open(
         in_flight: Arc::new(in_flight),
         closing: closing_rx,
         cap,
+        refused_in_a_row: Mutex::new(Default::default()),
     });
     let kept = gw.clone();
     let task = tokio::spawn(async move {
@@ -411,6 +449,15 @@ struct Call {
     label: String,
 }
 
+/// `text`, cut to at most `max` bytes at a character's boundary.
+fn bounded(text: &str, max: usize) -> String {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_string()
+}
+
 fn now_unix() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -434,15 +481,20 @@ async fn handle(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
         ..Default::default()
     };
     let response = match forward(&gw, req, &mut call, started, &mut in_flight).await {
-        Ok(response) => response,
+        Ok(response) => {
+            gw.note_call(None);
+            response
+        }
         Err(Refused {
             refusal,
             audited: true,
         }) => {
+            gw.note_call(Some(&refusal));
             let body = error_body(&refusal);
             error_response(&refusal, body)
         }
         Err(Refused { refusal, .. }) => {
+            gw.note_call(Some(&refusal));
             let status = refusal.status;
             let outcome = format!("refused:{}", refusal.kind);
             let run = gw.run.clone();
@@ -712,6 +764,9 @@ async fn forward(
     // Only what the gateway understands goes on (see `request`); what is
     // allowed beyond the fixed list is the endpoint's, for this run.
     let model = request::model(&body).map_err(|d| d.refusal())?;
+    // Named in the audit even when refused: `show` says which model a
+    // refused call asked for (bounded and checked by `request::model`).
+    call.model = Some(bounded(&model, 256));
     let endpoint: Endpoint = route::route(&gw.models, shape, &model)?.clone();
     let allow = request::Allow {
         server_tools: &endpoint.server_tools,
@@ -757,8 +812,13 @@ async fn forward(
         Ok(g) => g,
         Err(refused) => {
             let status = match refused {
-                tokens::Refusal::Spent { scope, used, cap } => {
-                    gw.cap_spent(scope, used, cap);
+                tokens::Refusal::Spent {
+                    scope,
+                    used,
+                    cap,
+                    needed,
+                } => {
+                    gw.cap_spent(scope, used, cap, needed);
                     403
                 }
                 tokens::Refusal::Held { .. } => 429,
@@ -1014,9 +1074,11 @@ async fn settle(
     match settled {
         Ok((run_ledger, fleet_ledger)) => {
             if tokens::spent(run_ledger, run_cap) {
-                gw.cap_spent(tokens::Scope::Run, run_ledger.used, run_cap);
+                // Spent by this settlement: no call of the smallest size
+                // (2 tokens, `tokens::spent`) fits any more.
+                gw.cap_spent(tokens::Scope::Run, run_ledger.used, run_cap, 2);
             } else if tokens::spent(fleet_ledger, fleet_cap) {
-                gw.cap_spent(tokens::Scope::Fleet, fleet_ledger.used, fleet_cap);
+                gw.cap_spent(tokens::Scope::Fleet, fleet_ledger.used, fleet_cap, 2);
             }
         }
         Err(e) => tracing::error!(error = %e, "settling a model call failed"),

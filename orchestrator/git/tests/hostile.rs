@@ -37,6 +37,7 @@ fn import_with_deadline(fx: &Fixture, wt: &Path, run_id: &str) -> Result<Importe
                 ..Default::default()
             },
             committer: ("nightshift", "nightshift@example.invalid"),
+            leave_out: &[],
         };
         let _ = tx.send(import_run(&spec));
     });

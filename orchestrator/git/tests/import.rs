@@ -247,6 +247,46 @@ fn gitignore_leaves_out_untracked_paths_only() {
     assert_eq!(status, " M tracked.log\n?? sub/.gitignore\n?? sub/keep.log");
 }
 
+/// A preset's own bookkeeping (aider's chat and input history and tags
+/// cache) stays out of the run's result: left out at the top when
+/// untracked, kept when the tip tracks it, never matched below the top.
+#[test]
+fn an_agents_bookkeeping_stays_out_unless_tracked() {
+    let fx = Fixture::new();
+    write(
+        &fx.host.join(".aider.input.history"),
+        "tracked on purpose\n",
+    );
+    git(&fx.host, &["add", ".aider.input.history"]);
+    git(&fx.host, &["commit", "-q", "-m", "a tracked history"]);
+    let fx = Fixture {
+        base: git(&fx.host, &["rev-parse", "HEAD"]),
+        ..fx
+    };
+    let wt = fx.worktree("bk");
+    let p = &wt.path;
+    write(&p.join("hello.txt"), "hello\n");
+    write(&p.join(".aider.chat.history.md"), "# chat\n");
+    write(&p.join(".aider.input.history"), "changed\n");
+    write(&p.join(".aider.tags.cache.v4/cache.db"), "x");
+    write(&p.join("sub/.aider.chat.history.md"), "below the top\n");
+    let mut spec = fx.spec(p, "bk");
+    let globs = [
+        ".aider.chat.history.md",
+        ".aider.input.history",
+        ".aider.tags.cache.v*",
+    ];
+    spec.leave_out = &globs;
+    let got = import_run(&spec).unwrap();
+    let observed = got.observed_commit.unwrap();
+    let names = git(&fx.host, &["diff", "--name-only", &fx.base, &observed]);
+    assert_eq!(
+        names,
+        ".aider.input.history\nhello.txt\nsub/.aider.chat.history.md"
+    );
+    assert_eq!(got.ignored, 2, "the chat history and the tags cache");
+}
+
 #[test]
 fn too_many_new_objects_drops_the_history_not_the_files() {
     let fx = Fixture::new();

@@ -41,6 +41,7 @@
 use std::path::Path;
 
 use nightshift_engine_docker::image::Agent;
+use nightshift_gateway::models::{glob_match, Api, Models};
 
 /// Files at a repository's root that `agent` would read as its own
 /// configuration and that no flag switches off.
@@ -85,6 +86,141 @@ pub fn check_repository(agent: Agent, repo: &Path, base_ref: &str) -> Result<(),
         Ok(present) => project_config_refusal(agent, &present),
         Err(_) => Ok(()),
     }
+}
+
+/// The model a preset's agent asks for when `--model` names none (its
+/// `run.sh`'s default; `None`: the agent's own choice, Claude Code's, or the
+/// task's, python-sdks').
+pub fn default_model(agent: Agent) -> Option<&'static str> {
+    match agent {
+        Agent::Codex => Some("gpt-5-codex"),
+        Agent::MiniSweAgent => Some("gpt-5-mini"),
+        Agent::Aider => Some("gpt-4.1"),
+        Agent::ClaudeCode | Agent::PythonSdks => None,
+    }
+}
+
+/// The API family a preset's agent speaks to the gateway (`None`: any,
+/// python-sdks' task decides).
+pub fn api_of(agent: Agent) -> Option<Api> {
+    match agent {
+        Agent::ClaudeCode => Some(Api::Anthropic),
+        Agent::Codex | Agent::MiniSweAgent | Agent::Aider => Some(Api::Openai),
+        Agent::PythonSdks => None,
+    }
+}
+
+/// Before a run of `agent` starts: the models configuration it would
+/// reach its model through (`None`: there is no `STATE/models.toml`),
+/// checked for an endpoint of the agent's API family whose globs cover the
+/// model it will ask for (`model`, else [`default_model`]). Returns the
+/// key file of that endpoint, for the caller to check (it is read, not
+/// here). Each refusal names the fix. python-sdks (the tests' preset, whose
+/// task is a program) is not checked.
+pub fn preflight<'m>(
+    agent: Agent,
+    model: Option<&str>,
+    models: Option<&'m Models>,
+    models_path: &Path,
+) -> Result<Option<&'m Path>, String> {
+    let Some(api) = api_of(agent) else {
+        return Ok(None);
+    };
+    let Some(models) = models else {
+        return Err(format!(
+            "there is no {}: the {} preset's agent reaches its model only through nightshift's \
+             model gateway; write it with an {} endpoint and its key file (docs/models.md, \
+             docs/models.example.toml)",
+            models_path.display(),
+            agent.name(),
+            api.name()
+        ));
+    };
+    let family: Vec<_> = models.endpoints.iter().filter(|e| e.api == api).collect();
+    if family.is_empty() {
+        return Err(format!(
+            "{} has no {} endpoint, which the {} preset's agent speaks; add one (docs/models.md)",
+            models_path.display(),
+            api.name(),
+            agent.name()
+        ));
+    }
+    let Some(model) = model.or(default_model(agent)) else {
+        // The agent picks its own model: any endpoint of its family.
+        return Ok(Some(&family[0].key_file));
+    };
+    match family
+        .iter()
+        .find(|e| e.models.iter().any(|g| glob_match(g, model)))
+    {
+        Some(e) => Ok(Some(&e.key_file)),
+        None => {
+            let globs: Vec<&str> = family
+                .iter()
+                .flat_map(|e| e.models.iter().map(String::as_str))
+                .collect();
+            let asked = match model == default_model(agent).unwrap_or_default() {
+                true => format!("its default model {model:?} (docs/agents.md)"),
+                false => format!("model {model:?}"),
+            };
+            Err(format!(
+                "the {} preset's agent would ask for {asked}, which no {} endpoint of {} serves \
+                 (their models: {}); add a glob that covers it to an endpoint's `models`, or pass \
+                 --model with one they cover",
+                agent.name(),
+                api.name(),
+                models_path.display(),
+                globs.join(", ")
+            ))
+        }
+    }
+}
+
+/// [`preflight`] on the state directory `root`'s `models.toml`, then the
+/// endpoint's key file checked as the gateway would read it (the
+/// supervisor's own, no access for group or others, not empty): the key
+/// is read and dropped at once, never kept or shown.
+pub fn check_ready(agent: Agent, model: Option<&str>, root: &Path) -> Result<(), String> {
+    let path = root.join(nightshift_gateway::models::FILE);
+    let models = nightshift_gateway::load(root).map_err(|e| e.to_string())?;
+    let Some(key_file) = preflight(agent, model, models.as_ref(), &path)? else {
+        return Ok(());
+    };
+    nightshift_gateway::key::read(key_file)
+        .map(drop)
+        .map_err(|e| {
+            format!(
+            "{e}: the gateway could not use it, and the {} preset's agent would reach no model; \
+             make it a file of the supervisor's user with its key, mode 0600 (chmod 600)",
+            agent.name()
+        )
+        })
+}
+
+/// Names at the worktree's top that `agent` writes for itself (its chat
+/// and input history, its caches): left out of the run's result unless
+/// the tip tracks them (`orchestrator_git::ImportSpec::leave_out`).
+pub fn bookkeeping(agent: Agent) -> &'static [&'static str] {
+    match agent {
+        Agent::Aider => &[
+            ".aider.chat.history.md",
+            ".aider.input.history",
+            ".aider.llm.history",
+            ".aider.tags.cache.v*",
+        ],
+        Agent::ClaudeCode | Agent::Codex | Agent::MiniSweAgent | Agent::PythonSdks => &[],
+    }
+}
+
+/// The preset whose image a run's `image` reference names
+/// (`nightshift-agent-PRESET:...`), if any.
+pub fn of_image(image: &str) -> Option<Agent> {
+    Agent::ALL.into_iter().find(|a| {
+        image
+            .strip_prefix("nightshift-agent-")
+            .and_then(|rest| rest.strip_prefix(a.name()))
+            .is_some_and(|rest| rest.starts_with(':'))
+    })
 }
 
 /// The command every agent image runs: its preset's `run.sh`.
@@ -202,9 +338,97 @@ mod tests {
     }
 
     #[test]
+    fn aiders_bookkeeping_is_left_out_of_its_runs_results() {
+        for agent in Agent::ALL {
+            assert_eq!(of_image(&agent.reference()), Some(agent));
+        }
+        assert_eq!(of_image("nightshift-sandbox:abc"), None);
+        assert_eq!(of_image("nightshift-agent-aiderx:abc"), None);
+        let aider = bookkeeping(Agent::Aider);
+        for name in [".aider.chat.history.md", ".aider.input.history"] {
+            assert!(aider.contains(&name), "{name}");
+        }
+        assert!(aider.contains(&".aider.tags.cache.v*"));
+        assert!(bookkeeping(Agent::ClaudeCode).is_empty());
+    }
+
+    #[test]
     fn a_model_name_is_never_an_option_or_a_second_word() {
         for bad in ["", "-rf", "--yolo", "a b", "a;b", "a\nb", &"m".repeat(129)] {
             assert!(preset(Agent::Aider, Some(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    fn models(text: &str) -> Models {
+        Models::parse(Path::new("/s/models.toml"), text).unwrap()
+    }
+
+    const BOTH: &str = "[endpoints.a]\napi = \"anthropic\"\nbase_url = \"https://a.example\"\n\
+        key_file = \"/k/a\"\nmodels = [\"claude-*\"]\n\
+        [endpoints.o]\napi = \"openai\"\nbase_url = \"https://o.example\"\n\
+        key_file = \"/k/o\"\nmodels = [\"gpt-5*\"]\n";
+
+    #[test]
+    fn a_preset_is_refused_before_it_starts_without_a_model_it_can_reach() {
+        let path = Path::new("/s/models.toml");
+        // No models.toml: every preset but the tests' is refused, naming the file.
+        for agent in [
+            Agent::ClaudeCode,
+            Agent::Codex,
+            Agent::MiniSweAgent,
+            Agent::Aider,
+        ] {
+            let e = preflight(agent, None, None, path).unwrap_err();
+            assert!(
+                e.contains("there is no /s/models.toml") && e.contains("docs/models.md"),
+                "{e}"
+            );
+        }
+        assert_eq!(preflight(Agent::PythonSdks, None, None, path), Ok(None));
+        let both = models(BOTH);
+        // Defaults covered by the globs: the endpoint's key file comes back.
+        assert_eq!(
+            preflight(Agent::Codex, None, Some(&both), path),
+            Ok(Some(Path::new("/k/o")))
+        );
+        assert_eq!(
+            preflight(Agent::ClaudeCode, None, Some(&both), path),
+            Ok(Some(Path::new("/k/a")))
+        );
+        // aider's default (gpt-4.1) is not covered: the refusal says which
+        // model, that it is the default, and the fix.
+        let e = preflight(Agent::Aider, None, Some(&both), path).unwrap_err();
+        assert!(
+            e.contains("its default model \"gpt-4.1\"")
+                && e.contains("gpt-5*")
+                && e.contains("--model"),
+            "{e}"
+        );
+        assert!(preflight(Agent::Aider, Some("gpt-5-mini"), Some(&both), path).is_ok());
+        let e = preflight(Agent::Codex, Some("o3"), Some(&both), path).unwrap_err();
+        assert!(e.contains("model \"o3\""), "{e}");
+        // No endpoint of the agent's family at all.
+        let only_openai = models(&BOTH[BOTH.find("[endpoints.o]").unwrap()..]);
+        let e = preflight(Agent::ClaudeCode, None, Some(&only_openai), path).unwrap_err();
+        assert!(e.contains("has no anthropic endpoint"), "{e}");
+    }
+
+    #[test]
+    fn each_presets_documented_default_model_is_its_scripts() {
+        let docs = include_str!("../../../docs/agents.md");
+        for agent in Agent::ALL {
+            if let Some(model) = default_model(agent) {
+                assert!(
+                    agent.run_script().contains(&format!(":-{model}}}")),
+                    "{}",
+                    agent.name()
+                );
+                assert!(
+                    docs.contains(&format!("| `{}` | `{model}` |", agent.name())),
+                    "{}",
+                    agent.name()
+                );
+            }
         }
     }
 

@@ -150,6 +150,7 @@ pub async fn prepare(
     let build = ApiCommand::ImageBuild {
         mirror: nightshift_engine_docker::image::DEFAULT_MIRROR.into(),
         agent: None,
+        with: Vec::new(),
     };
     let image = match api
         .execute_streaming(build, &Caller::Local, progress)

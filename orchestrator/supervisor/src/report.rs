@@ -124,6 +124,11 @@ pub fn build(
             .and_then(|e| e.body.get("caps").cloned())
             .unwrap_or_default();
         let count = store.count_acts(id).map_err(|e| e.to_string())?;
+        let calls: Vec<serde_json::Value> = entries
+            .iter()
+            .filter(|e| e.kind == "model_call")
+            .map(|e| serde_json::Value::Object(e.body.clone()))
+            .collect();
         out_runs.push(ReportRun {
             id: run.id.clone(),
             dry_run: run.dry_run,
@@ -138,6 +143,7 @@ pub fn build(
                 "cpu_ns": run.cpu_ns,
                 "acts": count,
                 "acts_cap": crate::acts::MAX_ACTS_PER_RUN,
+                "model": nightshift_gateway::summarize(&calls),
             }),
         });
         for row in rows.iter().filter(|r| &r.act.run == id) {
@@ -278,14 +284,11 @@ pub fn text(report: &Report) -> Vec<String> {
             line(&r.repo),
             line(&r.base_ref)
         ));
-        out.push(format!(
-            "  caps set:  {}",
-            nightshift_core::terminal::json(&r.caps, false)
-        ));
-        out.push(format!(
-            "  caps used: {}",
-            nightshift_core::terminal::json(&r.used, false)
-        ));
+        out.extend(
+            used_against_set(&r.caps, &r.used)
+                .into_iter()
+                .map(|l| format!("  {l}")),
+        );
     }
     out.push(format!(
         "acts: {} refused, {} a person would have had to review",
@@ -319,6 +322,84 @@ pub fn text(report: &Report) -> Vec<String> {
     out
 }
 
+/// A span for people: `850 ms`, `12.3 s`, `4 min 05 s`, `2 h 00 min`.
+pub fn duration_text(ms: u64) -> String {
+    let s = ms / 1000;
+    if ms < 1000 {
+        format!("{ms} ms")
+    } else if s < 60 {
+        format!("{:.1} s", ms as f64 / 1000.0)
+    } else if s < 3600 {
+        format!("{} min {:02} s", s / 60, s % 60)
+    } else {
+        format!("{} h {:02} min", s / 3600, (s % 3600) / 60)
+    }
+}
+
+/// A count for people: `2,000,000`.
+pub fn count_text(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A run's caps used against its caps set, one line each (time, memory,
+/// CPU, model tokens, acts), in units people read. `caps` is the run's
+/// recorded `Caps` (absent figures are left out), `used` the report's.
+pub fn used_against_set(caps: &serde_json::Value, used: &serde_json::Value) -> Vec<String> {
+    let num = |v: &serde_json::Value| v.as_u64();
+    let mut out = Vec::new();
+    let timeout_ms = num(&caps["timeout"]["secs"]).map(|s| s * 1000);
+    if let Some(ms) = num(&used["duration_ms"]) {
+        out.push(match timeout_ms {
+            Some(t) => format!("time:   {} of {}", duration_text(ms), duration_text(t)),
+            None => format!("time:   {}", duration_text(ms)),
+        });
+    }
+    let memory = num(&caps["memory_bytes"]).map(nightshift_core::monitor::mib);
+    if let Some(peak) = num(&used["peak_memory_bytes"]) {
+        let peak = nightshift_core::monitor::mib(peak);
+        out.push(match memory {
+            Some(m) => format!("memory: peak {peak} of {m}"),
+            None => format!("memory: peak {peak}"),
+        });
+    }
+    if let Some(ns) = num(&used["cpu_ns"]) {
+        let cpus = num(&caps["nano_cpus"])
+            .map(|n| format!(" (cap {} cpus)", n as f64 / 1e9))
+            .unwrap_or_default();
+        out.push(format!("cpu:    {}{cpus}", duration_text(ns / 1_000_000)));
+    }
+    let model = &used["model"];
+    if num(&model["calls"]).unwrap_or(0) > 0 || caps.get("max_tokens").is_some() {
+        let cap = num(&caps["max_tokens"])
+            .map(|c| format!(" of {}", count_text(c)))
+            .unwrap_or_default();
+        out.push(format!(
+            "tokens: {}{cap} ({} calls, {} refused; input {}, output {}, cached {})",
+            count_text(num(&model["charged_tokens"]).unwrap_or(0)),
+            num(&model["calls"]).unwrap_or(0),
+            num(&model["refused"]).unwrap_or(0),
+            count_text(num(&model["input_tokens"]).unwrap_or(0)),
+            count_text(num(&model["output_tokens"]).unwrap_or(0)),
+            count_text(num(&model["cached_tokens"]).unwrap_or(0)),
+        ));
+    }
+    if let Some(acts) = num(&used["acts"]) {
+        out.push(format!(
+            "acts:   {acts} of {}",
+            num(&used["acts_cap"]).unwrap_or(0)
+        ));
+    }
+    out
+}
+
 /// The report as one self-contained HTML page.
 pub fn html(report: &Report) -> String {
     let e = html_escape;
@@ -342,7 +423,7 @@ pub fn html(report: &Report) -> String {
             e(&r.repo),
             e(&r.base_ref),
             e(&r.caps.to_string()),
-            e(&r.used.to_string())
+            e(&used_against_set(&r.caps, &r.used).join("; "))
         ));
     }
     h.push_str("</table>\n<h2>Acts</h2>\n");
@@ -437,6 +518,38 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn durations_and_token_use_read_as_people_read_them() {
+        assert_eq!(duration_text(850), "850 ms");
+        assert_eq!(duration_text(12_345), "12.3 s");
+        assert_eq!(duration_text(245_000), "4 min 05 s");
+        assert_eq!(duration_text(7_200_000), "2 h 00 min");
+        assert_eq!(count_text(0), "0");
+        assert_eq!(count_text(999), "999");
+        assert_eq!(count_text(2_000_000), "2,000,000");
+        let caps = serde_json::json!({
+            "timeout": {"secs": 7200, "nanos": 0}, "memory_bytes": 2u64 << 30,
+            "nano_cpus": 1_000_000_000u64, "max_tokens": 2_000_000u64,
+        });
+        let used = serde_json::json!({
+            "duration_ms": 245_000, "peak_memory_bytes": 3u64 << 20, "cpu_ns": 1_500_000_000u64,
+            "acts": 2, "acts_cap": 200,
+            "model": {"calls": 3, "refused": 1, "charged_tokens": 12_345, "input_tokens": 10_000,
+                      "output_tokens": 2_345, "cached_tokens": 0},
+        });
+        let lines = used_against_set(&caps, &used);
+        assert_eq!(
+            lines,
+            [
+                "time:   4 min 05 s of 2 h 00 min",
+                "memory: peak 3.0 MiB of 2048 MiB",
+                "cpu:    1.5 s (cap 1 cpus)",
+                "tokens: 12,345 of 2,000,000 (3 calls, 1 refused; input 10,000, output 2,345, cached 0)",
+                "acts:   2 of 200",
+            ]
+        );
     }
 
     #[test]

@@ -293,7 +293,7 @@ impl<E: ContainerEngine, S: StateStore> Supervisor<E, S> {
         store.put_run(record)
     }
 
-    fn paths(&self) -> nightshift_core::state_store::StatePaths {
+    pub(crate) fn paths(&self) -> nightshift_core::state_store::StatePaths {
         let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
         nightshift_core::state_store::StatePaths::new(store.root().to_path_buf())
     }
@@ -723,7 +723,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
             }
             Some(reached) = token_cap(&mut tokens_spent), if token_breach.is_none() => {
                 token_breach = Some(Breach {
-                    cap: "model_tokens",
+                    cap: reached.kind,
                     limit: reached.cap,
                     observed: reached.used,
                     detail: reached.detail,
@@ -1205,6 +1205,10 @@ async fn import_audited(
         id.clone(),
         worktree.to_path_buf(),
     );
+    // A preset's own bookkeeping stays out of the result.
+    let leave_out = crate::agents::of_image(&record.image)
+        .map(crate::agents::bookkeeping)
+        .unwrap_or_default();
     let import = move || {
         orchestrator_git::import_run(&orchestrator_git::ImportSpec {
             host_repo: &repo,
@@ -1213,6 +1217,7 @@ async fn import_audited(
             base_commit: &base,
             limits: orchestrator_git::ImportLimits::default(),
             committer: ("nightshift", "nightshift@localhost"),
+            leave_out,
         })
     };
     let imported = tokio::task::spawn_blocking(import)

@@ -83,7 +83,11 @@ pub fn outcome(status: &str) -> &'static str {
 /// The cap named by a `killed: ...` status: a fixed name.
 pub fn cap(status: &str) -> Option<&'static str> {
     let rest = status.strip_prefix("killed: ")?;
-    const CAPS: [(&str, &str); 9] = [
+    const CAPS: [(&str, &str); 11] = [
+        // The gateway's kills (`gateway::serve::cap_detail`, run or fleet;
+        // `gateway::route::RefusedInARow`).
+        ("model token cap", "tokens"),
+        ("model calls refused", "model-refused"),
         ("fleet memory cap", "fleet-memory"),
         ("memory cap", "memory"),
         ("process cap", "pids"),
@@ -449,6 +453,16 @@ mod tests {
         assert!(text.contains("acts waiting for you: 3"), "{text}");
         assert!(text.contains("audit chain: intact (9 entries)"), "{text}");
         assert!(text.contains("review: nightshift queue"), "{text}");
+    }
+
+    #[test]
+    fn the_gateways_token_cap_kills_count_as_token_caps() {
+        for status in [
+            "killed: model token cap (used 310 of 1000; a call needed at least 701, 690 were left)",
+            "killed: model token cap of the fleet for the night (used 9 of 10; a call needed at least 5, 1 were left)",
+        ] {
+            assert_eq!(cap(status), Some("tokens"), "{status}");
+        }
     }
 
     #[test]

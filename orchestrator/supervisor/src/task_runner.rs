@@ -29,8 +29,14 @@ pub struct InProcess {
     pub config: Config,
 }
 
-/// The run a task asks for, after the configuration's defaults.
-pub fn request(spec: &TaskSpec, config: &Config) -> Result<RunRequest, String> {
+/// The run a task asks for, after the configuration's defaults; an agent
+/// preset's run is checked as `nightshift run`'s is (`agents::check_ready`
+/// on the state directory `root`).
+pub fn request(
+    spec: &TaskSpec,
+    config: &Config,
+    root: &std::path::Path,
+) -> Result<RunRequest, String> {
     let d = config.caps();
     let size = |name: &str, v: &Option<String>| -> Result<Option<u64>, String> {
         v.as_deref()
@@ -66,6 +72,7 @@ pub fn request(spec: &TaskSpec, config: &Config) -> Result<RunRequest, String> {
             let agent = nightshift_engine_docker::image::Agent::from_name(name)?;
             let preset = crate::agents::preset(agent, spec.model.as_deref())?;
             crate::agents::check_repository(agent, &spec.repo, &spec.base_ref)?;
+            crate::agents::check_ready(agent, spec.model.as_deref(), root)?;
             (spec.image.clone().or(Some(preset.image)), preset.command)
         }
     };
@@ -91,7 +98,7 @@ impl TaskRunner for InProcess {
     ) -> BoxFuture<'static, RunOutcome> {
         let (sup, config) = (self.sup.clone(), self.config.clone());
         Box::pin(async move {
-            let req = request(&task.spec, &config).map_err(|e| {
+            let req = request(&task.spec, &config, &sup.paths().root).map_err(|e| {
                 (
                     nightshift_core::exit::BAD_INPUT,
                     format!("task {}: {e}", task.id),
@@ -137,7 +144,7 @@ mod tests {
         let config = Config::default();
         let spec: TaskSpec =
             serde_json::from_str(r#"{"repo": "/r", "command": ["true"], "memory": "1G"}"#).unwrap();
-        let r = request(&spec, &config).unwrap();
+        let r = request(&spec, &config, std::path::Path::new("/nonexistent")).unwrap();
         assert!(!r.echo, "a queued run echoes its agent's output");
         assert_eq!(r.caps.memory_bytes, 1 << 30);
         assert_eq!(r.caps.pids, config.caps().pids);

@@ -88,6 +88,10 @@ pub struct ImportSpec<'a> {
     pub limits: ImportLimits,
     /// `(name, email)` of the observed-state commit's author and committer.
     pub committer: (&'a str, &'a str),
+    /// Globs of names at the worktree's top left out of the observed
+    /// state when the tip does not track them (an agent's own bookkeeping,
+    /// e.g. aider's `.aider.chat.history.md`), as `.gitignore` would.
+    pub leave_out: &'a [&'a str],
 }
 
 /// Where the agent's tip was read from.
@@ -377,7 +381,14 @@ pub fn import_run(spec: &ImportSpec<'_>) -> Result<Imported, GitError> {
         .tree()
         .map_err(|e| GitError::git(format!("reading the tree of imported tip {tip}"), e))?;
 
-    let observed = observe::observe(&host, spec.worktree, &tip_tree, &spec.limits, &mut skipped)?;
+    let observed = observe::observe(
+        &host,
+        spec.worktree,
+        &tip_tree,
+        &spec.limits,
+        spec.leave_out,
+        &mut skipped,
+    )?;
 
     let (result, result_tree, observed_commit) = if observed.tree == tip_tree.id() {
         (tip, tip_tree.id(), None)

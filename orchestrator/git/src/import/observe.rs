@@ -33,7 +33,10 @@
 //!   (`tests/import.rs::observed_files_past_the_limits_are_skipped_and_listed`,
 //!   `tests/hostile_trees.rs::observed_state_never_keeps_a_hostile_tip_tree`);
 //! - a submodule (gitlink) of the tip's tree is kept as the tip has it: its
-//!   directory is not read.
+//!   directory is not read;
+//! - names at the top matching `ImportSpec::leave_out` (an agent's own
+//!   bookkeeping) are left out like ignored paths, and only when untracked
+//!   (`tests/import.rs::an_agents_bookkeeping_stays_out_unless_tracked`).
 //!
 //! Nothing the worktree holds is trusted as a cache: every file is read and
 //! hashed, since the index and mtimes are the agent's to forge.
@@ -87,6 +90,8 @@ struct Walker<'a> {
     ignored: u64,
     skipped: &'a mut SkipList,
     ignores: Vec<Gitignore>,
+    /// `ImportSpec::leave_out`, rooted at the worktree's top.
+    leave_out: Option<Gitignore>,
     /// Tip trees found to hold only entries git would check out.
     clean_trees: HashSet<Oid>,
 }
@@ -97,8 +102,27 @@ pub(super) fn observe(
     worktree: &Path,
     tip_tree: &Tree<'_>,
     limits: &ImportLimits,
+    leave_out: &[&str],
     skipped: &mut SkipList,
 ) -> Result<Observed, GitError> {
+    let leave_out = match leave_out.is_empty() {
+        true => None,
+        false => {
+            let mut builder = GitignoreBuilder::new(worktree);
+            for glob in leave_out {
+                builder.add_line(None, &format!("/{glob}")).map_err(|e| {
+                    GitError::HostileWorktree {
+                        path: worktree.to_owned(),
+                        why: format!("left-out name {glob:?}: {e}"),
+                    }
+                })?;
+            }
+            Some(builder.build().map_err(|e| GitError::HostileWorktree {
+                path: worktree.to_owned(),
+                why: format!("left-out names: {e}"),
+            })?)
+        }
+    };
     let odb = host
         .odb()
         .map_err(|e| GitError::git("opening the host object database", e))?;
@@ -111,6 +135,7 @@ pub(super) fn observe(
         ignored: 0,
         skipped,
         ignores: Vec::new(),
+        leave_out,
         clean_trees: HashSet::new(),
     };
     let tree = match walker.dir(worktree, "", 0, Some(tip_tree), false)? {
@@ -260,7 +285,12 @@ impl Walker<'_> {
             // (unless that entry is a tree git would refuse, see below).
             let kept = tracked_entry.map(|(id, mode, _)| (id, mode));
             let skipped_before = self.skipped.total;
-            let matches_ignore = self.is_ignored(&path, kind.is_dir());
+            let matches_ignore = self.is_ignored(&path, kind.is_dir())
+                || (depth == 0
+                    && self
+                        .leave_out
+                        .as_ref()
+                        .is_some_and(|g| g.matched(&path, kind.is_dir()).is_ignore()));
             let ignored = !is_tracked && (in_ignored || matches_ignore);
 
             let entry: Option<(Oid, i32)> = if kind.is_dir() {

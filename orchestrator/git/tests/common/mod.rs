@@ -98,6 +98,7 @@ impl Fixture {
             base_commit: &self.base,
             limits: ImportLimits::default(),
             committer: ("nightshift", "nightshift@example.invalid"),
+            leave_out: &[],
         }
     }
 }

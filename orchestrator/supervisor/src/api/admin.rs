@@ -401,46 +401,40 @@ impl Api {
         })
     }
 
-    pub(super) fn image_ref(&self, agent: Option<&str>) -> Result<Reply, ApiError> {
-        let reference = match agent {
-            None => nightshift_engine_docker::image::default_reference(),
-            Some(name) => agent_preset(name)?.reference(),
-        };
+    pub(super) fn image_ref(
+        &self,
+        agent: Option<&str>,
+        with: &[String],
+    ) -> Result<Reply, ApiError> {
+        let reference = image_spec(agent, with)?.reference();
         Ok(Reply::ImageRef { reference })
     }
 
-    /// Builds the default image (or an agent's), saying each step to `progress`.
+    /// Builds the default image (or an agent's, with toolchains or
+    /// without), saying each step to `progress`.
     pub(super) async fn image_build(
         &self,
         mirror: &str,
         agent: Option<&str>,
+        with: &[String],
         progress: &mut (dyn FnMut(&str) + Send),
     ) -> Result<Reply, ApiError> {
-        let agent = agent.map(agent_preset).transpose()?;
+        let spec = image_spec(agent, with)?;
         let engine = nightshift_engine_docker::engine::Engine::connect().await?;
         let paths = StatePaths::new(self.root.clone());
-        let reference = match agent {
-            None => {
-                nightshift_engine_docker::image::build(&engine, &paths.image_build(), mirror, |l| {
-                    progress(l)
-                })
-                .await
-                .map_err(|e| ApiError::of(e).doing("building the image"))?
-            }
-            Some(agent) => nightshift_engine_docker::image::build_agent(
-                &engine,
-                &paths.image_build(),
-                mirror,
-                agent,
-                |l| progress(l),
-            )
-            .await
-            .map_err(|e| ApiError::of(e).doing(format!("building the {} image", agent.name())))?,
-        };
+        let reference = nightshift_engine_docker::image::build_image(
+            &engine,
+            &paths.image_build(),
+            mirror,
+            &spec,
+            |l| progress(l),
+        )
+        .await
+        .map_err(|e| ApiError::of(e).doing(format!("building the image {}", spec.reference())))?;
         Ok(Reply::ImageRef { reference })
     }
 
-    pub(super) fn destinations(&self) -> Result<Reply, ApiError> {
+    pub(super) fn destinations(&self, probe: bool) -> Result<Reply, ApiError> {
         use orchestrator_executors::{ConfigError, Destinations};
         let path = self.root.join("destinations.toml");
         if !path.exists() {
@@ -451,15 +445,24 @@ impl Api {
             });
         }
         let (listed, problems) = match Destinations::load(&path) {
-            Ok(dest) => (
-                Some(
-                    dest.listing()
-                        .iter()
-                        .map(|l| serde_json::to_value(l).unwrap_or_default())
-                        .collect(),
-                ),
-                Vec::new(),
-            ),
+            // Each credential file is checked as the executor will read it:
+            // a token file readable by everyone fails now, not in the morning.
+            Ok(dest) => {
+                let mut problems = dest.secret_problems();
+                // Probing sends a credential: only once every file is sound.
+                if probe && problems.is_empty() {
+                    problems.extend(probe_destinations(&dest));
+                }
+                (
+                    Some(
+                        dest.listing()
+                            .iter()
+                            .map(|l| serde_json::to_value(l).unwrap_or_default())
+                            .collect(),
+                    ),
+                    problems,
+                )
+            }
             Err(ConfigError::Invalid { origin, problems }) => (
                 None,
                 problems.iter().map(|p| format!("{origin}: {p}")).collect(),
@@ -650,6 +653,22 @@ impl Api {
     }
 }
 
+/// The image an agent preset's name and toolchain names ask for.
+fn image_spec(
+    agent: Option<&str>,
+    with: &[String],
+) -> Result<nightshift_engine_docker::image::ImageSpec, ApiError> {
+    use nightshift_engine_docker::image::{ImageSpec, Toolchain};
+    let agent = agent.map(agent_preset).transpose()?;
+    let mut toolchains = Vec::new();
+    for list in with {
+        toolchains.extend(
+            Toolchain::parse_list(list).map_err(|e| ApiError::new(ErrorKind::BadInput, e))?,
+        );
+    }
+    Ok(ImageSpec::new(agent, &toolchains))
+}
+
 fn agent_preset(name: &str) -> Result<nightshift_engine_docker::image::Agent, ApiError> {
     nightshift_engine_docker::image::Agent::from_name(name)
         .map_err(|e| ApiError::new(ErrorKind::BadInput, e))
@@ -754,4 +773,29 @@ fn repeated_repo_lines(repo: &str, base: &str, body: &[u8]) -> Vec<String> {
 /// absolute before a command leaves its process (`serve` has another).
 pub fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Asks each remote for its refs and each forge for its open pull requests
+/// (reads only, with the configured credential): one problem for each
+/// that refuses or cannot be reached. Messages are not probed: sending one
+/// is the only way to try a webhook.
+fn probe_destinations(dest: &orchestrator_executors::Destinations) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (alias, remote) in &dest.remotes {
+        if let Err(e) = orchestrator_executors::remote_heads(remote) {
+            problems.push(format!("remotes.{alias}: probe: {e}"));
+        }
+    }
+    for (alias, forge) in &dest.forges {
+        let probe = orchestrator_executors::find_pull_request(
+            forge,
+            "nightshift/probe",
+            "nightshift/probe",
+            "0000000000000000000000000000000000000000",
+        );
+        if let Err(e) = probe {
+            problems.push(format!("forges.{alias}: probe: {e}"));
+        }
+    }
+    problems
 }

@@ -193,15 +193,29 @@ pub enum Command {
         #[schema(value_type = Option<String>)]
         owner_key_file: Option<PathBuf>,
     },
-    /// The default image's reference, or an agent image's.
-    ImageRef { agent: Option<String> },
-    /// Build the default image (or an agent's) in the local engine.
+    /// The default image's reference, or an agent image's; with
+    /// toolchains (`rust`, `python`, `node`), the image holding them.
+    ImageRef {
+        agent: Option<String>,
+        #[serde(default)]
+        with: Vec<String>,
+    },
+    /// Build the default image (or an agent's, with toolchains or without)
+    /// in the local engine.
     ImageBuild {
         mirror: String,
         agent: Option<String>,
+        #[serde(default)]
+        with: Vec<String>,
     },
-    /// The destinations (`STATE/destinations.toml`), checked.
-    Destinations {},
+    /// The destinations (`STATE/destinations.toml`), checked; with `probe`,
+    /// each remote and forge is also asked, without changing anything,
+    /// whether it accepts the credential (a ref listing; an authenticated
+    /// read of the forge's pull requests).
+    Destinations {
+        #[serde(default)]
+        probe: bool,
+    },
     /// The morning summary.
     Summary {},
     /// Send the morning summary now (or when `due`: if its time has passed).
@@ -462,6 +476,23 @@ pub struct RunView {
     pub audit: Vec<orchestrator_audit::Entry>,
     #[schema(value_type = Vec<Object>)]
     pub refusals: Vec<crate::acts::Refusal>,
+    /// The acts the run's door queued (or, on a dry run, none), oldest first.
+    #[serde(default)]
+    pub acts: Vec<RunAct>,
+}
+
+/// One act a run queued, as `show` and `run` list it (agent-made values:
+/// escape before showing).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RunAct {
+    pub id: String,
+    /// The door: push, pull_request, notify, ask.
+    pub door: String,
+    pub destination: String,
+    /// The ref a push goes to, or `head into base` for a pull request.
+    pub target: Option<String>,
+    /// The act's state now.
+    pub status: String,
 }
 
 /// The deferred queue as `queue` lists it.
@@ -691,11 +722,21 @@ impl Api {
                 actor,
                 owner_key_file.as_deref(),
             ),
-            Command::ImageRef { agent } => self.image_ref(agent.as_deref()),
-            Command::ImageBuild { mirror, agent } => {
-                self.image_build(&mirror, agent.as_deref(), progress).await
+            Command::ImageRef { agent, with } => self.image_ref(agent.as_deref(), &with),
+            Command::ImageBuild {
+                mirror,
+                agent,
+                with,
+            } => {
+                self.image_build(&mirror, agent.as_deref(), &with, progress)
+                    .await
             }
-            Command::Destinations {} => self.destinations(),
+            Command::Destinations { probe } => {
+                let api = self.clone();
+                tokio::task::spawn_blocking(move || api.destinations(probe))
+                    .await
+                    .map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?
+            }
             Command::Summary {} => self.summary(),
             Command::SummarySend { due } => self.summary_send(due),
             Command::UsersAdd {
@@ -891,10 +932,28 @@ impl Api {
         let run = store.run(id)?;
         let audit = store.entries_for_run(id)?;
         let refusals = crate::acts::refusals(&store, Some(id))?;
+        let acts = crate::acts::rows(&store, None)?
+            .into_iter()
+            .filter(|r| r.act.run == id)
+            .map(|r| RunAct {
+                id: r.act.id.clone(),
+                door: r.act.door.name().to_string(),
+                destination: r.act.routing.destination.clone(),
+                target: match &r.act.routing.target {
+                    deferred_queue::Target::Push { target_ref, .. } => Some(target_ref.clone()),
+                    deferred_queue::Target::PullRequest { base_ref, head_ref } => {
+                        Some(format!("{head_ref} into {base_ref}"))
+                    }
+                    _ => None,
+                },
+                status: r.state.name().to_string(),
+            })
+            .collect();
         Ok(Reply::Run(Box::new(RunView {
             run,
             audit,
             refusals,
+            acts,
         })))
     }
 

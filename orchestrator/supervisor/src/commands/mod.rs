@@ -21,6 +21,8 @@
 
 pub mod dispatch;
 pub mod execute;
+pub mod hosted;
+pub mod image;
 pub mod policy;
 pub mod run;
 pub mod serve;

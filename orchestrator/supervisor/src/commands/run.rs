@@ -33,7 +33,7 @@ use std::time::Duration;
 use nightshift_core::config::Config;
 use nightshift_core::sandbox::Caps;
 use nightshift_core::state_store::RunRecord;
-use nightshift_engine_docker::image::Agent;
+use nightshift_engine_docker::image::{Agent, ImageSpec, Toolchain};
 
 use super::Warn;
 use crate::agents::Preset;
@@ -64,6 +64,9 @@ pub struct RunOrder {
     /// Started by a dispatcher as one of its tasks (`tasks run`'s child):
     /// the task is the dispatcher's, so this run makes none of its own.
     pub of_task: bool,
+    /// Toolchains (`--with`): the run's image is the default or the
+    /// preset's image with them (`image build --with`), unless `image` is set.
+    pub with: Vec<Toolchain>,
 }
 
 /// The caps one run asks for.
@@ -87,6 +90,7 @@ pub struct Prepared {
     task: String,
     caps: Caps,
     preset_image: Option<String>,
+    agent: Option<Agent>,
 }
 
 /// The configuration (the act queue gets its lifetimes and bounds from
@@ -118,6 +122,7 @@ pub fn prepare(api: &Api, order: RunOrder) -> Result<Prepared, ApiError> {
         task,
         caps,
         preset_image: None,
+        agent: None,
     })
 }
 
@@ -174,11 +179,22 @@ fn caps(config: &Config, asked: &CapsAsked) -> Result<Caps, ApiError> {
 impl Prepared {
     /// The run of `agent`'s preset: its image (unless one was asked for)
     /// and its command, refused when the repository's base holds what the
-    /// preset's agent would load as its own configuration.
-    pub fn with_agent(mut self, agent: Agent, preset: Preset) -> Result<Self, ApiError> {
+    /// preset's agent would load as its own configuration, or when the
+    /// agent could reach no model (`agents::check_ready`: no
+    /// `models.toml`, no endpoint for its model, an unusable key).
+    pub fn with_agent(
+        mut self,
+        api: &Api,
+        agent: Agent,
+        model: Option<&str>,
+        preset: Preset,
+    ) -> Result<Self, ApiError> {
         crate::agents::check_repository(agent, &self.order.repo, &self.order.base_ref)
             .map_err(|e| ApiError::new(ErrorKind::BadInput, e))?;
+        crate::agents::check_ready(agent, model, api.root())
+            .map_err(|e| ApiError::new(ErrorKind::BadInput, e))?;
         self.preset_image = Some(preset.image);
+        self.agent = Some(agent);
         self.order.command = preset.command;
         Ok(self)
     }
@@ -186,13 +202,17 @@ impl Prepared {
     /// The lifecycle's request.
     fn request(self) -> (Config, RunRequest) {
         let order = self.order;
+        let preset_image = match order.with.is_empty() {
+            true => self.preset_image,
+            false => Some(ImageSpec::new(self.agent, &order.with).reference()),
+        };
         let req = RunRequest {
             repo_confidentiality: self.config.repository_confidentiality(&order.repo),
             repo: order.repo,
             base_ref: order.base_ref,
             image: order
                 .image
-                .or(self.preset_image)
+                .or(preset_image)
                 .unwrap_or_else(nightshift_engine_docker::image::default_reference),
             task: self.task,
             command: order.command,
@@ -383,5 +403,48 @@ mod tests {
                 .starts_with(&format!("reading the task file {}: ", missing.display())),
             "{e}"
         );
+    }
+
+    /// `--with` picks the image holding the toolchains over the default
+    /// image or the preset's; `--image` wins over it.
+    #[test]
+    fn with_toolchains_picks_their_image_over_the_default_or_the_presets() {
+        let dir = tempfile::tempdir().unwrap();
+        let api = Api::new(
+            std::sync::Arc::new(nightshift_store_sqlite::store::SqliteBackend::new(
+                dir.path().join("state"),
+                None,
+            )),
+            None,
+        );
+        let order = |with: Vec<Toolchain>, image: Option<&str>| RunOrder {
+            repo: dir.path().join("repo"),
+            base_ref: "HEAD".into(),
+            command: vec!["true".into()],
+            with,
+            image: image.map(str::to_string),
+            ..RunOrder::default()
+        };
+        let (_, req) = prepare(&api, order(vec![Toolchain::Rust], None))
+            .unwrap()
+            .request();
+        assert_eq!(
+            req.image,
+            ImageSpec::new(None, &[Toolchain::Rust]).reference()
+        );
+        assert!(req.image.starts_with("nightshift-sandbox-with-rust:"));
+        let mut prepared = prepare(&api, order(vec![Toolchain::Python], None)).unwrap();
+        prepared.preset_image = Some(Agent::Codex.reference());
+        prepared.agent = Some(Agent::Codex);
+        let (_, req) = prepared.request();
+        assert!(
+            req.image.starts_with("nightshift-agent-codex-with-python:"),
+            "{}",
+            req.image
+        );
+        let (_, req) = prepare(&api, order(vec![Toolchain::Rust], Some("mine:1")))
+            .unwrap()
+            .request();
+        assert_eq!(req.image, "mine:1");
     }
 }
