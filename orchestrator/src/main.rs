@@ -1177,7 +1177,10 @@ async fn image_cmd(api: &Api, command: ImageCommand) -> Result<i32, i32> {
             ..
         } => return hosted_image(api, &mirror, commands::image::Hosted::Postgres).await,
         ImageCommand::Build {
-            mirror, agent, with, ..
+            mirror,
+            agent,
+            with,
+            ..
         } => ApiCommand::ImageBuild {
             mirror,
             agent: agent.map(|a| agent_preset(&a).map(|_| a)).transpose()?,

@@ -136,13 +136,20 @@ fn unix_now() -> i64 {
         .as_secs() as i64
 }
 
-/// The containers of one run (its label), running or not.
+/// The running containers of one run (its label).
 fn containers_of(run: &str) -> usize {
     let out = std::process::Command::new("docker")
-        .args(["ps", "-aq", "--filter", &format!("label=nightshift.run={run}")])
+        .args([
+            "ps",
+            "-q",
+            "--filter",
+            &format!("label=nightshift.run={run}"),
+        ])
         .output()
         .expect("docker ps");
-    String::from_utf8_lossy(&out.stdout).split_whitespace().count()
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .count()
 }
 
 #[test]
@@ -153,6 +160,7 @@ fn a_worker_cut_off_from_the_store_is_fenced_and_another_settles_its_tasks_once(
             .prefix("nightshift-e2e-")
             .tempdir()
             .unwrap(),
+
         store_url: Some(url.clone()),
     };
     struct Cleanup<'a>(&'a State);
@@ -162,17 +170,14 @@ fn a_worker_cut_off_from_the_store_is_fenced_and_another_settles_its_tasks_once(
         }
     }
     let _cleanup = Cleanup(&state);
+    eprintln!("state: {}", state.path().display());
     // Sandboxes end by themselves 5 s after their supervisor's last
     // renewal of their lease.
-    std::fs::write(
-        state.path().join("config.toml"),
-        "[caps]\nlease = \"5s\"\n",
-    )
-    .unwrap();
+    std::fs::write(state.path().join("config.toml"), "[caps]\nlease = \"5s\"\n").unwrap();
     let repo = make_repo();
     let task = |retries: u32| {
         format!(
-            "[[task]]\nrepo = {:?}\nimage = {:?}\nretries = {retries}\ncommand = [\"bash\", \"-c\", \"echo 1 > started.txt; sleep 20; echo 1 > done.txt\"]\n",
+            "[[task]]\nrepo = {:?}\nimage = {:?}\nretries = {retries}\nmemory = \"128m\"\ncpus = 0.25\ncommand = [\"bash\", \"-c\", \"echo 1 > started.txt; sleep 20; echo 1 > done.txt\"]\n",
             repo.path().to_str().unwrap(),
             image()
         )
@@ -202,7 +207,10 @@ fn a_worker_cut_off_from_the_store_is_fenced_and_another_settles_its_tasks_once(
     // Each run's sandbox is up.
     let up = Instant::now();
     while runs_of_a.iter().any(|r| containers_of(r) == 0) {
-        assert!(up.elapsed() < Duration::from_secs(120), "sandboxes never up");
+        assert!(
+            up.elapsed() < Duration::from_secs(120),
+            "sandboxes never up"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     let b = Worker::start(&state, "host-b", &url);
@@ -226,7 +234,9 @@ fn a_worker_cut_off_from_the_store_is_fenced_and_another_settles_its_tasks_once(
                     ])
                     .output()
                     .unwrap();
-                let n = String::from_utf8_lossy(&out.stdout).split_whitespace().count();
+                let n = String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .count();
                 let mut m = most.lock().unwrap();
                 *m = (*m).max(n);
                 drop(m);
@@ -264,6 +274,14 @@ fn a_worker_cut_off_from_the_store_is_fenced_and_another_settles_its_tasks_once(
     assert!(
         gone_at <= lapse,
         "A's sandboxes were gone at {gone_at}, after its claims lapsed at {lapse} (cut at {cut_at})"
+    );
+
+    // A stopped them itself, having failed to renew (not only because its
+    // runs' own writes to the store failed).
+    let log = std::fs::read_to_string(state.path().join("worker-host-a.log")).unwrap();
+    assert!(
+        log.contains("could not renew its claim in time"),
+        "worker A never fenced itself: {log}"
     );
 
     // B takes the tasks over once the claims lapsed, and settles them once
@@ -328,7 +346,10 @@ fn a_worker_cut_off_from_the_store_is_fenced_and_another_settles_its_tasks_once(
     }
     sampling.store(false, Ordering::SeqCst);
     sampler.join().unwrap();
-    assert!(*most.lock().unwrap() <= 3, "the fleet's three were exceeded");
+    assert!(
+        *most.lock().unwrap() <= 3,
+        "the fleet's three were exceeded"
+    );
     drop(a);
     drop(b);
     assert!(state.verify().status.success());

@@ -219,7 +219,11 @@ pub fn host_id() -> &'static str {
         }
         let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-        format!("{}-{}", clean(&name), clean(&boot).chars().take(8).collect::<String>())
+        format!(
+            "{}-{}",
+            clean(&name),
+            clean(&boot).chars().take(8).collect::<String>()
+        )
     })
 }
 
@@ -253,11 +257,7 @@ pub fn identity_alive(identity: &str) -> bool {
         return true;
     }
     let local = identity.split_once('@').map_or(identity, |(l, _)| l);
-    let Some(pid) = local
-        .split(':')
-        .next()
-        .and_then(|p| p.parse::<u32>().ok())
-    else {
+    let Some(pid) = local.split(':').next().and_then(|p| p.parse::<u32>().ok()) else {
         return false;
     };
     process_identity(pid)

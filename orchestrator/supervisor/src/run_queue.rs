@@ -472,12 +472,24 @@ fn start_child<S: StateStore + ?Sized>(
         Err(e) => {
             p.reason = Some(format!("starting {}: {e}", exe.display()));
             p.ended_at = Some(nightshift_core::state_store::now_rfc3339());
-            store.move_task(&task.id, &["starting"], "failed", &progress_json(&p), Some(fence))?;
+            store.move_task(
+                &task.id,
+                &["starting"],
+                "failed",
+                &progress_json(&p),
+                Some(fence),
+            )?;
             return Ok(None);
         }
     };
     p.child = child.id().and_then(crate::run::process_identity);
-    store.move_task(&task.id, &["starting"], "running", &progress_json(&p), Some(fence))?;
+    store.move_task(
+        &task.id,
+        &["starting"],
+        "running",
+        &progress_json(&p),
+        Some(fence),
+    )?;
     Ok(Some(Own::Child(child)))
 }
 
@@ -511,7 +523,13 @@ fn start_in_process<S: StateStore + ?Sized>(
     nightshift_core::state_store::create_private_dir(&dir)?;
     create(&dir, "result.json")?;
     create(&dir, "stderr.log")?;
-    if !store.move_task(&task.id, &["starting"], "running", &progress_json(&p), Some(fence))? {
+    if !store.move_task(
+        &task.id,
+        &["starting"],
+        "running",
+        &progress_json(&p),
+        Some(fence),
+    )? {
         // Taken over between its start and now: not this dispatcher's.
         return Ok(None);
     }
@@ -589,7 +607,13 @@ fn recover<S: StateStore + ?Sized>(
             p.child = Some(child.to_string());
         }
         p.dispatcher = Some(me.to_string());
-        Ok(store.move_task(&task.id, &[from], "running", &progress_json(&p), Some(fence))?)
+        Ok(store.move_task(
+            &task.id,
+            &[from],
+            "running",
+            &progress_json(&p),
+            Some(fence),
+        )?)
     }
     let mut found = Recovered::default();
     let lapsed = store.claim_lapsed_tasks(holder, unix_now(), until)?;
@@ -621,7 +645,13 @@ fn recover<S: StateStore + ?Sized>(
             {
                 None => {
                     let p = Progress::default();
-                    store.move_task(&task.id, &[from], "queued", &progress_json(&p), Some(fence))?;
+                    store.move_task(
+                        &task.id,
+                        &[from],
+                        "queued",
+                        &progress_json(&p),
+                        Some(fence),
+                    )?;
                 }
                 Some(r) if nightshift_core::state_store::is_final(&r.status) => {
                     if let Some(s) = settle(store, root, &task, None, None, Some(fence))? {
@@ -629,8 +659,7 @@ fn recover<S: StateStore + ?Sized>(
                     }
                 }
                 Some(r)
-                    if r
-                        .supervisor
+                    if r.supervisor
                         .as_deref()
                         .is_some_and(crate::run::identity_elsewhere) =>
                 {
@@ -685,7 +714,13 @@ fn recover<S: StateStore + ?Sized>(
                     }
                 } else {
                     let p = Progress::default();
-                    store.move_task(&task.id, &["starting"], "queued", &progress_json(&p), Some(fence))?;
+                    store.move_task(
+                        &task.id,
+                        &["starting"],
+                        "queued",
+                        &progress_json(&p),
+                        Some(fence),
+                    )?;
                 }
             }
             _ => match task.progress.child.clone() {
@@ -764,11 +799,20 @@ fn settle_elsewhere<S: StateStore + ?Sized>(
     if lost_by_worker && task.progress.attempt < task.spec.retries {
         let q = Progress {
             attempt: task.progress.attempt + 1,
-            reason: Some(format!("attempt {} lost: {words}", task.progress.attempt + 1)),
+            reason: Some(format!(
+                "attempt {} lost: {words}",
+                task.progress.attempt + 1
+            )),
             ..Default::default()
         };
         return Ok(store
-            .move_task(&task.id, &from, TaskState::Queued.name(), &progress_json(&q), Some(fence))?
+            .move_task(
+                &task.id,
+                &from,
+                TaskState::Queued.name(),
+                &progress_json(&q),
+                Some(fence),
+            )?
             .then_some(TaskState::Queued));
     }
     let state = match &ended {
@@ -784,7 +828,13 @@ fn settle_elsewhere<S: StateStore + ?Sized>(
         }
     };
     Ok(store
-        .move_task(&task.id, &from, state.name(), &progress_json(&p), Some(fence))?
+        .move_task(
+            &task.id,
+            &from,
+            state.name(),
+            &progress_json(&p),
+            Some(fence),
+        )?
         .then_some(state))
 }
 
@@ -1176,7 +1226,8 @@ async fn look_after_runs(
             let fence = watched.fences.remove(&id);
             let mut store = api.open_store()?;
             if let Some(task) = list(&store)?.into_iter().find(|t| t.id == id) {
-                if let Some(s) = settle(&mut store, api.root(), &task, None, None, fence.as_ref())? {
+                if let Some(s) = settle(&mut store, api.root(), &task, None, None, fence.as_ref())?
+                {
                     summary.settled.push((id, s));
                 }
             }
@@ -1281,12 +1332,19 @@ pub async fn dispatch_loop(
             Ok(()) if renewed.elapsed() >= every => {
                 renewed = std::time::Instant::now();
                 let at = std::time::Instant::now();
-                heartbeat(api, &me, &holder, until(), bound, &mut watched, &mut summary).and_then(
-                    |()| {
-                        held_at = at;
-                        step(api, &config, opts, &me, &holder, &mut watched, &mut summary)
-                    },
+                heartbeat(
+                    api,
+                    &me,
+                    &holder,
+                    until(),
+                    bound,
+                    &mut watched,
+                    &mut summary,
                 )
+                .and_then(|()| {
+                    held_at = at;
+                    step(api, &config, opts, &me, &holder, &mut watched, &mut summary)
+                })
             }
             Ok(()) => step(api, &config, opts, &me, &holder, &mut watched, &mut summary),
             Err(e) => Err(e),
@@ -1477,7 +1535,13 @@ pub fn begin_foreground(
         holder: holder.clone(),
         generation: 1,
     };
-    store.move_task(&id, &["starting"], "running", &progress_json(&p), Some(&fence))?;
+    store.move_task(
+        &id,
+        &["starting"],
+        "running",
+        &progress_json(&p),
+        Some(&fence),
+    )?;
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let every = Duration::from_millis((lease_secs as u64 * 1000 / 3).max(100));
     let (beat_holder, beat_id) = (holder.clone(), id.clone());

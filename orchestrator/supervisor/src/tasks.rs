@@ -374,7 +374,13 @@ pub fn cancel<S: StateStore + ?Sized>(store: &mut S, id: &str) -> Result<(), Api
     let mut progress = task.progress.clone();
     progress.reason = Some("cancelled".into());
     progress.ended_at = Some(nightshift_core::state_store::now_rfc3339());
-    if store.move_task(id, &["queued"], "cancelled", &progress_json(&progress), None)? {
+    if store.move_task(
+        id,
+        &["queued"],
+        "cancelled",
+        &progress_json(&progress),
+        None,
+    )? {
         return Ok(());
     }
     let now = list(store)?
