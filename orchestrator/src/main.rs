@@ -1549,6 +1549,7 @@ async fn enqueue_cmd(api: &Api, args: EnqueueArgs) -> Result<i32, i32> {
             agent: args.agent,
             model: args.model,
             dry_run: args.dry_run,
+            retries: 0,
             command: args.command,
         }],
     };

@@ -251,6 +251,22 @@ pub struct StoredTask {
     /// The dispatcher that holds the task (`starting` or `running`), and
     /// until when (unix seconds); see [`TaskQueue::start_tasks`].
     pub lease: Option<(String, i64)>,
+    /// The claim's generation, the fencing token: every claim of the task
+    /// (a start, a takeover) adds one, so a holder that lost its claim and
+    /// took it again later still cannot write with the older claim
+    /// ([`TaskFence`]). 0 for a task never claimed.
+    pub generation: i64,
+}
+
+/// A dispatcher's claim on a task, as it got it: a move made with a fence
+/// ([`TaskQueue::move_task`]) happens only while the task is still held by
+/// `holder` under that same `generation`, so a dispatcher whose lease was
+/// taken over (it stalled, or was cut off from the store) cannot overwrite
+/// what the new claimant decided, even after claiming the task again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskFence {
+    pub holder: String,
+    pub generation: i64,
 }
 
 /// What a dispatcher's admission decides over every task
@@ -657,20 +673,23 @@ pub trait TaskQueue {
     fn insert_tasks(&mut self, tasks: &[(String, String)], state: &str) -> Result<(), StoreError>;
     /// Every task, in the queue's order.
     fn tasks(&self) -> Result<Vec<StoredTask>, StoreError>;
-    /// Compare-and-set of a task's state.
+    /// Compare-and-set of a task's state; with a `fence`, only while the
+    /// task is held under that claim ([`TaskFence`]).
     fn move_task(
         &mut self,
         id: &str,
         from: &[&str],
         to: &str,
         progress: &str,
+        fence: Option<&TaskFence>,
     ) -> Result<bool, StoreError>;
     /// Starts tasks for dispatcher `holder`: in one transaction, reads
     /// every task, asks `decide` which queued tasks start (it sees every
     /// dispatcher's `starting` and `running` tasks, so several dispatchers
     /// share one fleet budget), and moves each of those still `queued` to
     /// `starting` with its progress and a lease for `holder` until `until`
-    /// (unix seconds). Returns the ids moved, in the order decided.
+    /// (unix seconds), its generation one more than before. Returns the ids
+    /// moved with their claims' generations, in the order decided.
     ///
     /// Contract: two dispatchers deciding at once are serialised; neither
     /// decides on what the other's start changed (SQLite: `BEGIN
@@ -680,9 +699,9 @@ pub trait TaskQueue {
         holder: &str,
         until: i64,
         decide: TaskDecision<'_>,
-    ) -> Result<Vec<String>, StoreError>;
+    ) -> Result<Vec<(String, i64)>, StoreError>;
     /// Adds task `id` already `starting`, with `progress` and a lease for
-    /// `holder` until `until`, if `admit` (deciding over every task, as
+    /// `holder` until `until` (generation 1), if `admit` (deciding over every task, as
     /// [`TaskQueue::start_tasks`]'s decision does, in the same kind of
     /// transaction) allows it: the path of a run started in the foreground
     /// (`nightshift run`), which no dispatcher may take while it lives.
@@ -708,8 +727,8 @@ pub trait TaskQueue {
     /// Takes over every `starting` or `running` task whose lease lapsed
     /// (`lease_until < now`: its dispatcher died or stalled) or that has
     /// none (started before leases): each is `holder`'s until `until`,
-    /// atomically, so two dispatchers never take over the same task.
-    /// Returns them, in the queue's order.
+    /// its generation one more, atomically, so two dispatchers never take
+    /// over the same task. Returns them as claimed, in the queue's order.
     fn claim_lapsed_tasks(
         &mut self,
         holder: &str,
@@ -960,8 +979,8 @@ impl<T: TaskQueue + ?Sized> TaskQueue for Box<T> {
     forward_box! {
         insert_tasks(self: &mut Self, tasks: &[(String, String)], state: &str) -> ();
         tasks(self: &Self) -> Vec<StoredTask>;
-        move_task(self: &mut Self, id: &str, from: &[&str], to: &str, progress: &str) -> bool;
-        start_tasks(self: &mut Self, holder: &str, until: i64, decide: TaskDecision<'_>) -> Vec<String>;
+        move_task(self: &mut Self, id: &str, from: &[&str], to: &str, progress: &str, fence: Option<&TaskFence>) -> bool;
+        start_tasks(self: &mut Self, holder: &str, until: i64, decide: TaskDecision<'_>) -> Vec<(String, i64)>;
         insert_started_task(self: &mut Self, id: &str, spec: &str, progress: &str, holder: &str, until: i64, admit: &mut dyn FnMut(&[StoredTask]) -> bool) -> bool;
         renew_tasks(self: &mut Self, holder: &str, ids: &[String], until: i64) -> Vec<String>;
         claim_lapsed_tasks(self: &mut Self, holder: &str, now: i64, until: i64) -> Vec<StoredTask>;
@@ -1538,6 +1557,7 @@ pub mod fake {
                     created_at: now.clone(),
                     updated_at: now.clone(),
                     lease: None,
+                    generation: 0,
                 });
             }
             Ok(())
@@ -1551,11 +1571,18 @@ pub mod fake {
             from: &[&str],
             to: &str,
             progress: &str,
+            fence: Option<&TaskFence>,
         ) -> Result<bool, StoreError> {
+            let held = |t: &StoredTask| {
+                fence.is_none_or(|f| {
+                    t.generation == f.generation
+                        && t.lease.as_ref().is_some_and(|(h, _)| *h == f.holder)
+                })
+            };
             let Some(t) = self
                 .tasks
                 .iter_mut()
-                .find(|t| t.id == id && from.contains(&t.state.as_str()))
+                .find(|t| t.id == id && from.contains(&t.state.as_str()) && held(t))
             else {
                 return Ok(false);
             };
@@ -1569,7 +1596,7 @@ pub mod fake {
             holder: &str,
             until: i64,
             decide: TaskDecision<'_>,
-        ) -> Result<Vec<String>, StoreError> {
+        ) -> Result<Vec<(String, i64)>, StoreError> {
             let chosen = decide(&self.tasks);
             let mut started = Vec::new();
             for (id, progress) in chosen {
@@ -1582,7 +1609,8 @@ pub mod fake {
                     t.progress = progress;
                     t.updated_at = now_rfc3339();
                     t.lease = Some((holder.into(), until));
-                    started.push(id);
+                    t.generation += 1;
+                    started.push((id, t.generation));
                 }
             }
             Ok(started)
@@ -1613,6 +1641,7 @@ pub mod fake {
                 created_at: now.clone(),
                 updated_at: now,
                 lease: Some((holder.into(), until)),
+                generation: 1,
             });
             Ok(true)
         }
@@ -1642,6 +1671,7 @@ pub mod fake {
                 let live = matches!(t.state.as_str(), "starting" | "running");
                 if live && t.lease.as_ref().is_none_or(|(_, u)| *u < now) {
                     t.lease = Some((holder.into(), until));
+                    t.generation += 1;
                     taken.push(t.clone());
                 }
             }
@@ -1852,8 +1882,8 @@ pub mod fake {
         forward! {
             insert_tasks(self: &mut Self, tasks: &[(String, String)], state: &str) -> ();
             tasks(self: &Self) -> Vec<StoredTask>;
-            move_task(self: &mut Self, id: &str, from: &[&str], to: &str, progress: &str) -> bool;
-            start_tasks(self: &mut Self, holder: &str, until: i64, decide: TaskDecision<'_>) -> Vec<String>;
+            move_task(self: &mut Self, id: &str, from: &[&str], to: &str, progress: &str, fence: Option<&TaskFence>) -> bool;
+            start_tasks(self: &mut Self, holder: &str, until: i64, decide: TaskDecision<'_>) -> Vec<(String, i64)>;
             insert_started_task(self: &mut Self, id: &str, spec: &str, progress: &str, holder: &str, until: i64, admit: &mut dyn FnMut(&[StoredTask]) -> bool) -> bool;
             renew_tasks(self: &mut Self, holder: &str, ids: &[String], until: i64) -> Vec<String>;
             claim_lapsed_tasks(self: &mut Self, holder: &str, now: i64, until: i64) -> Vec<StoredTask>;

@@ -1245,7 +1245,7 @@ impl PgStore {
         holder: &str,
         until: i64,
         decide: TaskDecision<'_>,
-    ) -> Result<Vec<String>, PgError> {
+    ) -> Result<Vec<(String, i64)>, PgError> {
         let holder = holder.to_string();
         let now = now_rfc3339();
         self.decided(
@@ -1258,16 +1258,16 @@ impl PgStore {
             move |c, _, _, chosen| {
                 let mut started = Vec::new();
                 for (id, progress) in chosen {
-                    let n = c
-                        .execute(
+                    let row = c
+                        .query_opt(
                             "UPDATE tasks SET state = 'starting', progress = $1, updated_at = $2,
-                                    lease_holder = $3, lease_until = $4
-                             WHERE id = $5 AND state = 'queued'",
+                                    lease_holder = $3, lease_until = $4, lease_gen = lease_gen + 1
+                             WHERE id = $5 AND state = 'queued' RETURNING lease_gen",
                             &[&progress, &now, &holder, &until, &id],
                         )
                         .map_err(sql("starting a task"))?;
-                    if n == 1 {
-                        started.push(id);
+                    if let Some(row) = row {
+                        started.push((id, row.get(0)));
                     }
                 }
                 Ok(Finish::Commit(started))
@@ -1309,8 +1309,8 @@ impl PgStore {
                 }
                 c.execute(
                     "INSERT INTO tasks(id, state, spec, progress, created_at, updated_at,
-                                       lease_holder, lease_until)
-                     VALUES ($1, 'starting', $2, $3, $4, $4, $5, $6)",
+                                       lease_holder, lease_until, lease_gen)
+                     VALUES ($1, 'starting', $2, $3, $4, $4, $5, $6, 1)",
                     &[&id, &spec, &progress, &now, &holder, &until],
                 )
                 .map_err(sql("adding a started task"))?;
@@ -1352,11 +1352,11 @@ impl PgStore {
         self.with(|c, _| {
             let rows = c
                 .query(
-                    "UPDATE tasks SET lease_holder = $1, lease_until = $2
+                    "UPDATE tasks SET lease_holder = $1, lease_until = $2, lease_gen = lease_gen + 1
                      WHERE state IN ('starting', 'running')
                        AND (lease_until IS NULL OR lease_until < $3)
                      RETURNING seq, id, state, spec, progress, created_at, updated_at,
-                               lease_holder, lease_until",
+                               lease_holder, lease_until, lease_gen",
                     &[&holder, &until, &now],
                 )
                 .map_err(sql("taking tasks over"))?;
@@ -1366,22 +1366,27 @@ impl PgStore {
         })
     }
 
-    /// Compare-and-set of a task's state, in one statement.
+    /// Compare-and-set of a task's state, in one statement; with a fence,
+    /// only while the task is held under that claim.
     pub(crate) fn move_task(
         &self,
         id: &str,
         from: &[&str],
         to: &str,
         progress: &str,
+        fence: Option<&nightshift_core::state_store::TaskFence>,
     ) -> Result<bool, PgError> {
         let from: Vec<String> = from.iter().map(|s| s.to_string()).collect();
         let now = now_rfc3339();
+        let holder = fence.map(|f| f.holder.clone());
+        let generation = fence.map(|f| f.generation);
         self.with(|c, _| {
             let n = c
                 .execute(
                     "UPDATE tasks SET state = $1, progress = $2, updated_at = $3
-                     WHERE id = $4 AND state = ANY($5)",
-                    &[&to, &progress, &now, &id, &from],
+                     WHERE id = $4 AND state = ANY($5)
+                       AND ($6::TEXT IS NULL OR (lease_holder = $6 AND lease_gen = $7))",
+                    &[&to, &progress, &now, &id, &from, &holder, &generation],
                 )
                 .map_err(sql("moving a task"))?;
             Ok(n == 1)
@@ -1911,7 +1916,8 @@ fn count_since(
 /// Every task, in the queue's order.
 fn tasks_of(c: &mut Client) -> Result<Vec<StoredTask>, PgError> {
     Ok(c.query(
-        "SELECT seq, id, state, spec, progress, created_at, updated_at, lease_holder, lease_until
+        "SELECT seq, id, state, spec, progress, created_at, updated_at, lease_holder, lease_until,
+                lease_gen
          FROM tasks ORDER BY seq",
         &[],
     )
@@ -1933,6 +1939,7 @@ fn task_of(r: &postgres::Row) -> StoredTask {
         created_at: r.get(5),
         updated_at: r.get(6),
         lease: holder.zip(until),
+        generation: r.get(9),
     }
 }
 

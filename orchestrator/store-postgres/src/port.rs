@@ -360,15 +360,16 @@ impl TaskQueue for PgStore {
         from: &[&str],
         to: &str,
         progress: &str,
+        fence: Option<&nightshift_core::state_store::TaskFence>,
     ) -> Result<bool, StoreError> {
-        Ok(PgStore::move_task(self, id, from, to, progress)?)
+        Ok(PgStore::move_task(self, id, from, to, progress, fence)?)
     }
     fn start_tasks(
         &mut self,
         holder: &str,
         until: i64,
         decide: TaskDecision<'_>,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<(String, i64)>, StoreError> {
         Ok(PgStore::start_tasks(self, holder, until, decide)?)
     }
     fn insert_started_task(

@@ -23,10 +23,21 @@
 //!   rewriting `state.db` with its two files is for SQLite.
 
 /// (version, SQL), applied in order, each in the transaction that records it.
-pub const MIGRATIONS: &[(i32, &str)] = &[(1, MIGRATION_1), (2, MIGRATION_2), (3, MIGRATION_3)];
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (1, MIGRATION_1),
+    (2, MIGRATION_2),
+    (3, MIGRATION_3),
+    (4, MIGRATION_4),
+];
 
 /// The schema version this build makes and reads.
 pub const SCHEMA_VERSION: i32 = MIGRATIONS[MIGRATIONS.len() - 1].0;
+
+/// The generation of each task's claim, its fencing token
+/// (`TaskQueue::move_task`): every start and takeover adds one.
+const MIGRATION_4: &str = "
+ALTER TABLE tasks ADD COLUMN IF NOT EXISTS lease_gen BIGINT NOT NULL DEFAULT 0;
+";
 
 /// The dispatchers' leases on tasks (`TaskQueue::start_tasks`): who
 /// dispatches a task and until when (unix seconds).

@@ -475,10 +475,14 @@ fn tasks_move_by_compare_and_set<P: Place>(p: &P) {
     assert!(tasks[0].seq < tasks[1].seq);
     assert_eq!(tasks[0].progress, "{}");
     assert!(s
-        .move_task("t1", &["queued", "paused"], "running", "{\"n\":1}")
+        .move_task("t1", &["queued", "paused"], "running", "{\"n\":1}", None)
         .unwrap());
-    assert!(!s.move_task("t1", &["queued"], "running", "{}").unwrap());
-    assert!(!s.move_task("nope", &["queued"], "running", "{}").unwrap());
+    assert!(!s
+        .move_task("t1", &["queued"], "running", "{}", None)
+        .unwrap());
+    assert!(!s
+        .move_task("nope", &["queued"], "running", "{}", None)
+        .unwrap());
     let t1 = s
         .tasks()
         .unwrap()
@@ -670,7 +674,9 @@ fn racing_writers_each_win_once<P: Place>(p: &P) {
                             .end_run(&run(run_id, status, "repo"), &note(t))
                             .unwrap()
                             .is_some();
-                        let moved = s.move_task(task, &["queued"], "running", "{}").unwrap();
+                        let moved = s
+                            .move_task(task, &["queued"], "running", "{}", None)
+                            .unwrap();
                         let approved = s
                             .transition_act(act, run_id, &pending(), &approved(), &note(t))
                             .unwrap();
@@ -951,7 +957,7 @@ fn tasks_start_under_a_lease_and_are_taken_over_once_lapsed<P: Place>(p: &P) {
         })
         .unwrap();
     assert_eq!(seen, 3, "the decision did not see every task");
-    assert_eq!(started, ["t1"]);
+    assert_eq!(started, [("t1".to_string(), 1)]);
     let t1 = s.tasks().unwrap().remove(0);
     assert_eq!(
         (t1.state.as_str(), t1.progress.as_str()),
@@ -989,19 +995,115 @@ fn tasks_start_under_a_lease_and_are_taken_over_once_lapsed<P: Place>(p: &P) {
         "taken over twice"
     );
     // Started before leases: no lease, taken over by the next dispatcher.
-    assert!(s.move_task("t3", &["queued"], "running", "{}").unwrap());
+    assert!(s
+        .move_task("t3", &["queued"], "running", "{}", None)
+        .unwrap());
     let legacy = s.claim_lapsed_tasks("d3", 100, 200).unwrap();
     assert_eq!(
         legacy.iter().map(|t| t.id.as_str()).collect::<Vec<_>>(),
         ["t3"]
     );
     // Queued and final tasks are never taken over.
-    assert!(s.move_task("t1", &["starting"], "done", "{}").unwrap());
+    assert!(s
+        .move_task("t1", &["starting"], "done", "{}", None)
+        .unwrap());
     assert!(s
         .claim_lapsed_tasks("d4", 10_000, 10_100)
         .unwrap()
         .iter()
         .all(|t| t.id == "t3"));
+}
+
+/// The fence: a move made under a claim happens only while the task is
+/// held under that very claim. A holder whose lease was taken over cannot
+/// move the task, nor can it with its old claim after it took the task
+/// back (the generation moved on); moves without a fence (a queued task's
+/// cancel) are unchanged.
+fn a_lost_claim_moves_nothing_even_after_it_is_taken_back<P: Place>(p: &P) {
+    use nightshift_core::state_store::TaskFence;
+    let mut s = p.open();
+    s.insert_tasks(
+        &[("t1".into(), "spec".into()), ("t2".into(), "spec".into())],
+        "queued",
+    )
+    .unwrap();
+    let started = s
+        .start_tasks("d1", 130, &mut |_| vec![("t1".into(), "{}".into())])
+        .unwrap();
+    let fence = |holder: &str, generation| TaskFence {
+        holder: holder.into(),
+        generation,
+    };
+    let d1 = fence("d1", started[0].1);
+    assert!(s
+        .move_task("t1", &["starting"], "running", "{\"by\":\"d1\"}", Some(&d1))
+        .unwrap());
+    // Lapsed; d2 takes it over.
+    let taken = s.claim_lapsed_tasks("d2", 131, 200).unwrap();
+    assert_eq!(taken[0].generation, d1.generation + 1);
+    let d2 = fence("d2", taken[0].generation);
+    assert!(
+        !s.move_task("t1", &["running"], "done", "{\"by\":\"d1\"}", Some(&d1))
+            .unwrap(),
+        "the old holder moved a task it lost"
+    );
+    // d2 lapses too, and d1 takes the task back: its old claim is still
+    // no claim.
+    let back = s.claim_lapsed_tasks("d1", 201, 300).unwrap();
+    assert_eq!(back[0].lease.as_ref().map(|l| l.0.as_str()), Some("d1"));
+    assert!(
+        !s.move_task(
+            "t1",
+            &["running"],
+            "failed",
+            "{\"by\":\"old d1\"}",
+            Some(&d1)
+        )
+        .unwrap(),
+        "a claim from before the takeover moved the task"
+    );
+    assert!(
+        !s.move_task("t1", &["running"], "failed", "{\"by\":\"d2\"}", Some(&d2))
+            .unwrap(),
+        "a holder that lost the task moved it"
+    );
+    let now = fence("d1", back[0].generation);
+    assert!(s
+        .move_task(
+            "t1",
+            &["running"],
+            "done",
+            "{\"by\":\"d1 again\"}",
+            Some(&now)
+        )
+        .unwrap());
+    let t1 = s
+        .tasks()
+        .unwrap()
+        .into_iter()
+        .find(|t| t.id == "t1")
+        .unwrap();
+    assert_eq!(
+        (t1.state.as_str(), t1.progress.as_str()),
+        ("done", "{\"by\":\"d1 again\"}")
+    );
+    // No fence: a queued task's cancel, as before.
+    assert!(s
+        .move_task("t2", &["queued"], "cancelled", "{}", None)
+        .unwrap());
+    // A foreground run's task starts at generation 1.
+    assert!(s
+        .insert_started_task("r1", "spec", "{}", "run r1", 130, &mut |_| true)
+        .unwrap());
+    assert!(s
+        .move_task(
+            "r1",
+            &["starting"],
+            "running",
+            "{}",
+            Some(&fence("run r1", 1))
+        )
+        .unwrap());
 }
 
 /// Dispatchers starting tasks at once share one budget: each decides on
@@ -1025,7 +1127,12 @@ fn dispatchers_starting_at_once_share_one_budget<P: Place>(p: &P) {
                     let mut mine = Vec::new();
                     for _ in 0..4 {
                         let mut decide = first_within(3, d);
-                        mine.extend(s.start_tasks(&format!("d{d}"), 1_000, &mut decide).unwrap());
+                        mine.extend(
+                            s.start_tasks(&format!("d{d}"), 1_000, &mut decide)
+                                .unwrap()
+                                .into_iter()
+                                .map(|(id, _)| id),
+                        );
                     }
                     mine
                 })
@@ -1186,6 +1293,7 @@ contract!(
     claimers_at_once_never_share_an_act,
     a_replacement_is_one_move,
     tasks_start_under_a_lease_and_are_taken_over_once_lapsed,
+    a_lost_claim_moves_nothing_even_after_it_is_taken_back,
     dispatchers_starting_at_once_share_one_budget,
     a_started_task_is_added_only_when_admitted,
     visiting_the_log_hands_what_a_snapshot_holds,

@@ -1444,6 +1444,7 @@ const MIGRATIONS: &[Migration] = &[
     ),
     (2, "the executors' leases on acts", migrate_act_leases),
     (3, "the dispatchers' leases on tasks", migrate_task_leases),
+    (4, "the generation of each task's claim (its fencing token)", migrate_task_generation),
 ];
 
 /// The schema version this build makes and reads.
@@ -1538,6 +1539,26 @@ fn migrate_task_leases(conn: &Connection) -> Result<(), StoreError> {
             "adding a lease column to the run queue",
         ),
     )
+}
+
+/// The generation of each task's claim (`lease_gen`, see
+/// `TaskQueue::move_task`'s fence), 0 for every task claimed before.
+fn migrate_task_generation(conn: &Connection) -> Result<(), StoreError> {
+    let have: bool = conn
+        .query_row(
+            "SELECT count(*) FROM pragma_table_info('tasks') WHERE name = 'lease_gen'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map_err(sql("reading the run queue's columns"))?
+        > 0;
+    if have {
+        return Ok(());
+    }
+    match conn.execute_batch("ALTER TABLE tasks ADD COLUMN lease_gen INTEGER NOT NULL DEFAULT 0") {
+        Err(e) if e.to_string().contains("duplicate column") => Ok(()),
+        other => other.map_err(sql("adding the claims' generation to the run queue")),
+    }
 }
 
 /// Adds `lease_holder TEXT` and `lease_until INTEGER` to `table` where
@@ -1885,7 +1906,7 @@ impl Store {
         holder: &str,
         until: i64,
         decide: nightshift_core::state_store::TaskDecision<'_>,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<(String, i64)>, StoreError> {
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -1893,16 +1914,18 @@ impl Store {
         let all = tasks_of(&tx)?;
         let mut started = Vec::new();
         for (id, progress) in decide(&all) {
-            let n = tx
-                .execute(
+            let generation: Option<i64> = tx
+                .query_row(
                     "UPDATE tasks SET state = 'starting', progress = ?1, updated_at = ?2,
-                            lease_holder = ?3, lease_until = ?4
-                     WHERE id = ?5 AND state = 'queued'",
+                            lease_holder = ?3, lease_until = ?4, lease_gen = lease_gen + 1
+                     WHERE id = ?5 AND state = 'queued' RETURNING lease_gen",
                     params![progress, now_rfc3339(), holder, until, id],
+                    |r| r.get(0),
                 )
+                .optional()
                 .map_err(sql("starting a task"))?;
-            if n == 1 {
-                started.push(id);
+            if let Some(g) = generation {
+                started.push((id, g));
             }
         }
         tx.commit().map_err(sql("committing the tasks' start"))?;
@@ -1934,8 +1957,8 @@ impl Store {
         }
         let now = now_rfc3339();
         tx.execute(
-            "INSERT INTO tasks(id, state, spec, progress, created_at, updated_at, lease_holder, lease_until)
-             VALUES (?1, 'starting', ?2, ?3, ?4, ?4, ?5, ?6)",
+            "INSERT INTO tasks(id, state, spec, progress, created_at, updated_at, lease_holder, lease_until, lease_gen)
+             VALUES (?1, 'starting', ?2, ?3, ?4, ?4, ?5, ?6, 1)",
             params![id, spec, progress, now, holder, until],
         )
         .map_err(sql("adding a started task"))?;
@@ -1990,11 +2013,13 @@ impl Store {
         let mut taken = Vec::new();
         for mut t in lapsed {
             tx.execute(
-                "UPDATE tasks SET lease_holder = ?1, lease_until = ?2 WHERE id = ?3",
+                "UPDATE tasks SET lease_holder = ?1, lease_until = ?2, lease_gen = lease_gen + 1
+                 WHERE id = ?3",
                 params![holder, until, t.id],
             )
             .map_err(sql("taking a task over"))?;
             t.lease = Some((holder.to_string(), until));
+            t.generation += 1;
             taken.push(t);
         }
         tx.commit().map_err(sql("committing the tasks' takeover"))?;
@@ -2003,14 +2028,16 @@ impl Store {
 
     /// Moves task `id` from one of the states `from` to `to` with its new
     /// progress, in one statement: true when it moved, false when the task
-    /// was not in any of `from` (another process moved it first), so each
-    /// move happens at most once.
+    /// was not in any of `from` (another process moved it first) or, with a
+    /// `fence`, is no longer held under that claim, so each move happens at
+    /// most once and never on a lost claim.
     pub fn move_task(
         &self,
         id: &str,
         from: &[&str],
         to: &str,
         progress: &str,
+        fence: Option<&nightshift_core::state_store::TaskFence>,
     ) -> Result<bool, StoreError> {
         let from = serde_json::to_string(from).map_err(|e| StoreError::BadEntry {
             seq: 0,
@@ -2020,8 +2047,17 @@ impl Store {
             .conn
             .execute(
                 "UPDATE tasks SET state = ?1, progress = ?2, updated_at = ?3
-                 WHERE id = ?4 AND state IN (SELECT value FROM json_each(?5))",
-                params![to, progress, now_rfc3339(), id, from],
+                 WHERE id = ?4 AND state IN (SELECT value FROM json_each(?5))
+                   AND (?6 IS NULL OR (lease_holder = ?6 AND lease_gen = ?7))",
+                params![
+                    to,
+                    progress,
+                    now_rfc3339(),
+                    id,
+                    from,
+                    fence.map(|f| f.holder.as_str()),
+                    fence.map(|f| f.generation)
+                ],
             )
             .map_err(sql("moving a task"))?;
         Ok(n == 1)
@@ -2033,7 +2069,7 @@ fn tasks_of(conn: &Connection) -> Result<Vec<StoredTask>, StoreError> {
     let mut stmt = conn
         .prepare(
             "SELECT seq, id, state, spec, progress, created_at, updated_at,
-                    lease_holder, lease_until
+                    lease_holder, lease_until, lease_gen
              FROM tasks ORDER BY seq",
         )
         .map_err(sql("listing tasks"))?;
@@ -2050,6 +2086,7 @@ fn tasks_of(conn: &Connection) -> Result<Vec<StoredTask>, StoreError> {
                 created_at: r.get(5)?,
                 updated_at: r.get(6)?,
                 lease: holder.zip(until),
+                generation: r.get(9)?,
             })
         })
         .map_err(sql("listing tasks"))?;
@@ -2287,15 +2324,16 @@ impl TaskQueue for Store {
         from: &[&str],
         to: &str,
         progress: &str,
+        fence: Option<&nightshift_core::state_store::TaskFence>,
     ) -> Result<bool, StoreError> {
-        Store::move_task(self, id, from, to, progress)
+        Store::move_task(self, id, from, to, progress, fence)
     }
     fn start_tasks(
         &mut self,
         holder: &str,
         until: i64,
         decide: nightshift_core::state_store::TaskDecision<'_>,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<(String, i64)>, StoreError> {
         Store::start_tasks(self, holder, until, decide)
     }
     fn insert_started_task(

@@ -298,7 +298,7 @@ impl From<&RunError> for ErrorKind {
             RunError::Frozen(_) => ErrorKind::Frozen,
             RunError::Interrupted { signal, .. } => match signal {
                 Stop::Interrupt => ErrorKind::Interrupted,
-                Stop::Terminate => ErrorKind::Terminated,
+                Stop::Terminate | Stop::Fenced => ErrorKind::Terminated,
             },
         }
     }

@@ -70,6 +70,10 @@ use nightshift_engine_docker::engine::{Engine, EngineError, Output, Sample};
 pub enum Stop {
     Interrupt,
     Terminate,
+    /// Its dispatcher could not renew its claim on the run's task in time
+    /// (cut off from the store): the run stops before the claim lapses,
+    /// so it never runs on while another worker takes the task over.
+    Fenced,
 }
 
 impl Stop {
@@ -77,6 +81,15 @@ impl Stop {
         match self {
             Stop::Interrupt => "SIGINT",
             Stop::Terminate => "SIGTERM",
+            Stop::Fenced => "fenced",
+        }
+    }
+
+    /// Why the run stopped, in its record's words.
+    pub fn reason(self) -> String {
+        match self {
+            Stop::Fenced => "its worker could not renew its claim on the task before the claim lapsed (cut off from the store), so it stopped the run".into(),
+            s => format!("its supervisor received {}", s.name()),
         }
     }
 }
@@ -184,26 +197,73 @@ impl FleetHandle {
     }
 }
 
+/// The host a supervisor's identity names: `NIGHTSHIFT_HOST_ID` when set
+/// (a deployment whose hosts share a name says which is which, a Pod its
+/// name), else the host's name and its boot's id, so two machines (or two
+/// containers with their own process namespaces) never share one.
+pub fn host_id() -> &'static str {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        let clean = |s: &str| -> String {
+            s.trim()
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+                .take(64)
+                .collect()
+        };
+        if let Ok(given) = std::env::var("NIGHTSHIFT_HOST_ID") {
+            let given = clean(&given);
+            if !given.is_empty() {
+                return given;
+            }
+        }
+        let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        format!(
+            "{}-{}",
+            clean(&name),
+            clean(&boot).chars().take(8).collect::<String>()
+        )
+    })
+}
+
 /// This process's identity as a supervisor: its pid and kernel start time,
-/// so a reused pid is never mistaken for it.
+/// so a reused pid is never mistaken for it, and the host it runs on
+/// (`pid:starttime@host`, [`host_id`]).
 pub fn process_identity(pid: u32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may hold spaces: split after it.
     let rest = &stat[stat.rfind(')')? + 2..];
     let start = rest.split_whitespace().nth(19)?;
-    Some(format!("{pid}:{start}"))
+    Some(format!("{pid}:{start}@{}", host_id()))
 }
 
-/// Is the supervisor named by `identity` (`pid:starttime`) still running?
+/// Whether `identity` names a process of another host: its liveness is
+/// not this host's to judge (a local pid says nothing of it); the run
+/// queue's leases in the store decide when its tasks are lost.
+pub fn identity_elsewhere(identity: &str) -> bool {
+    identity
+        .split_once('@')
+        .is_some_and(|(_, host)| host != host_id())
+}
+
+/// Is the supervisor named by `identity` (`pid:starttime@host`) still
+/// running? A process of another host counts as running: nothing here may
+/// settle what it holds on the word of this host's process table
+/// (`tests::another_hosts_process_is_never_judged_by_a_local_pid`). An
+/// identity without a host (made before hosts were named) is this host's.
 pub fn identity_alive(identity: &str) -> bool {
-    let Some(pid) = identity
-        .split(':')
-        .next()
-        .and_then(|p| p.parse::<u32>().ok())
-    else {
+    if identity_elsewhere(identity) {
+        return true;
+    }
+    let local = identity.split_once('@').map_or(identity, |(l, _)| l);
+    let Some(pid) = local.split(':').next().and_then(|p| p.parse::<u32>().ok()) else {
         return false;
     };
-    process_identity(pid).as_deref() == Some(identity)
+    process_identity(pid)
+        .as_deref()
+        .and_then(|i| i.split_once('@'))
+        .is_some_and(|(l, _)| l == local)
 }
 
 impl<E: Clone, S> Clone for Supervisor<E, S> {
@@ -1533,7 +1593,7 @@ async fn finish<E: ContainerEngine, S: StateStore>(
         ),
         Ok(Ended::Stopped(s)) => (
             format!("interrupted: {}", s.name()),
-            Some(format!("its supervisor received {}", s.name())),
+            Some(s.reason()),
             Err(RunError::Interrupted {
                 run: id.clone(),
                 signal: s,
@@ -1590,6 +1650,26 @@ mod tests {
             status: "running".into(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn another_hosts_process_is_never_judged_by_a_local_pid() {
+        let me = process_identity(std::process::id()).unwrap();
+        assert!(me.ends_with(&format!("@{}", host_id())), "{me}");
+        assert!(identity_alive(&me));
+        assert!(!identity_elsewhere(&me));
+        // This very pid and start time, on another host: alive there as
+        // far as this host knows, whatever its process table says.
+        let local = me.split_once('@').unwrap().0;
+        let there = format!("{local}@another-host");
+        assert!(identity_elsewhere(&there));
+        assert!(identity_alive(&there));
+        assert!(identity_alive("999999999:1@another-host"));
+        // Here, a pid that is not running is dead; an identity made before
+        // hosts were named is this host's.
+        assert!(!identity_alive(&format!("999999999:1@{}", host_id())));
+        assert!(identity_alive(local));
+        assert!(!identity_alive("999999999:1"));
     }
 
     #[test]

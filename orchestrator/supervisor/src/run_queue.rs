@@ -36,6 +36,18 @@
 //!   runs has ended (asked to stop, they end as `interrupted`), so its
 //!   leases outlive them; an error in its loop (the store busy) is logged
 //!   and tried again rather than leaving its runs unwatched.
+//! - Fencing: every move of a task a dispatcher holds carries the claim it
+//!   got (holder and generation, [`TaskFence`]), and the store refuses the
+//!   move once that claim was taken over, even if the same dispatcher took
+//!   the task back since
+//!   (`orchestrator/store-postgres/tests/contract.rs::a_lost_claim_moves_nothing_even_after_it_is_taken_back`).
+//!   A dispatcher that could not renew for half a lease (cut off from the
+//!   store) stops its runs in process before its claims lapse; a task whose
+//!   run lived on another host (its supervisor's identity names another
+//!   host, `run::identity_elsewhere`) is settled, in the store only, once
+//!   that run's sandbox has surely ended by its own lease, and queued again
+//!   only if its spec's `retries` allows
+//!   (`tests/tests/workers.rs::a_worker_cut_off_from_the_store_is_fenced_and_another_settles_its_tasks_once`).
 //! - A run in process that panics or fails ends its task `failed` (a
 //!   panic) or settled from its run's record, with the reason, and nothing
 //!   else: the panic is caught at its tokio task's `JoinHandle`, the run is
@@ -91,6 +103,7 @@ use serde::{Deserialize, Serialize};
 use crate::api::{Api, ApiError, ErrorKind};
 use nightshift_core::state_store::RunRecord;
 use nightshift_core::state_store::StateStore;
+use nightshift_core::state_store::TaskFence;
 
 pub use crate::tasks::*;
 #[allow(unused_imports)]
@@ -205,6 +218,9 @@ fn task_dir(root: &Path, id: &str) -> PathBuf {
 
 /// Is the process `pid:starttime` alive (a zombie is not)?
 fn alive(identity: &str) -> bool {
+    if crate::run::identity_elsewhere(identity) {
+        return true;
+    }
     if !crate::run::identity_alive(identity) {
         return false;
     }
@@ -270,6 +286,7 @@ fn settle<S: StateStore + ?Sized>(
     task: &TaskRow,
     exit: Option<i32>,
     failure: Option<String>,
+    fence: Option<&TaskFence>,
 ) -> Result<Option<TaskState>, ApiError> {
     let dir = task_dir(root, &task.id);
     let mut p = task.progress.clone();
@@ -330,6 +347,7 @@ fn settle<S: StateStore + ?Sized>(
                     &from,
                     TaskState::Queued.name(),
                     &progress_json(&q),
+                    fence,
                 )?
                 .then_some(TaskState::Queued));
         }
@@ -342,7 +360,7 @@ fn settle<S: StateStore + ?Sized>(
         }
     };
     Ok(store
-        .move_task(&task.id, &from, state.name(), &progress_json(&p))?
+        .move_task(&task.id, &from, state.name(), &progress_json(&p), fence)?
         .then_some(state))
 }
 
@@ -412,6 +430,7 @@ fn start_child<S: StateStore + ?Sized>(
     exe: &Path,
     task: &TaskRow,
     mut p: Progress,
+    fence: &TaskFence,
 ) -> Result<Option<Own>, ApiError> {
     let root = api.root();
     let dir = task_dir(root, &task.id);
@@ -453,12 +472,24 @@ fn start_child<S: StateStore + ?Sized>(
         Err(e) => {
             p.reason = Some(format!("starting {}: {e}", exe.display()));
             p.ended_at = Some(nightshift_core::state_store::now_rfc3339());
-            store.move_task(&task.id, &["starting"], "failed", &progress_json(&p))?;
+            store.move_task(
+                &task.id,
+                &["starting"],
+                "failed",
+                &progress_json(&p),
+                Some(fence),
+            )?;
             return Ok(None);
         }
     };
     p.child = child.id().and_then(crate::run::process_identity);
-    store.move_task(&task.id, &["starting"], "running", &progress_json(&p))?;
+    store.move_task(
+        &task.id,
+        &["starting"],
+        "running",
+        &progress_json(&p),
+        Some(fence),
+    )?;
     Ok(Some(Own::Child(child)))
 }
 
@@ -479,6 +510,7 @@ fn start_in_process<S: StateStore + ?Sized>(
     runner: &Arc<dyn TaskRunner>,
     task: &TaskRow,
     p: Progress,
+    fence: &TaskFence,
 ) -> Result<Option<Own>, ApiError> {
     let Some(run) = p.run.clone() else {
         return Err(ApiError::new(
@@ -491,7 +523,16 @@ fn start_in_process<S: StateStore + ?Sized>(
     nightshift_core::state_store::create_private_dir(&dir)?;
     create(&dir, "result.json")?;
     create(&dir, "stderr.log")?;
-    store.move_task(&task.id, &["starting"], "running", &progress_json(&p))?;
+    if !store.move_task(
+        &task.id,
+        &["starting"],
+        "running",
+        &progress_json(&p),
+        Some(fence),
+    )? {
+        // Taken over between its start and now: not this dispatcher's.
+        return Ok(None);
+    }
     let (stop, stopped) = tokio::sync::watch::channel(None);
     let handle = tokio::spawn(runner.run(task.clone(), run.clone(), stopped));
     Ok(Some(Own::InProcess { run, handle, stop }))
@@ -508,13 +549,37 @@ enum Own {
 }
 
 /// What an earlier dispatcher left: tasks adopted by the identity of their
-/// child, tasks in process waiting for their run's settlement (by run), and
-/// the tasks settled.
+/// child, tasks in process waiting for their run's settlement (by run),
+/// tasks whose run lived on another host (settled once its sandbox has
+/// surely ended by its own lease), the claims they are held under, and the
+/// tasks settled.
 #[derive(Default)]
 struct Recovered {
     children: HashMap<String, String>,
     runs: HashMap<String, String>,
+    elsewhere: HashMap<String, Elsewhere>,
+    fences: HashMap<String, TaskFence>,
     settled: Vec<(String, TaskState)>,
+}
+
+/// A task taken over whose run lived on another host (its dispatcher, a
+/// worker, stopped renewing its lease: dead, or cut off from the store).
+/// Its sandbox there ends by itself: its worker stops it before its lease
+/// lapses when it cannot renew, or, dead, stops renewing the sandbox's own
+/// lease, which then ends it. So its run is settled here only `after` that
+/// bound, and in the store only: nothing of it is on this host.
+#[derive(Debug, Clone)]
+struct Elsewhere {
+    run: Option<String>,
+    child: Option<String>,
+    after: std::time::Instant,
+}
+
+/// How long after taking a task over whose run lived on another host its
+/// sandbox may still live there: the sandbox's own lease (`caps.lease`)
+/// and the host-side end's margin, with room for clocks.
+fn elsewhere_bound(config: &nightshift_core::config::Config) -> Duration {
+    config.caps().lease + Duration::from_secs(10)
 }
 
 /// Takes over what a dispatcher that died left: the `starting` and
@@ -526,6 +591,7 @@ fn recover<S: StateStore + ?Sized>(
     me: &str,
     holder: &str,
     until: i64,
+    bound: Duration,
 ) -> Result<Recovered, ApiError> {
     // An adopted task names its new dispatcher.
     fn adopt<S: StateStore + ?Sized>(
@@ -534,13 +600,20 @@ fn recover<S: StateStore + ?Sized>(
         task: &TaskRow,
         child: Option<&str>,
         from: &str,
+        fence: &TaskFence,
     ) -> Result<bool, ApiError> {
         let mut p = task.progress.clone();
         if let Some(child) = child {
             p.child = Some(child.to_string());
         }
         p.dispatcher = Some(me.to_string());
-        Ok(store.move_task(&task.id, &[from], "running", &progress_json(&p))?)
+        Ok(store.move_task(
+            &task.id,
+            &[from],
+            "running",
+            &progress_json(&p),
+            Some(fence),
+        )?)
     }
     let mut found = Recovered::default();
     let lapsed = store.claim_lapsed_tasks(holder, unix_now(), until)?;
@@ -548,11 +621,19 @@ fn recover<S: StateStore + ?Sized>(
         return Ok(found);
     }
     let runs = store.runs()?;
-    for task in lapsed.into_iter().map(row).collect::<Result<Vec<_>, _>>()? {
+    let after = std::time::Instant::now() + bound;
+    for stored in lapsed {
+        let fence = TaskFence {
+            holder: holder.to_string(),
+            generation: stored.generation,
+        };
+        let task = row(stored)?;
+        let fence = &fence;
         let from = match task.state {
             TaskState::Starting | TaskState::Running => task.state.name(),
             _ => continue,
         };
+        found.fences.insert(task.id.clone(), fence.clone());
         if task.progress.in_process {
             // Its dispatcher, whose lease lapsed, is gone, and its run
             // with it.
@@ -564,44 +645,92 @@ fn recover<S: StateStore + ?Sized>(
             {
                 None => {
                     let p = Progress::default();
-                    store.move_task(&task.id, &[from], "queued", &progress_json(&p))?;
+                    store.move_task(
+                        &task.id,
+                        &[from],
+                        "queued",
+                        &progress_json(&p),
+                        Some(fence),
+                    )?;
                 }
                 Some(r) if nightshift_core::state_store::is_final(&r.status) => {
-                    if let Some(s) = settle(store, root, &task, None, None)? {
+                    if let Some(s) = settle(store, root, &task, None, None, Some(fence))? {
                         found.settled.push((task.id.clone(), s));
                     }
                 }
+                Some(r)
+                    if r.supervisor
+                        .as_deref()
+                        .is_some_and(crate::run::identity_elsewhere) =>
+                {
+                    if adopt(store, me, &task, None, from, fence)? {
+                        found.elsewhere.insert(
+                            task.id.clone(),
+                            Elsewhere {
+                                run: Some(r.id.clone()),
+                                child: None,
+                                after,
+                            },
+                        );
+                    }
+                }
                 Some(r) => {
-                    if adopt(store, me, &task, None, from)? {
+                    if adopt(store, me, &task, None, from, fence)? {
                         found.runs.insert(task.id.clone(), r.id.clone());
                     }
                 }
             }
             continue;
         }
+        if let Some(child) = task
+            .progress
+            .child
+            .clone()
+            .filter(|c| crate::run::identity_elsewhere(c))
+        {
+            // A child of a dispatcher on another host: not this host's to
+            // look for, adopt or judge.
+            if adopt(store, me, &task, Some(&child), from, fence)? {
+                found.elsewhere.insert(
+                    task.id.clone(),
+                    Elsewhere {
+                        run: None,
+                        child: Some(child),
+                        after,
+                    },
+                );
+            }
+            continue;
+        }
         match task.state {
             TaskState::Starting => {
                 if let Some(child) = find_child(&task.id) {
-                    if adopt(store, me, &task, Some(&child), "starting")? {
+                    if adopt(store, me, &task, Some(&child), "starting", fence)? {
                         found.children.insert(task.id.clone(), child);
                     }
                 } else if task_dir(root, &task.id).join("result.json").exists() {
-                    if let Some(s) = settle(store, root, &task, None, None)? {
+                    if let Some(s) = settle(store, root, &task, None, None, Some(fence))? {
                         found.settled.push((task.id.clone(), s));
                     }
                 } else {
                     let p = Progress::default();
-                    store.move_task(&task.id, &["starting"], "queued", &progress_json(&p))?;
+                    store.move_task(
+                        &task.id,
+                        &["starting"],
+                        "queued",
+                        &progress_json(&p),
+                        Some(fence),
+                    )?;
                 }
             }
             _ => match task.progress.child.clone() {
                 Some(child) if alive(&child) => {
-                    if adopt(store, me, &task, Some(&child), "running")? {
+                    if adopt(store, me, &task, Some(&child), "running", fence)? {
                         found.children.insert(task.id.clone(), child);
                     }
                 }
                 _ => {
-                    if let Some(s) = settle(store, root, &task, None, None)? {
+                    if let Some(s) = settle(store, root, &task, None, None, Some(fence))? {
                         found.settled.push((task.id.clone(), s));
                     }
                 }
@@ -609,6 +738,104 @@ fn recover<S: StateStore + ?Sized>(
         }
     }
     Ok(found)
+}
+
+/// Ends a task whose run lived on another host once its sandbox there has
+/// surely ended (see [`Elsewhere`]): the run, if it has a record that is
+/// not final, ended in the store as lost (nothing of it is here: no
+/// container to remove, no worktree to import; its worker, if it comes
+/// back, imports the worktree it kept); then the task queued again if its
+/// spec allows another attempt, else failed, naming its lost worker.
+fn settle_elsewhere<S: StateStore + ?Sized>(
+    store: &mut S,
+    task: &TaskRow,
+    lost: &Elsewhere,
+    fence: &TaskFence,
+) -> Result<Option<TaskState>, ApiError> {
+    let runs = store.runs()?;
+    let record = match (&lost.run, &lost.child) {
+        (Some(run), _) => runs.into_iter().find(|r| &r.id == run),
+        (None, Some(child)) => runs
+            .into_iter()
+            .find(|r| r.supervisor.as_deref() == Some(child.as_str())),
+        (None, None) => None,
+    };
+    let worker = record
+        .as_ref()
+        .and_then(|r| r.supervisor.clone())
+        .or_else(|| lost.child.clone())
+        .unwrap_or_else(|| "its dispatcher".into());
+    let words = format!(
+        "its worker ({worker}) stopped renewing its claim; its sandbox ended by its own lease"
+    );
+    let mut ended = None;
+    if let Some(mut r) = record {
+        if !nightshift_core::state_store::is_final(&r.status) {
+            r.status = "lost: its worker stopped renewing its claim".into();
+            r.reason = Some(words.clone());
+            r.ended_at = Some(nightshift_core::state_store::now_rfc3339());
+            store.end_run(
+                &r,
+                &nightshift_core::audit_log::Event::RunEnded {
+                    status: r.status.clone(),
+                    reason: r.reason.clone(),
+                },
+            )?;
+            ended = store.runs()?.into_iter().find(|x| x.id == r.id);
+        } else {
+            ended = Some(r);
+        }
+    }
+    let mut p = task.progress.clone();
+    p.ended_at = Some(nightshift_core::state_store::now_rfc3339());
+    if let Some(r) = &ended {
+        p.run = Some(r.id.clone());
+        p.status = Some(r.status.clone());
+    }
+    let lost_by_worker = ended
+        .as_ref()
+        .is_none_or(|r| r.status.starts_with("lost: its worker"));
+    let from = [TaskState::Starting.name(), TaskState::Running.name()];
+    if lost_by_worker && task.progress.attempt < task.spec.retries {
+        let q = Progress {
+            attempt: task.progress.attempt + 1,
+            reason: Some(format!(
+                "attempt {} lost: {words}",
+                task.progress.attempt + 1
+            )),
+            ..Default::default()
+        };
+        return Ok(store
+            .move_task(
+                &task.id,
+                &from,
+                TaskState::Queued.name(),
+                &progress_json(&q),
+                Some(fence),
+            )?
+            .then_some(TaskState::Queued));
+    }
+    let state = match &ended {
+        Some(r) if !lost_by_worker => {
+            // It ended there after all (its worker settled it before its
+            // claim lapsed): done, as any task whose run ended.
+            p.exit_code = Some(crate::api::run_exit_code(r));
+            TaskState::Done
+        }
+        _ => {
+            p.reason = Some(words);
+            TaskState::Failed
+        }
+    };
+    Ok(store
+        .move_task(
+            &task.id,
+            &from,
+            state.name(),
+            &progress_json(&p),
+            Some(fence),
+        )?
+        .then_some(state))
 }
 
 /// The freeze's reason, when nightshift is frozen; an unreadable policy is
@@ -627,11 +854,19 @@ struct Watched {
     children: HashMap<String, String>,
     /// Tasks in process left by an earlier dispatcher, by their run.
     runs: HashMap<String, String>,
+    /// Tasks taken over whose run lived on another host.
+    elsewhere: HashMap<String, Elsewhere>,
+    /// The claim each watched task is held under: every move of it is made
+    /// with this fence, never with what the store says now.
+    fences: HashMap<String, TaskFence>,
 }
 
 impl Watched {
     fn idle(&self) -> bool {
-        self.own.is_empty() && self.children.is_empty() && self.runs.is_empty()
+        self.own.is_empty()
+            && self.children.is_empty()
+            && self.runs.is_empty()
+            && self.elsewhere.is_empty()
     }
 
     fn ids(&self) -> Vec<String> {
@@ -640,6 +875,7 @@ impl Watched {
             .keys()
             .chain(self.children.keys())
             .chain(self.runs.keys())
+            .chain(self.elsewhere.keys())
             .cloned()
             .collect();
         ids.sort();
@@ -652,6 +888,7 @@ impl Watched {
             .children
             .keys()
             .chain(found.runs.keys())
+            .chain(found.elsewhere.keys())
             .cloned()
             .collect();
         adopted.sort();
@@ -659,6 +896,17 @@ impl Watched {
         summary.settled.append(&mut found.settled);
         self.children.extend(found.children.drain());
         self.runs.extend(found.runs.drain());
+        self.elsewhere.extend(found.elsewhere.drain());
+        self.fences.extend(found.fences.drain());
+    }
+
+    /// Forgets a task: settled, or its claim lost.
+    fn forget(&mut self, id: &str) {
+        self.own.remove(id);
+        self.children.remove(id);
+        self.runs.remove(id);
+        self.elsewhere.remove(id);
+        self.fences.remove(id);
     }
 }
 
@@ -688,8 +936,9 @@ fn step(
     }
     for (id, code) in ended {
         watched.own.remove(&id);
+        let fence = watched.fences.remove(&id);
         if let Some(task) = by_id(&*store, &id)? {
-            if let Some(s) = settle(&mut store, root, &task, code, None)? {
+            if let Some(s) = settle(&mut store, root, &task, code, None, fence.as_ref())? {
                 summary.settled.push((id, s));
             }
         }
@@ -702,10 +951,29 @@ fn step(
         .collect();
     for id in gone {
         watched.children.remove(&id);
+        let fence = watched.fences.remove(&id);
         if let Some(task) = by_id(&*store, &id)? {
-            if let Some(s) = settle(&mut store, root, &task, None, None)? {
+            if let Some(s) = settle(&mut store, root, &task, None, None, fence.as_ref())? {
                 summary.settled.push((id, s));
             }
+        }
+    }
+    // Tasks whose run lived on another host, once its sandbox there has
+    // surely ended.
+    let due_elsewhere: Vec<(String, Elsewhere)> = watched
+        .elsewhere
+        .iter()
+        .filter(|(_, e)| e.after <= std::time::Instant::now())
+        .map(|(id, e)| (id.clone(), e.clone()))
+        .collect();
+    for (id, lost) in due_elsewhere {
+        let fence = watched.fences.get(&id).cloned();
+        watched.forget(&id);
+        let (Some(task), Some(fence)) = (by_id(&*store, &id)?, fence) else {
+            continue;
+        };
+        if let Some(s) = settle_elsewhere(&mut store, &task, &lost, &fence)? {
+            summary.settled.push((id, s));
         }
     }
     // A freeze is read before the start's transaction (a freeze that
@@ -750,6 +1018,8 @@ fn step(
                     dispatcher: Some(me.to_string()),
                     run: in_process.then(|| ulid::Ulid::new().to_string().to_lowercase()),
                     in_process,
+                    // A task run again after its worker was lost counts on.
+                    attempt: t.progress.attempt,
                     started_at: Some(nightshift_core::state_store::now_rfc3339()),
                     ..Default::default()
                 };
@@ -775,18 +1045,29 @@ fn step(
     for task in &due.start {
         left -= 1;
         // Cancelled (or started elsewhere) between the look and the start.
-        if !started.contains(&task.id) {
+        let Some(generation) = started
+            .iter()
+            .find(|(id, _)| *id == task.id)
+            .map(|(_, g)| *g)
+        else {
             continue;
-        }
+        };
         let Some(p) = progress.remove(&task.id) else {
             continue;
         };
+        let fence = TaskFence {
+            holder: holder.to_string(),
+            generation,
+        };
         let own = match &opts.runner {
-            Runner::Child { exe } => start_child(&mut store, api, exe, task, p)?,
-            Runner::InProcess(runner) => start_in_process(&mut store, root, runner, task, p)?,
+            Runner::Child { exe } => start_child(&mut store, api, exe, task, p, &fence)?,
+            Runner::InProcess(runner) => {
+                start_in_process(&mut store, root, runner, task, p, &fence)?
+            }
         };
         if let Some(own) = own {
             watched.own.insert(task.id.clone(), own);
+            watched.fences.insert(task.id.clone(), fence);
             summary.started.push(task.id.clone());
         }
     }
@@ -881,6 +1162,7 @@ async fn reap(
     run: &str,
     ended: Result<RunOutcome, tokio::task::JoinError>,
     summary: &mut DispatchSummary,
+    fence: Option<TaskFence>,
 ) -> Result<(), ApiError> {
     let dir = task_dir(api.root(), id);
     let write = |name: &str, bytes: &[u8]| {
@@ -921,7 +1203,7 @@ async fn reap(
     }
     let mut store = api.open_store()?;
     if let Some(task) = list(&store)?.into_iter().find(|t| t.id == id) {
-        if let Some(s) = settle(&mut store, api.root(), &task, exit, failure)? {
+        if let Some(s) = settle(&mut store, api.root(), &task, exit, failure, fence.as_ref())? {
             summary.settled.push((id.to_string(), s));
         }
     }
@@ -941,9 +1223,11 @@ async fn look_after_runs(
         // Without a runner in process, a left run is settled by its
         // watchdog or by `nightshift reconcile`; its task says so now.
         for (id, _) in std::mem::take(&mut watched.runs) {
+            let fence = watched.fences.remove(&id);
             let mut store = api.open_store()?;
             if let Some(task) = list(&store)?.into_iter().find(|t| t.id == id) {
-                if let Some(s) = settle(&mut store, api.root(), &task, None, None)? {
+                if let Some(s) = settle(&mut store, api.root(), &task, None, None, fence.as_ref())?
+                {
                     summary.settled.push((id, s));
                 }
             }
@@ -959,7 +1243,8 @@ async fn look_after_runs(
     for id in finished {
         if let Some(Own::InProcess { run, handle, .. }) = watched.own.remove(&id) {
             let ended = handle.await;
-            reap(api, runner, &id, &run, ended, summary).await?;
+            let fence = watched.fences.remove(&id);
+            reap(api, runner, &id, &run, ended, summary, fence).await?;
         }
     }
     let left: Vec<(String, String)> = watched
@@ -980,9 +1265,10 @@ async fn look_after_runs(
             continue;
         }
         watched.runs.remove(&id);
+        let fence = watched.fences.remove(&id);
         let mut store = api.open_store()?;
         if let Some(task) = list(&store)?.into_iter().find(|t| t.id == id) {
-            if let Some(s) = settle(&mut store, api.root(), &task, None, None)? {
+            if let Some(s) = settle(&mut store, api.root(), &task, None, None, fence.as_ref())? {
                 summary.settled.push((id, s));
             }
         }
@@ -1017,25 +1303,46 @@ pub async fn dispatch_loop(
             tracing::warn!(error = %e, "reconciling at the dispatcher's start");
         }
     }
+    let bound = elsewhere_bound(&config);
     let mut watched = Watched::default();
     {
         let mut store = api.open_store()?;
-        let mut found = recover(&mut store, api.root(), &me, &holder, until())?;
+        let mut found = recover(&mut store, api.root(), &me, &holder, until(), bound)?;
         watched.take(&mut found, &mut summary);
     }
     let mut last_error: Option<String> = None;
     let every = Duration::from_millis((lease_secs as u64 * 1000 / 3).max(100));
+    // Past half a lease without a renewal (one missed, the next not yet
+    // due), this dispatcher's claims may lapse before it renews again: it
+    // stops its runs first, with half a lease left for their sandboxes to
+    // go (see `fence_self`).
+    let fence_at = Duration::from_millis(lease_secs as u64 * 1000 / 2);
     let mut renewed = std::time::Instant::now();
+    let mut held_at = std::time::Instant::now();
     loop {
         if *stop.borrow() {
             summary.stopped = true;
             stop_runs(api, opts, &mut watched, &mut summary).await?;
             return Ok(summary);
         }
+        if held_at.elapsed() >= fence_at {
+            fence_self(&mut watched, &holder);
+        }
         let looked = match look_after_runs(api, opts, &mut watched, &mut summary).await {
             Ok(()) if renewed.elapsed() >= every => {
                 renewed = std::time::Instant::now();
-                heartbeat(api, &me, &holder, until(), &mut watched, &mut summary).and_then(|()| {
+                let at = std::time::Instant::now();
+                heartbeat(
+                    api,
+                    &me,
+                    &holder,
+                    until(),
+                    bound,
+                    &mut watched,
+                    &mut summary,
+                )
+                .and_then(|()| {
+                    held_at = at;
                     step(api, &config, opts, &me, &holder, &mut watched, &mut summary)
                 })
             }
@@ -1067,13 +1374,17 @@ pub async fn dispatch_loop(
 /// Every third of a lease: this dispatcher's leases renewed, and the tasks
 /// of a dispatcher that died meanwhile taken over. A task whose lease was
 /// taken over (this dispatcher stalled past it) is not watched any more: a
-/// child is its new dispatcher's; a run in process still ends here, and
-/// its task is settled by whichever settles it first (one compare-and-set).
+/// child is its new dispatcher's; a run in process is stopped (it may not
+/// run on while another dispatcher holds its task) and still ends here,
+/// but its task's moves keep the lost claim's fence, so the store refuses
+/// them and the new claimant's decision stands.
+#[allow(clippy::too_many_arguments)]
 fn heartbeat(
     api: &Api,
     me: &str,
     holder: &str,
     until: i64,
+    bound: Duration,
     watched: &mut Watched,
     summary: &mut DispatchSummary,
 ) -> Result<(), ApiError> {
@@ -1085,11 +1396,33 @@ fn heartbeat(
             tracing::error!(task = %id, holder = %holder, "a task's lease was taken over: this dispatcher stalled past it");
             watched.children.remove(id);
             watched.runs.remove(id);
+            watched.elsewhere.remove(id);
+            if let Some(Own::InProcess { stop, .. }) = watched.own.get(id) {
+                let _ = stop.send(Some(crate::run::Stop::Fenced));
+            }
         }
     }
-    let mut found = recover(&mut store, api.root(), me, holder, until)?;
+    let mut found = recover(&mut store, api.root(), me, holder, until, bound)?;
     watched.take(&mut found, summary);
     Ok(())
+}
+
+/// This dispatcher could not renew its claims for half their length (the
+/// store unreachable, or too slow): before they lapse and
+/// another dispatcher takes its tasks over, it stops every run it holds in
+/// process (`Stop::Fenced`: each ends as `interrupted: fenced`, its sandbox
+/// removed; work the store cannot take now stays in the kept worktree).
+/// Children of `tasks run` are `nightshift run` processes with watchdogs
+/// of their own and stay: that dispatcher serves one host.
+fn fence_self(watched: &mut Watched, holder: &str) {
+    for (id, own) in &watched.own {
+        if let Own::InProcess { stop, .. } = own {
+            if stop.borrow().is_none() {
+                tracing::error!(task = %id, holder = %holder, "this dispatcher could not renew its claim in time: stopping the task's run before the claim lapses");
+                let _ = stop.send(Some(crate::run::Stop::Fenced));
+            }
+        }
+    }
 }
 
 /// A stopping dispatcher's runs in process: asked to stop, and waited for
@@ -1112,7 +1445,8 @@ async fn stop_runs(
     for id in ids {
         if let Some(Own::InProcess { run, handle, .. }) = watched.own.remove(&id) {
             let ended = handle.await;
-            reap(api, runner, &id, &run, ended, summary).await?;
+            let fence = watched.fences.remove(&id);
+            reap(api, runner, &id, &run, ended, summary, fence).await?;
         }
     }
     Ok(())
@@ -1131,6 +1465,7 @@ async fn stop_runs(
 pub struct ForegroundTask {
     /// The task's id.
     pub id: String,
+    fence: TaskFence,
     stop: Option<std::sync::mpsc::Sender<()>>,
     beat: Option<std::thread::JoinHandle<()>>,
 }
@@ -1161,6 +1496,7 @@ pub fn begin_foreground(
         agent: None,
         model: None,
         dry_run: req.dry_run,
+        retries: 0,
         command: req.command.clone(),
     };
     let spec =
@@ -1195,7 +1531,17 @@ pub fn begin_foreground(
         &mut |_| true,
     )?;
     // Nothing is spawned for it: it runs as soon as it is there.
-    store.move_task(&id, &["starting"], "running", &progress_json(&p))?;
+    let fence = TaskFence {
+        holder: holder.clone(),
+        generation: 1,
+    };
+    store.move_task(
+        &id,
+        &["starting"],
+        "running",
+        &progress_json(&p),
+        Some(&fence),
+    )?;
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let every = Duration::from_millis((lease_secs as u64 * 1000 / 3).max(100));
     let (beat_holder, beat_id) = (holder.clone(), id.clone());
@@ -1212,6 +1558,7 @@ pub fn begin_foreground(
         .map_err(|e| ApiError::caused(ErrorKind::Internal, e))?;
     Ok(ForegroundTask {
         id,
+        fence,
         stop: Some(stop),
         beat: Some(beat),
     })
@@ -1247,7 +1594,7 @@ impl ForegroundTask {
         };
         let mut store = api.open_store()?;
         if let Some(task) = list(&store)?.into_iter().find(|t| t.id == self.id) {
-            settle(&mut store, api.root(), &task, exit, None)?;
+            settle(&mut store, api.root(), &task, exit, None, Some(&self.fence))?;
         }
         Ok(())
     }
@@ -1281,7 +1628,7 @@ mod tests {
             .unwrap()
             .remove(0);
         assert!(store
-            .move_task(&id, &["queued"], state, &progress_json(progress))
+            .move_task(&id, &["queued"], state, &progress_json(progress), None)
             .unwrap());
         (store, id)
     }
@@ -1311,7 +1658,7 @@ mod tests {
             children: adopted,
             settled,
             ..
-        } = recover(&mut store, dir.path(), "me", "me", 0).unwrap();
+        } = recover(&mut store, dir.path(), "me", "me", 0, Duration::ZERO).unwrap();
         assert!(adopted.is_empty() && settled.is_empty());
         assert_eq!(the_task(&store).state, TaskState::Queued);
     }
@@ -1335,7 +1682,7 @@ mod tests {
             children: adopted,
             settled,
             ..
-        } = recover(&mut store, dir.path(), "me", "me", 0).unwrap();
+        } = recover(&mut store, dir.path(), "me", "me", 0, Duration::ZERO).unwrap();
         assert!(adopted.is_empty());
         assert_eq!(settled, [(id.clone(), TaskState::Done)]);
         let t = the_task(&store);
@@ -1347,7 +1694,7 @@ mod tests {
             children: adopted,
             settled,
             ..
-        } = recover(&mut store, dir.path(), "other", "other", 0).unwrap();
+        } = recover(&mut store, dir.path(), "other", "other", 0, Duration::ZERO).unwrap();
         assert!(adopted.is_empty() && settled.is_empty());
     }
 
@@ -1360,7 +1707,7 @@ mod tests {
         };
         let (mut store, _) = one_task(dir.path(), "running", &progress);
         store.runs.push(record("r2", "running", GONE));
-        recover(&mut store, dir.path(), "me", "me", 0).unwrap();
+        recover(&mut store, dir.path(), "me", "me", 0, Duration::ZERO).unwrap();
         let t = the_task(&store);
         assert_eq!(t.state, TaskState::Failed);
         assert_eq!(t.progress.run.as_deref(), Some("r2"));
@@ -1378,6 +1725,7 @@ mod tests {
             &task,
             Some(nightshift_core::exit::DENIED),
             None,
+            None,
         )
         .unwrap();
         assert_eq!(moved, Some(TaskState::Queued));
@@ -1389,6 +1737,7 @@ mod tests {
             dir.path(),
             &task,
             Some(nightshift_core::exit::BAD_INPUT),
+            None,
             None,
         )
         .unwrap();
@@ -1409,7 +1758,7 @@ mod tests {
             children: adopted,
             settled,
             ..
-        } = recover(&mut store, dir.path(), "new", "new", 0).unwrap();
+        } = recover(&mut store, dir.path(), "new", "new", 0, Duration::ZERO).unwrap();
         assert!(settled.is_empty());
         assert_eq!(adopted.get(&id), Some(&me));
         let t = the_task(&store);
@@ -1432,14 +1781,14 @@ mod tests {
                 ..Default::default()
             };
             assert!(store
-                .move_task(id, &["queued"], "running", &progress_json(&p))
+                .move_task(id, &["queued"], "running", &progress_json(&p), None)
                 .unwrap());
         }
         store
             .runs
             .push(record("ended", "lost: supervisor vanished", GONE));
         store.runs.push(record("going", "running", GONE));
-        let found = recover(&mut store, dir.path(), "me", "me", 0).unwrap();
+        let found = recover(&mut store, dir.path(), "me", "me", 0, Duration::ZERO).unwrap();
         // Ended: settled from its run. Never recorded: nothing ran, queued
         // again. Not settled yet: watched until its run is.
         assert_eq!(found.settled, [(ids[0].clone(), TaskState::Done)]);
@@ -1803,6 +2152,7 @@ mod tests {
             agent: None,
             model: None,
             dry_run: false,
+            retries: 0,
             command: vec!["true".into()],
         }
     }
@@ -1822,7 +2172,7 @@ mod tests {
         assert_eq!(again.kind, ErrorKind::Failed, "{again}");
         // Taken by a dispatcher first: the cancel loses, the start stands.
         assert!(store
-            .move_task(&ids[1], &["queued"], "starting", "{}")
+            .move_task(&ids[1], &["queued"], "starting", "{}", None)
             .unwrap());
         assert_eq!(
             cancel(&mut store, &ids[1]).unwrap_err().kind,
@@ -1897,7 +2247,7 @@ mod tests {
         let config = nightshift_core::config::Config::default();
         // The first is running under this dispatcher: one more may start.
         assert!(store
-            .move_task(&ids_[0], &["queued"], "running", "{}")
+            .move_task(&ids_[0], &["queued"], "running", "{}", None)
             .unwrap());
         let all = list(&store).unwrap();
         let due = due(&all, &config, 2, None);
@@ -1925,7 +2275,7 @@ mod tests {
         .unwrap() as usize;
         assert!(fits >= 1);
         assert!(store
-            .move_task(&ids_[0], &["queued"], "running", "{}")
+            .move_task(&ids_[0], &["queued"], "running", "{}", None)
             .unwrap());
         let all = list(&store).unwrap();
         let due = due(&all, &config, 100, None);

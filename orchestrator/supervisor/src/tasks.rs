@@ -66,6 +66,12 @@ pub struct TaskSpec {
     /// The model the preset's agent asks for.
     #[serde(default)]
     pub model: Option<String>,
+    /// How many times the task runs again when its run was lost with its
+    /// worker (the worker stopped renewing its claim: dead, or cut off from
+    /// the store), as a new run from the same base; 0 (the default): a lost
+    /// run fails its task. A run that ended on its own is never retried.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retries: u32,
     /// A dry run (`nightshift run --dry-run`): every act answered as it
     /// would have been and recorded, none queued or carried out.
     #[serde(default)]
@@ -148,6 +154,9 @@ pub struct Progress {
     /// Why it failed or was cancelled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The attempts lost with their worker so far (see `TaskSpec::retries`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -164,6 +173,10 @@ pub struct TaskRow {
     pub progress: Progress,
     pub created_at: String,
     pub updated_at: String,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 pub(crate) fn bad(message: impl Into<String>) -> ApiError {
@@ -361,7 +374,13 @@ pub fn cancel<S: StateStore + ?Sized>(store: &mut S, id: &str) -> Result<(), Api
     let mut progress = task.progress.clone();
     progress.reason = Some("cancelled".into());
     progress.ended_at = Some(nightshift_core::state_store::now_rfc3339());
-    if store.move_task(id, &["queued"], "cancelled", &progress_json(&progress))? {
+    if store.move_task(
+        id,
+        &["queued"],
+        "cancelled",
+        &progress_json(&progress),
+        None,
+    )? {
         return Ok(());
     }
     let now = list(store)?
