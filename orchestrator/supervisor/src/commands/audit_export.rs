@@ -5,10 +5,14 @@
 //!
 //! - The mapping ([`jsonl`], [`ocsf`], [`keep`]) is pure: entry in, JSON
 //!   value out.
-//! - Streamed through [`AuditLog::visit_audit`]: one entry held at a time,
-//!   never the whole chain.
+//! - Streamed through [`AuditLog::visit_audit`]: each entry is written as
+//!   it is handed over and dropped, never collected
+//!   (`tests::each_entry_is_written_as_it_is_visited`); memory does not
+//!   grow with the chain (docs/benchmarks.md).
 //! - Entry bodies hold agent-influenced text: every line is ASCII JSON
-//!   ([`terminal::json`]), never raw terminal text.
+//!   ([`terminal::json`]), never raw terminal text
+//!   (`tests::hostile_body_text_stays_escaped_data`,
+//!   `tests/tests/audit.rs::export_carries_the_chains_hashes_and_since_filters`).
 
 use std::io::Write;
 
@@ -137,6 +141,40 @@ pub fn ocsf(entry: &Entry) -> Value {
     event
 }
 
+/// The visitor [`export`] hands the log: writes each kept entry as it
+/// comes, holds none.
+struct Writing<'a> {
+    since: Since,
+    format: Format,
+    out: &'a mut (dyn Write + Send),
+    written: u64,
+    error: Option<std::io::Error>,
+}
+impl AuditVisitor for Writing<'_> {
+    fn begin(&mut self, _: Option<Checkpoint>, _: Vec<Checkpoint>) -> bool {
+        true
+    }
+    fn entry(&mut self, entry: Entry) -> bool {
+        if !keep(&self.since, &entry) {
+            return true;
+        }
+        let value = match self.format {
+            Format::Jsonl => jsonl(&entry),
+            Format::Ocsf => ocsf(&entry),
+        };
+        match writeln!(self.out, "{}", terminal::json(&value, false)) {
+            Ok(()) => {
+                self.written += 1;
+                true
+            }
+            Err(e) => {
+                self.error = Some(e);
+                false
+            }
+        }
+    }
+}
+
 /// Writes the chain of `log` to `out`, one line an entry, streamed;
 /// returns how many lines were written.
 pub fn export<L: AuditLog + ?Sized>(
@@ -145,37 +183,6 @@ pub fn export<L: AuditLog + ?Sized>(
     format: Format,
     out: &mut (dyn Write + Send),
 ) -> Result<u64, ApiError> {
-    struct Writing<'a> {
-        since: Since,
-        format: Format,
-        out: &'a mut (dyn Write + Send),
-        written: u64,
-        error: Option<std::io::Error>,
-    }
-    impl AuditVisitor for Writing<'_> {
-        fn begin(&mut self, _: Option<Checkpoint>, _: Vec<Checkpoint>) -> bool {
-            true
-        }
-        fn entry(&mut self, entry: Entry) -> bool {
-            if !keep(&self.since, &entry) {
-                return true;
-            }
-            let value = match self.format {
-                Format::Jsonl => jsonl(&entry),
-                Format::Ocsf => ocsf(&entry),
-            };
-            match writeln!(self.out, "{}", terminal::json(&value, false)) {
-                Ok(()) => {
-                    self.written += 1;
-                    true
-                }
-                Err(e) => {
-                    self.error = Some(e);
-                    false
-                }
-            }
-        }
-    }
     let from = match since {
         Since::Seq(s) => s,
         _ => 0,
@@ -316,6 +323,45 @@ mod tests {
             let got: Vec<u64> = some.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
             prop_assert_eq!(got, want);
         }
+    }
+
+    #[test]
+    fn each_entry_is_written_as_it_is_visited() {
+        let (_, entries) = chain(&["a".to_string(), "b".to_string()]);
+        let mut out = Vec::new();
+        let mut w = Writing {
+            since: Since::All,
+            format: Format::Jsonl,
+            out: &mut out,
+            written: 0,
+            error: None,
+        };
+        assert!(w.begin(None, Vec::new()));
+        assert!(w.entry(entries[0].clone()));
+        drop(w);
+        let first: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(first["hash"], entries[0].hash.as_str());
+
+        // A write that fails stops the visit, and the error is kept.
+        struct Broken;
+        impl Write for Broken {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::other("pipe closed"))
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut broken = Broken;
+        let mut w = Writing {
+            since: Since::All,
+            format: Format::Jsonl,
+            out: &mut broken,
+            written: 0,
+            error: None,
+        };
+        assert!(!w.entry(entries[1].clone()));
+        assert!(w.error.is_some());
     }
 
     #[test]
