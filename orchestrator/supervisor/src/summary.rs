@@ -351,6 +351,7 @@ pub fn send(stores: &Stores, trigger: Trigger) -> Result<Sending, String> {
     let result = orchestrator_executors::send(
         &endpoint,
         &Message {
+            id: None,
             event: "summary",
             text: &text,
             data: Some(&data),
