@@ -43,6 +43,8 @@ pub struct Recorded {
     pub content_type: Option<String>,
     /// The request body.
     pub body: Vec<u8>,
+    /// The Standard Webhooks `webhook-id` header as sent.
+    pub webhook_id: Option<String>,
 }
 
 impl Recorded {
@@ -81,6 +83,7 @@ impl Incoming {
             authorization: self.header(AUTHORIZATION),
             content_type: self.header(CONTENT_TYPE),
             body: self.body.to_vec(),
+            webhook_id: self.header("webhook-id"),
         }
     }
 }
@@ -832,11 +835,21 @@ impl NotifyServer {
     /// HMAC-SHA256 of the body with `key` and compares it (in constant time)
     /// with the `X-Nightshift-Signature: sha256=<hex>` header; a post whose
     /// signature is missing or wrong is recorded unauthorized and answered
-    /// 401. Over TLS when `tls` is given.
+    /// 401. It checks the Standard Webhooks headers the same way, as that
+    /// spec's libraries do: `webhook-signature` must hold a `v1,<base64>`
+    /// of HMAC-SHA256 over `"{webhook-id}.{webhook-timestamp}.{body}"`
+    /// keyed with the base64 after `whsec_` (or `key` itself without that
+    /// prefix), and the timestamp must be within 5 minutes of now. Over TLS
+    /// when `tls` is given.
     pub fn webhook(key: &str, tls: Option<ServerTls>) -> NotifyServer {
         use hmac::Mac as _;
         let log = log();
         let seen = log.clone();
+        let standard_key = match key.strip_prefix("whsec_") {
+            Some(b64) => base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b64)
+                .expect("a test key after whsec_ is base64"),
+            None => key.as_bytes().to_vec(),
+        };
         let key = key.as_bytes().to_vec();
         let failing = Arc::new(std::sync::atomic::AtomicU16::new(0));
         let fail = failing.clone();
@@ -851,6 +864,33 @@ impl NotifyServer {
                     mac.update(&req.body);
                     mac.verify_slice(&given).is_ok()
                 });
+            let standard = (|| {
+                let id = req.header("webhook-id")?;
+                let timestamp = req.header("webhook-timestamp")?;
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .ok()?
+                    .as_secs() as i64;
+                if (timestamp.parse::<i64>().ok()? - now).abs() > 300 {
+                    return Some(false);
+                }
+                let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&standard_key)
+                    .expect("HMAC takes any key");
+                mac.update(format!("{id}.{timestamp}.").as_bytes());
+                mac.update(&req.body);
+                // Space-separated signatures; any one valid `v1` suffices
+                // (compared in constant time by the hmac crate).
+                Some(req.header("webhook-signature")?.split(' ').any(|s| {
+                    s.strip_prefix("v1,")
+                        .and_then(|b| {
+                            base64::Engine::decode(&base64::engine::general_purpose::STANDARD, b)
+                                .ok()
+                        })
+                        .is_some_and(|given| mac.clone().verify_slice(&given).is_ok())
+                }))
+            })()
+            .unwrap_or(false);
+            let verified = verified && standard;
             push_log(&seen, req.record(verified));
             let forced = fail.load(std::sync::atomic::Ordering::SeqCst);
             let status = match (req.method.as_str(), verified) {

@@ -11,7 +11,9 @@ use tests::morning::remote_ref;
 use tests::{git, image, make_repo, stderr, stdout, State};
 
 const TOKEN: &str = "tok-https-night-4471";
-const HOOK_KEY: &str = "hook-key-night-8812";
+/// A Standard Webhooks secret (`whsec_` + base64 of "hook-key-night-8812"):
+/// the receiver checks both signatures, each with its own reading of it.
+const HOOK_KEY: &str = "whsec_aG9vay1rZXktbmlnaHQtODgxMg==";
 const SENTINEL: &str = "SENTINEL7f3a-ignore-previous-instructions";
 
 fn secret(dir: &Path, name: &str, text: &str) -> PathBuf {
@@ -222,7 +224,17 @@ fn a_night_over_tls_reaches_its_remote_and_its_summary_arrives_once_without_agen
     let posts = n.hook.requests();
     assert_eq!(posts.len(), 1, "{posts:?}");
     let summary = &posts[0];
-    assert!(summary.authorized, "the receiver verified the signature");
+    assert!(
+        summary.authorized,
+        "the receiver verified both signatures and the timestamp"
+    );
+    assert!(
+        summary
+            .webhook_id
+            .as_deref()
+            .is_some_and(|id| id.starts_with("summary_")),
+        "{summary:?}"
+    );
     let body = String::from_utf8_lossy(&summary.body).to_string();
     assert!(
         !body.contains("SENTINEL"),
@@ -371,6 +383,13 @@ fn a_summary_sent_or_failed_is_an_audit_entry_without_its_text_and_a_failure_is_
     assert_eq!(entries.len(), 2, "{entries:?}");
     assert_eq!(entries[1]["outcome"], "sent");
     let posts = n.hook.requests();
+    assert_eq!(posts.len(), 2, "{posts:?}");
+    assert!(posts[1].authorized);
+    assert!(posts[0].webhook_id.is_some());
+    assert_eq!(
+        posts[0].webhook_id, posts[1].webhook_id,
+        "the retry carries the same webhook-id"
+    );
     let text = posts.last().unwrap().json()["text"]
         .as_str()
         .unwrap()

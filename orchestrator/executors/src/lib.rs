@@ -54,7 +54,9 @@ pub use forge::{
 };
 pub use http::{HttpPost, HttpRequest, HttpResponse, TransportError, UreqPost, MAX_RESPONSE_BYTES};
 pub use notify::{
-    notify, notify_with, send, send_with, signature, Message, NotifyOutcome, SIGNATURE_HEADER,
+    notify, notify_with, send, send_with, signature, standard_key, standard_signature, Message,
+    NotifyOutcome, SIGNATURE_HEADER, WEBHOOK_ID_HEADER, WEBHOOK_SIGNATURE_HEADER,
+    WEBHOOK_TIMESTAMP_HEADER,
 };
 pub use push::{extends, push, remote_heads, remote_ref, PushOutcome};
 pub use secret::{Secret, SecretError};

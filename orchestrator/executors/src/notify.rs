@@ -7,7 +7,15 @@
 //!   "text", "data"}`, signed: `X-Nightshift-Signature: sha256=<hex of
 //!   HMAC-SHA256(key, body)>`, the key read from `secret_file`, so that the
 //!   receiver can check the post came from this supervisor (`sent_at`, in
-//!   the signed body, lets it refuse replays);
+//!   the signed body, lets it refuse replays); and signed again per
+//!   Standard Webhooks (<https://www.standardwebhooks.com>):
+//!   `webhook-id` (the act's id, or for a message without one a digest of
+//!   its content, so a retry carries the same id), `webhook-timestamp`
+//!   (unix seconds) and `webhook-signature: v1,<base64 of
+//!   HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`, the key being the
+//!   base64 after `whsec_` when the secret file holds such a secret, else
+//!   the file's text as the first header uses it
+//!   ([`standard_key`], `tests::standard_webhooks_signature_matches_the_published_vector`);
 //! - `slack`: a Slack-compatible incoming webhook, `{"text": ...}`.
 //!
 //! Invariants:
@@ -38,6 +46,12 @@ use crate::secret::Secret;
 /// The header that carries a webhook's signature.
 pub const SIGNATURE_HEADER: &str = "X-Nightshift-Signature";
 
+/// The Standard Webhooks headers: the message's id, its unix time in
+/// seconds, and its `v1,` signatures.
+pub const WEBHOOK_ID_HEADER: &str = "webhook-id";
+pub const WEBHOOK_TIMESTAMP_HEADER: &str = "webhook-timestamp";
+pub const WEBHOOK_SIGNATURE_HEADER: &str = "webhook-signature";
+
 /// A message that was accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NotifyOutcome {
@@ -46,9 +60,12 @@ pub struct NotifyOutcome {
 }
 
 /// What to post: the event's name (`message`, `summary`), its text, and
-/// structured data a `webhook` carries beside the text.
+/// structured data a `webhook` carries beside the text. `id` names the
+/// message for a receiver's de-duplication (`webhook-id`): the act's id;
+/// without one, a digest of event, text and data.
 #[derive(Debug, Clone, Copy)]
 pub struct Message<'a> {
+    pub id: Option<&'a str>,
     pub event: &'a str,
     pub text: &'a str,
     pub data: Option<&'a serde_json::Value>,
@@ -65,13 +82,64 @@ pub fn signature(key: &[u8], body: &[u8]) -> String {
     format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
 }
 
-/// Posts an act's `body` to the endpoint, with the real HTTP client.
+/// The Standard Webhooks key for a secret file's text: the bytes the
+/// base64 after `whsec_` encodes when the text starts so (the form
+/// Standard Webhooks libraries take), else the text's own bytes (which a
+/// receiver's library takes as `whsec_` + base64 of the text). `None`: the
+/// text starts with `whsec_` but the rest is not base64.
+pub fn standard_key(secret: &str) -> Option<Vec<u8>> {
+    use base64::Engine as _;
+    match secret.strip_prefix("whsec_") {
+        Some(b64) => base64::engine::general_purpose::STANDARD.decode(b64).ok(),
+        None => Some(secret.as_bytes().to_vec()),
+    }
+}
+
+/// `v1,<base64>` of HMAC-SHA256 over `"{id}.{timestamp}.{body}"` with
+/// `key`: the Standard Webhooks signature.
+pub fn standard_signature(key: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
+    use base64::Engine as _;
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key).unwrap_or_else(|_| {
+        <Hmac<Sha256> as Mac>::new_from_slice(&[]).expect("an empty HMAC key is accepted")
+    });
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    )
+}
+
+/// The id of a message that has none of its own: `msg_` and the first 32
+/// hex digits of SHA-256 over event, text and data, so that sending the
+/// same message again carries the same id.
+fn content_id(message: &Message<'_>) -> String {
+    use sha2::Digest as _;
+    let mut h = Sha256::new();
+    for part in [
+        message.event.as_bytes(),
+        message.text.as_bytes(),
+        message
+            .data
+            .map(|d| d.to_string())
+            .unwrap_or_default()
+            .as_bytes(),
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    format!("msg_{}", &hex::encode(h.finalize())[..32])
+}
+
+/// Posts an act's `body` to the endpoint, with the real HTTP client; `id`
+/// (the act's) becomes a webhook's `webhook-id`.
 pub fn notify(
     endpoint: &NotifyConfig,
+    id: &str,
     body: &[u8],
     content_type: &str,
 ) -> Result<NotifyOutcome, ExecError> {
-    notify_with(&UreqPost, endpoint, body, content_type)
+    notify_with(&UreqPost, endpoint, id, body, content_type)
 }
 
 /// As [`notify`], through the given HTTP client. A `plain` endpoint gets
@@ -79,6 +147,7 @@ pub fn notify(
 pub fn notify_with(
     http: &dyn HttpPost,
     endpoint: &NotifyConfig,
+    id: &str,
     body: &[u8],
     content_type: &str,
 ) -> Result<NotifyOutcome, ExecError> {
@@ -89,7 +158,7 @@ pub fn notify_with(
         });
     }
     match endpoint.kind {
-        NotifyKind::Plain => post(http, endpoint, body, content_type),
+        NotifyKind::Plain => post(http, endpoint, None, body, content_type),
         NotifyKind::Webhook | NotifyKind::Slack => {
             let text = std::str::from_utf8(body).map_err(|_| ExecError::InvalidRequest {
                 action: action(endpoint),
@@ -99,6 +168,7 @@ pub fn notify_with(
                 http,
                 endpoint,
                 &Message {
+                    id: Some(id),
                     event: "message",
                     text,
                     data: None,
@@ -124,6 +194,7 @@ pub fn send_with(
             return post(
                 http,
                 endpoint,
+                None,
                 message.text.as_bytes(),
                 "text/plain; charset=utf-8",
             )
@@ -149,7 +220,11 @@ pub fn send_with(
         action: action(endpoint),
         why: format!("encoding: {e}"),
     })?;
-    post(http, endpoint, &body, "application/json")
+    let id = message
+        .id
+        .map(str::to_string)
+        .unwrap_or_else(|| content_id(message));
+    post(http, endpoint, Some(&id), &body, "application/json")
 }
 
 fn action(endpoint: &NotifyConfig) -> String {
@@ -167,6 +242,7 @@ fn credential(endpoint: &NotifyConfig, path: &std::path::Path) -> Result<Secret,
 fn post(
     http: &dyn HttpPost,
     endpoint: &NotifyConfig,
+    id: Option<&str>,
     body: &[u8],
     content_type: &str,
 ) -> Result<NotifyOutcome, ExecError> {
@@ -196,10 +272,25 @@ fn post(
         None => None,
     };
     let signed = match (&endpoint.kind, &endpoint.secret_file) {
-        (NotifyKind::Webhook, Some(path)) => Some(signature(
-            credential(endpoint, path)?.expose().as_bytes(),
-            body,
-        )),
+        (NotifyKind::Webhook, Some(path)) => {
+            let secret = credential(endpoint, path)?;
+            let key = standard_key(secret.expose()).ok_or_else(|| ExecError::InvalidRequest {
+                action: action.clone(),
+                why: format!(
+                    "{} starts with whsec_ but the rest is not base64",
+                    path.display()
+                ),
+            })?;
+            let id = id.unwrap_or_default().to_string();
+            let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
+            let standard = standard_signature(&key, &id, timestamp, body);
+            Some([
+                signature(secret.expose().as_bytes(), body),
+                id,
+                timestamp.to_string(),
+                standard,
+            ])
+        }
         (NotifyKind::Webhook, None) => {
             return Err(ExecError::InvalidRequest {
                 action,
@@ -209,8 +300,15 @@ fn post(
         _ => None,
     };
     let headers: Vec<(&str, &str)> = signed
-        .as_deref()
-        .map(|s| vec![(SIGNATURE_HEADER, s)])
+        .as_ref()
+        .map(|[legacy, id, timestamp, standard]| {
+            vec![
+                (SIGNATURE_HEADER, legacy.as_str()),
+                (WEBHOOK_ID_HEADER, id.as_str()),
+                (WEBHOOK_TIMESTAMP_HEADER, timestamp.as_str()),
+                (WEBHOOK_SIGNATURE_HEADER, standard.as_str()),
+            ]
+        })
         .unwrap_or_default();
     if endpoint.insecure && (token.is_some() || signed.is_some()) {
         warn_if_clear(url.expose(), "notify");
@@ -300,7 +398,7 @@ mod tests {
         hook.kind = NotifyKind::Webhook;
         hook.secret_file = Some(secret(&dir, "key", "k3y"));
         let rec = Recorder::default();
-        notify_with(&rec, &hook, "hello".as_bytes(), "text/plain").unwrap();
+        notify_with(&rec, &hook, "act-7", "hello".as_bytes(), "text/plain").unwrap();
         let seen = rec.seen.borrow();
         let (url, headers, body, ct) = &seen[0];
         assert_eq!(url, "https://hooks.test/x");
@@ -309,16 +407,80 @@ mod tests {
         assert_eq!(v["source"], "nightshift");
         assert_eq!(v["event"], "message");
         assert_eq!(v["text"], "hello");
+        let names: Vec<&str> = headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
-            headers,
-            &vec![(SIGNATURE_HEADER.to_string(), signature(b"k3y", body))]
+            names,
+            [
+                SIGNATURE_HEADER,
+                WEBHOOK_ID_HEADER,
+                WEBHOOK_TIMESTAMP_HEADER,
+                WEBHOOK_SIGNATURE_HEADER
+            ]
+        );
+        assert_eq!(headers[0].1, signature(b"k3y", body));
+        assert_eq!(headers[1].1, "act-7");
+        let timestamp: i64 = headers[2].1.parse().unwrap();
+        assert_eq!(
+            headers[3].1,
+            standard_signature(b"k3y", "act-7", timestamp, body)
         );
         // A known vector (RFC 4231, test case 2).
         assert_eq!(
             signature(b"Jefe", b"what do ya want for nothing?"),
             "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
-        assert!(notify_with(&rec, &hook, b"\xff", "text/plain").is_err());
+        assert!(notify_with(&rec, &hook, "act-8", b"\xff", "text/plain").is_err());
+    }
+
+    #[test]
+    fn standard_webhooks_signature_matches_the_published_vector() {
+        // The Standard Webhooks libraries' own test vector (also what
+        // python3's hmac module gives: base64(hmac.new(b64decode(key),
+        // b"msg_p5jXN8AQM9LWM0D4loKWxJek.1614265330." + payload,
+        // "sha256").digest())).
+        let key = standard_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap();
+        assert_eq!(
+            standard_signature(
+                &key,
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                1614265330,
+                br#"{"test": 2432232314}"#
+            ),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+        // A secret without the prefix is its own bytes; a bad one is refused
+        // with the file named, never its text.
+        assert_eq!(standard_key("k3y").unwrap(), b"k3y");
+        assert_eq!(standard_key("whsec_not base64!"), None);
+        let dir = tempfile::tempdir().unwrap();
+        let mut hook = NotifyConfig::new("https://hooks.test/x", Readers::Private);
+        hook.kind = NotifyKind::Webhook;
+        hook.secret_file = Some(secret(&dir, "key", "whsec_not base64!"));
+        let e = notify_with(&Recorder::default(), &hook, "a", b"hi", "text/plain").unwrap_err();
+        assert!(e.to_string().contains("not base64"), "{e}");
+        assert!(!e.to_string().contains("whsec_not"), "{e}");
+    }
+
+    #[test]
+    fn a_message_without_an_id_keeps_one_id_across_sends() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut hook = NotifyConfig::new("https://hooks.test/x", Readers::Private);
+        hook.kind = NotifyKind::Webhook;
+        hook.secret_file = Some(secret(&dir, "key", "k3y"));
+        let rec = Recorder::default();
+        let message = |text| Message {
+            id: None,
+            event: "summary",
+            text,
+            data: None,
+        };
+        for text in ["3 runs", "3 runs", "4 runs"] {
+            send_with(&rec, &hook, &message(text)).unwrap();
+        }
+        let ids: Vec<String> = rec.seen.borrow().iter().map(|s| s.1[1].1.clone()).collect();
+        assert_eq!(ids[0], ids[1], "a retry carries the same id");
+        assert_ne!(ids[0], ids[2], "another message has another id");
+        assert!(ids[0].starts_with("msg_"), "{ids:?}");
     }
 
     #[test]
@@ -334,6 +496,7 @@ mod tests {
             &rec,
             &chat,
             &Message {
+                id: None,
                 event: "summary",
                 text: "3 runs",
                 data: None,
@@ -364,7 +527,7 @@ mod tests {
     #[test]
     fn any_2xx_succeeds_and_only_429_and_503_are_retried() {
         let endpoint = NotifyConfig::new("https://hooks.test/x", Readers::Private);
-        let post = |status| notify_with(&Answers(status), &endpoint, b"hi", "text/plain");
+        let post = |status| notify_with(&Answers(status), &endpoint, "a", b"hi", "text/plain");
         for status in [200, 201, 202, 204, 299] {
             assert_eq!(post(status).unwrap().status, status);
         }

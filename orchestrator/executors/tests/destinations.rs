@@ -338,7 +338,7 @@ fn webhooks_are_signed_and_the_receiver_verifies_them() {
         ..NotifyConfig::new(hook.url(), Readers::Private)
     };
     assert_eq!(
-        notify(&config, b"the build is green", "text/plain")
+        notify(&config, "act-1", b"the build is green", "text/plain")
             .unwrap()
             .status,
         204
@@ -347,6 +347,7 @@ fn webhooks_are_signed_and_the_receiver_verifies_them() {
     send(
         &config,
         &Message {
+            id: None,
             event: "summary",
             text: "2 runs",
             data: Some(&data),
@@ -355,7 +356,16 @@ fn webhooks_are_signed_and_the_receiver_verifies_them() {
     .unwrap();
     let requests = hook.requests();
     assert_eq!(requests.len(), 2);
-    assert!(requests.iter().all(|r| r.authorized), "signatures verify");
+    assert!(
+        requests.iter().all(|r| r.authorized),
+        "both signatures verify, the timestamp within 5 minutes"
+    );
+    // The act's id is the Standard Webhooks message id.
+    assert_eq!(requests[0].webhook_id.as_deref(), Some("act-1"));
+    assert!(requests[1]
+        .webhook_id
+        .as_deref()
+        .is_some_and(|id| id.starts_with("msg_")));
     assert_eq!(requests[0].json()["text"], "the build is green");
     assert_eq!(requests[0].json()["event"], "message");
     assert_eq!(requests[1].json()["data"]["runs"], 2);
@@ -366,14 +376,14 @@ fn webhooks_are_signed_and_the_receiver_verifies_them() {
 
     // A sender with another key is caught by the receiver.
     config.secret_file = Some(secret_file(repos.dir.path(), "wrong-key", "not-the-key"));
-    let err = notify(&config, b"forged", "text/plain").unwrap_err();
+    let err = notify(&config, "act-2", b"forged", "text/plain").unwrap_err();
     assert_eq!(err.class(), "auth_refused", "{err}");
     assert!(!hook.requests()[2].authorized);
     assert_no_secret(&err, &[HOOK_KEY, "not-the-key"]);
 
     // Without the CA the receiver's certificate is not trusted.
     config.ca_file = None;
-    let err = notify(&config, b"x", "text/plain").unwrap_err();
+    let err = notify(&config, "act-3", b"x", "text/plain").unwrap_err();
     assert_eq!(err.class(), "tls_untrusted", "{err}");
     assert_eq!(hook.requests().len(), 3);
 }
@@ -392,6 +402,7 @@ fn a_slack_compatible_hook_gets_text_and_its_url_stays_secret() {
     send(
         &config,
         &Message {
+            id: None,
             event: "summary",
             text: "3 runs ended",
             data: None,
@@ -406,6 +417,7 @@ fn a_slack_compatible_hook_gets_text_and_its_url_stays_secret() {
     let err = send(
         &config,
         &Message {
+            id: None,
             event: "summary",
             text: "x",
             data: None,

@@ -226,7 +226,7 @@ fn servers_that_are_down_give_retryable_errors() {
     assert_no_secret(&err, &[FORGE_TOKEN]);
 
     let config = notify_config(&repos, &format!("{DOWN}/hook"), true);
-    let err = notify(&config, b"hello", "text/plain").unwrap_err();
+    let err = notify(&config, "act-1", b"hello", "text/plain").unwrap_err();
     assert!(err.retryable(), "{err}: {err:?}");
     assert_no_secret(&err, &[HOOK_TOKEN]);
 }
@@ -310,6 +310,7 @@ fn notify_posts_exactly_the_body() {
     let body: &[u8] = b"line one\nline two \xff\x00 end";
     let out = notify(
         &notify_config(&repos, &hook.url(), false),
+        "act-1",
         body,
         "application/octet-stream",
     )
@@ -317,6 +318,7 @@ fn notify_posts_exactly_the_body() {
     assert_eq!(out.status, 204);
     let out = notify(
         &notify_config(&repos, &hook.url(), true),
+        "act-2",
         b"{\"x\":1}",
         "application/json",
     )

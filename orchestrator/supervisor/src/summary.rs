@@ -55,6 +55,13 @@ pub struct AuditState {
     pub first_bad_entry: Option<u64>,
 }
 
+/// A summary's message id: `summary_` and 32 hex digits of the digest of
+/// the ids of the runs it covers.
+pub fn summary_id(run_ids: &[String]) -> String {
+    let digest = nightshift_core::audit_log::digest(run_ids.join("\n").as_bytes());
+    format!("summary_{}", &digest[..32])
+}
+
 /// The outcome class of a run's status: a fixed name.
 pub fn outcome(status: &str) -> &'static str {
     if status == "exited 0" {
@@ -348,9 +355,13 @@ pub fn send(stores: &Stores, trigger: Trigger) -> Result<Sending, String> {
         .or(last_sent(root)?.covered_until);
     let text = render(&summary);
     let data = serde_json::to_value(&summary).map_err(|e| e.to_string())?;
+    // The runs it covers name the summary: a retry (whose audit count has
+    // grown) carries the same `webhook-id`.
+    let id = summary_id(&summary.run_ids);
     let result = orchestrator_executors::send(
         &endpoint,
         &Message {
+            id: Some(&id),
             event: "summary",
             text: &text,
             data: Some(&data),

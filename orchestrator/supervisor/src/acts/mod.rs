@@ -1824,7 +1824,12 @@ fn carry_out(
                 .get(&row.act.routing.destination)
                 .ok_or_else(|| invalid("the endpoint is no longer configured"))?;
             let body = row.content.clone().unwrap_or_default();
-            let out = orchestrator_executors::notify(endpoint, &body, "text/plain; charset=utf-8")?;
+            let out = orchestrator_executors::notify(
+                endpoint,
+                &row.act.id,
+                &body,
+                "text/plain; charset=utf-8",
+            )?;
             Ok(format!("HTTP {}", out.status))
         }
         (
