@@ -3,7 +3,7 @@
 # product's own (default 1,000,000; a checkpoint every 100): the streaming
 # walk `audit verify` does beside the whole-snapshot walk it replaced, each
 # in its own process (seconds, peak resident memory), then the `nightshift
-# audit verify` command itself. Figures: docs/benchmarks.md.
+# audit verify` command itself and `audit export` (to /dev/null). Figures: docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-1000000}
@@ -23,4 +23,5 @@ for round in 1 2; do
   peak "$bin/examples/verify_chain" "$state" snapshot
   peak "$bin/examples/verify_chain" "$state" stream
   NIGHTSHIFT_STATE_DIR=$state peak "$bin/nightshift" audit verify
+  NIGHTSHIFT_STATE_DIR=$state peak "$bin/nightshift" audit export >/dev/null
 done

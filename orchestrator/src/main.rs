@@ -551,6 +551,19 @@ enum AuditCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Write the chain to stdout, one entry a line (docs/audit-export.md).
+    Export {
+        /// Only entries from this seq on, or at or after this RFC 3339 time.
+        #[arg(long, value_parser = commands::audit_export::parse_since)]
+        since: Option<commands::audit_export::Since>,
+        /// jsonl (docs/audit-export.schema.json) or ocsf (OCSF 1.1.0).
+        #[arg(long, default_value = "jsonl", value_parser = parse_export_format)]
+        format: commands::audit_export::Format,
+    },
+}
+
+fn parse_export_format(text: &str) -> Result<commands::audit_export::Format, String> {
+    text.parse()
 }
 
 #[derive(Debug, clap::Args)]
@@ -790,6 +803,9 @@ async fn dispatch(cli: Cli) -> i32 {
         Command::Audit {
             command: AuditCommand::Verify { json },
         } => respond(&api, ApiCommand::AuditVerify {}, json).await,
+        Command::Audit {
+            command: AuditCommand::Export { since, format },
+        } => audit_export_cmd(&api, since, format),
         Command::Demo => demo_cmd(&api).await,
         Command::Store {
             command: StoreCommand::Migrate,
@@ -1000,6 +1016,19 @@ fn warn_rules_left_out(api: &Api, rules: Option<&std::path::Path>) {
 }
 
 /// Prints an error of the API and gives its exit code.
+/// `audit export`: the chain streamed to stdout, one escaped line an entry.
+fn audit_export_cmd(
+    api: &Api,
+    since: Option<commands::audit_export::Since>,
+    format: commands::audit_export::Format,
+) -> Result<i32, i32> {
+    let store = api.open_store().map_err(|e| fail(&e))?;
+    let mut out = std::io::BufWriter::new(std::io::stdout());
+    let since = since.unwrap_or(commands::audit_export::Since::All);
+    commands::audit_export::export(&*store, since, format, &mut out).map_err(|e| fail(&e))?;
+    Ok(exit::OK)
+}
+
 fn fail(e: &ApiError) -> i32 {
     errln!("nightshift: {e}");
     e.exit_code()

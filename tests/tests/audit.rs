@@ -198,3 +198,112 @@ fn verify_beside_concurrent_appenders_never_cries_wolf() {
     let n = state.audit_entries().len();
     assert!(n > 20, "only {n} entries were appended");
 }
+
+/// `audit export`'s lines of a state, parsed, with the exit code.
+fn export(state: &State, args: &[&str]) -> Vec<serde_json::Value> {
+    let mut all = vec!["audit", "export"];
+    all.extend_from_slice(args);
+    let out = state.run(&all);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.stdout.is_ascii(), "{}", stdout(&out));
+    stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[test]
+fn export_carries_the_chains_hashes_and_since_filters() {
+    let state = State::new();
+    let repo = make_repo();
+    for _ in 0..2 {
+        let out = state.run(&[
+            "run",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--image",
+            &image(),
+            "--",
+            "true",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    // Agent-influenced text in a body, through the store's port: a
+    // terminal escape, a forged line and a bidi override.
+    let hostile = "\u{1b}]0;pwned\u{7}\n{\"v\":1,\"seq\":1}\u{202e}";
+    let mut store = state.stores().connect().unwrap();
+    store
+        .append(
+            None,
+            &orchestrator::audit_log::Event::ImportFailed {
+                reason: hostile.into(),
+                worktree: "w".into(),
+            },
+            false,
+        )
+        .unwrap();
+    drop(store);
+    assert!(state.verify().status.success());
+
+    let chain = state.audit_entries();
+    assert!(chain.len() > 10, "{}", chain.len());
+    let lines = export(&state, &[]);
+    let got: Vec<(u64, &str, &str)> = lines
+        .iter()
+        .map(|l| {
+            assert_eq!(l["v"], 1);
+            (
+                l["seq"].as_u64().unwrap(),
+                l["hash"].as_str().unwrap(),
+                l["prev"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let want: Vec<(u64, &str, &str)> = chain
+        .iter()
+        .map(|e| (e.seq, e.hash.as_str(), e.prev.as_str()))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(lines.last().unwrap()["body"]["reason"], hostile);
+
+    let ocsf = export(&state, &["--format", "ocsf"]);
+    let uids: Vec<&str> = ocsf
+        .iter()
+        .map(|l| l["metadata"]["uid"].as_str().unwrap())
+        .collect();
+    let hashes: Vec<&str> = chain.iter().map(|e| e.hash.as_str()).collect();
+    assert_eq!(uids, hashes);
+    assert!(ocsf.iter().any(|l| l["class_uid"] == 1007));
+
+    // --since a seq: from that entry on.
+    let mid = chain[chain.len() / 2].seq;
+    let from: Vec<u64> = export(&state, &["--since", &mid.to_string()])
+        .iter()
+        .map(|l| l["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(from, (mid..=chain.last().unwrap().seq).collect::<Vec<_>>());
+    // --since a time: the entries at or after it (the second run's on).
+    let second = chain
+        .iter()
+        .filter(|e| e.kind == "run_created")
+        .nth(1)
+        .unwrap();
+    let t = |s: &str| {
+        time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).unwrap()
+    };
+    let since = export(&state, &["--since", &second.time]);
+    let want: Vec<u64> = chain
+        .iter()
+        .filter(|e| t(&e.time) >= t(&second.time))
+        .map(|e| e.seq)
+        .collect();
+    assert!(!want.is_empty() && want.len() < chain.len());
+    let got: Vec<u64> = since.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
+    assert_eq!(got, want);
+
+    // A bad --since is a usage error naming it.
+    let bad = state.run(&["audit", "export", "--since", "last tuesday"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("--since"), "{}", stderr(&bad));
+    assert!(bad.stdout.is_empty());
+}

@@ -19,6 +19,7 @@
 //!   could not be connected to, so do these (`Api::open_state`), whatever
 //!   the store's own error.
 
+pub mod audit_export;
 pub mod dispatch;
 pub mod execute;
 pub mod hosted;
