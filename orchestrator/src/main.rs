@@ -1319,7 +1319,12 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
             })
             .await
         {
-            Ok(Reply::Run(view)) => print_acts_and_refusals(&view.acts, &view.refusals),
+            Ok(Reply::Run(view)) => print_acts_and_refusals(
+                &record.id,
+                &view.acts,
+                &view.refusals,
+                Some(RUN_LISTS_AT_MOST),
+            ),
             Ok(_) => {}
             Err(e) => warn(&format!("listing the run's acts: {e}")),
         }
@@ -1460,7 +1465,7 @@ fn render_show(view: &RunView, json: bool) {
             );
         }
     }
-    print_acts_and_refusals(acts, refused);
+    print_acts_and_refusals(&run.id, acts, refused, None);
     if model.calls > 0 {
         outln!(
             "  model calls: {} ({} refused, {} without usage); tokens {} of {} (input {}, output {}, cached {})",
@@ -2137,15 +2142,32 @@ fn render_queue(view: &QueueView, json: bool) {
     }
 }
 
-/// A run's queued acts and refused door requests, as `run` and `show`
-/// print them (each value escaped).
+/// How many acts and refused requests `run` lists after a run: the rest
+/// are counted and left to `nightshift show` (an agent can make hundreds).
+const RUN_LISTS_AT_MOST: usize = 20;
+
+/// A run's queued acts and refused door requests, as `run` (at most
+/// `limit` of each, the rest counted) and `show` (all) print them (each
+/// value escaped).
 fn print_acts_and_refusals(
+    run: &str,
     acts: &[orchestrator::api::RunAct],
     refused: &[orchestrator::acts::Refusal],
+    limit: Option<usize>,
 ) {
+    let limit = limit.unwrap_or(usize::MAX);
+    let more = |n: usize| {
+        if n > limit {
+            outln!(
+                "    ... and {} more: nightshift show {}",
+                n - limit,
+                terminal::line(run)
+            );
+        }
+    };
     if !acts.is_empty() {
         outln!("  acts queued ({}; review: nightshift queue):", acts.len());
-        for a in acts {
+        for a in acts.iter().take(limit) {
             outln!(
                 "    {}  {:<10} {} to {}{}",
                 terminal::line(&a.id),
@@ -2158,12 +2180,14 @@ fn print_acts_and_refusals(
                     .unwrap_or_default()
             );
         }
+        more(acts.len());
     }
     if !refused.is_empty() {
         outln!("  refused door requests ({}):", refused.len());
-        for r in refused {
+        for r in refused.iter().take(limit) {
             outln!("    {}", refusal_line(r));
         }
+        more(refused.len());
     }
 }
 
