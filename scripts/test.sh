@@ -6,8 +6,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+# Each phase's start and the seconds since this script began, on stderr,
+# so that a run's log says where its time went (docs/benchmarks.md).
+began=$(date +%s)
+phase() { echo "== test.sh: $1 (at $(( $(date +%s) - began )) s)" >&2; }
+# The build is a cache like the images: kept across clones of the
+# repository on this machine (cargo rebuilds whatever changed), unless
+# CARGO_TARGET_DIR says otherwise.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nightshift-target}
+bin=$CARGO_TARGET_DIR/debug/nightshift
+phase "packages and the engine"
 ensure_packages
 ensure_docker
+phase "format, lints, layers"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
 # Only the adapter crates name bollard, rusqlite, the PostgreSQL client and
@@ -15,30 +26,37 @@ cargo clippy --workspace --all-targets -q -- -D warnings
 # that says only, never or without touching names a test that holds it.
 python3 scripts/check-layers.py
 python3 scripts/check-notes.py
+phase "build"
 cargo build -q -p orchestrator
-NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image ./target/debug/nightshift image build
+phase "images"
+NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build
 # The agent images the tests use (heavy: each is built once, then a no-op
 # while its inputs are unchanged).
 for preset in python-sdks claude-code codex mini-swe-agent aider; do
-  NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image ./target/debug/nightshift image build --agent "$preset"
+  NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build --agent "$preset"
 done
 # The toolchain image tests/tests/toolchains.rs uses (Debian's cargo and
 # pip over the sandbox image; built once, then a no-op).
-NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image ./target/debug/nightshift image build --with rust,python
+NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build --with rust,python
 # One throwaway PostgreSQL server for the PostgreSQL store's tests (each
 # makes its own database in it), stopped and removed when this script ends.
 NIGHTSHIFT_TEST_PG=$(scripts/pg.sh start)
 export NIGHTSHIFT_TEST_PG
 trap 'scripts/pg.sh stop "$NIGHTSHIFT_TEST_PG"' EXIT
+phase "tests"
 # Tests that need this host (root, the engine, writable cgroups) fail
 # rather than skip: CI runs them all.
 NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test --workspace -q --no-fail-fast
+phase "tests on PostgreSQL"
 # The end-to-end suites of the act queue, the run queue, the audit, serve
 # and the kill -9 faults again with every state in PostgreSQL (a fresh
 # database each); the tests that change state.db itself say so and stop.
 NIGHTSHIFT_TEST_STORE=postgres NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p tests --no-fail-fast \
   --test acts --test run_queue --test serve_queue --test audit --test dashboard_api \
   --test faults --test run
-# A bounded fuzz pass: each fuzz target for a minute over its committed
-# corpus, failing on any crash (scripts/fuzz.sh, docs/fuzzing.md).
-scripts/fuzz.sh check "${NIGHTSHIFT_FUZZ_SECONDS:-60}"
+phase "fuzz"
+# A bounded fuzz pass: each fuzz target for 30 s over its committed
+# corpus, failing on any crash (scripts/fuzz.sh, docs/fuzzing.md; longer
+# campaigns are `scripts/fuzz.sh run TARGET SECONDS`).
+scripts/fuzz.sh check "${NIGHTSHIFT_FUZZ_SECONDS:-30}"
+phase "done"

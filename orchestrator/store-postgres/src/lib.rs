@@ -192,6 +192,10 @@ pub struct PgStore {
     migrated: Migrated,
     /// Where the connection goes back when this store is dropped.
     pool: Option<Pool>,
+    /// Where it came from, to connect again when the server closed it
+    /// (see [`PgStore::lock`]), and the lock timeout it was opened with.
+    url: String,
+    busy: Option<std::time::Duration>,
 }
 
 /// Connections a [`crate::PgBackend`] keeps between callers, each with its
@@ -309,6 +313,7 @@ fn client(url: &str, timeout: Option<std::time::Duration>) -> Result<Client, PgE
         if let Some(t) = timeout {
             config.connect_timeout(t);
         }
+        bound_the_network(&mut config);
         match split.tls {
             tls::Tls::Off => config.connect(NoTls).map_err(fail),
             tls::Tls::Verified { roots } => {
@@ -323,6 +328,35 @@ fn client(url: &str, timeout: Option<std::time::Duration>) -> Result<Client, PgE
             .unwrap_or_else(|p| std::panic::resume_unwind(p))
     } else {
         connect()
+    }
+}
+
+/// How long a dead network may hold a store call: a connection attempt
+/// ([`CONNECT_WITHIN`]), data sent and never acknowledged
+/// ([`UNACKNOWLEDGED_WITHIN`]), and an idle connection whose peer vanished
+/// (keepalive probes after 2 s, every second, 3 unanswered). A worker cut
+/// off by a partition that drops packets (no reset) sees its store calls
+/// fail within seconds instead of the kernel's minutes, so it fences itself
+/// before its claims lapse
+/// (`tests/tests/workers.rs::three_workers_in_their_own_networks_lose_nothing_to_a_kill_and_a_partition`).
+/// A URL's own `connect_timeout`, `tcp_user_timeout` or `keepalives_*`
+/// win.
+pub const CONNECT_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+pub const UNACKNOWLEDGED_WITHIN: std::time::Duration = std::time::Duration::from_secs(4);
+
+fn bound_the_network(config: &mut postgres::Config) {
+    use std::time::Duration;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(CONNECT_WITHIN);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(UNACKNOWLEDGED_WITHIN);
+    }
+    // The client's defaults (2 hours idle) mean no probe in a night.
+    if config.get_keepalives_idle() == Duration::from_secs(2 * 60 * 60) {
+        config.keepalives_idle(Duration::from_secs(2));
+        config.keepalives_interval(Duration::from_secs(1));
+        config.keepalives_retries(3);
     }
 }
 
@@ -393,17 +427,50 @@ impl PgStore {
                 hot: Hot::prepare(c)?,
             })
         })?;
-        Ok(Self::of(client, cx, state_root, None))
+        Ok(Self::of(client, cx, state_root, None, url, None))
     }
 
-    fn of(client: Client, cx: Ctx, state_root: &Path, pool: Option<Pool>) -> Self {
+    fn of(
+        client: Client,
+        cx: Ctx,
+        state_root: &Path,
+        pool: Option<Pool>,
+        url: &str,
+        busy: Option<std::time::Duration>,
+    ) -> Self {
         Self {
             log: cx.log.clone(),
             migrated: cx.migrated,
             client: Mutex::new(Some((client, cx))),
             root: state_root.to_path_buf(),
             pool,
+            url: url.to_string(),
+            busy,
         }
+    }
+
+    /// A new connection in place of one the server or the network closed.
+    fn fresh(&self) -> Result<(Client, Ctx), PgError> {
+        let mut store = match self.busy {
+            Some(busy) => {
+                Self::connect_existing(&self.url, &self.root, busy)?.ok_or_else(|| {
+                    PgError::Bad {
+                        what: "the store".into(),
+                        message: "the database no longer holds it".into(),
+                    }
+                })?
+            }
+            None => Self::connect(&self.url, &self.root)?,
+        };
+        let held = store
+            .client
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        held.ok_or_else(|| PgError::Bad {
+            what: "the store".into(),
+            message: "a new connection held no client".into(),
+        })
     }
 
     /// A store on a connection of `pool` when one is idle there (its
@@ -415,7 +482,14 @@ impl PgStore {
             if !client.is_closed()
                 && off_runtime(&mut client, |c| c.batch_execute("ROLLBACK")).is_ok()
             {
-                return Ok(Self::of(client, cx, state_root, Some(pool.clone())));
+                return Ok(Self::of(
+                    client,
+                    cx,
+                    state_root,
+                    Some(pool.clone()),
+                    url,
+                    None,
+                ));
             }
             close(client);
         }
@@ -468,7 +542,7 @@ impl PgStore {
                 hot: Hot::prepare(c)?,
             }))
         })?;
-        Ok(cx.map(|cx| Self::of(client, cx, state_root, None)))
+        Ok(cx.map(|cx| Self::of(client, cx, state_root, None, url, Some(busy))))
     }
 
     pub fn root(&self) -> &Path {
@@ -539,8 +613,23 @@ impl PgStore {
         }
     }
 
+    /// The client, connected again first when its connection was closed
+    /// (the server restarted, or the network dropped it: `CONNECT_WITHIN`'s
+    /// note): a long-lived store (a worker's supervisor holds one all night)
+    /// must not fail every call after one bad minute. A call in flight when
+    /// the connection died fails; the next one gets a new connection, or
+    /// fails as that attempt did.
+    /// (`tests/tests/workers.rs::three_workers_in_their_own_networks_lose_nothing_to_a_kill_and_a_partition`)
     fn lock(&self) -> MutexGuard<'_, Option<(Client, Ctx)>> {
-        self.client.lock().unwrap_or_else(|p| p.into_inner())
+        let mut guard = self.client.lock().unwrap_or_else(|p| p.into_inner());
+        if guard.as_ref().is_some_and(|(c, _)| c.is_closed()) {
+            if let Ok(fresh) = self.fresh() {
+                if let Some((old, _)) = guard.replace(fresh) {
+                    close(old);
+                }
+            }
+        }
+        guard
     }
 
     /// What opening did to the schema (for `nightshift store migrate`).

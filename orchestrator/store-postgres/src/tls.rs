@@ -96,9 +96,11 @@ pub fn split(url: &str) -> Result<Split, String> {
             Tls::Off
         }
         Some("require" | "verify-ca" | "verify-full") => Tls::Verified { roots },
-        Some(other) => return Err(format!(
+        Some(other) => {
+            return Err(format!(
             "sslmode={other} is not one of disable, allow, prefer, require, verify-ca, verify-full"
-        )),
+        ))
+        }
     };
     let mut url = base.to_string();
     if !kept.is_empty() {
