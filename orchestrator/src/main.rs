@@ -627,6 +627,13 @@ struct RunArgs {
     /// separated) over the default or the preset's image (`image build --with`).
     #[arg(long, conflicts_with = "image")]
     with: Option<String>,
+    /// The trusted setup phase for this run (docs/setup.md): a preset
+    /// (rust, python, node) or a shell command, run with network on a
+    /// read-only checkout of the base before the agent; its cache is
+    /// mounted read-only into the sandbox. Over the configuration's
+    /// `[[setup]]` command for the repository.
+    #[arg(long)]
+    setup: Option<String>,
     /// The agent command and its arguments.
     #[arg(last = true, required_unless_present = "agent")]
     command: Vec<String>,
@@ -1293,6 +1300,7 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
         // A dispatcher's child (`tasks run`) carries its task's id.
         of_task: std::env::var_os("NIGHTSHIFT_TASK").is_some(),
         with,
+        setup: args.setup,
     };
     let mut prepared = commands::run::prepare(api, order).map_err(|e| fail(&e))?;
     if let Some((name, model)) = agent {

@@ -231,6 +231,9 @@ pub struct Config {
     pub serve: ServeConfig,
     #[serde(default)]
     pub store: StoreConfig,
+    /// `[[setup]]`: each repository's trusted setup phase (docs/setup.md).
+    #[serde(default)]
+    pub setup: Vec<crate::setup::SetupConfig>,
 }
 
 /// The fleet's limits after defaults.
@@ -252,6 +255,16 @@ impl Config {
             .find(|r| canonical(&r.path) == repo)
             .map(|r| r.confidentiality)
             .unwrap_or(policies::Confidentiality::Private)
+    }
+
+    /// The setup the owner declared for `repo` (compared by canonical path).
+    pub fn setup_plan(&self, repo: &Path) -> Option<crate::setup::SetupPlan> {
+        let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+        let repo = canonical(repo);
+        self.setup
+            .iter()
+            .find(|s| canonical(&s.repository) == repo)
+            .and_then(|s| s.plan().ok())
     }
 
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -285,6 +298,19 @@ impl Config {
                 return Err(ConfigError::Invalid {
                     path: path.to_path_buf(),
                     message: format!("{key} = 0 is root; a sandbox never runs as root"),
+                });
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for s in &config.setup {
+            s.plan().map_err(|message| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message,
+            })?;
+            if !seen.insert(s.repository.clone()) {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: format!("two [[setup]] tables for {}", s.repository.display()),
                 });
             }
         }
