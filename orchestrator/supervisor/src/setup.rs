@@ -96,6 +96,31 @@ pub fn entries(root: &Path) -> Vec<(PathBuf, CacheEntry)> {
     out
 }
 
+/// `setup prune`: removes the entries `nightshift_core::setup::prune`
+/// names (each renamed aside first, so a run never mounts half of one);
+/// the removed entries. A run that already mounted one keeps its mount.
+pub fn prune(
+    root: &Path,
+    keep: Option<usize>,
+    older_than: Option<Duration>,
+) -> Result<Vec<CacheEntry>, String> {
+    let all = entries(root);
+    let list: Vec<CacheEntry> = all.iter().map(|(_, e)| e.clone()).collect();
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    let gone = core_setup::prune(&list, keep, older_than, now);
+    let mut removed = Vec::new();
+    for (path, e) in all {
+        if !gone.contains(&(e.repository.clone(), e.key.clone())) {
+            continue;
+        }
+        let aside = path.with_file_name(format!(".prune-{}", e.key));
+        std::fs::rename(&path, &aside).map_err(|err| format!("{}: {err}", path.display()))?;
+        std::fs::remove_dir_all(&aside).map_err(|err| format!("{}: {err}", aside.display()))?;
+        removed.push(e);
+    }
+    Ok(removed)
+}
+
 fn read_bounded(path: &Path, max: u64) -> std::io::Result<String> {
     let mut text = String::new();
     std::fs::File::open(path)?
