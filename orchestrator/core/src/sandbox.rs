@@ -39,6 +39,9 @@ pub const WORKSPACE: &str = "/workspace";
 pub const HOME: &str = "/home/agent";
 /// Where the run's door is mounted (read-only) inside every sandbox.
 pub const DOOR_MOUNT: &str = "/run/nightshift";
+/// Where a run's setup cache is mounted (docs/setup.md): read-write in the
+/// setup container, read-only in the sandbox.
+pub const SETUP_CACHE_MOUNT: &str = "/cache";
 /// The image's own default user (its `agent` account). Never what a sandbox
 /// runs as: the spec always names the configured [`SandboxUser`].
 pub const SANDBOX_UID: u32 = 1000;
@@ -220,7 +223,7 @@ pub struct SandboxSpec {
     pub door: Option<PathBuf>,
     pub user: SandboxUser,
     /// The repository's setup cache (docs/setup.md), mounted read-only at
-    /// [`crate::setup::CACHE_MOUNT`].
+    /// [`SETUP_CACHE_MOUNT`].
     pub setup_cache: Option<PathBuf>,
 }
 
@@ -443,7 +446,7 @@ impl SandboxSpec {
                 .as_ref()
                 .map(|c| orchestrator_attest::MountExpectation {
                     host_path: c.to_string_lossy().into_owned(),
-                    target: crate::setup::CACHE_MOUNT.to_string(),
+                    target: SETUP_CACHE_MOUNT.to_string(),
                 }),
         }
     }

@@ -22,7 +22,7 @@
 //!   removes an entry younger than `older_than`
 //!   (`tests::prune_keeps_the_newest_of_each_repository`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ use crate::sandbox::{Caps, SandboxUser, HOME, PATH};
 
 /// Where the cache is mounted: read-write in the setup container,
 /// read-only in the agent's sandbox.
-pub const CACHE_MOUNT: &str = "/cache";
+pub use crate::sandbox::SETUP_CACHE_MOUNT as CACHE_MOUNT;
 /// Where the read-only checkout of the base is mounted in the setup
 /// container (the agent's worktree is mounted at the same place).
 pub const CHECKOUT_MOUNT: &str = crate::sandbox::WORKSPACE;
@@ -236,86 +236,6 @@ impl SetupPlan {
             credentials: Vec::new(),
             max_bytes: DEFAULT_MAX_BYTES,
         }
-    }
-}
-
-/// `[[setup]]` in the state's configuration.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SetupConfig {
-    /// The host repository's path, as given to `nightshift run --repo`.
-    pub repository: PathBuf,
-    /// `rust`, `python` or `node`.
-    pub preset: Option<String>,
-    /// A shell command instead of a preset.
-    pub command: Option<String>,
-    /// Lockfile names the key reads (default [`DEFAULT_LOCKFILES`]).
-    pub lockfiles: Option<Vec<String>>,
-    /// May setup run on a tree an agent wrote (a `refs/nightshift/runs/…`
-    /// base)? Default no.
-    #[serde(default)]
-    pub allow_agent_refs: bool,
-    /// Registry credential files (absolute paths; owner-only, checked at use).
-    #[serde(default)]
-    pub credentials: Vec<PathBuf>,
-    /// The largest cache entry (`2g` by default).
-    pub max_bytes: Option<crate::config::Size>,
-}
-
-impl SetupConfig {
-    /// The plan it declares, or what is wrong with it.
-    pub fn plan(&self) -> Result<SetupPlan, String> {
-        let command = match (&self.preset, &self.command) {
-            (Some(p), None) => SetupCommand::Preset(Preset::parse(p).ok_or_else(|| {
-                format!(
-                    "setup for {}: unknown preset {p:?} (rust, python, node)",
-                    self.repository.display()
-                )
-            })?),
-            (None, Some(c)) if !c.trim().is_empty() => SetupCommand::Command(c.clone()),
-            _ => {
-                return Err(format!(
-                    "setup for {}: give exactly one of preset and command",
-                    self.repository.display()
-                ))
-            }
-        };
-        let mut plan = SetupPlan::new(command);
-        if let Some(l) = &self.lockfiles {
-            for name in l {
-                if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-                    return Err(format!(
-                        "setup for {}: lockfile {name:?} must be a file name (matched at any depth)",
-                        self.repository.display()
-                    ));
-                }
-            }
-            plan.lockfiles = l.clone();
-        }
-        plan.allow_agent_refs = self.allow_agent_refs;
-        let mut names = BTreeSet::new();
-        for c in &self.credentials {
-            let name = c.file_name().and_then(|n| n.to_str());
-            if !c.is_absolute() || name.is_none() {
-                return Err(format!(
-                    "setup for {}: credential {} must be an absolute path to a file",
-                    self.repository.display(),
-                    c.display()
-                ));
-            }
-            if !names.insert(name.unwrap_or_default().to_string()) {
-                return Err(format!(
-                    "setup for {}: two credentials share the file name {}",
-                    self.repository.display(),
-                    name.unwrap_or_default()
-                ));
-            }
-        }
-        plan.credentials = self.credentials.clone();
-        if let Some(m) = self.max_bytes {
-            plan.max_bytes = m.0;
-        }
-        Ok(plan)
     }
 }
 
@@ -867,32 +787,6 @@ mod tests {
         assert!(is_agent_ref("nightshift/runs/01abc"));
         assert!(!is_agent_ref("main"));
         assert!(!is_agent_ref("refs/heads/nightshift-ish"));
-    }
-
-    #[test]
-    fn a_config_names_exactly_one_command_and_absolute_credentials() {
-        let parse = |t: &str| toml::from_str::<SetupConfig>(t).unwrap().plan();
-        assert!(parse("repository = \"/r\"\npreset = \"rust\"\n").is_ok());
-        assert!(parse("repository = \"/r\"\n")
-            .unwrap_err()
-            .contains("exactly one"));
-        assert!(parse("repository = \"/r\"\npreset = \"rust\"\ncommand = \"x\"\n").is_err());
-        assert!(parse("repository = \"/r\"\npreset = \"go\"\n")
-            .unwrap_err()
-            .contains("unknown preset"));
-        assert!(
-            parse("repository = \"/r\"\ncommand = \"x\"\ncredentials = [\"rel\"]\n")
-                .unwrap_err()
-                .contains("absolute")
-        );
-        assert!(parse(
-            "repository = \"/r\"\ncommand = \"x\"\ncredentials = [\"/a/n\", \"/b/n\"]\n"
-        )
-        .unwrap_err()
-        .contains("share"));
-        let plan = parse("repository = \"/r\"\npreset = \"python\"\nmax_bytes = \"1m\"\nallow_agent_refs = true\n").unwrap();
-        assert_eq!(plan.max_bytes, 1 << 20);
-        assert!(plan.allow_agent_refs);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //!   no call site can forget a hardening flag. A run's setup container
 //!   (docs/setup.md) has its own path, [`Engine::create_setup`], from a
 //!   [`SetupSpec`]: networked, never given a door, a gateway or the
-//!   worktree.
+//!   worktree
+//!   (`tests/tests/setup.rs::setup_has_network_and_a_read_only_checkout_but_no_door_and_a_failure_stops_the_run`).
 //!   Nor the lease's host-side end: a container whose lease wrapper is PID 1
 //!   gets its `nightshift lease-end` process at creation, or is removed
 //!   (`crate::lease::spawn_end`).

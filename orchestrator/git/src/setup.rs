@@ -3,7 +3,7 @@
 //! owner's ref reaches a commit (else it is a tree only an agent wrote),
 //! and which lockfiles changed between two commits (the agent changed its
 //! dependencies). The host repository is trusted; nothing here checks out
-//! or runs anything.
+//! or runs anything (`tests/tests/setup.rs::a_rust_repository_tests_offline_from_its_cache_and_the_next_run_skips_setup`).
 
 use std::path::Path;
 

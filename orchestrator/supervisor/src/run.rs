@@ -495,7 +495,31 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     // The setup phase, before anything of the agent's exists.
     if let Some(plan) = &req.setup {
         let base = held.base_commit.clone().unwrap_or_default();
-        match crate::setup::prepare(sup, &id, req, plan, &base, &held.image_id).await? {
+        let audit = |event: Event| sup.audit(&id, event, false);
+        let ctx = crate::setup::Ctx {
+            engine: &sup.engine,
+            paths: paths.clone(),
+            audit: &audit,
+            sandbox_user: sup.sandbox_user,
+            state_tag: &sup.state_tag,
+            identity: &sup.identity,
+            cgroup_parent: sup.fleet.as_ref().map(FleetHandle::cgroup_parent),
+        };
+        let order = crate::setup::Order {
+            repo: &req.repo,
+            base_ref: &req.base_ref,
+            image: &req.image,
+            caps: &req.caps,
+        };
+        let prepared = crate::setup::prepare(&ctx, &id, &order, plan, &base, &held.image_id)
+            .await
+            .map_err(|e| match e {
+                crate::setup::SetupError::BadInput(m) => RunError::BadInput(m),
+                crate::setup::SetupError::Host(m) => RunError::Git(m),
+                crate::setup::SetupError::Engine(e) => RunError::Engine(e),
+                crate::setup::SetupError::Store(e) => RunError::Store(e),
+            })?;
+        match prepared {
             crate::setup::Setup::Failed(why) => return Ok(Ended::SetupFailed(why)),
             crate::setup::Setup::Ready(ready) => {
                 tracing::info!(outcome = ready.outcome, key = %ready.entry.key, "setup cache ready");

@@ -6,16 +6,21 @@
 //!   never `create`): the engine's bridge network, no door, no model
 //!   gateway, on a read-only checkout of the base commit made by the git
 //!   adapter for it (never the agent's worktree), writing only into a
-//!   fresh directory of the cache (`tests/tests/setup.rs`);
+//!   fresh directory of the cache
+//!   (`tests/tests/setup.rs::setup_has_network_and_a_read_only_checkout_but_no_door_and_a_failure_stops_the_run`);
 //! - a base an agent wrote is never set up unless the owner allowed it for
-//!   the repository (`nightshift_core::setup::tree_for_setup`);
+//!   the repository (`an_agent_written_tree_never_reaches_setup_unless_allowed`,
+//!   `tests/tests/setup.rs::a_rust_repository_tests_offline_from_its_cache_and_the_next_run_skips_setup`);
 //! - a cache entry is published whole or not at all: built in
 //!   `STATE/setup/<repository>/.tmp-<run>`, checked against `max_bytes`,
-//!   given back to the supervisor's user, digested, then renamed to its
-//!   key; an entry is never changed after (the agent mounts it read-only);
+//!   given back to the supervisor's user, digested
+//!   (`tests::the_digest_follows_content_names_and_modes`), then renamed to
+//!   its key; an entry is never changed after (the agent mounts it
+//!   read-only: `a_setup_cache_passes_only_read_only_and_expected`);
 //! - credential files are checked (a regular file of the supervisor's
 //!   user, mode 0600 or tighter) and handed to the setup container as
-//!   read-only copies that are removed when it ends.
+//!   read-only copies that are removed when it ends
+//!   (`tests::a_credential_open_to_others_is_refused`).
 
 use std::io::Read as _;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -26,10 +31,58 @@ use futures_util::StreamExt as _;
 use nightshift_core::audit_log::{digest, Event};
 use nightshift_core::container_engine::{ContainerEngine, Output};
 use nightshift_core::setup::{self as core_setup, CacheEntry, Lockfile, SetupPlan, TreeDecision};
-use nightshift_core::state_store::{now_rfc3339, StateStore};
+use nightshift_core::state_store::now_rfc3339;
 use tokio::io::AsyncWriteExt as _;
 
-use crate::run::{RunError, RunRequest, Supervisor};
+use nightshift_core::container_engine::EngineError;
+use nightshift_core::sandbox::{Caps, SandboxUser};
+use nightshift_core::state_store::{StatePaths, StoreError};
+
+/// Why the setup phase could not be carried out (a setup that ran and
+/// failed is [`Setup::Failed`], not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{0}")]
+    BadInput(String),
+    #[error("setup phase: {0}")]
+    Host(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+type RunError = SetupError;
+
+/// What the setup phase needs of its run's supervisor.
+pub struct Ctx<'a, E> {
+    pub engine: &'a E,
+    pub paths: StatePaths,
+    /// Appends one audit entry of the run.
+    pub audit: &'a (dyn Fn(Event) -> Result<(), StoreError> + Sync),
+    pub sandbox_user: SandboxUser,
+    pub state_tag: &'a str,
+    pub identity: &'a str,
+    pub cgroup_parent: Option<String>,
+}
+
+impl<E> std::fmt::Debug for Ctx<'_, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ctx")
+            .field("state", &self.paths.root)
+            .field("state_tag", &self.state_tag)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the setup phase needs of its run's request.
+#[derive(Debug)]
+pub struct Order<'a> {
+    pub repo: &'a Path,
+    pub base_ref: &'a str,
+    pub image: &'a str,
+    pub caps: &'a Caps,
+}
 
 /// A cache ready for the agent's sandbox.
 #[derive(Debug, Clone)]
@@ -53,11 +106,11 @@ pub enum Setup {
 }
 
 fn git_err(e: impl std::fmt::Display) -> RunError {
-    RunError::Git(e.to_string())
+    SetupError::Host(e.to_string())
 }
 
 fn io_err(doing: &str, path: &Path, e: std::io::Error) -> RunError {
-    RunError::Git(format!("{doing} {}: {e}", path.display()))
+    SetupError::Host(format!("{doing} {}: {e}", path.display()))
 }
 
 /// The repository's canonical path, as the cache is keyed by.
@@ -277,17 +330,17 @@ fn host_ca_bundle() -> Option<PathBuf> {
 
 /// The setup phase of run `id` on `base_commit`: a cache to mount, or why
 /// the run ends before the agent. Audited as one `setup` entry.
-pub async fn prepare<E: ContainerEngine, S: StateStore>(
-    sup: &Supervisor<E, S>,
+pub async fn prepare<E: ContainerEngine>(
+    sup: &Ctx<'_, E>,
     id: &str,
-    req: &RunRequest,
+    req: &Order<'_>,
     plan: &SetupPlan,
     base_commit: &str,
     image_id: &str,
 ) -> Result<Setup, RunError> {
     let started = Instant::now();
-    let paths = sup.paths();
-    let repository = repository_name(&req.repo);
+    let paths = sup.paths.clone();
+    let repository = repository_name(req.repo);
     let root = paths.setup();
     nightshift_core::state_store::create_private_dir(&root)?;
     let repo_dir = root.join(core_setup::repository_id(&repository));
@@ -296,34 +349,30 @@ pub async fn prepare<E: ContainerEngine, S: StateStore>(
     let command_digest = digest(script.as_bytes());
     let known: Vec<CacheEntry> = entries(&root).into_iter().map(|(_, e)| e).collect();
 
-    let (repo, commit) = (req.repo.clone(), base_commit.to_string());
+    let (repo, commit) = (req.repo.to_path_buf(), base_commit.to_string());
     let reaches =
         tokio::task::spawn_blocking(move || orchestrator_git::owner_reaches(&repo, &commit))
             .await
             .map_err(git_err)?
             .map_err(git_err)?;
-    let agent_written = core_setup::is_agent_ref(&req.base_ref) || !reaches;
+    let agent_written = core_setup::is_agent_ref(req.base_ref) || !reaches;
     let audit = |outcome: &str, entry: Option<&CacheEntry>, extra: Extra| {
-        sup.audit(
-            id,
-            Event::Setup {
-                outcome: outcome.to_string(),
-                repository: repository.clone(),
-                command: plan.command.describe(),
-                key: entry.map(|e| e.key.clone()),
-                digest: entry.map(|e| e.digest.clone()),
-                bytes: entry.map(|e| e.bytes),
-                commit: entry
-                    .map(|e| e.commit.clone())
-                    .or(Some(base_commit.to_string())),
-                trusted: entry.map(|e| e.trusted),
-                container: extra.container,
-                exit_code: extra.exit_code,
-                duration_ms: Some(started.elapsed().as_millis() as i64),
-                output_bytes: extra.output_bytes,
-            },
-            false,
-        )
+        (sup.audit)(Event::Setup {
+            outcome: outcome.to_string(),
+            repository: repository.clone(),
+            command: plan.command.describe(),
+            key: entry.map(|e| e.key.clone()),
+            digest: entry.map(|e| e.digest.clone()),
+            bytes: entry.map(|e| e.bytes),
+            commit: entry
+                .map(|e| e.commit.clone())
+                .or(Some(base_commit.to_string())),
+            trusted: entry.map(|e| e.trusted),
+            container: extra.container,
+            exit_code: extra.exit_code,
+            duration_ms: Some(started.elapsed().as_millis() as i64),
+            output_bytes: extra.output_bytes,
+        })
     };
     let ready = |entry: CacheEntry, outcome: &'static str| {
         let path = repo_dir.join(&entry.key);
@@ -336,7 +385,7 @@ pub async fn prepare<E: ContainerEngine, S: StateStore>(
     };
     match core_setup::tree_for_setup(
         &repository,
-        &req.base_ref,
+        req.base_ref,
         agent_written,
         plan.allow_agent_refs,
         &command_digest,
@@ -357,7 +406,7 @@ pub async fn prepare<E: ContainerEngine, S: StateStore>(
 
     // The key: the command, the image, the lockfiles at the base.
     let (repo, commit, patterns) = (
-        req.repo.clone(),
+        req.repo.to_path_buf(),
         base_commit.to_string(),
         plan.lockfiles.clone(),
     );
@@ -379,7 +428,7 @@ pub async fn prepare<E: ContainerEngine, S: StateStore>(
             digest: digest(bytes),
         })
         .collect();
-    let key = core_setup::cache_key(&script, &req.image, image_id, &lockfiles);
+    let key = core_setup::cache_key(&script, req.image, image_id, &lockfiles);
     if let Some(entry) = core_setup::find(&repository, &key, &known) {
         audit("reused", Some(entry), Extra::default())?;
         tracing::info!(key = %key, "setup skipped: the cache for this key exists");
@@ -414,7 +463,8 @@ pub async fn prepare<E: ContainerEngine, S: StateStore>(
             std::fs::create_dir(&creds).map_err(|e| io_err("creating", &creds, e))?;
             for c in &plan.credentials {
                 staged.push(
-                    stage_credential(c, &creds, user.uid, user.gid).map_err(RunError::BadInput)?,
+                    stage_credential(c, &creds, user.uid, user.gid)
+                        .map_err(SetupError::BadInput)?,
                 );
             }
         }
@@ -428,7 +478,7 @@ pub async fn prepare<E: ContainerEngine, S: StateStore>(
         }
     };
     let wt = orchestrator_git::WorktreeSpec {
-        host_repo: req.repo.clone(),
+        host_repo: req.repo.to_path_buf(),
         base_commit: base_commit.to_string(),
         run_id: id.to_string(),
         dest: checkout.clone(),
@@ -444,20 +494,17 @@ pub async fn prepare<E: ContainerEngine, S: StateStore>(
     }
     let mut spec = core_setup::SetupSpec::new(
         id,
-        &sup.state_tag,
-        &sup.identity,
-        &req.image,
+        sup.state_tag,
+        sup.identity,
+        req.image,
         &script,
         checkout.clone(),
         tmp.clone(),
-        &req.caps,
+        req.caps,
         user,
     )
     .with_credentials(&staged);
-    spec.cgroup_parent = sup
-        .fleet
-        .as_ref()
-        .map(crate::run::FleetHandle::cgroup_parent);
+    spec.cgroup_parent = sup.cgroup_parent.clone();
     if let Some(ca) = host_ca_bundle() {
         spec = spec.with_ca_bundle(ca);
     }
@@ -538,7 +585,7 @@ pub async fn prepare<E: ContainerEngine, S: StateStore>(
         repository: repository.clone(),
         key: key.clone(),
         command_digest,
-        image: req.image.clone(),
+        image: req.image.to_string(),
         image_id: image_id.to_string(),
         commit: base_commit.to_string(),
         trusted: !agent_written,
@@ -569,7 +616,7 @@ pub async fn prepare<E: ContainerEngine, S: StateStore>(
             let existing: CacheEntry = read_bounded(&dest.join("meta.json"), 1 << 20)
                 .ok()
                 .and_then(|t| serde_json::from_str(&t).ok())
-                .ok_or_else(|| RunError::Git(format!("reading {}", dest.display())))?;
+                .ok_or_else(|| SetupError::Host(format!("reading {}", dest.display())))?;
             audit("reused", Some(&existing), extra())?;
             Ok(ready(existing, "reused"))
         }
@@ -603,14 +650,14 @@ fn read_tail(path: &Path, max: u64) -> String {
 /// into `STATE/runs/<id>/setup.log`. The container is removed here (and by
 /// the run's ending, which removes every container of the run, if this is
 /// cut short). Returns (container, exit code, output bytes, timed out).
-async fn run_container<E: ContainerEngine, S: StateStore>(
-    sup: &Supervisor<E, S>,
+async fn run_container<E: ContainerEngine>(
+    sup: &Ctx<'_, E>,
     id: &str,
     spec: &core_setup::SetupSpec,
     bound: Duration,
 ) -> Result<(String, i64, u64, bool), RunError> {
     let container = sup.engine.create_setup(spec).await?;
-    let log_path = sup.paths().run_dir(id).join("setup.log");
+    let log_path = sup.paths.run_dir(id).join("setup.log");
     let mut log = tokio::fs::File::create(&log_path)
         .await
         .map_err(|e| io_err("creating", &log_path, e))?;
@@ -644,13 +691,9 @@ async fn run_container<E: ContainerEngine, S: StateStore>(
         }
     };
     sup.engine.remove_confirmed(&container).await?;
-    sup.audit(
-        id,
-        Event::ContainerRemoved {
-            container: container.clone(),
-        },
-        false,
-    )?;
+    (sup.audit)(Event::ContainerRemoved {
+        container: container.clone(),
+    })?;
     Ok((container, code, seen, timed_out))
 }
 
