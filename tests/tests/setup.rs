@@ -143,9 +143,32 @@ fn a_rust_repository_tests_offline_from_its_cache_and_the_next_run_skips_setup()
         repo.path(),
         &["update-ref", "refs/nightshift/runs/planted", "main"],
     );
-    let out = run("refs/nightshift/runs/planted");
+    // Its agent changes the lockfile: the cache stays as it was, and the
+    // run says the agent changed dependencies.
+    let out = state.run(&[
+        "run",
+        "--image",
+        &image,
+        "--repo",
+        path,
+        "--ref",
+        "refs/nightshift/runs/planted",
+        "--",
+        "sh",
+        "-c",
+        "echo '# the agent was here' >> Cargo.lock",
+    ]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     assert_eq!(setup_outcomes(&state), ["built", "reused", "last-trusted"]);
+    assert!(
+        stdout(&out).contains("dependencies changed by the agent: Cargo.lock"),
+        "{}",
+        stdout(&out)
+    );
+    let changed = state.audit_bodies("dependencies_changed");
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0]["paths"], serde_json::json!(["Cargo.lock"]));
+    assert_eq!(state.audit_bodies("setup")[2]["key"], built["key"]);
 
     // `setup list` shows the one entry; `prune --keep 0` removes it.
     let out = state.run(&["setup", "list", "--json"]);

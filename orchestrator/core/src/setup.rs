@@ -682,7 +682,7 @@ mod tests {
             let entries: Vec<CacheEntry> = keys
                 .iter()
                 .enumerate()
-                .map(|(i, (k, repo, t))| entry(["/r", "/other"][*repo], &format!("{k}"), *t, i as i64))
+                .map(|(i, (k, repo, t))| entry(["/r", "/other"][*repo], k, *t, i as i64))
                 .collect();
             if let Some(e) = find("/r", &want, &entries) {
                 prop_assert_eq!(&e.repository, "/r");
@@ -813,6 +813,6 @@ mod tests {
             s.credentials[0].1,
             "/run/nightshift-setup/credentials/credentials.toml"
         );
-        assert_eq!(reason_tail(&"é".repeat(2000)).len() <= REASON_TAIL, true);
+        assert!(reason_tail(&"é".repeat(2000)).len() <= REASON_TAIL);
     }
 }
