@@ -1504,6 +1504,7 @@ fn print_setup(entries: &[orchestrator_audit::Entry]) {
                     }
                     "failed" => "failed",
                     "refused" => "refused: the base is agent-written",
+                    "interrupted" => "interrupted: the run was stopped while setup ran",
                     _ => "?",
                 };
                 outln!("  setup: {what} ({})", text("command"));

@@ -336,3 +336,69 @@ fn setup_has_network_and_a_read_only_checkout_but_no_door_and_a_failure_stops_th
     assert!(fresh.audit_bodies("started").is_empty());
     assert!(state.containers().is_empty() && fresh.containers().is_empty());
 }
+
+/// SIGINT while setup runs: setup is killed, the run ends interrupted
+/// before the agent, and neither a container nor a half-built cache stays.
+#[test]
+fn a_signal_during_setup_stops_it_and_leaves_nothing_behind() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let image = toolchain_image();
+    let state = State::new();
+    let repo = repo_with(&[("README.md", "x\n")]);
+    let path = repo.path().to_str().unwrap();
+    let child = state
+        .cmd()
+        .args([
+            "run",
+            "--image",
+            &image,
+            "--setup",
+            "touch \"$NIGHTSHIFT_SETUP_CACHE/began\"; sleep 600",
+            "--repo",
+            path,
+            "--",
+            "true",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Signal once setup has written (polled, never slept on).
+    let began = || {
+        std::fs::read_dir(state.path().join("setup"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|repo| {
+                std::fs::read_dir(repo.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+            })
+            .any(|e| e.path().join("began").exists())
+    };
+    let waited = std::time::Instant::now();
+    while !began() {
+        assert!(
+            waited.elapsed() < std::time::Duration::from_secs(120),
+            "setup never began"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(130),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let run = last_run(&state);
+    assert_eq!(run["status"], "interrupted: SIGINT");
+    assert_eq!(setup_outcomes(&state), ["interrupted"]);
+    assert!(state.audit_bodies("started").is_empty());
+    assert!(!began(), "a half-built cache was left");
+    assert!(state.containers().is_empty());
+}

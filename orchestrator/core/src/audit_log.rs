@@ -44,7 +44,8 @@ pub enum Event {
     /// The run's setup phase (docs/setup.md): `built` (setup ran),
     /// `reused` (the key's cache existed: setup skipped), `last-trusted`
     /// (an agent-written base: the repository's last trusted cache,
-    /// setup skipped), `failed` or `refused` (the agent never started).
+    /// setup skipped), `failed`, `refused` or `interrupted` (the run was
+    /// asked to stop while setup ran; setup killed): the agent never started.
     Setup {
         outcome: String,
         repository: String,

@@ -496,7 +496,10 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     if let Some(plan) = &req.setup {
         let base = held.base_commit.clone().unwrap_or_default();
         let audit = |event: Event| sup.audit(&id, event, false);
+        let asked = stop.clone();
+        let asked = move || asked.borrow().is_some();
         let ctx = crate::setup::Ctx {
+            stopped: &asked,
             engine: &sup.engine,
             paths: paths.clone(),
             audit: &audit,
@@ -521,6 +524,12 @@ async fn steps<E: ContainerEngine, S: StateStore>(
             })?;
         match prepared {
             crate::setup::Setup::Failed(why) => return Ok(Ended::SetupFailed(why)),
+            crate::setup::Setup::Stopped => {
+                return Ok(match stopped(&stop) {
+                    Some(s) => Ended::Stopped(s),
+                    None => Ended::SetupFailed("setup was stopped".into()),
+                })
+            }
             crate::setup::Setup::Ready(ready) => {
                 tracing::info!(outcome = ready.outcome, key = %ready.entry.key, "setup cache ready");
                 held.setup = Some(*ready);

@@ -64,6 +64,8 @@ pub struct Ctx<'a, E> {
     pub state_tag: &'a str,
     pub identity: &'a str,
     pub cgroup_parent: Option<String>,
+    /// Whether the run was asked to stop (polled while setup runs).
+    pub stopped: &'a (dyn Fn() -> bool + Sync),
 }
 
 impl<E> std::fmt::Debug for Ctx<'_, E> {
@@ -103,6 +105,8 @@ pub enum Setup {
     /// The run ends before the agent: the reason, with the end of the
     /// setup's output when it ran.
     Failed(String),
+    /// The run was asked to stop while setup ran: setup was killed.
+    Stopped,
 }
 
 fn git_err(e: impl std::fmt::Display) -> RunError {
@@ -516,7 +520,7 @@ pub async fn prepare<E: ContainerEngine>(
     )
     .await;
     cleanup(false);
-    let (container, code, output_bytes, timed_out) = match ran {
+    let (container, code, output_bytes, ended) = match ran {
         Ok(r) => r,
         Err(e) => {
             cleanup(true);
@@ -538,15 +542,20 @@ pub async fn prepare<E: ContainerEngine>(
             t
         }
     };
-    if timed_out || code != 0 {
+    if ended == Ended::Stopped {
+        cleanup(true);
+        audit("interrupted", None, extra())?;
+        return Ok(Setup::Stopped);
+    }
+    if ended == Ended::TimedOut || code != 0 {
         cleanup(true);
         audit("failed", None, extra())?;
-        let why = match timed_out {
-            true => format!(
+        let why = match ended {
+            Ended::TimedOut => format!(
                 "it ran past its {}s bound and was killed",
                 req.caps.timeout.min(core_setup::MAX_SETUP_TIME).as_secs()
             ),
-            false => format!("it exited {code}"),
+            _ => format!("it exited {code}"),
         };
         return Ok(Setup::Failed(format!(
             "setup failed ({}): {why}, before the agent started; its output is in {} and ends: {}",
@@ -627,6 +636,13 @@ pub async fn prepare<E: ContainerEngine>(
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Exited,
+    TimedOut,
+    Stopped,
+}
+
 #[derive(Default)]
 struct Extra {
     container: Option<String>,
@@ -649,13 +665,13 @@ fn read_tail(path: &Path, max: u64) -> String {
 /// Creates, starts and waits for the setup container; its output (bounded)
 /// into `STATE/runs/<id>/setup.log`. The container is removed here (and by
 /// the run's ending, which removes every container of the run, if this is
-/// cut short). Returns (container, exit code, output bytes, timed out).
+/// cut short). Returns (container, exit code, output bytes, how it ended).
 async fn run_container<E: ContainerEngine>(
     sup: &Ctx<'_, E>,
     id: &str,
     spec: &core_setup::SetupSpec,
     bound: Duration,
-) -> Result<(String, i64, u64, bool), RunError> {
+) -> Result<(String, i64, u64, Ended), RunError> {
     let container = sup.engine.create_setup(spec).await?;
     let log_path = sup.paths.run_dir(id).join("setup.log");
     let mut log = tokio::fs::File::create(&log_path)
@@ -683,18 +699,33 @@ async fn run_container<E: ContainerEngine>(
         let (code, seen) = tokio::join!(sup.engine.wait(&container), drain);
         (code, seen)
     };
-    let (code, seen, timed_out) = match tokio::time::timeout(bound, waited).await {
-        Ok((code, seen)) => (code?, seen, false),
-        Err(_) => {
+    // A stop asked of the run (a signal, a lost claim) ends the setup too.
+    let asked_to_stop = async {
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            if (sup.stopped)() {
+                break;
+            }
+        }
+    };
+    let (code, seen, ended) = tokio::select! {
+        r = tokio::time::timeout(bound, waited) => match r {
+            Ok((code, seen)) => (code?, seen, Ended::Exited),
+            Err(_) => {
+                let _ = sup.engine.kill(&container).await;
+                (-1, 0, Ended::TimedOut)
+            }
+        },
+        _ = asked_to_stop => {
             let _ = sup.engine.kill(&container).await;
-            (-1, 0, true)
+            (-1, 0, Ended::Stopped)
         }
     };
     sup.engine.remove_confirmed(&container).await?;
     (sup.audit)(Event::ContainerRemoved {
         container: container.clone(),
     })?;
-    Ok((container, code, seen, timed_out))
+    Ok((container, code, seen, ended))
 }
 
 #[cfg(test)]
