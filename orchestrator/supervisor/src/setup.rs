@@ -156,6 +156,7 @@ pub fn entries(root: &Path) -> Vec<(PathBuf, CacheEntry)> {
 /// `setup prune`: removes the entries `nightshift_core::setup::prune`
 /// names (each renamed aside first, so a run never mounts half of one);
 /// the removed entries. A run that already mounted one keeps its mount.
+/// Also removes what a supervisor killed mid-setup left behind.
 pub fn prune(
     root: &Path,
     keep: Option<usize>,
@@ -165,6 +166,30 @@ pub fn prune(
     let list: Vec<CacheEntry> = all.iter().map(|(_, e)| e.clone()).collect();
     let now = time::OffsetDateTime::now_utc().unix_timestamp();
     let gone = core_setup::prune(&list, keep, older_than, now);
+    // What a supervisor killed mid-setup left: a setup runs at most
+    // `MAX_SETUP_TIME`, so a `.tmp-`/`.in-` directory twice that old has no
+    // setup writing it.
+    let stale = core_setup::MAX_SETUP_TIME * 2;
+    for repo in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        for left in std::fs::read_dir(repo.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = left.file_name().to_string_lossy().into_owned();
+            let old = left
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > stale);
+            if (name.starts_with(".tmp-") || name.starts_with(".in-")) && old {
+                let p = left.path();
+                let _ = orchestrator_git::remove_worktree(&p.join("checkout"));
+                std::fs::remove_dir_all(&p).map_err(|err| format!("{}: {err}", p.display()))?;
+            }
+        }
+    }
     let mut removed = Vec::new();
     for (path, e) in all {
         if !gone.contains(&(e.repository.clone(), e.key.clone())) {
@@ -766,6 +791,25 @@ mod tests {
         let copy = stage_credential(&f, &out, me.0, me.1).unwrap();
         assert_eq!(std::fs::read(&copy).unwrap(), b"secret");
         assert_eq!(copy.metadata().unwrap().mode() & 0o777, 0o400);
+    }
+
+    #[test]
+    fn prune_removes_what_a_killed_setup_left_but_not_a_running_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("r");
+        for d in [".tmp-old", ".in-old", ".tmp-new"] {
+            std::fs::create_dir_all(repo.join(d).join("x")).unwrap();
+        }
+        let hours_ago = std::time::SystemTime::now() - Duration::from_secs(2 * 3600);
+        for d in [".tmp-old", ".in-old"] {
+            std::fs::File::open(repo.join(d))
+                .unwrap()
+                .set_modified(hours_ago)
+                .unwrap();
+        }
+        assert!(prune(dir.path(), Some(1), None).unwrap().is_empty());
+        assert!(!repo.join(".tmp-old").exists() && !repo.join(".in-old").exists());
+        assert!(repo.join(".tmp-new").exists(), "a setup may still write it");
     }
 
     #[test]
