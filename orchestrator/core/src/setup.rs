@@ -18,6 +18,10 @@
 //! - a cache entry is only ever chosen for the repository it was built
 //!   for, and only a trusted one stands in for an agent-written tree
 //!   (`tests::another_repositorys_cache_is_never_chosen`);
+//! - a setup container starts only if the engine reports exactly its
+//!   mounts (the read-only checkout, the cache, the owner's credentials and
+//!   CA bundle: no door), no privilege and none of the host's namespaces
+//!   (`tests::a_setup_container_is_judged_by_what_the_engine_made`);
 //! - pruning keeps the newest `keep` entries of each repository and never
 //!   removes an entry younger than `older_than`
 //!   (`tests::prune_keeps_the_newest_of_each_repository`).
@@ -565,6 +569,81 @@ impl SetupSpec {
     }
 }
 
+/// Checks the engine's inspect document of a created setup container
+/// against its spec before it starts: the engine's own report, not our
+/// request. Its mounts must be exactly the checkout (read-only), the cache
+/// (read-write), the credentials and the CA bundle (read-only), with no
+/// door among them; no privilege, no capability added, not the host's
+/// network, PID or IPC namespace. The first problem found, else `Ok`.
+pub fn check_setup_container(
+    inspected: &serde_json::Value,
+    spec: &SetupSpec,
+) -> Result<(), String> {
+    let mut wanted: Vec<(String, String, bool)> = vec![
+        (
+            spec.checkout.display().to_string(),
+            CHECKOUT_MOUNT.to_string(),
+            false,
+        ),
+        (
+            spec.cache.display().to_string(),
+            CACHE_MOUNT.to_string(),
+            true,
+        ),
+    ];
+    wanted.extend(
+        spec.credentials
+            .iter()
+            .map(|(h, t)| (h.display().to_string(), t.clone(), false)),
+    );
+    if let Some(ca) = &spec.ca_bundle {
+        wanted.push((ca.display().to_string(), CA_MOUNT.to_string(), false));
+    }
+    let mounts = inspected["Mounts"]
+        .as_array()
+        .ok_or("the engine reports no mount list")?;
+    let mut seen = Vec::new();
+    for m in mounts {
+        let (kind, source, dest) = (
+            m["Type"].as_str().unwrap_or(""),
+            m["Source"].as_str().unwrap_or(""),
+            m["Destination"].as_str().unwrap_or(""),
+        );
+        let rw = m["RW"].as_bool().unwrap_or(true);
+        match wanted.iter().find(|(s, d, _)| s == source && d == dest) {
+            Some((_, _, want_rw)) if kind == "bind" && rw == *want_rw => {
+                seen.push(dest.to_string())
+            }
+            _ => {
+                return Err(format!(
+                    "unexpected mount {kind} {source} -> {dest} {}",
+                    if rw { "rw" } else { "ro" }
+                ))
+            }
+        }
+    }
+    if let Some((_, d, _)) = wanted.iter().find(|(_, d, _)| !seen.contains(d)) {
+        return Err(format!("missing mount at {d}"));
+    }
+    let hc = &inspected["HostConfig"];
+    if hc["Privileged"] != serde_json::Value::Bool(false) {
+        return Err("privileged (or not reported)".into());
+    }
+    if hc["CapAdd"].as_array().is_some_and(|a| !a.is_empty()) {
+        return Err(format!("capabilities added: {}", hc["CapAdd"]));
+    }
+    for (key, what) in [
+        ("NetworkMode", "network"),
+        ("PidMode", "pid"),
+        ("IpcMode", "ipc"),
+    ] {
+        if hc[key] == "host" {
+            return Err(format!("the host's {what} namespace"));
+        }
+    }
+    Ok(())
+}
+
 /// The setup's output kept for the record: its last [`REASON_TAIL`]
 /// characters, cut at a character boundary.
 pub fn reason_tail(output: &str) -> &str {
@@ -725,6 +804,44 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_setup_container_is_judged_by_what_the_engine_made() {
+        let spec = SetupSpec::new(
+            "r1",
+            "st",
+            "sup",
+            "img",
+            "true",
+            "/s/checkout".into(),
+            "/s/cache".into(),
+            &Caps::default(),
+            SandboxUser::default(),
+        );
+        let doc = |extra: Option<serde_json::Value>, privileged: bool| {
+            let mut mounts = vec![
+                serde_json::json!({"Type": "bind", "Source": "/s/checkout", "Destination": "/workspace", "RW": false}),
+                serde_json::json!({"Type": "bind", "Source": "/s/cache", "Destination": "/cache", "RW": true}),
+            ];
+            mounts.extend(extra);
+            serde_json::json!({"Mounts": mounts, "HostConfig": {"Privileged": privileged, "CapAdd": null, "NetworkMode": "bridge"}})
+        };
+        assert_eq!(check_setup_container(&doc(None, false), &spec), Ok(()));
+        let door = serde_json::json!({"Type": "bind", "Source": "/s/doors/r1", "Destination": "/run/nightshift", "RW": false});
+        assert!(check_setup_container(&doc(Some(door), false), &spec)
+            .unwrap_err()
+            .contains("/run/nightshift"));
+        assert!(check_setup_container(&doc(None, true), &spec).is_err());
+        let mut writable = doc(None, false);
+        writable["Mounts"][0]["RW"] = serde_json::Value::Bool(true);
+        assert!(check_setup_container(&writable, &spec)
+            .unwrap_err()
+            .contains("/workspace rw"));
+        let mut host_net = doc(None, false);
+        host_net["HostConfig"]["NetworkMode"] = "host".into();
+        assert!(check_setup_container(&host_net, &spec).is_err());
+        assert!(check_setup_container(&serde_json::json!({}), &spec).is_err());
     }
 
     #[test]

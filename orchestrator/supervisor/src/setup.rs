@@ -698,6 +698,14 @@ async fn run_container<E: ContainerEngine>(
     bound: Duration,
 ) -> Result<(String, i64, u64, Ended), RunError> {
     let container = sup.engine.create_setup(spec).await?;
+    // Judged by what the engine made, before it starts.
+    let inspected = sup.engine.inspect_json(&container).await?;
+    if let Err(why) = core_setup::check_setup_container(&inspected, spec) {
+        let _ = sup.engine.remove_confirmed(&container).await;
+        return Err(SetupError::Host(format!(
+            "the setup container {container} is not what was asked for: {why}; it was removed before it started"
+        )));
+    }
     let log_path = sup.paths.run_dir(id).join("setup.log");
     let mut log = tokio::fs::File::create(&log_path)
         .await
