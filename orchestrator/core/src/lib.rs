@@ -22,6 +22,7 @@ pub mod monitor;
 pub mod owner;
 pub mod policy;
 pub mod sandbox;
+pub mod secret_file;
 pub mod setup;
 pub mod state_store;
 pub mod terminal;

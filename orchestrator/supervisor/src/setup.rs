@@ -17,8 +17,8 @@
 //!   (`tests::the_digest_follows_content_names_and_modes`), then renamed to
 //!   its key; an entry is never changed after (the agent mounts it
 //!   read-only: `a_setup_cache_passes_only_read_only_and_expected`);
-//! - credential files are checked (a regular file of the supervisor's
-//!   user, mode 0600 or tighter) and handed to the setup container as
+//! - credential files are checked by the one rule for secret files
+//!   (`nightshift_core::secret_file`) and handed to the setup container as
 //!   read-only copies that are removed when it ends
 //!   (`tests::a_credential_open_to_others_is_refused`).
 
@@ -313,21 +313,9 @@ fn stage_credential(file: &Path, dir: &Path, uid: u32, gid: u32) -> Result<PathB
     let named = |why: String| format!("setup credential {}: {why}", file.display());
     let handle = std::fs::File::open(file).map_err(|e| named(e.to_string()))?;
     let meta = handle.metadata().map_err(|e| named(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(named("not a regular file".into()));
-    }
-    let me = nix::unistd::geteuid().as_raw();
-    if meta.uid() != me {
-        return Err(named(format!(
-            "owned by uid {}, not by the supervisor's user ({me})",
-            meta.uid()
-        )));
-    }
-    if meta.mode() & 0o077 != 0 {
-        return Err(named(format!(
-            "mode {:o} lets group or others read it; chmod 600 it",
-            meta.mode() & 0o777
-        )));
+    // The one rule for secret files (`nightshift_core::secret_file`).
+    if let Some(problem) = nightshift_core::secret_file::problem_of(&meta) {
+        return Err(named(problem.to_string()));
     }
     if meta.len() > 1 << 20 {
         return Err(named("over 1 MiB".into()));
@@ -794,7 +782,7 @@ mod tests {
             nix::unistd::getegid().as_raw(),
         );
         let e = stage_credential(&f, &out, me.0, me.1).unwrap_err();
-        assert!(e.contains("chmod 600"), "{e}");
+        assert!(e.contains("make it 0600"), "{e}");
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
         let copy = stage_credential(&f, &out, me.0, me.1).unwrap();
         assert_eq!(std::fs::read(&copy).unwrap(), b"secret");
