@@ -35,7 +35,7 @@ NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build
 for preset in python-sdks claude-code codex mini-swe-agent aider; do
   NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build --agent "$preset"
 done
-# The toolchain image tests/tests/toolchains.rs uses (Debian's cargo and
+# The toolchain image tests/tests/toolchains.rs and setup.rs use (Debian's cargo and
 # pip over the sandbox image; built once, then a no-op).
 NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build --with rust,python
 # One throwaway PostgreSQL server for the PostgreSQL store's tests (each

@@ -4,7 +4,9 @@
 //! code or connect to servers on a developer's machine when they open the
 //! repository (`.claude/`, `.codex/`, `.cursor/`, `.gemini/`, `.vscode/`,
 //! `.devcontainer/`, `.mcp.json`, `.envrc`, aider's files: CVE-2025-59536
-//! and its kin were exactly these). The queue flags an act that changes any of them, so that the
+//! and its kin were exactly these), and lockfiles (`Cargo.lock`,
+//! `requirements*.txt`, `uv.lock`, `poetry.lock`, `package-lock.json`: the
+//! next trusted setup phase fetches what they name, with network). The queue flags an act that changes any of them, so that the
 //! owner reads those changes first.
 //!
 //! Invariant: a pure function of the path alone; case is ignored (a
@@ -101,6 +103,11 @@ pub fn risky_path(path: &str) -> Option<&'static str> {
     if name.ends_with(".mk") {
         return Some("a make include: run by make");
     }
+    if nightshift_core::setup::is_default_lockfile(name) {
+        return Some(
+            "a lockfile: the agent changed dependencies the setup phase fetches with network (docs/setup.md)",
+        );
+    }
     None
 }
 
@@ -122,6 +129,11 @@ mod tests {
             "src/MAKEFILE",
             "build.rs",
             "crates/x/build.rs",
+            "Cargo.lock",
+            "sub/requirements-dev.txt",
+            "web/package-lock.json",
+            "uv.lock",
+            "poetry.lock",
             "package.json",
             "web/package.json",
             ".envrc",

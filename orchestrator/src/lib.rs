@@ -14,13 +14,16 @@
 
 pub use nightshift_core::{
     accounts, audit_log, config, container_engine, exit, front, hostview, monitor, owner, policy,
-    sandbox, state_store, state_tag, terminal, tokens,
+    sandbox, setup, state_store, state_tag, terminal, tokens,
 };
 pub use nightshift_dashboard as serve;
 pub use nightshift_engine_docker::{engine, image, lease};
 pub use nightshift_gateway as gateway;
 pub use nightshift_store_postgres as store_postgres;
 pub use nightshift_store_sqlite::store;
+/// The setup phase's adapter (`nightshift_supervisor::setup`); the pure
+/// part is [`setup`].
+pub use nightshift_supervisor::setup as setup_phase;
 pub use nightshift_supervisor::{
     acts, agents, api, commands, demo, door, killswitch, report, run, run_queue, scopes, summary,
     task_runner,

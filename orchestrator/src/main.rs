@@ -84,6 +84,25 @@ enum LogFormat {
 }
 
 #[derive(Debug, Subcommand)]
+enum SetupCmd {
+    /// Every cache entry: repository, key, size, when and on what it was built.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove cache entries: past the newest N of each repository, or older
+    /// than a duration (each repository's newest N always stay).
+    Prune {
+        #[arg(long)]
+        keep: Option<usize>,
+        #[arg(long, value_parser = span_arg)]
+        older_than: Option<std::time::Duration>,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum Command {
     /// The default sandbox image.
     Image {
@@ -92,6 +111,11 @@ enum Command {
     },
     /// One run in the foreground.
     Run(RunArgs),
+    /// The setup phase's caches (docs/setup.md).
+    Setup {
+        #[command(subcommand)]
+        command: SetupCmd,
+    },
     /// List runs.
     Runs {
         #[arg(long)]
@@ -627,6 +651,13 @@ struct RunArgs {
     /// separated) over the default or the preset's image (`image build --with`).
     #[arg(long, conflicts_with = "image")]
     with: Option<String>,
+    /// The trusted setup phase for this run (docs/setup.md): a preset
+    /// (rust, python, node) or a shell command, run with network on a
+    /// read-only checkout of the base before the agent; its cache is
+    /// mounted read-only into the sandbox. Over the configuration's
+    /// `[[setup]]` command for the repository.
+    #[arg(long)]
+    setup: Option<String>,
     /// The agent command and its arguments.
     #[arg(last = true, required_unless_present = "agent")]
     command: Vec<String>,
@@ -798,6 +829,7 @@ async fn dispatch(cli: Cli) -> i32 {
     let result = match cli.command {
         Command::Image { command } => image_cmd(&api, command).await,
         Command::Run(args) => run_cmd(&api, args).await,
+        Command::Setup { command } => setup_cmd(&api, command),
         Command::Runs { json } => respond(&api, ApiCommand::Runs {}, json).await,
         Command::Show { run, json } => respond(&api, ApiCommand::Show { run }, json).await,
         Command::Audit {
@@ -1293,6 +1325,7 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
         // A dispatcher's child (`tasks run`) carries its task's id.
         of_task: std::env::var_os("NIGHTSHIFT_TASK").is_some(),
         with,
+        setup: args.setup,
     };
     let mut prepared = commands::run::prepare(api, order).map_err(|e| fail(&e))?;
     if let Some((name, model)) = agent {
@@ -1319,12 +1352,15 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
             })
             .await
         {
-            Ok(Reply::Run(view)) => print_acts_and_refusals(
-                &record.id,
-                &view.acts,
-                &view.refusals,
-                Some(RUN_LISTS_AT_MOST),
-            ),
+            Ok(Reply::Run(view)) => {
+                print_setup(&view.audit);
+                print_acts_and_refusals(
+                    &record.id,
+                    &view.acts,
+                    &view.refusals,
+                    Some(RUN_LISTS_AT_MOST),
+                )
+            }
             Ok(_) => {}
             Err(e) => warn(&format!("listing the run's acts: {e}")),
         }
@@ -1397,6 +1433,114 @@ fn render_runs(runs: &[RunRecord], json: bool) {
     }
 }
 
+fn setup_cmd(api: &Api, command: SetupCmd) -> Result<i32, i32> {
+    let root = orchestrator::state_store::StatePaths::new(api.root().to_path_buf()).setup();
+    let show = |entries: &[orchestrator::setup::CacheEntry], json: bool, verb: &str| {
+        if json {
+            outln!("{}", terminal::json(&entries, true));
+            return;
+        }
+        if entries.is_empty() {
+            outln!("no setup cache {verb}");
+        }
+        for e in entries {
+            outln!(
+                "{} {} {:.1} MiB {} on {}{}",
+                terminal::line(&e.repository),
+                terminal::line(&e.key[..e.key.len().min(16)]),
+                e.bytes as f64 / (1 << 20) as f64,
+                terminal::line(&e.created_at),
+                terminal::line(&e.commit[..e.commit.len().min(12)]),
+                if e.trusted {
+                    ""
+                } else {
+                    " (agent-written base)"
+                }
+            );
+        }
+    };
+    match command {
+        SetupCmd::List { json } => {
+            let entries: Vec<_> = orchestrator::setup_phase::entries(&root)
+                .into_iter()
+                .map(|(_, e)| e)
+                .collect();
+            show(&entries, json, "");
+        }
+        SetupCmd::Prune {
+            keep,
+            older_than,
+            json,
+        } => {
+            if keep.is_none() && older_than.is_none() {
+                errln!("nightshift: setup prune needs --keep N or --older-than DURATION");
+                return Err(exit::USAGE);
+            }
+            let removed =
+                orchestrator::setup_phase::prune(&root, keep, older_than).map_err(|e| {
+                    errln!("nightshift: pruning setup caches: {}", terminal::line(&e));
+                    exit::FAILED
+                })?;
+            show(&removed, json, "removed");
+        }
+    }
+    Ok(exit::OK)
+}
+
+/// The run's setup phase and the lockfiles its agent changed, from its
+/// audit entries (docs/setup.md).
+fn print_setup(entries: &[orchestrator_audit::Entry]) {
+    for e in entries {
+        let b = &e.body;
+        let text = |k: &str| terminal::line(b.get(k).and_then(|v| v.as_str()).unwrap_or("-"));
+        match e.kind.as_str() {
+            "setup" => {
+                let outcome = b.get("outcome").and_then(|v| v.as_str()).unwrap_or("");
+                let what = match outcome {
+                    "built" => "ran (cache built)",
+                    "reused" => "skipped: the cache for this key exists (reused)",
+                    "last-trusted" => {
+                        "skipped: the base is agent-written; the repository's last trusted cache is used"
+                    }
+                    "failed" => "failed",
+                    "refused" => "refused: the base is agent-written",
+                    "interrupted" => "interrupted: the run was stopped while setup ran",
+                    _ => "?",
+                };
+                outln!("  setup: {what} ({})", text("command"));
+                if b.get("key").is_some_and(|k| !k.is_null()) {
+                    outln!(
+                        "    cache {} digest {} ({} bytes, built on {})",
+                        text("key"),
+                        text("digest"),
+                        b.get("bytes").and_then(|v| v.as_u64()).unwrap_or(0),
+                        text("commit")
+                    );
+                }
+                if let Some(ms) = b.get("duration_ms").and_then(|v| v.as_i64()) {
+                    outln!("    setup phase: {:.1}s", ms as f64 / 1000.0);
+                }
+            }
+            "dependencies_changed" => {
+                let paths: Vec<String> = b
+                    .get("paths")
+                    .and_then(|v| v.as_array())
+                    .map(|a| {
+                        a.iter()
+                            .map(|p| terminal::line(p.as_str().unwrap_or("?")))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                outln!(
+                    "  dependencies changed by the agent: {} (the setup cache was not refreshed tonight)",
+                    paths.join(", ")
+                );
+            }
+            _ => {}
+        }
+    }
+}
+
 fn render_show(view: &RunView, json: bool) {
     let RunView {
         run,
@@ -1429,6 +1573,7 @@ fn render_show(view: &RunView, json: bool) {
         terminal::line(run.base_commit.as_deref().unwrap_or("-"))
     );
     outln!("  image: {}", terminal::line(&run.image));
+    print_setup(entries);
     if let Some(task) = &run.task {
         outln!("  task:");
         for l in terminal::block(task.as_bytes()).lines() {

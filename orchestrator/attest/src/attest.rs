@@ -142,6 +142,10 @@ pub struct Expectations {
     /// engine's init (the lease wrapper: as its PID namespace's init it
     /// cannot be stopped or killed from inside); `None`: the engine's init.
     pub main_process: Option<String>,
+    /// The repository's setup cache (docs/setup.md), a read-only bind
+    /// mount, when the run has one: a writable one fails
+    /// `mounts-only-worktree`.
+    pub setup_cache: Option<MountExpectation>,
 }
 
 /// The digest a seccomp profile is known by: sha256 of its canonical JSON
@@ -533,6 +537,14 @@ fn mounts_only_worktree(observed: &Inspected, expect: &Expectations) -> Property
             rw: false,
         });
     }
+    if let Some(cache) = &expect.setup_cache {
+        wanted.push(WantedMount {
+            what: "setup cache",
+            source: &cache.host_path,
+            target: &cache.target,
+            rw: false,
+        });
+    }
     let find = |source: &str, target: &str| {
         wanted
             .iter()
@@ -615,7 +627,7 @@ fn mounts_only_worktree(observed: &Inspected, expect: &Expectations) -> Property
         problems.push(format!("volumes-from {from}"));
     }
 
-    let expected = match &expect.door {
+    let mut expected = match &expect.door {
         None => format!(
             "only bind {} -> {} rw",
             expect.worktree_host_path, expect.workspace_target
@@ -625,6 +637,12 @@ fn mounts_only_worktree(observed: &Inspected, expect: &Expectations) -> Property
             expect.worktree_host_path, expect.workspace_target, door.host_path, door.target
         ),
     };
+    if let Some(cache) = &expect.setup_cache {
+        expected.push_str(&format!(
+            " and setup cache bind {} -> {} ro",
+            cache.host_path, cache.target
+        ));
+    }
     let ok = problems.is_empty();
     let observed = if ok {
         shown.join("; ")

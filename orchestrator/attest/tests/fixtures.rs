@@ -77,6 +77,7 @@ fn expectations() -> Expectations {
         max_shm_bytes: 8_388_608,
         max_file_bytes: 1_073_741_824,
         main_process: None,
+        setup_cache: None,
     }
 }
 
@@ -1267,4 +1268,49 @@ fn the_verdict_serializes_for_the_audit() {
     assert_eq!(p["ok"], json!(false));
     assert_eq!(p["observed"], json!("readonly-rootfs=false"));
     assert_eq!(p["expected"], json!("readonly-rootfs=true"));
+}
+
+/// A setup cache (docs/setup.md) passes only read-only, where expected: a
+/// writable one (in the engine's list or in the request) fails, and so
+/// does one mounted into a run that was not given it.
+#[test]
+fn a_setup_cache_passes_only_read_only_and_expected() {
+    const CACHE: &str = "/srv/nightshift/setup/repo/key";
+    let expect = Expectations {
+        setup_cache: Some(MountExpectation {
+            host_path: CACHE.into(),
+            target: "/cache".into(),
+        }),
+        ..expectations()
+    };
+    let with_cache = |rw: bool| {
+        let mut doc = fixture("hardened");
+        push(
+            &mut doc,
+            "/Mounts",
+            json!({"Type": "bind", "Source": CACHE, "Destination": "/cache", "Mode": "", "RW": rw, "Propagation": "rprivate"}),
+        );
+        push(
+            &mut doc,
+            "/HostConfig/Mounts",
+            json!({"Type": "bind", "Source": CACHE, "Target": "/cache", "ReadOnly": !rw}),
+        );
+        doc
+    };
+    assert!(verdict_with(&with_cache(false), &expect).passed());
+    assert_fails_exactly(
+        &verdict_with(&with_cache(true), &expect),
+        &["mounts-only-worktree"],
+        "setup cache mount is rw (expected ro)",
+    );
+    assert_fails_exactly(
+        &verdict(&with_cache(false)),
+        &["mounts-only-worktree"],
+        &format!("unexpected bind {CACHE} -> /cache ro"),
+    );
+    assert_fails_exactly(
+        &verdict_with(&fixture("hardened"), &expect),
+        &["mounts-only-worktree"],
+        &format!("missing setup cache bind {CACHE} -> /cache ro"),
+    );
 }

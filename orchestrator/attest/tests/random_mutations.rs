@@ -38,6 +38,7 @@ fn expectations() -> Expectations {
         max_shm_bytes: 8_388_608,
         max_file_bytes: 1_073_741_824,
         main_process: None,
+        setup_cache: None,
     }
 }
 

@@ -36,6 +36,35 @@ pub enum Event {
         passed: bool,
         container: String,
         properties: serde_json::Value,
+        /// The setup cache mounted into the sandbox (docs/setup.md): its
+        /// key, digest, and whether the engine reports the mount read-only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        setup_cache: Option<serde_json::Value>,
+    },
+    /// The run's setup phase (docs/setup.md): `built` (setup ran),
+    /// `reused` (the key's cache existed: setup skipped), `last-trusted`
+    /// (an agent-written base: the repository's last trusted cache,
+    /// setup skipped), `failed`, `refused` or `interrupted` (the run was
+    /// asked to stop while setup ran; setup killed): the agent never started.
+    Setup {
+        outcome: String,
+        repository: String,
+        command: String,
+        key: Option<String>,
+        digest: Option<String>,
+        bytes: Option<u64>,
+        /// The commit setup ran on (or the cache was built on).
+        commit: Option<String>,
+        trusted: Option<bool>,
+        container: Option<String>,
+        exit_code: Option<i64>,
+        duration_ms: Option<i64>,
+        output_bytes: Option<u64>,
+    },
+    /// Lockfiles the agent changed (paths): the cache was not refreshed
+    /// during the night; the next run on a base holding them builds anew.
+    DependenciesChanged {
+        paths: Vec<String>,
     },
     Started {
         container: String,

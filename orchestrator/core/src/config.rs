@@ -202,6 +202,90 @@ pub struct RepositoryConfig {
     pub confidentiality: policies::Confidentiality,
 }
 
+/// `[[setup]]` in the state's configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetupConfig {
+    /// The host repository's path, as given to `nightshift run --repo`.
+    pub repository: PathBuf,
+    /// `rust`, `python` or `node`.
+    pub preset: Option<String>,
+    /// A shell command instead of a preset.
+    pub command: Option<String>,
+    /// Lockfile names the key reads (default [`DEFAULT_LOCKFILES`]).
+    pub lockfiles: Option<Vec<String>>,
+    /// May setup run on a tree an agent wrote (a `refs/nightshift/runs/…`
+    /// base)? Default no.
+    #[serde(default)]
+    pub allow_agent_refs: bool,
+    /// Registry credential files (absolute paths; owner-only, checked at use).
+    #[serde(default)]
+    pub credentials: Vec<PathBuf>,
+    /// The largest cache entry (`2g` by default).
+    pub max_bytes: Option<Size>,
+}
+
+impl SetupConfig {
+    /// The plan it declares, or what is wrong with it.
+    pub fn plan(&self) -> Result<crate::setup::SetupPlan, String> {
+        let command = match (&self.preset, &self.command) {
+            (Some(p), None) => crate::setup::SetupCommand::Preset(
+                crate::setup::Preset::parse(p).ok_or_else(|| {
+                    format!(
+                        "setup for {}: unknown preset {p:?} (rust, python, node)",
+                        self.repository.display()
+                    )
+                })?,
+            ),
+            (None, Some(c)) if !c.trim().is_empty() => {
+                crate::setup::SetupCommand::Command(c.clone())
+            }
+            _ => {
+                return Err(format!(
+                    "setup for {}: give exactly one of preset and command",
+                    self.repository.display()
+                ))
+            }
+        };
+        let mut plan = crate::setup::SetupPlan::new(command);
+        if let Some(l) = &self.lockfiles {
+            for name in l {
+                if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+                    return Err(format!(
+                        "setup for {}: lockfile {name:?} must be a file name (matched at any depth)",
+                        self.repository.display()
+                    ));
+                }
+            }
+            plan.lockfiles = l.clone();
+        }
+        plan.allow_agent_refs = self.allow_agent_refs;
+        let mut names = std::collections::BTreeSet::new();
+        for c in &self.credentials {
+            let name = c.file_name().and_then(|n| n.to_str());
+            if !c.is_absolute() || name.is_none() {
+                return Err(format!(
+                    "setup for {}: credential {} must be an absolute path to a file",
+                    self.repository.display(),
+                    c.display()
+                ));
+            }
+            if !names.insert(name.unwrap_or_default().to_string()) {
+                return Err(format!(
+                    "setup for {}: two credentials share the file name {}",
+                    self.repository.display(),
+                    name.unwrap_or_default()
+                ));
+            }
+        }
+        plan.credentials = self.credentials.clone();
+        if let Some(m) = self.max_bytes {
+            plan.max_bytes = m.0;
+        }
+        Ok(plan)
+    }
+}
+
 /// `[serve]`: a TLS proxy in front of `nightshift serve --insecure-network`.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -231,6 +315,9 @@ pub struct Config {
     pub serve: ServeConfig,
     #[serde(default)]
     pub store: StoreConfig,
+    /// `[[setup]]`: each repository's trusted setup phase (docs/setup.md).
+    #[serde(default)]
+    pub setup: Vec<SetupConfig>,
 }
 
 /// The fleet's limits after defaults.
@@ -252,6 +339,16 @@ impl Config {
             .find(|r| canonical(&r.path) == repo)
             .map(|r| r.confidentiality)
             .unwrap_or(policies::Confidentiality::Private)
+    }
+
+    /// The setup the owner declared for `repo` (compared by canonical path).
+    pub fn setup_plan(&self, repo: &Path) -> Option<crate::setup::SetupPlan> {
+        let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+        let repo = canonical(repo);
+        self.setup
+            .iter()
+            .find(|s| canonical(&s.repository) == repo)
+            .and_then(|s| s.plan().ok())
     }
 
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -285,6 +382,19 @@ impl Config {
                 return Err(ConfigError::Invalid {
                     path: path.to_path_buf(),
                     message: format!("{key} = 0 is root; a sandbox never runs as root"),
+                });
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for s in &config.setup {
+            s.plan().map_err(|message| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message,
+            })?;
+            if !seen.insert(s.repository.clone()) {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: format!("two [[setup]] tables for {}", s.repository.display()),
                 });
             }
         }
@@ -552,6 +662,32 @@ mod tests {
         assert!(e.to_string().contains("serve.external_origin"), "{e}");
         let e = Config::parse(p, "[serve]\ntrusted_proxies = [\"proxy\"]\n").unwrap_err();
         assert!(e.to_string().starts_with("x.toml: line 2:"), "{e}");
+    }
+
+    #[test]
+    fn a_config_names_exactly_one_command_and_absolute_credentials() {
+        let parse = |t: &str| toml::from_str::<SetupConfig>(t).unwrap().plan();
+        assert!(parse("repository = \"/r\"\npreset = \"rust\"\n").is_ok());
+        assert!(parse("repository = \"/r\"\n")
+            .unwrap_err()
+            .contains("exactly one"));
+        assert!(parse("repository = \"/r\"\npreset = \"rust\"\ncommand = \"x\"\n").is_err());
+        assert!(parse("repository = \"/r\"\npreset = \"go\"\n")
+            .unwrap_err()
+            .contains("unknown preset"));
+        assert!(
+            parse("repository = \"/r\"\ncommand = \"x\"\ncredentials = [\"rel\"]\n")
+                .unwrap_err()
+                .contains("absolute")
+        );
+        assert!(parse(
+            "repository = \"/r\"\ncommand = \"x\"\ncredentials = [\"/a/n\", \"/b/n\"]\n"
+        )
+        .unwrap_err()
+        .contains("share"));
+        let plan = parse("repository = \"/r\"\npreset = \"python\"\nmax_bytes = \"1m\"\nallow_agent_refs = true\n").unwrap();
+        assert_eq!(plan.max_bytes, 1 << 20);
+        assert!(plan.allow_agent_refs);
     }
 
     #[test]

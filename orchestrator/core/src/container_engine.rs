@@ -44,6 +44,7 @@ use std::pin::Pin;
 use futures_util::Stream;
 
 use crate::sandbox::SandboxSpec;
+use crate::setup::SetupSpec;
 
 /// An engine's own error, carried as the cause of an [`EngineError`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -152,6 +153,14 @@ pub trait ContainerEngine: Sync {
         &self,
         spec: &SandboxSpec,
     ) -> impl Future<Output = Result<String, EngineError>> + Send;
+    /// Creates (does not start) a run's setup container (docs/setup.md):
+    /// not a sandbox. It has the engine's default network, no door and no
+    /// model gateway; its only host paths are those of the [`SetupSpec`].
+    /// Returns its id.
+    fn create_setup(
+        &self,
+        spec: &SetupSpec,
+    ) -> impl Future<Output = Result<String, EngineError>> + Send;
     /// The engine's own inspect document of a container, as JSON.
     fn inspect_json(
         &self,
@@ -221,6 +230,7 @@ pub mod fake {
     use super::ContainerEngine;
     use super::{EngineError, ExitState, ImageInfo, Managed, OutputStream};
     use crate::sandbox::{SandboxSpec, LABEL_RUN};
+    use crate::setup::SetupSpec;
 
     #[derive(Debug, Default)]
     pub struct FakeEngine {
@@ -242,6 +252,10 @@ pub mod fake {
         pub exit_code: i64,
         /// The containers created (id, spec), in order.
         pub created: Mutex<Vec<(String, SandboxSpec)>>,
+        /// The setup containers created (id, spec), in order.
+        pub created_setups: Mutex<Vec<(String, SetupSpec)>>,
+        /// The exit code a started setup container ends with.
+        pub setup_exit_code: i64,
         /// How many removals of a container answer "already in progress"
         /// (the engine's `409`) before one finds it gone (`404`).
         pub removal_in_progress: Mutex<HashMap<String, u32>>,
@@ -349,6 +363,21 @@ pub mod fake {
             Ok(id)
         }
 
+        async fn create_setup(&self, spec: &SetupSpec) -> Result<String, EngineError> {
+            self.record(format!("create-setup {}", spec.name));
+            let id = format!("fake-setup-{}", lock(&self.created_setups).len() + 1);
+            lock(&self.created_setups).push((id.clone(), spec.clone()));
+            let labels: std::collections::HashMap<String, String> =
+                spec.labels.clone().into_iter().collect();
+            lock(&self.containers).push(Managed {
+                id: id.clone(),
+                run: labels.get(LABEL_RUN).cloned(),
+                labels,
+                running: false,
+            });
+            Ok(id)
+        }
+
         async fn inspect_json(&self, id: &str) -> Result<serde_json::Value, EngineError> {
             self.record(format!("inspect {id}"));
             self.known(id)?;
@@ -380,6 +409,9 @@ pub mod fake {
         async fn wait(&self, id: &str) -> Result<i64, EngineError> {
             self.record(format!("wait {id}"));
             self.known(id)?;
+            if id.starts_with("fake-setup-") {
+                return Ok(self.setup_exit_code);
+            }
             Ok(self.exit_code)
         }
 

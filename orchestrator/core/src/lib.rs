@@ -23,6 +23,7 @@ pub mod owner;
 pub mod policy;
 pub mod sandbox;
 pub mod secret_file;
+pub mod setup;
 pub mod state_store;
 pub mod terminal;
 pub mod tokens;

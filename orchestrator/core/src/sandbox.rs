@@ -4,8 +4,9 @@
 //! - The environment is built only from the allowlist below; nothing from the
 //!   supervisor's own environment is ever copied in
 //!   (`tests::environment_is_the_allowlist_only`).
-//! - The worktree is the only host path mounted writable; everything else the
-//!   sandbox can write is a size-limited tmpfs (`/dev/shm` included)
+//! - The worktree is the only host path mounted writable (the door and a
+//!   setup cache are read-only, and the attestation fails a writable one);
+//!   everything else the sandbox can write is a size-limited tmpfs (`/dev/shm` included)
 //!   (`tests::tmpfs_mounts_are_size_limited`,
 //!   `orchestrator/attest/tests/fixtures.rs::recorded_writable_root_fails_read_only_root`,
 //!   `tests/tests/sandbox_probes.rs::tier0_holds_inside_the_sandbox`).
@@ -38,6 +39,9 @@ pub const WORKSPACE: &str = "/workspace";
 pub const HOME: &str = "/home/agent";
 /// Where the run's door is mounted (read-only) inside every sandbox.
 pub const DOOR_MOUNT: &str = "/run/nightshift";
+/// Where a run's setup cache is mounted (docs/setup.md): read-write in the
+/// setup container, read-only in the sandbox.
+pub const SETUP_CACHE_MOUNT: &str = "/cache";
 /// The image's own default user (its `agent` account). Never what a sandbox
 /// runs as: the spec always names the configured [`SandboxUser`].
 pub const SANDBOX_UID: u32 = 1000;
@@ -218,6 +222,9 @@ pub struct SandboxSpec {
     /// The run's door directory, mounted read-only at `/run/nightshift`.
     pub door: Option<PathBuf>,
     pub user: SandboxUser,
+    /// The repository's setup cache (docs/setup.md), mounted read-only at
+    /// [`SETUP_CACHE_MOUNT`].
+    pub setup_cache: Option<PathBuf>,
 }
 
 impl SandboxSpec {
@@ -321,7 +328,22 @@ impl SandboxSpec {
             cgroup_parent: None,
             door: None,
             user: SandboxUser::default(),
+            setup_cache: None,
         }
+    }
+
+    /// Mounts a published setup cache read-only and gives the agent the
+    /// environment that makes its tools use it offline.
+    pub fn with_setup_cache(
+        mut self,
+        cache: PathBuf,
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> Self {
+        self.setup_cache = Some(cache);
+        for (k, v) in env {
+            self.env.insert(k.clone(), v.clone());
+        }
+        self
     }
 
     /// Whether the lease wrapper is the container's PID 1 itself (no engine
@@ -419,6 +441,13 @@ impl SandboxSpec {
             max_shm_bytes: self.caps.shm_bytes(),
             max_file_bytes: i64::try_from(self.caps.max_worktree_bytes).unwrap_or(i64::MAX),
             main_process: self.lease_is_pid1().then(|| LEASE_WRAPPER.to_string()),
+            setup_cache: self
+                .setup_cache
+                .as_ref()
+                .map(|c| orchestrator_attest::MountExpectation {
+                    host_path: c.to_string_lossy().into_owned(),
+                    target: SETUP_CACHE_MOUNT.to_string(),
+                }),
         }
     }
 }

@@ -188,6 +188,10 @@ impl StatePaths {
     pub fn image_build(&self) -> PathBuf {
         self.root.join("image-build")
     }
+    /// The setup caches (docs/setup.md): `setup/<repository id>/<key>/`.
+    pub fn setup(&self) -> PathBuf {
+        self.root.join("setup")
+    }
 }
 
 /// The record of one run, as `runs` and `show` print it.

@@ -2,8 +2,13 @@
 //! (`scripts/check-layers.py`).
 //!
 //! Invariants:
-//! - Every container is created from a [`SandboxSpec`]; there is no other
-//!   way to create one here, so no call site can forget a hardening flag.
+//! - Every sandbox is created from a [`SandboxSpec`] by [`Engine::create`]
+//!   (`network_mode: none`); there is no other way to create one here, so
+//!   no call site can forget a hardening flag. A run's setup container
+//!   (docs/setup.md) has its own path, [`Engine::create_setup`], from a
+//!   [`SetupSpec`]: networked, never given a door, a gateway or the
+//!   worktree
+//!   (`tests/tests/setup.rs::setup_has_network_and_a_read_only_checkout_but_no_door_and_a_failure_stops_the_run`).
 //!   Nor the lease's host-side end: a container whose lease wrapper is PID 1
 //!   gets its `nightshift lease-end` process at creation, or is removed
 //!   (`crate::lease::spawn_end`).
@@ -45,6 +50,9 @@ pub use nightshift_core::container_engine::{
 };
 use nightshift_core::sandbox::{
     SandboxSpec, DOOR_MOUNT, LABEL_MANAGED, LABEL_RUN, SECCOMP_PROFILE, WORKSPACE,
+};
+use nightshift_core::setup::{
+    SetupSpec, CACHE_MOUNT as SETUP_CACHE, CA_MOUNT as SETUP_CA, CHECKOUT_MOUNT as SETUP_CHECKOUT,
 };
 
 /// An error of the engine's API: an answer from the engine, or none (a
@@ -149,6 +157,13 @@ impl Engine {
                     read_only: Some(true),
                     ..Default::default()
                 }))
+                .chain(spec.setup_cache.as_ref().map(|dir| Mount {
+                    target: Some(SETUP_CACHE.into()),
+                    source: Some(dir.to_string_lossy().into_owned()),
+                    typ: Some(MountType::BIND),
+                    read_only: Some(true),
+                    ..Default::default()
+                }))
                 .collect(),
             ),
             memory: Some(spec.caps.memory_bytes),
@@ -219,6 +234,94 @@ impl Engine {
                 });
             }
         }
+        Ok(created.id)
+    }
+
+    /// Creates (does not start) a run's setup container: a separate path
+    /// from [`Engine::create`], so nothing of it can reach a sandbox. It
+    /// keeps the sandbox's hardening (no capability, no new privileges,
+    /// nightshift's seccomp profile, a read-only root, the run's memory,
+    /// CPU and process caps, the sandbox user) but has the engine's bridge
+    /// network (plain network: no egress allowlist), no door (so no lease
+    /// wrapper and no model gateway), and mounts only the read-only
+    /// checkout, the cache being built, the owner's credential files and
+    /// the host's CA bundle (`tests/tests/setup.rs`).
+    pub async fn create_setup(&self, spec: &SetupSpec) -> Result<String, EngineError> {
+        let bind = |source: &Path, target: &str, read_only: bool| Mount {
+            target: Some(target.into()),
+            source: Some(source.to_string_lossy().into_owned()),
+            typ: Some(MountType::BIND),
+            read_only: Some(read_only),
+            ..Default::default()
+        };
+        let mut mounts = vec![
+            bind(&spec.checkout, SETUP_CHECKOUT, true),
+            bind(&spec.cache, SETUP_CACHE, false),
+        ];
+        mounts.extend(
+            spec.credentials
+                .iter()
+                .map(|(host, target)| bind(host, target, true)),
+        );
+        if let Some(ca) = &spec.ca_bundle {
+            mounts.push(bind(ca, SETUP_CA, true));
+        }
+        let host = HostConfig {
+            network_mode: Some("bridge".into()),
+            cap_drop: Some(vec!["ALL".into()]),
+            cap_add: Some(vec![]),
+            privileged: Some(false),
+            security_opt: Some(vec![
+                "no-new-privileges:true".into(),
+                format!("seccomp={SECCOMP_PROFILE}"),
+            ]),
+            readonly_rootfs: Some(true),
+            tmpfs: Some(spec.tmpfs.clone().into_iter().collect()),
+            mounts: Some(mounts),
+            memory: Some(spec.caps.memory_bytes),
+            memory_swap: Some(spec.caps.memory_bytes),
+            nano_cpus: Some(spec.caps.nano_cpus),
+            pids_limit: Some(spec.caps.pids),
+            cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
+            ipc_mode: Some("private".into()),
+            init: Some(true),
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: Some(HashMap::new()),
+            }),
+            auto_remove: Some(false),
+            cgroup_parent: spec.cgroup_parent.clone(),
+            restart_policy: Some(RestartPolicy {
+                name: Some(RestartPolicyNameEnum::NO),
+                maximum_retry_count: None,
+            }),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(spec.image.clone()),
+            cmd: Some(spec.command.clone()),
+            entrypoint: Some(vec![]),
+            user: Some(spec.user()),
+            working_dir: Some(SETUP_CHECKOUT.into()),
+            env: Some(spec.env_list()),
+            labels: Some(spec.labels.clone().into_iter().collect()),
+            attach_stdin: Some(false),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            open_stdin: Some(false),
+            tty: Some(false),
+            host_config: Some(host),
+            ..Default::default()
+        };
+        let options = CreateContainerOptions {
+            name: Some(spec.name.clone()),
+            ..Default::default()
+        };
+        let created = self
+            .docker
+            .create_container(Some(options), body)
+            .await
+            .map_err(api(format!("creating setup container {}", spec.name)))?;
         Ok(created.id)
     }
 
@@ -438,6 +541,12 @@ impl nightshift_core::container_engine::ContainerEngine for Engine {
         spec: &SandboxSpec,
     ) -> impl Future<Output = Result<String, EngineError>> + Send {
         Engine::create(self, spec)
+    }
+    fn create_setup(
+        &self,
+        spec: &SetupSpec,
+    ) -> impl Future<Output = Result<String, EngineError>> + Send {
+        Engine::create_setup(self, spec)
     }
     fn inspect_json(
         &self,

@@ -47,6 +47,7 @@ mod fsx;
 mod import;
 mod reachable;
 mod run_id;
+mod setup;
 mod tree_names;
 mod worktree;
 
@@ -58,5 +59,6 @@ pub use import::{
     PackSummary, SkipReason, Skipped, TipSource, MAX_SKIPPED_LISTED,
 };
 pub use run_id::{result_ref, run_branch, validate_run_id};
+pub use setup::{changed_lockfiles, lockfiles_at, owner_reaches};
 pub use tree_names::{check_name as check_tree_entry_name, check_tree, CheckedEntry};
 pub use worktree::{create_worktree, remove_worktree, Worktree, WorktreeSpec};

@@ -26,6 +26,7 @@ pub mod report;
 pub mod run;
 pub mod run_queue;
 pub mod scopes;
+pub mod setup;
 pub mod summary;
 pub mod task_runner;
 pub mod tasks;

@@ -110,6 +110,9 @@ pub struct RunRequest {
     /// A dry run: every act is answered as it would have been and recorded
     /// with its would-be verdict; none is queued or carried out.
     pub dry_run: bool,
+    /// The trusted setup phase before the agent (`[[setup]]`, `--setup`;
+    /// docs/setup.md), or none.
+    pub setup: Option<nightshift_core::setup::SetupPlan>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -282,7 +285,12 @@ impl<E: Clone, S> Clone for Supervisor<E, S> {
 }
 
 impl<E: ContainerEngine, S: StateStore> Supervisor<E, S> {
-    fn audit(&self, run: &str, event: Event, checkpoint: bool) -> Result<(), StoreError> {
+    pub(crate) fn audit(
+        &self,
+        run: &str,
+        event: Event,
+        checkpoint: bool,
+    ) -> Result<(), StoreError> {
         let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
         store.append(Some(run), &event, checkpoint)?;
         Ok(())
@@ -315,6 +323,10 @@ struct Held {
     /// The worktree's filesystem's figures when it was empty.
     worktree_fs: Option<nightshift_core::hostview::Usage>,
     base_commit: Option<String>,
+    /// The engine's id of the run's image.
+    image_id: String,
+    /// The setup cache the sandbox mounts, once the setup phase gave one.
+    setup: Option<crate::setup::Ready>,
 }
 
 /// Performs one run in the foreground. `stop` turns to `Some` when the run
@@ -436,6 +448,7 @@ async fn lifecycle<E: ContainerEngine, S: StateStore>(
 
     let mut held = Held {
         base_commit: Some(base.commit.clone()),
+        image_id: image.id.clone(),
         ..Default::default()
     };
     let outcome = steps(sup, &req, &image.env, &mut record, &mut held, stop).await;
@@ -460,6 +473,8 @@ enum Ended {
         silence: Duration,
         bound: Duration,
     },
+    /// The setup phase failed or was refused: the agent never started.
+    SetupFailed(String),
 }
 
 async fn steps<E: ContainerEngine, S: StateStore>(
@@ -476,6 +491,54 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     let run_dir = paths.run_dir(&id);
     nightshift_core::state_store::create_private_dir(&run_dir)?;
     let stopped = |stop: &watch::Receiver<Option<Stop>>| *stop.borrow();
+
+    // The setup phase, before anything of the agent's exists.
+    if let Some(plan) = &req.setup {
+        let base = held.base_commit.clone().unwrap_or_default();
+        let audit = |event: Event| sup.audit(&id, event, false);
+        let asked = stop.clone();
+        let asked = move || asked.borrow().is_some();
+        let ctx = crate::setup::Ctx {
+            stopped: &asked,
+            engine: &sup.engine,
+            paths: paths.clone(),
+            audit: &audit,
+            sandbox_user: sup.sandbox_user,
+            state_tag: &sup.state_tag,
+            identity: &sup.identity,
+            cgroup_parent: sup.fleet.as_ref().map(FleetHandle::cgroup_parent),
+        };
+        let order = crate::setup::Order {
+            repo: &req.repo,
+            base_ref: &req.base_ref,
+            image: &req.image,
+            caps: &req.caps,
+        };
+        let prepared = crate::setup::prepare(&ctx, &id, &order, plan, &base, &held.image_id)
+            .await
+            .map_err(|e| match e {
+                crate::setup::SetupError::BadInput(m) => RunError::BadInput(m),
+                crate::setup::SetupError::Host(m) => RunError::Git(m),
+                crate::setup::SetupError::Engine(e) => RunError::Engine(e),
+                crate::setup::SetupError::Store(e) => RunError::Store(e),
+            })?;
+        match prepared {
+            crate::setup::Setup::Failed(why) => return Ok(Ended::SetupFailed(why)),
+            crate::setup::Setup::Stopped => {
+                return Ok(match stopped(&stop) {
+                    Some(s) => Ended::Stopped(s),
+                    None => Ended::SetupFailed("setup was stopped".into()),
+                })
+            }
+            crate::setup::Setup::Ready(ready) => {
+                tracing::info!(outcome = ready.outcome, key = %ready.entry.key, "setup cache ready");
+                held.setup = Some(*ready);
+            }
+        }
+        if let Some(s) = stopped(&stop) {
+            return Ok(Ended::Stopped(s));
+        }
+    }
 
     // Worktree.
     let dest = paths.worktrees().join(&id);
@@ -583,6 +646,10 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         Some(port) => spec.with_model_gateway(port),
         None => spec,
     };
+    let spec = match &held.setup {
+        Some(s) => spec.with_setup_cache(s.path.clone(), &s.entry.env),
+        None => spec,
+    };
     // Remember the name before the call: if creation half-succeeds, the
     // ending still finds and removes it by its label.
     held.creating = true;
@@ -622,6 +689,13 @@ async fn steps<E: ContainerEngine, S: StateStore>(
             passed,
             container: container.clone(),
             properties,
+            setup_cache: held.setup.as_ref().map(|s| {
+                serde_json::json!({
+                    "key": s.entry.key,
+                    "digest": s.entry.digest,
+                    "read_only": crate::setup::cache_mount_read_only(&inspected),
+                })
+            }),
         },
         true,
     )?;
@@ -931,6 +1005,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         Ended::KilledBy(who) => format!("kill switch ({who})"),
         Ended::Stopped(s) => s.name().to_string(),
         Ended::LeaseLapsed { .. } => "lease lapsed".to_string(),
+        Ended::SetupFailed(_) => "setup failed".to_string(),
     };
     if let Ended::Breach(b) = &ended {
         sup.audit(
@@ -1544,6 +1619,29 @@ async fn finish<E: ContainerEngine, S: StateStore>(
             import_failure = Some((e, held.worktree.take().unwrap_or(wt)));
         }
     }
+    // Lockfiles the agent changed: the cache stays as it was for the night;
+    // the report and the morning say so (docs/setup.md).
+    if let (Some(setup), Some(result), Some(base)) = (
+        held.setup.as_ref(),
+        record.result_commit.clone(),
+        held.base_commit.clone(),
+    ) {
+        let (repo, patterns) = (PathBuf::from(&record.repo), setup.lockfiles.clone());
+        let changed = tokio::task::spawn_blocking(move || {
+            orchestrator_git::changed_lockfiles(&repo, &base, &result, &|p| {
+                nightshift_core::setup::is_lockfile(&patterns, p)
+            })
+        })
+        .await;
+        match changed {
+            Ok(Ok(paths)) if !paths.is_empty() => {
+                sup.audit(&id, Event::DependenciesChanged { paths }, false)?
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => cleanup_errors.push(format!("comparing the lockfiles: {e}")),
+            Err(e) => cleanup_errors.push(format!("comparing the lockfiles: {e}")),
+        }
+    }
     // The work is safe (imported, or the agent never ran): say so durably
     // before the worktree's removal begins, so that a supervisor killed
     // half-way through it leaves a worktree reconciliation only removes.
@@ -1582,6 +1680,7 @@ async fn finish<E: ContainerEngine, S: StateStore>(
         }
         Ok(Ended::Breach(b)) => (format!("killed: {}", b.detail), None, Ok(())),
         Ok(Ended::KilledBy(who)) => (format!("killed: by {who}"), None, Ok(())),
+        Ok(Ended::SetupFailed(why)) => ("setup failed".to_string(), Some(why), Ok(())),
         Ok(Ended::LeaseLapsed { silence, bound }) => (
             "killed: lease lapsed".to_string(),
             Some(format!(
@@ -1923,6 +2022,7 @@ mod lifecycle_tests {
             echo: false,
             repo_confidentiality: policies::Confidentiality::Private,
             dry_run: false,
+            setup: None,
         }
     }
 

@@ -67,6 +67,10 @@ pub struct RunOrder {
     /// Toolchains (`--with`): the run's image is the default or the
     /// preset's image with them (`image build --with`), unless `image` is set.
     pub with: Vec<Toolchain>,
+    /// `--setup PRESET|COMMAND`: this run's setup phase, over the
+    /// configuration's `[[setup]]` command for the repository (its other
+    /// settings kept).
+    pub setup: Option<String>,
 }
 
 /// The caps one run asks for.
@@ -116,6 +120,10 @@ pub fn prepare(api: &Api, order: RunOrder) -> Result<Prepared, ApiError> {
         (None, None) => String::new(),
     };
     let caps = caps(&config, &order.caps)?;
+    if let Some(s) = &order.setup {
+        nightshift_core::setup::SetupCommand::parse(s)
+            .map_err(|e| ApiError::new(ErrorKind::BadInput, e))?;
+    }
     Ok(Prepared {
         config,
         order,
@@ -206,7 +214,23 @@ impl Prepared {
             true => self.preset_image,
             false => Some(ImageSpec::new(self.agent, &order.with).reference()),
         };
+        let configured = self.config.setup_plan(&order.repo);
+        let setup = match (&order.setup, configured) {
+            (Some(text), configured) => {
+                // Checked in `prepare`.
+                let command =
+                    nightshift_core::setup::SetupCommand::parse(text).unwrap_or_else(|_| {
+                        nightshift_core::setup::SetupCommand::Command(text.clone())
+                    });
+                Some(match configured {
+                    Some(plan) => nightshift_core::setup::SetupPlan { command, ..plan },
+                    None => nightshift_core::setup::SetupPlan::new(command),
+                })
+            }
+            (None, configured) => configured,
+        };
         let req = RunRequest {
+            setup,
             repo_confidentiality: self.config.repository_confidentiality(&order.repo),
             repo: order.repo,
             base_ref: order.base_ref,
