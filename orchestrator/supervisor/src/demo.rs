@@ -185,6 +185,7 @@ pub async fn run(api: &Api, setup: &Setup, warn: Warn<'_>) -> Result<RunRecord, 
         echo: true,
         repo_confidentiality: setup.config.repository_confidentiality(&setup.repo),
         dry_run: false,
+        continues: None,
     };
     crate::commands::run::perform(api, &setup.config, req, true, warn).await
 }

@@ -110,6 +110,9 @@ pub struct RunRequest {
     /// A dry run: every act is answered as it would have been and recorded
     /// with its would-be verdict; none is queued or carried out.
     pub dry_run: bool,
+    /// The capped run this run continues (`nightshift continue`): its
+    /// creation audits the link on both runs.
+    pub continues: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -372,6 +375,13 @@ async fn lifecycle<E: ContainerEngine, S: StateStore>(
     }
     {
         let store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(from) = &req.continues {
+            if store.run(from).is_err() {
+                return Err(RunError::BadInput(format!(
+                    "{from:?} is no run to continue"
+                )));
+            }
+        }
         let set = nightshift_core::policy::load(&*store, None)
             .map_err(|e| RunError::Policy(e.to_string()))?;
         if let Some(freeze) = set.freeze() {
@@ -433,6 +443,11 @@ async fn lifecycle<E: ContainerEngine, S: StateStore>(
         true,
     )?;
     tracing::info!(repo = %record.repo, base_ref = %req.base_ref, image = %req.image, dry_run = req.dry_run, "run created");
+    if let Some(from) = &req.continues {
+        // The link both ways: an entry on each run naming the other.
+        sup.audit(&id, Event::Continues { run: from.clone() }, false)?;
+        sup.audit(from, Event::ContinuedAs { run: id.clone() }, false)?;
+    }
 
     let mut held = Held {
         base_commit: Some(base.commit.clone()),
@@ -1923,6 +1938,7 @@ mod lifecycle_tests {
             echo: false,
             repo_confidentiality: policies::Confidentiality::Private,
             dry_run: false,
+            continues: None,
         }
     }
 

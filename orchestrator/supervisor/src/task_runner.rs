@@ -86,6 +86,7 @@ pub fn request(
         caps,
         echo: false,
         dry_run: spec.dry_run,
+        continues: spec.continues.clone(),
     })
 }
 

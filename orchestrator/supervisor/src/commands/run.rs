@@ -67,6 +67,9 @@ pub struct RunOrder {
     /// Toolchains (`--with`): the run's image is the default or the
     /// preset's image with them (`image build --with`), unless `image` is set.
     pub with: Vec<Toolchain>,
+    /// The capped run this run continues (a dispatcher's child for a
+    /// continuation task: `--continues`).
+    pub continues: Option<String>,
 }
 
 /// The caps one run asks for.
@@ -219,6 +222,7 @@ impl Prepared {
             caps: self.caps,
             echo: order.echo,
             dry_run: order.dry_run,
+            continues: order.continues,
         };
         (self.config, req)
     }
