@@ -1023,7 +1023,10 @@ fn only_the_owner_continues_and_only_a_capped_run() {
 /// (OpenMetrics 1.0) defines it: metadata lines, samples of
 /// `name{label="value",...} number`, and one `# EOF` at the end. Returns
 /// the samples.
-fn parse_exposition(text: &str) -> Vec<(String, Vec<(String, String)>, f64)> {
+/// One sample of an exposition: its name, labels and value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+fn parse_exposition(text: &str) -> Vec<Sample> {
     let name_ok = |n: &str| {
         !n.is_empty()
             && n.chars()
@@ -1086,11 +1089,7 @@ fn parse_exposition(text: &str) -> Vec<(String, Vec<(String, String)>, f64)> {
     samples
 }
 
-fn sample(
-    samples: &[(String, Vec<(String, String)>, f64)],
-    name: &str,
-    label: (&str, &str),
-) -> f64 {
+fn sample(samples: &[Sample], name: &str, label: (&str, &str)) -> f64 {
     samples
         .iter()
         .find(|(n, l, _)| n == name && l.iter().any(|(k, v)| k == label.0 && v == label.1))
