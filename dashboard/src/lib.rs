@@ -163,14 +163,12 @@ fn tls_config(files: &TlsFiles) -> Result<rustls::ServerConfig, String> {
         return Err(format!("{}: holds no certificate", files.cert.display()));
     }
     {
-        use std::os::unix::fs::MetadataExt as _;
         let meta =
             std::fs::metadata(&files.key).map_err(|e| format!("{}: {e}", files.key.display()))?;
-        if meta.mode() & 0o077 != 0 || meta.uid() != nix::unistd::geteuid().as_raw() {
+        if let Some(p) = nightshift_core::secret_file::problem_of(&meta) {
             return Err(format!(
-                "{}: a private key must be owned by the supervisor's user and readable by no one else (mode {:o})",
+                "{}: a private key must be owned by the supervisor's user and readable by no one else: it {p}",
                 files.key.display(),
-                meta.mode() & 0o7777
             ));
         }
     }

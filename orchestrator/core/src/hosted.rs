@@ -51,6 +51,7 @@ pub enum FileSeen {
     Present {
         regular: bool,
         uid: u32,
+        gid: u32,
         mode: u32,
     },
 }
@@ -75,8 +76,9 @@ pub struct Observed {
     /// Owner accounts in the store (`serve` only).
     pub owner_accounts: usize,
     pub secrets: Vec<SecretFile>,
-    /// The account the process runs as.
+    /// The account the process runs as, and its group.
     pub euid: u32,
+    pub egid: u32,
 }
 
 /// One reason not to start, as a sentence naming what and where.
@@ -122,7 +124,7 @@ pub fn refusals(o: &Observed) -> Vec<Refusal> {
         )));
     }
     for s in &o.secrets {
-        if let Some(why) = secret_problem(&s.seen, o.euid) {
+        if let Some(why) = secret_problem(&s.seen, o.euid, o.egid) {
             out.push(Refusal(format!(
                 "{} {} (named in {}): {why}",
                 s.what,
@@ -134,18 +136,24 @@ pub fn refusals(o: &Observed) -> Vec<Refusal> {
     out
 }
 
-fn secret_problem(seen: &FileSeen, euid: u32) -> Option<String> {
+/// The secret-file rule every reader of one applies (`crate::secret_file`).
+fn secret_problem(seen: &FileSeen, euid: u32, egid: u32) -> Option<String> {
     match *seen {
         FileSeen::Missing(ref why) => Some(format!("cannot be read ({why})")),
-        FileSeen::Present { regular: false, .. } => Some("is not a regular file".into()),
-        FileSeen::Present { uid, .. } if uid != euid => Some(format!(
-            "is owned by uid {uid}, not by the account this runs as (uid {euid})"
-        )),
-        FileSeen::Present { mode, .. } if mode & 0o077 != 0 => Some(format!(
-            "has mode {:04o}: open to group or others; make it 0600",
-            mode & 0o7777
-        )),
-        FileSeen::Present { .. } => None,
+        FileSeen::Present {
+            regular,
+            uid,
+            gid,
+            mode,
+        } => crate::secret_file::problem(crate::secret_file::Seen {
+            regular,
+            uid,
+            gid,
+            mode,
+            euid,
+            egid,
+        })
+        .map(|p| p.to_string()),
     }
 }
 
@@ -313,10 +321,12 @@ mod tests {
                 seen: FileSeen::Present {
                     regular: true,
                     uid: 10001,
+                    gid: 10001,
                     mode: 0o100600,
                 },
             }],
             euid: 10001,
+            egid: 10001,
         }
     }
 
@@ -447,6 +457,7 @@ mod tests {
                 seen: FileSeen::Present {
                     regular: true,
                     uid: 10001,
+                    gid: 10001,
                     mode: 0o100644,
                 },
             },
@@ -457,6 +468,7 @@ mod tests {
                 seen: FileSeen::Present {
                     regular: true,
                     uid: 0,
+                    gid: 0,
                     mode: 0o100600,
                 },
             },
@@ -473,6 +485,7 @@ mod tests {
                 seen: FileSeen::Present {
                     regular: false,
                     uid: 10001,
+                    gid: 10001,
                     mode: 0o040700,
                 },
             },

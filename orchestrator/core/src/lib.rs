@@ -23,6 +23,7 @@ pub mod monitor;
 pub mod owner;
 pub mod policy;
 pub mod sandbox;
+pub mod secret_file;
 pub mod state_store;
 pub mod terminal;
 pub mod tokens;

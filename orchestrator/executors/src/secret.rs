@@ -44,7 +44,11 @@ impl Secret {
     pub fn read_file(path: &Path) -> Result<Secret, SecretError> {
         let file = std::fs::File::open(path).map_err(SecretError::Io)?;
         let meta = file.metadata().map_err(SecretError::Io)?;
-        check_owner_and_mode(&meta, nix::unistd::geteuid().as_raw())?;
+        check_owner_and_mode(
+            &meta,
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        )?;
         let mut bytes = Vec::new();
         file.take(MAX_SECRET_BYTES + 1)
             .read_to_end(&mut bytes)
@@ -70,7 +74,11 @@ impl Secret {
     pub fn read_key_file(path: &Path) -> Result<Secret, SecretError> {
         let file = std::fs::File::open(path).map_err(SecretError::Io)?;
         let meta = file.metadata().map_err(SecretError::Io)?;
-        check_owner_and_mode(&meta, nix::unistd::geteuid().as_raw())?;
+        check_owner_and_mode(
+            &meta,
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        )?;
         let mut bytes = Vec::new();
         file.take(MAX_SECRET_BYTES + 1)
             .read_to_end(&mut bytes)
@@ -93,24 +101,32 @@ impl Secret {
     }
 }
 
-/// Refuses a file that is not regular, not owned by `uid`, or open to group
+/// Refuses a file that is not regular, not owned by `uid` (nor root with
+/// this process's group: `nightshift_core::secret_file`), or open to group
 /// or others.
-pub(crate) fn check_owner_and_mode(meta: &std::fs::Metadata, uid: u32) -> Result<(), SecretError> {
+pub(crate) fn check_owner_and_mode(
+    meta: &std::fs::Metadata,
+    uid: u32,
+    gid: u32,
+) -> Result<(), SecretError> {
+    use nightshift_core::secret_file::{problem, Problem, Seen};
     use std::os::unix::fs::MetadataExt;
-    if !meta.is_file() {
-        return Err(SecretError::NotAFile);
-    }
-    if meta.uid() != uid {
-        return Err(SecretError::WrongOwner {
-            owner: meta.uid(),
+    match problem(Seen {
+        regular: meta.is_file(),
+        uid: meta.uid(),
+        gid: meta.gid(),
+        mode: meta.mode(),
+        euid: uid,
+        egid: gid,
+    }) {
+        None => Ok(()),
+        Some(Problem::NotAFile) => Err(SecretError::NotAFile),
+        Some(Problem::WrongOwner { owner, .. }) => Err(SecretError::WrongOwner {
+            owner,
             expected: uid,
-        });
+        }),
+        Some(Problem::TooOpen { mode }) => Err(SecretError::TooOpen { mode }),
     }
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o077 != 0 {
-        return Err(SecretError::TooOpen { mode });
-    }
-    Ok(())
 }
 
 fn check(text: &str) -> Result<(), SecretError> {
@@ -187,9 +203,10 @@ mod tests {
         let f = file(b"tok\n");
         let meta = std::fs::metadata(f.path()).unwrap();
         let me = nix::unistd::geteuid().as_raw();
-        assert!(check_owner_and_mode(&meta, me).is_ok());
+        let group = nix::unistd::getegid().as_raw();
+        assert!(check_owner_and_mode(&meta, me, group).is_ok());
         assert!(matches!(
-            check_owner_and_mode(&meta, me.wrapping_add(1)),
+            check_owner_and_mode(&meta, me.wrapping_add(1), group.wrapping_add(1)),
             Err(SecretError::WrongOwner { .. })
         ));
         let dir = tempfile::tempdir().unwrap();

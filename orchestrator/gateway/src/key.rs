@@ -8,10 +8,14 @@
 //!   `tests/tests/gateway.rs::three_shapes_stream_and_not_through_the_relay_and_the_key_stays_outside`).
 //! - The file must be a regular file (not followed through a symlink) owned
 //!   by the supervisor's user and readable by nobody else (no group or other
-//!   permission bits): a key others could read or swap is refused.
+//!   permission bits), or root's with the supervisor's own group readable
+//!   by that group only (a Kubernetes Secret volume's shape): a key others
+//!   could read or swap is refused (`nightshift_core::secret_file`;
+//!   `tests::a_private_key_file_is_read_and_others_are_refused_without_showing_the_key`,
+//!   `secret_file::tests::the_rule_accepts_exactly_two_shapes`).
 
 use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// The largest key file read.
@@ -47,21 +51,8 @@ pub fn read(path: &Path) -> Result<String, KeyError> {
         path: shown.clone(),
         problem,
     };
-    if !meta.is_file() {
-        return Err(unsafe_("is not a regular file".into()));
-    }
-    let me = nix::unistd::geteuid().as_raw();
-    if meta.uid() != me {
-        return Err(unsafe_(format!(
-            "is owned by uid {}, not by the supervisor's user ({me})",
-            meta.uid()
-        )));
-    }
-    if meta.mode() & 0o077 != 0 {
-        return Err(unsafe_(format!(
-            "has mode {:04o}: group and others must have no access (chmod 600)",
-            meta.mode() & 0o7777
-        )));
+    if let Some(p) = nightshift_core::secret_file::problem_of(&meta) {
+        return Err(unsafe_(p.to_string()));
     }
     let mut bytes = Vec::new();
     file.take(MAX_KEY_BYTES + 1)

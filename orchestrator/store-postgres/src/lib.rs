@@ -47,6 +47,7 @@ mod backend;
 mod port;
 pub mod schema;
 pub mod testing;
+pub mod tls;
 pub mod tokens;
 
 use std::path::{Path, PathBuf};
@@ -69,6 +70,12 @@ pub enum PgError {
         url: String,
         #[source]
         source: postgres::Error,
+    },
+    #[error("connecting to the state store {url}: {why}")]
+    Tls {
+        /// The URL without its password ([`redact`]).
+        url: String,
+        why: String,
     },
     #[error("{doing}: {source}")]
     Sql {
@@ -293,11 +300,23 @@ fn client(url: &str, timeout: Option<std::time::Duration>) -> Result<Client, PgE
         source,
     };
     let connect = || {
-        let mut config: postgres::Config = url.parse().map_err(fail)?;
+        let tls_fail = |why| PgError::Tls {
+            url: redact(url),
+            why,
+        };
+        let split = tls::split(url).map_err(tls_fail)?;
+        let mut config: postgres::Config = split.url.parse().map_err(fail)?;
         if let Some(t) = timeout {
             config.connect_timeout(t);
         }
-        config.connect(NoTls).map_err(fail)
+        match split.tls {
+            tls::Tls::Off => config.connect(NoTls).map_err(fail),
+            tls::Tls::Verified { roots } => {
+                config.ssl_mode(postgres::config::SslMode::Require);
+                let connector = tls::connector(roots.as_deref()).map_err(tls_fail)?;
+                config.connect(connector).map_err(fail)
+            }
+        }
     };
     if on_runtime_thread() {
         std::thread::scope(|s| s.spawn(connect).join())
@@ -305,6 +324,12 @@ fn client(url: &str, timeout: Option<std::time::Duration>) -> Result<Client, PgE
     } else {
         connect()
     }
+}
+
+/// A client connected to `url` with the TLS it asks for (`tls`'s rules),
+/// for tools and tests that need SQL beside the store.
+pub fn connect_client(url: &str) -> Result<Client, PgError> {
+    client(url, None)
 }
 
 /// Runs `f` with the client, on another thread when this one runs a runtime.

@@ -24,6 +24,10 @@ impl From<PgError> for StoreError {
                 location: url,
                 source: Box::new(source),
             },
+            PgError::Tls { url, why } => StoreError::Open {
+                location: url,
+                source: why.into(),
+            },
             PgError::Sql { doing, source } => match kind {
                 PgErrorKind::Busy => StoreError::Busy {
                     doing,

@@ -47,6 +47,21 @@ pub fn durable_server_url() -> String {
     start(&["--durable"]).unwrap_or_else(|e| panic!("no PostgreSQL server: {e}"))
 }
 
+/// A server of this process's own that also listens on 127.0.0.1:`port`,
+/// there only over TLS with DIR/server.pem and DIR/server.key when `tls`
+/// names DIR (`scripts/pg.sh start --port --tls`); stopped once this process
+/// exits. Returns its socket's URL.
+pub fn tcp_server_url(port: u16, tls: Option<&std::path::Path>) -> Result<String, String> {
+    let port = port.to_string();
+    let mut options = vec!["--port", port.as_str()];
+    let dir;
+    if let Some(d) = tls {
+        dir = d.display().to_string();
+        options.extend(["--tls", dir.as_str()]);
+    }
+    start(&options)
+}
+
 fn start(options: &[&str]) -> Result<String, String> {
     let out = Command::new("bash")
         .arg(pg_sh())

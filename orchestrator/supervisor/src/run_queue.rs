@@ -177,6 +177,36 @@ pub struct DispatchOptions {
 /// The lease of `tasks run`'s and `serve`'s dispatchers on their tasks.
 pub const TASK_LEASE_SECS: i64 = 15;
 
+/// The file in the state folder a dispatcher touches on every turn of its
+/// loop (at most once a second), whether or not the store answers: a
+/// process whose loop is stuck stops touching it. A hosted worker's liveness
+/// probe reads its age (`deploy/kubernetes/worker.yaml`).
+pub const ALIVE_FILE: &str = "dispatcher.alive";
+
+/// Touches [`ALIVE_FILE`]; a failure is logged once and otherwise ignored
+/// (the probe then restarts a worker that cannot write its own state).
+fn touch_alive(root: &std::path::Path, last: &mut Option<std::time::Instant>, failed: &mut bool) {
+    if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+        return;
+    }
+    *last = Some(std::time::Instant::now());
+    let path = root.join(ALIVE_FILE);
+    let touched = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+    match touched {
+        Ok(()) => *failed = false,
+        Err(e) if !*failed => {
+            *failed = true;
+            tracing::warn!(path = %path.display(), error = %e, "the dispatcher cannot touch its alive file");
+        }
+        Err(_) => {}
+    }
+}
+
 /// Unix seconds now.
 fn unix_now() -> i64 {
     std::time::SystemTime::now()
@@ -1320,7 +1350,9 @@ pub async fn dispatch_loop(
     let fence_at = Duration::from_millis(lease_secs as u64 * 1000 / 2);
     let mut renewed = std::time::Instant::now();
     let mut held_at = std::time::Instant::now();
+    let (mut touched_at, mut touch_failed) = (None, false);
     loop {
+        touch_alive(api.root(), &mut touched_at, &mut touch_failed);
         if *stop.borrow() {
             summary.stopped = true;
             stop_runs(api, opts, &mut watched, &mut summary).await?;

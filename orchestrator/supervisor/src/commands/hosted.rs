@@ -34,6 +34,7 @@ fn seen(path: &Path) -> FileSeen {
         Ok(m) => FileSeen::Present {
             regular: m.is_file(),
             uid: m.uid(),
+            gid: m.gid(),
             mode: m.mode(),
         },
     }
@@ -108,6 +109,7 @@ pub fn check(api: &Api, start: Start) -> Result<(), ApiError> {
         owner_accounts,
         secrets,
         euid: nix::unistd::geteuid().as_raw(),
+        egid: nix::unistd::getegid().as_raw(),
     };
     let mut lines: Vec<String> = refused_files;
     lines.extend(refusals(&observed).into_iter().map(|r| r.0));
