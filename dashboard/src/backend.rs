@@ -27,7 +27,7 @@ use deferred_queue::{Content, State, Target};
 
 use super::chain;
 use super::guard::Role;
-use super::risky::risky_path;
+use super::risky::{self, risky_path};
 use nightshift_core::state_store::{RunRecord, StateStore, StoreError, Stores};
 use nightshift_supervisor::acts::{self, Row};
 use nightshift_supervisor::api::{
@@ -246,7 +246,7 @@ fn compute_diff(repo: &str, from: &str, to: &str) -> Diff {
             to,
         ])
         .output();
-    let files = match names {
+    let files: Vec<ChangedFile> = match names {
         Ok(out) if out.status.success() => out
             .stdout
             .split(|b| *b == 0)
@@ -275,6 +275,21 @@ fn compute_diff(repo: &str, from: &str, to: &str) -> Diff {
             }
         }
     };
+    // A dev container definition is read as the act would publish it: an
+    // `initializeCommand` in it runs on the host itself (`risky_content`).
+    let mut files = files;
+    for f in files.iter_mut().filter(|f| risky::is_devcontainer(&f.path)) {
+        let blob = host_git(repo)
+            .args(["cat-file", "blob", &format!("{to}:{}", f.path)])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| o.stdout)
+            .unwrap_or_default();
+        if let Some(why) = risky::risky_content(&f.path, &blob[..blob.len().min(1 << 20)]) {
+            f.risky = Some(why);
+        }
+    }
     let stat = orchestrator_git::diffstat_between(Path::new(repo), from, to).ok();
     let patch = host_git(repo)
         .args([
@@ -366,13 +381,18 @@ pub async fn watch_chain(backend: Backend) {
 pub fn freeze_state(store: &dyn StateStore) -> Result<Option<String>, BackendError> {
     let rules = nightshift_core::policy::load(store, None)
         .map_err(|e| BackendError::Failed(e.to_string()))?;
-    Ok(rules.freeze().map(|f| frozen_line(&f.reason, &f.authority)))
+    Ok(rules
+        .freeze()
+        .map(|f| frozen_line(&f.reason, &f.authority, f.at.as_deref())))
 }
 
-/// A freeze's reason and authority (who froze: `dashboard:NAME`, `nightshift
-/// freeze by USER`), on one line.
-pub fn frozen_line(reason: &str, authority: &str) -> String {
-    format!("{reason} (frozen by {authority})")
+/// A freeze's reason, authority (who froze: `dashboard:NAME`, `nightshift
+/// freeze by USER`) and time, on one line.
+pub fn frozen_line(reason: &str, authority: &str, at: Option<&str>) -> String {
+    match at {
+        Some(at) => format!("{reason} (frozen by {authority} at {at})"),
+        None => format!("{reason} (frozen by {authority})"),
+    }
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -392,6 +412,90 @@ pub struct Morning {
     /// Acts each run queued since `since` (its door requests answered
     /// `queued`), for the night's picture.
     pub acts_by_run: std::collections::BTreeMap<String, usize>,
+    /// The runs a cap ended that may be continued, listed first with that
+    /// choice (`continuation.rs`).
+    pub capped: Vec<Capped>,
+}
+
+/// A run a continuable cap ended, as Morning lists it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Capped {
+    pub run: String,
+    pub task: Option<String>,
+    pub status: String,
+    /// The cap (a fixed name: `tokens`, `wall-clock`, `output`, `worktree`).
+    pub cap: &'static str,
+    /// Why it may not be continued now (already continued), else `None`:
+    /// the choice is offered.
+    pub not_now: Option<String>,
+}
+
+/// A run's continuation, as its page shows it: the choice (or why there
+/// is none) and the links the audit holds both ways.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ContinueView {
+    /// The cap that ended it, when it may be continued now.
+    pub offer: Option<&'static str>,
+    /// Why not, otherwise.
+    pub why_not: Option<String>,
+    /// The run this one continues.
+    pub continues: Option<String>,
+    /// The runs that continue this one.
+    pub continued_as: Vec<String>,
+    /// Continuation tasks queued for it (`continue_queued`), by id.
+    pub queued: Vec<String>,
+}
+
+/// The continuation of `run`, given the queue's tasks and its audit
+/// entries (kind, body): pure.
+pub fn continue_view(
+    run: &RunRecord,
+    tasks: &[nightshift_supervisor::tasks::TaskRow],
+    entries: &[(String, serde_json::Map<String, serde_json::Value>)],
+) -> ContinueView {
+    use nightshift_supervisor::continuation::{continuation, NewCaps};
+    let named = |kind: &str, field: &str| -> Vec<String> {
+        entries
+            .iter()
+            .filter(|(k, _)| k == kind)
+            .filter_map(|(_, b)| b.get(field)?.as_str().map(str::to_string))
+            .collect()
+    };
+    let (offer, why_not) = match continuation(run, tasks, &NewCaps::default()) {
+        Ok((_, cap)) => (Some(cap), None),
+        Err(why) => (None, Some(why)),
+    };
+    ContinueView {
+        offer,
+        why_not,
+        continues: named("continues", "run").into_iter().next(),
+        continued_as: named("continued_as", "run"),
+        queued: named("continue_queued", "task"),
+    }
+}
+
+/// The command that continues `run` with the caps the form gave (an empty
+/// field: as before).
+pub fn continue_run(
+    run: &str,
+    max_tokens: Option<&str>,
+    timeout: Option<&str>,
+) -> Result<Command, BackendError> {
+    let max_tokens = match max_tokens.map(str::trim).filter(|t| !t.is_empty()) {
+        None => None,
+        Some(t) => Some(
+            t.parse::<u64>()
+                .map_err(|_| BackendError::BadInput(format!("max_tokens {t:?} is not a number")))?,
+        ),
+    };
+    Ok(Command::Continue {
+        run: run.to_string(),
+        max_tokens,
+        timeout: timeout
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_string),
+    })
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -402,6 +506,8 @@ pub struct RefusalView {
     pub destination: Option<String>,
     pub verdict: String,
     pub rule: Option<String>,
+    /// Who or what refused it, in words (`Refusal::by`).
+    pub by: String,
 }
 
 fn refusal_views(
@@ -413,6 +519,7 @@ fn refusal_views(
         .into_iter()
         .filter(|r| r.time.as_str() >= since)
         .map(|r| RefusalView {
+            by: r.by(),
             run: r.run,
             time: r.time,
             door: r.door,
@@ -473,7 +580,25 @@ pub fn morning(
             *acts_by_run.entry(run.unwrap_or_default()).or_insert(0) += 1;
         }
     }
+    let tasks = nightshift_supervisor::tasks::list(store).unwrap_or_default();
+    let capped = runs
+        .iter()
+        .filter_map(|r| {
+            let cap = nightshift_supervisor::continuation::continuable(r).ok()?;
+            let not_now =
+                nightshift_supervisor::continuation::continuation(r, &tasks, &Default::default())
+                    .err();
+            Some(Capped {
+                run: r.id.clone(),
+                task: r.task.clone(),
+                status: r.status.clone(),
+                cap,
+                not_now,
+            })
+        })
+        .collect();
     Ok(Morning {
+        capped,
         acts_by_run,
         tokens,
         tokens_by_run,
@@ -682,6 +807,8 @@ pub struct RunView {
     #[serde(skip)]
     pub output: Vec<u8>,
     pub output_truncated: bool,
+    /// Its continuation: the choice and the links both ways.
+    pub continuation: ContinueView,
 }
 
 pub fn output_path(store: &dyn StateStore, run: &str) -> PathBuf {
@@ -729,6 +856,14 @@ pub fn run_view(
         .map(|e| serde_json::Value::Object(e.body.clone()))
         .collect();
     let model = nightshift_gateway::summarize(&calls);
+    let continuation = continue_view(
+        &run,
+        &nightshift_supervisor::tasks::list(store).unwrap_or_default(),
+        &entries
+            .iter()
+            .map(|e| (e.kind.clone(), e.body.clone()))
+            .collect::<Vec<_>>(),
+    );
     let audit = entries
         .iter()
         .map(|e| serde_json::json!({"seq": e.seq, "time": e.time, "kind": e.kind, "body": e.body, "hash": e.hash}))
@@ -747,6 +882,7 @@ pub fn run_view(
         diff,
         output,
         output_truncated,
+        continuation,
     })
 }
 
@@ -769,7 +905,9 @@ pub fn policy_view(store: &dyn StateStore) -> Result<PolicyView, BackendError> {
         .map_err(|e| BackendError::Failed(e.to_string()))?;
     Ok(PolicyView {
         generation: v.generation,
-        frozen: v.frozen.map(|(reason, by)| frozen_line(&reason, &by)),
+        frozen: v
+            .frozen
+            .map(|(reason, by)| frozen_line(&reason, &by, v.frozen_at.as_deref())),
         active: v.active,
         pending: v.pending,
         proposals: v.proposals,

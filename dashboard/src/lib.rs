@@ -41,6 +41,7 @@
 pub mod backend;
 pub mod chain;
 pub mod guard;
+pub mod metrics;
 pub mod night;
 pub mod pages;
 pub mod risky;
@@ -127,6 +128,8 @@ pub struct ServeOptions {
     pub allow_hosts: Vec<String>,
     /// Serve plain HTTP on a non-loopback address (something in front does TLS).
     pub insecure_network: bool,
+    /// Serve `/metrics` alone, without authentication, on this address too.
+    pub metrics_addr: Option<SocketAddr>,
     /// The owner's key file, used only for an owner's session's decisions.
     pub owner_key: PathBuf,
     /// The configuration file the API reads (default `STATE/config.toml`).
@@ -558,7 +561,7 @@ fn arrival_of(req: &Request) -> Arrival {
 async fn gate(State(app): State<App>, req: Request, next: Next) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let json = wants_json(req.headers(), &path);
+    let json = wants_json(req.headers(), &path) || path == "/metrics";
     let arrival = arrival_of(&req);
     let mut session = None;
     for id in session_cookies(req.headers(), arrival.secure) {
@@ -660,7 +663,7 @@ pub async fn serve_with_queue(
     config: &nightshift_core::config::Config,
     opts: ServeOptions,
     queue: RunQueue,
-    ready: impl FnOnce(SocketAddr),
+    ready: impl FnOnce(SocketAddr, Option<SocketAddr>),
     queue_ended: impl FnOnce(QueueError),
 ) -> Result<(), ServeError> {
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -678,11 +681,12 @@ pub async fn serve_with_queue(
     served
 }
 
-/// Serves until SIGINT or SIGTERM; `ready` is told the address bound.
+/// Serves until SIGINT or SIGTERM; `ready` is told the address bound (and
+/// the metrics' own, when asked for).
 pub async fn serve(
     stores: Stores,
     opts: ServeOptions,
-    ready: impl FnOnce(SocketAddr),
+    ready: impl FnOnce(SocketAddr, Option<SocketAddr>),
 ) -> Result<(), ServeError> {
     let tls_config = opts
         .tls
@@ -702,6 +706,25 @@ pub async fn serve(
         addr: opts.bind,
         source,
     })?;
+    // The metrics' own address: `/metrics` alone, no session (scrapers
+    // hold none), so plain HTTP off loopback only when asked for.
+    let metrics_listener = match opts.metrics_addr {
+        None => None,
+        Some(addr) => {
+            if !addr.ip().is_loopback() && !opts.insecure_network {
+                return Err(ServeError::Bind(format!(
+                    "refusing to serve the metrics without authentication on {addr}, which is not a loopback address: give --insecure-network if only your scraper can reach it"
+                )));
+            }
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Listen { addr, source })?;
+            let at = l
+                .local_addr()
+                .map_err(|source| ServeError::Listen { addr, source })?;
+            Some((l, at))
+        }
+    };
     let mut backend = Backend::new(stores, opts.owner_key)?.with_config(opts.config);
     backend.chain_every = opts.chain_every.max(Duration::from_secs(1));
     tokio::spawn(backend::watch_chain(backend.clone()));
@@ -747,8 +770,19 @@ pub async fn serve(
     let socket_path = socket::socket_path(&app.backend.root);
     // The run queue's dispatcher runs beside this server on the same
     // runtime ([`serve_with_queue`] joins both).
+    let metrics_task = metrics_listener.as_ref().map(|(_, at)| *at);
+    let metrics_server = metrics_listener.map(|(l, _)| {
+        let only = Router::new()
+            .route("/metrics", get(metrics_open))
+            .with_state(app.clone());
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(l, only).await {
+                tracing::warn!(error = %e, "the metrics' address stopped");
+            }
+        })
+    });
     let router = router(app);
-    ready(bound);
+    ready(bound, metrics_task);
     let served = if let Some(config) = tls_config {
         serve_tls(listener, config, router).await
     } else {
@@ -760,6 +794,9 @@ pub async fn serve(
         .await
         .map_err(ServeError::Serve)
     };
+    if let Some(task) = metrics_server {
+        task.abort();
+    }
     if let Some(task) = owner_socket {
         task.abort();
         let _ = std::fs::remove_file(&socket_path);
@@ -776,6 +813,7 @@ fn router(app: App) -> Router {
     };
     Router::new()
         .route("/", get(page_morning))
+        .route("/metrics", get(metrics_authenticated))
         .route("/runs", get(page_runs))
         .route("/runs/{id}", get(page_run))
         .route("/queue", get(page_queue))
@@ -804,6 +842,7 @@ fn router(app: App) -> Router {
         .route("/api/v1/openapi.json", get(openapi_json))
         .route("/api/v1/tasks", post(api_enqueue))
         .route("/api/v1/tasks/cancel", post(api_cancel))
+        .route("/api/v1/runs/{id}/continue", post(api_continue))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(app.clone(), gate))
         .layer(middleware::from_fn_with_state(app.clone(), host_check))
@@ -1449,6 +1488,53 @@ async fn api_enqueue(
         Err(e) => Err(e),
     };
     api(r)
+}
+
+/// Continues a run a cap ended (`nightshift continue`): `max_tokens` and
+/// `timeout`, each optional (empty: as before). A form goes back to the
+/// run's page; JSON gets the reply.
+async fn api_continue(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    s: axum::Extension<Session>,
+    axum::Extension(p): axum::Extension<Params>,
+) -> Response {
+    let json = wants_json(&headers, "/api/");
+    let r = match backend::continue_run(&id, p.get("max_tokens"), p.get("timeout")) {
+        Ok(command) => {
+            backend::execute(&app.backend, s.role, &s.user, "continue runs", command).await
+        }
+        Err(e) => Err(e),
+    };
+    match r {
+        Ok(reply) if json => api(Ok(reply)),
+        Ok(_) if pages::link_id(&id) => Redirect::to(&format!("/runs/{id}")).into_response(),
+        Ok(_) => Redirect::to("/").into_response(),
+        Err(e) => refuse(json, backend_status(&e), &e.to_string()),
+    }
+}
+
+/// `/metrics` on the dashboard's address: [`gate`] let only a session in.
+async fn metrics_authenticated(State(app): State<App>) -> Response {
+    metrics_response(&app).await
+}
+
+/// `/metrics` on its own address (`--metrics-addr`): nothing else answers there.
+async fn metrics_open(State(app): State<App>) -> Response {
+    metrics_response(&app).await
+}
+
+async fn metrics_response(app: &App) -> Response {
+    match blocking(app, |_, st| Ok(metrics::snapshot(st)?)).await {
+        Ok(s) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, nightshift_core::metrics::CONTENT_TYPE)],
+            nightshift_core::metrics::render(&s),
+        )
+            .into_response(),
+        Err(e) => refuse(true, backend_status(&e), &e.to_string()),
+    }
 }
 
 /// Cancels a queued task (`task`: its id).

@@ -18,7 +18,7 @@
 use maud::{html, Markup, DOCTYPE};
 
 use super::backend::{
-    ActView, ChainState, Diff, Morning, PolicyView, QueuePage, RefusalView, RunView,
+    ActView, ChainState, ContinueView, Diff, Morning, PolicyView, QueuePage, RefusalView, RunView,
 };
 use super::guard::Role;
 use nightshift_core::state_store::RunRecord;
@@ -139,7 +139,7 @@ fn refusals_table(refusals: &[RefusalView]) -> Markup {
                         td { (v(&r.time)) } td { (run_link(&r.run)) } td { (v(&r.door)) }
                         td { (v(r.destination.as_deref().unwrap_or("(none)"))) }
                         td { (v(&r.verdict)) }
-                        td { (v(r.rule.as_deref().unwrap_or("the door (a malformed request)"))) }
+                        td.by { (v(&r.by)) }
                     }
                 }
             }
@@ -278,6 +278,25 @@ pub fn morning(who: &Viewer, m: &Morning) -> Markup {
             form method="get" action="/" {
                 label { "Since " input type="text" name="since" value=(m.since); }
                 button type="submit" { "Show" }
+            }
+            @if !m.capped.is_empty() {
+                section #capped {
+                    h2 { "Runs a cap ended (" (m.capped.len()) ")" }
+                    table.capped {
+                        tr { th { "run" } th { "task" } th { "status" } th { "continue" } }
+                        @for c in &m.capped {
+                            tr data-run=(c.run) {
+                                td { (run_link(&c.run)) }
+                                td.task { (task_line(c.task.as_deref())) }
+                                td { (v(&c.status)) }
+                                td {
+                                    @if let Some(why) = &c.not_now { small { (v(why)) } }
+                                    @else { (continue_form(who, &c.run)) }
+                                }
+                            }
+                        }
+                    }
+                }
             }
             section #night-picture {
                 h2 { "The night" }
@@ -600,6 +619,42 @@ pub fn queue(who: &Viewer, frozen: Option<&str>, q: &QueuePage) -> Markup {
     }
 }
 
+/// The form that continues a capped run (owner only): new token and time
+/// caps, empty for the same as before.
+fn continue_form(who: &Viewer, run: &str) -> Markup {
+    html! {
+        @if who.role == Role::Owner && link_id(run) {
+            form.continue method="post" action={ "/api/v1/runs/" (run) "/continue" } {
+                input type="hidden" name="csrf" value=(who.csrf);
+                label { "max tokens " input type="text" name="max_tokens" size="10" placeholder="as before"; }
+                " "
+                label { "timeout " input type="text" name="timeout" size="6" placeholder="as before"; }
+                " "
+                button.continue type="submit" { "Continue from its result" }
+            }
+        }
+    }
+}
+
+/// A run's continuation: the choice when a cap ended it, and the links
+/// both ways (from the audit).
+fn continue_section(who: &Viewer, run: &str, c: &ContinueView) -> Markup {
+    html! {
+        @if c.offer.is_some() || c.continues.is_some() || !c.continued_as.is_empty() || !c.queued.is_empty() {
+            section #continuation {
+                h2 { "Continue in the morning" }
+                @if let Some(from) = &c.continues { p.continues { "This run continues " (run_link(from)) "." } }
+                @for to in &c.continued_as { p.continued-as { "Continued as " (run_link(to)) "." } }
+                @for t in &c.queued { p.continue-queued { "Continuation queued as task " code { (v(t)) } "." } }
+                @if let Some(cap) = c.offer {
+                    p { "Its " (cap) " cap ended it: continue it from its result ref, with the same task and agent." }
+                    (continue_form(who, run))
+                }
+            }
+        }
+    }
+}
+
 pub fn run(who: &Viewer, frozen: Option<&str>, r: &RunView) -> Markup {
     let run = &r.run;
     html! {
@@ -625,6 +680,7 @@ pub fn run(who: &Viewer, frozen: Option<&str>, r: &RunView) -> Markup {
                     }
                 } }
             }
+            (continue_section(who, &run.id, &r.continuation))
             section #usage {
                 h2 { "Memory and CPU" }
                 (usage_svg(&r.audit))

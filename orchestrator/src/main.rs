@@ -287,6 +287,20 @@ enum Command {
     },
     /// Add tasks to the run queue (one from the flags, or many from --file).
     Enqueue(EnqueueArgs),
+    /// Continue a run its token, time, output or worktree cap ended: a new
+    /// task from its result ref, with the same task and agent and these
+    /// caps (the others as before); any other run is refused, saying why.
+    Continue {
+        run: String,
+        /// Model tokens the continuation may spend.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        max_tokens: Option<u64>,
+        /// Its wall-clock cap, e.g. 30m, 2h.
+        #[arg(long)]
+        timeout: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// The run queue: list, cancel, or run the dispatcher in the foreground.
     Tasks {
         #[command(subcommand)]
@@ -418,6 +432,12 @@ struct ServeArgs {
     /// Walk the whole audit chain every this many seconds (Morning walks only new entries).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     chain_check_every: u64,
+    /// Also serve the Prometheus metrics (`/metrics`, and nothing else)
+    /// without authentication on this address of their own; a non-loopback
+    /// address needs --insecure-network. On the dashboard's own address
+    /// `/metrics` needs a session, as every page.
+    #[arg(long)]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -658,6 +678,10 @@ struct RunArgs {
     /// `[[setup]]` command for the repository.
     #[arg(long)]
     setup: Option<String>,
+    /// (internal: a continuation task's run, `nightshift continue`) the
+    /// capped run this run continues; audited on both.
+    #[arg(long, hide = true)]
+    continues: Option<String>,
     /// The agent command and its arguments.
     #[arg(last = true, required_unless_present = "agent")]
     command: Vec<String>,
@@ -951,6 +975,19 @@ async fn dispatch(cli: Cli) -> i32 {
             respond(&api, command, false).await
         }
         Command::Enqueue(args) => enqueue_cmd(&api, args).await,
+        Command::Continue {
+            run,
+            max_tokens,
+            timeout,
+            json,
+        } => {
+            let command = ApiCommand::Continue {
+                run,
+                max_tokens,
+                timeout,
+            };
+            respond(&api, command, json).await
+        }
         Command::Tasks { command, json } => tasks_cmd(&api, command, json).await,
         Command::Destinations { json, probe } => {
             respond(&api, ApiCommand::Destinations { probe }, json).await
@@ -1143,6 +1180,12 @@ fn render(reply: &Reply, json: bool) {
                 }
             }
         }
+        Reply::Continued { run, task, cap } if !json => outln!(
+            "run {} (ended by its {cap} cap) continues as task {}",
+            terminal::line(run),
+            terminal::line(task)
+        ),
+        Reply::Continued { .. } => outln!("{}", terminal::json(reply, true)),
         Reply::Enqueued { tasks } => {
             for t in tasks {
                 outln!("queued {}", terminal::line(t));
@@ -1188,11 +1231,33 @@ fn render(reply: &Reply, json: bool) {
             listed,
             problems,
         } => render_destinations(path, listed.as_deref(), problems, json),
-        Reply::Summary { summary, text } => {
+        Reply::Summary {
+            summary,
+            text,
+            failures,
+            more_failures,
+        } => {
             if json {
-                outln!("{}", terminal::json(summary, true));
+                let mut doc = summary.clone();
+                doc["failures"] = serde_json::json!(failures);
+                doc["more_failures"] = serde_json::json!(more_failures);
+                outln!("{}", terminal::json(&doc, true));
             } else {
                 outln!("{}", text.trim_end());
+                if !failures.is_empty() {
+                    outln!("why:");
+                    for f in failures {
+                        outln!(
+                            "  {} {}: {}",
+                            f.kind,
+                            terminal::line(&f.id),
+                            terminal::line(&f.reason)
+                        );
+                    }
+                    if *more_failures > 0 {
+                        outln!("  ({more_failures} more)");
+                    }
+                }
             }
         }
         Reply::SummarySent { runs } => outln!("summary sent: {runs} runs"),
@@ -1326,6 +1391,7 @@ async fn run_cmd(api: &Api, args: RunArgs) -> Result<i32, i32> {
         of_task: std::env::var_os("NIGHTSHIFT_TASK").is_some(),
         with,
         setup: args.setup,
+        continues: args.continues,
     };
     let mut prepared = commands::run::prepare(api, order).map_err(|e| fail(&e))?;
     if let Some((name, model)) = agent {
@@ -1730,6 +1796,7 @@ async fn enqueue_cmd(api: &Api, args: EnqueueArgs) -> Result<i32, i32> {
             dry_run: args.dry_run,
             retries: 0,
             command: args.command,
+            continues: None,
         }],
     };
     respond(api, ApiCommand::Enqueue { tasks }, false).await
@@ -1994,6 +2061,8 @@ fn render_policy(view: &PolicyView, json: bool) {
         let doc = serde_json::json!({
             "generation": view.generation,
             "frozen": view.frozen.as_ref().map(|(reason, _)| reason),
+            "frozen_by": view.frozen.as_ref().map(|(_, by)| by),
+            "frozen_at": view.frozen_at,
             // `locked` is the lock state now (ratified rules are locked), not as declared.
             "active": view.active,
             "pending": view.pending.iter().map(|(id, _)| id).collect::<Vec<_>>(),
@@ -2009,9 +2078,13 @@ fn render_policy(view: &PolicyView, json: bool) {
     outln!("generation {}", view.generation);
     if let Some((reason, authority)) = &view.frozen {
         outln!(
-            "FROZEN: {} ({})",
+            "FROZEN: {} (by {}{})",
             terminal::line(reason),
-            terminal::line(authority)
+            terminal::line(authority),
+            view.frozen_at
+                .as_deref()
+                .map(|at| format!(" at {}", terminal::line(at)))
+                .unwrap_or_default()
         );
     }
     for v in &view.active {
@@ -2345,11 +2418,7 @@ fn refusal_line(r: &orchestrator::acts::Refusal) -> String {
         terminal::line(&r.door),
         terminal::line(r.destination.as_deref().unwrap_or("(no destination)")),
         terminal::line(&r.verdict),
-        terminal::line(
-            r.rule
-                .as_deref()
-                .unwrap_or("the door (a malformed request)")
-        )
+        terminal::line(&r.by())
     )
 }
 
@@ -2410,6 +2479,7 @@ async fn serve_cmd(api: &Api, args: ServeArgs) -> Result<i32, i32> {
         bind: args.bind,
         allow_hosts: args.allow_hosts,
         insecure_network: args.insecure_network,
+        metrics_addr: args.metrics_addr,
         owner_key: args
             .owner_key_file
             .unwrap_or_else(|| api.root().join("owner.key")),
@@ -2429,7 +2499,12 @@ async fn serve_cmd(api: &Api, args: ServeArgs) -> Result<i32, i32> {
         &prepared.config,
         opts,
         queue,
-        |addr| outln!("nightshift serve: listening on {scheme}://{addr}"),
+        |addr, metrics| {
+            outln!("nightshift serve: listening on {scheme}://{addr}");
+            if let Some(m) = metrics {
+                outln!("nightshift serve: metrics on http://{m}/metrics");
+            }
+        },
         |e| match e {
             commands::serve::QueueError::NoDispatcher(e) => errln!(
                 "nightshift serve: no dispatcher ({})",

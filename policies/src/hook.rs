@@ -234,6 +234,7 @@ pub fn hook_decide(
         let kill = Freeze {
             authority: "kill switch".to_owned(),
             reason: "the kill switch is on".to_owned(),
+            at: None,
         };
         evaluate_rules(
             rules.active(clock),

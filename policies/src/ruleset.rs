@@ -143,6 +143,10 @@ pub enum Row {
         authority: String,
         /// Shown to every refused caller.
         reason: String,
+        /// When (RFC 3339, the supervisor's clock); absent in rows written
+        /// before it was recorded.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        at: Option<String>,
     },
     /// The owner ends a freeze.
     Thaw {
@@ -162,6 +166,9 @@ pub struct Freeze {
     pub authority: String,
     /// Shown to every refused caller.
     pub reason: String,
+    /// When it began (RFC 3339), when recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
 }
 
 /// The rule set's generation: rows applied, and the chain digest over them.
@@ -496,11 +503,19 @@ impl RuleSet {
                 }
             }
             Row::Unlock { rule, .. } => self.unlock(&rule)?,
-            Row::Freeze { authority, reason } => {
+            Row::Freeze {
+                authority,
+                reason,
+                at,
+            } => {
                 if self.freeze.is_some() {
                     return Err(ApplyError::AlreadyFrozen);
                 }
-                self.freeze = Some(Freeze { authority, reason });
+                self.freeze = Some(Freeze {
+                    authority,
+                    reason,
+                    at,
+                });
             }
             Row::Thaw { .. } => {
                 if self.freeze.take().is_none() {

@@ -360,7 +360,7 @@ proptest! {
         spec.subject = "a1".into();
         spec.effect = Effect::Ask;
         set.apply(Row::Declare { rule: Rule::compile(spec).unwrap(), author: Author::Agent("a1".into()) }).unwrap();
-        set.apply(Row::Freeze { authority: "owner".into(), reason: "incident".into() }).unwrap();
+        set.apply(Row::Freeze { authority: "owner".into(), reason: "incident".into(), at: None }).unwrap();
         prop_assert_eq!(set.suspended(), vec![policies::RuleId("mine".into())]);
         prop_assert!(set.active(now).all(|r| r.id().0 != "mine"));
         for req in &reqs {

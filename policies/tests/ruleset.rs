@@ -201,6 +201,7 @@ fn freeze_names_the_rules_it_suspends_and_thaw_restores_them() {
     set.apply(Row::Freeze {
         authority: "owner".into(),
         reason: "incident 7".into(),
+        at: None,
     })
     .unwrap();
     assert_eq!(set.suspended(), vec![RuleId("mine".into())]);
@@ -209,7 +210,8 @@ fn freeze_names_the_rules_it_suspends_and_thaw_restores_them() {
     assert!(matches!(
         set.apply(Row::Freeze {
             authority: "o".into(),
-            reason: "again".into()
+            reason: "again".into(),
+            at: None,
         }),
         Err(ApplyError::AlreadyFrozen)
     ));
@@ -270,6 +272,7 @@ fn apply_all_is_all_or_nothing_and_rows_round_trip_through_json() {
         Row::Freeze {
             authority: "o".into(),
             reason: "r".into(),
+            at: Some("2026-01-01T00:00:00Z".into()),
         },
     ];
     let text = serde_json::to_string(&rows).unwrap();

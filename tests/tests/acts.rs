@@ -552,6 +552,31 @@ echo q > q.txt; nightshift-act ask --file q.txt; echo "after=$?""#,
     assert!(log.contains("after=0"), "{log}");
     let errors = m.state.count_audit("door_request", "\"verdict\":\"error\"");
     assert_eq!(errors, 3);
+    // Each with its reason's code, never "unknown / error" alone.
+    let codes: Vec<String> = m
+        .state
+        .audit_bodies("door_request")
+        .iter()
+        .filter(|b| b["verdict"] == "error")
+        .map(|b| b["reason"].as_str().unwrap_or("(none)").to_string())
+        .collect();
+    assert!(
+        codes.contains(&"malformed_json".to_string()) && codes.contains(&"oversized".to_string()),
+        "{codes:?}"
+    );
+    assert!(!codes.contains(&"(none)".to_string()), "{codes:?}");
+    // `show` says why in words.
+    let run = tests::only_run(&m.state)["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let out = m.state.run(&["show", &run]);
+    assert!(
+        stdout(&out)
+            .contains("the door: it was not the JSON the protocol expects (malformed_json)"),
+        "{}",
+        stdout(&out)
+    );
     assert!(m.state.verify().status.success());
 }
 

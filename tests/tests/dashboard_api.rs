@@ -41,6 +41,7 @@ fn changing() -> Vec<(&'static str, serde_json::Value)> {
         ("/api/v1/freeze", json!({"why": "from a forged request"})),
         ("/api/v1/thaw", json!({})),
         ("/api/v1/policy/ratify", json!({"proposal": "p"})),
+        ("/api/v1/runs/01run/continue", json!({"max_tokens": "10"})),
     ]
 }
 
@@ -887,5 +888,337 @@ fn a_login_flood_holds_the_memory_of_two_password_checks() {
     assert!(
         grown < 64 * 1024,
         "the flood grew serve's peak by {grown} KiB"
+    );
+}
+
+/// Continue in the morning over HTTP: only an owner's session with its
+/// CSRF token continues a run, only a run a cap ended, and the pages offer
+/// the choice for exactly those runs (Morning lists them first).
+#[test]
+fn only_the_owner_continues_and_only_a_capped_run() {
+    use orchestrator::state_store::RunRecord;
+    let (state, serve) = setup();
+    let repo = tests::make_repo();
+    let head = tests::git(repo.path(), &["rev-parse", "HEAD"])
+        .trim()
+        .to_string();
+    let record = |id: &str, status: &str| {
+        let result = format!("refs/nightshift/runs/{id}");
+        tests::git(repo.path(), &["update-ref", &result, &head]);
+        RunRecord {
+            id: id.into(),
+            created_at: "2026-01-01T00:00:00Z".into(),
+            ended_at: Some("2026-01-01T01:00:00Z".into()),
+            repo: repo.path().display().to_string(),
+            base_ref: "main".into(),
+            base_commit: Some(head.clone()),
+            image: "no-such-image:1".into(),
+            command: vec!["true".into()],
+            status: status.into(),
+            result_ref: Some(result),
+            result_commit: Some(head.clone()),
+            task: Some("<b>the task</b>".into()),
+            ..Default::default()
+        }
+    };
+    {
+        let mut store = state.stores().connect().unwrap();
+        store
+            .put_run(&record("01capped", "killed: timeout 2s"))
+            .unwrap();
+        store.put_run(&record("01fine", "exited 0")).unwrap();
+    }
+    let owner = Client::login(&serve, OWNER, OWNER_PASSWORD);
+    let viewer = Client::login(&serve, VIEWER, VIEWER_PASSWORD);
+    let host = serve.host();
+    let path = "/api/v1/runs/01capped/continue";
+
+    // The pages: the choice for the capped run only, never to a viewer.
+    let page = owner.get("/runs/01capped");
+    assert!(
+        page.body
+            .contains("action=\"/api/v1/runs/01capped/continue\""),
+        "{}",
+        page.body
+    );
+    assert!(
+        page.body.contains("Its wall-clock cap ended it"),
+        "{}",
+        page.body
+    );
+    let page = owner.get("/runs/01fine");
+    assert!(!page.body.contains("/continue\""), "{}", page.body);
+    let page = viewer.get("/runs/01capped");
+    assert!(!page.body.contains("/continue\""), "{}", page.body);
+    let morning = owner.get("/?since=2025-01-01T00:00:00Z");
+    let capped_at = morning
+        .body
+        .find("id=\"capped\"")
+        .expect("a capped section");
+    let night_at = morning.body.find("id=\"night-picture\"").unwrap();
+    assert!(capped_at < night_at, "capped runs are not listed first");
+    assert!(
+        morning.body[capped_at..night_at].contains("/api/v1/runs/01capped/continue"),
+        "{}",
+        morning.body
+    );
+    assert!(!morning.body[capped_at..night_at].contains("01fine"));
+
+    // Without the CSRF token (a form post with none, a JSON post with a
+    // wrong one): refused, nothing queued.
+    let r = request(
+        serve.addr,
+        "POST",
+        path,
+        &[
+            ("Host", &host),
+            ("Cookie", &owner.cookie),
+            ("Content-Type", "application/x-www-form-urlencoded"),
+        ],
+        "max_tokens=10",
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("CSRF"), "{}", r.body);
+    let r = viewer.post(path, &json!({}));
+    assert_eq!(r.status, 403, "a viewer: {}", r.body);
+    assert!(state.audit_bodies("continue_queued").is_empty());
+
+    // A run no cap ended: refused, saying why.
+    let r = owner.post("/api/v1/runs/01fine/continue", &json!({}));
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(
+        r.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("cannot be continued: it ended well"),
+        "{}",
+        r.body
+    );
+    let r = owner.post("/api/v1/runs/01none/continue", &json!({}));
+    assert_eq!(r.status, 404, "{}", r.body);
+    let r = owner.post(path, &json!({"max_tokens": "lots"}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(state.audit_bodies("continue_queued").is_empty());
+
+    // The owner, with the token: a continuation task, audited under the
+    // account's name.
+    let r = owner.post(path, &json!({"max_tokens": "5000", "timeout": "30m"}));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let task = r.json()["task"].as_str().unwrap().to_string();
+    assert_eq!(r.json()["cap"], "wall-clock");
+    let queued = state.audit_bodies("continue_queued");
+    assert_eq!(queued.len(), 1, "{queued:?}");
+    assert_eq!(queued[0]["task"], task.as_str());
+    assert_eq!(queued[0]["by"], format!("dashboard:{OWNER}").as_str());
+    let page = owner.get("/runs/01capped");
+    assert!(
+        page.body
+            .contains(&format!("Continuation queued as task <code>{task}</code>")),
+        "{}",
+        page.body
+    );
+}
+
+/// Checks an exposition strictly, line by line, as the text format
+/// (OpenMetrics 1.0) defines it: metadata lines, samples of
+/// `name{label="value",...} number`, and one `# EOF` at the end. Returns
+/// the samples.
+/// One sample of an exposition: its name, labels and value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+fn parse_exposition(text: &str) -> Vec<Sample> {
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && n.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+            && !n.starts_with(|c: char| c.is_ascii_digit())
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.last(), Some(&"# EOF"), "no # EOF at the end: {text}");
+    let mut samples = Vec::new();
+    for line in &lines[..lines.len() - 1] {
+        if let Some(meta) = line.strip_prefix("# ") {
+            let mut parts = meta.splitn(3, ' ');
+            let kind = parts.next().unwrap();
+            assert!(
+                ["HELP", "TYPE", "UNIT"].contains(&kind),
+                "bad metadata: {line}"
+            );
+            assert!(name_ok(parts.next().unwrap_or("")), "bad name: {line}");
+            if kind == "TYPE" {
+                let t = parts.next().unwrap_or("");
+                assert!(
+                    ["counter", "gauge", "histogram"].contains(&t),
+                    "bad type: {line}"
+                );
+            }
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').expect(line);
+        let value: f64 = match value {
+            "+Inf" => f64::INFINITY,
+            v => v.parse().unwrap_or_else(|_| panic!("bad value: {line}")),
+        };
+        let (name, labels) = match series.split_once('{') {
+            None => (series, Vec::new()),
+            Some((name, rest)) => {
+                let body = rest.strip_suffix('}').expect(line);
+                let labels = body
+                    .split(',')
+                    .filter(|l| !l.is_empty())
+                    .map(|l| {
+                        let (k, v) = l.split_once('=').expect(line);
+                        assert!(name_ok(k), "bad label name: {line}");
+                        let v = v
+                            .strip_prefix('"')
+                            .and_then(|v| v.strip_suffix('"'))
+                            .expect(line);
+                        assert!(
+                            !v.contains(['"', '\\', '\n']),
+                            "label value needing escapes: {line}"
+                        );
+                        (k.to_string(), v.to_string())
+                    })
+                    .collect();
+                (name, labels)
+            }
+        };
+        assert!(name_ok(name), "bad metric name: {line}");
+        samples.push((name.to_string(), labels, value));
+    }
+    samples
+}
+
+fn sample(samples: &[Sample], name: &str, label: (&str, &str)) -> f64 {
+    samples
+        .iter()
+        .find(|(n, l, _)| n == name && l.iter().any(|(k, v)| k == label.0 && v == label.1))
+        .unwrap_or_else(|| panic!("no {name}{{{}={}}}", label.0, label.1))
+        .2
+}
+
+#[test]
+fn metrics_are_scraped_behind_authentication_or_on_their_own_address() {
+    use orchestrator::state_store::RunRecord;
+    let state = State::new();
+    assert!(state.run(&["owner", "init"]).status.success());
+    add_accounts(&state);
+    {
+        let mut store = state.stores().connect().unwrap();
+        for (id, status) in [
+            ("01a", "exited 0"),
+            ("01b", "killed: timeout 2s"),
+            ("01c", "killed: memory cap 96 MiB (peak 96 MiB, OOM)"),
+            ("01d", "killed: by \"} 1\nnightshift_forged{x=\"y\"} 9"),
+        ] {
+            store
+                .put_run(&RunRecord {
+                    id: id.into(),
+                    created_at: "2026-01-01T00:00:00Z".into(),
+                    status: status.into(),
+                    ..Default::default()
+                })
+                .unwrap();
+        }
+    }
+    // A free port for the metrics' own address.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics_addr = format!("127.0.0.1:{port}");
+    let serve = Serve::start(&state, &["--metrics-addr", &metrics_addr]);
+    let host = serve.host();
+
+    // Unauthenticated on the dashboard's address: refused.
+    let r = request(serve.addr, "GET", "/metrics", &[("Host", &host)], "");
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert!(!r.body.contains("nightshift_runs"));
+
+    // With a session (a viewer's too: it only reads).
+    let viewer = Client::login(&serve, VIEWER, VIEWER_PASSWORD);
+    let r = viewer.get("/metrics");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.header("content-type")
+            .unwrap_or("")
+            .starts_with("application/openmetrics-text"),
+        "{:?}",
+        r.headers
+    );
+    let samples = parse_exposition(&r.body);
+    assert_eq!(
+        sample(&samples, "nightshift_runs", ("outcome", "succeeded")),
+        1.0
+    );
+    assert_eq!(
+        sample(&samples, "nightshift_runs", ("outcome", "cap_hit")),
+        2.0
+    );
+    assert_eq!(
+        sample(&samples, "nightshift_runs", ("outcome", "killed")),
+        1.0
+    );
+    assert_eq!(
+        sample(&samples, "nightshift_cap_kills", ("cap", "wall-clock")),
+        1.0
+    );
+    assert_eq!(
+        sample(&samples, "nightshift_cap_kills", ("cap", "memory")),
+        1.0
+    );
+    assert_eq!(
+        sample(&samples, "nightshift_acts", ("state", "pending")),
+        0.0
+    );
+    assert_eq!(
+        sample(
+            &samples,
+            "nightshift_model_tokens_total",
+            ("kind", "charged")
+        ),
+        0.0
+    );
+    assert!(r
+        .body
+        .contains("# TYPE nightshift_door_request_duration_seconds histogram"));
+    assert!(r
+        .body
+        .contains("# TYPE nightshift_model_call_duration_seconds histogram"));
+    assert!(
+        !r.body.contains("forged"),
+        "a run's text became a series: {}",
+        r.body
+    );
+
+    // The metrics' own address: no session needed, nothing else there.
+    let addr: std::net::SocketAddr = metrics_addr.parse().unwrap();
+    let r = request(addr, "GET", "/metrics", &[("Host", &metrics_addr)], "");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let own = parse_exposition(&r.body);
+    assert_eq!(
+        sample(&own, "nightshift_runs", ("outcome", "succeeded")),
+        1.0
+    );
+    let r = request(addr, "GET", "/", &[("Host", &metrics_addr)], "");
+    assert_eq!(r.status, 404, "{}", r.body);
+    let r = request(addr, "GET", "/api/v1/runs", &[("Host", &metrics_addr)], "");
+    assert_eq!(r.status, 404, "{}", r.body);
+    drop(serve);
+
+    // Off loopback, unauthenticated metrics need --insecure-network.
+    let out = state.run(&[
+        "serve",
+        "--bind",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "0.0.0.0:0",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("refusing to serve the metrics without authentication"),
+        "{}",
+        stderr(&out)
     );
 }

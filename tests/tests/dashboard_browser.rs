@@ -421,9 +421,31 @@ async fn the_morning_review_in_a_real_browser() {
     );
     assert!(usage[2].as_str().unwrap().contains("cores"), "{usage}");
     screenshot(&c, "run-capped.png").await;
+    // Its time cap ended it: the choice to continue it, shown and posted to
+    // its own run (the post itself: dashboard_api.rs).
+    let button = c
+        .find(Locator::Css("#continuation form.continue button.continue"))
+        .await
+        .expect("no continue button on the capped run's page");
+    assert!(button.is_displayed().await.unwrap());
+    let action = c
+        .find(Locator::Css("#continuation form.continue"))
+        .await
+        .unwrap()
+        .attr("action")
+        .await
+        .unwrap();
+    assert_eq!(
+        action.as_deref(),
+        Some(format!("/api/v1/runs/{capped}/continue").as_str())
+    );
 
     // The finished run with an ordinary diff.
     c.goto(&serve.url(&format!("/runs/{two}"))).await.unwrap();
+    assert!(
+        c.find(Locator::Css("form.continue")).await.is_err(),
+        "a run that ended well offers to be continued"
+    );
     let changes = text_of(&c, "#changes").await;
     assert!(
         changes.contains("a.txt") && changes.contains("b.txt") && changes.contains("+a"),
@@ -803,8 +825,8 @@ async fn the_morning_review_in_a_real_browser() {
     let banner = text_of(&c, "#frozen").await;
     assert!(
         banner.contains("stop everything")
-            && banner.contains(&format!("frozen by dashboard:{OWNER}")),
-        "the banner does not say who froze: {banner}"
+            && banner.contains(&format!("frozen by dashboard:{OWNER} at 20")),
+        "the banner does not say who froze and when: {banner}"
     );
     c.goto(&serve.url("/policy")).await.unwrap();
     let suspended = text_of(&c, "#suspended-rules").await;

@@ -1011,3 +1011,32 @@ fn rules_that_replace_the_shipped_defaults_are_warned_of_loudly() {
     let out = state.run(&["policy", "list"]);
     assert!(!stderr(&out).contains("WARNING"), "{}", stderr(&out));
 }
+
+/// `policy list` says who froze and when (the freeze row records its
+/// time), in text and in JSON.
+#[test]
+fn policy_list_says_who_froze_and_when() {
+    let state = State::new();
+    let out = ns(&state, &["freeze", "--why", "incident 7"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = ns(&state, &["policy", "list"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("FROZEN: incident 7 (by nightshift freeze by "))
+        .unwrap_or_else(|| panic!("no FROZEN line: {text}"));
+    assert!(line.contains(" at 20"), "{line}");
+    let out = ns(&state, &["policy", "list", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["frozen"], "incident 7");
+    assert!(v["frozen_by"]
+        .as_str()
+        .unwrap()
+        .starts_with("nightshift freeze by "));
+    let at = v["frozen_at"].as_str().expect("frozen_at");
+    assert!(
+        time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339).is_ok(),
+        "{at}"
+    );
+}

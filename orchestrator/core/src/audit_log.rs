@@ -159,6 +159,11 @@ pub enum Event {
         /// The label gate's reason (`clear`, `untrusted_content`, `refused`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         gate: Option<String>,
+        /// Why a request that never became one (verdict `error`) was
+        /// refused: a fixed code (`malformed_json`, `oversized`,
+        /// `too_slow`, `pack`, ...; `acts::REASONS`), never the request's text.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     /// A transition of a queued act (content-free fields from the queue).
     Act {
@@ -232,6 +237,22 @@ pub enum Event {
         generation: String,
         /// Rules a freeze suspended, by id.
         suspended: Vec<String>,
+    },
+    /// The owner asked to continue this run, which a cap ended (`cap`: a
+    /// fixed name, `tokens`, `wall-clock`, `output`, `worktree`): `task` is
+    /// the queued task that will run the continuation, `by` who asked.
+    ContinueQueued {
+        task: String,
+        cap: String,
+        by: String,
+    },
+    /// This run continues `run` (a capped run), from its result ref.
+    Continues {
+        run: String,
+    },
+    /// `run` continues this run (written when `run` is created).
+    ContinuedAs {
+        run: String,
     },
     /// One call through the run's model gateway (`nightshift_gateway`): where it
     /// went and what it cost, never the request's or the response's text.

@@ -18,6 +18,7 @@ pub mod container_engine;
 pub mod front;
 pub mod hosted;
 pub mod hostview;
+pub mod metrics;
 pub mod monitor;
 pub mod owner;
 pub mod policy;

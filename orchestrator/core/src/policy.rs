@@ -424,6 +424,7 @@ pub fn freeze(
         Row::Freeze {
             authority: format!("nightshift freeze by {who}"),
             reason: why.to_string(),
+            at: Some(crate::state_store::now_rfc3339()),
         },
     )?;
     Ok(())

@@ -231,6 +231,14 @@ impl Gateway {
     /// An entry that cannot be written waits (at most [`MAX_UNAUDITED`])
     /// and the gateway refuses calls until they are written.
     async fn audit(self: &Arc<Self>, event: Event) {
+        if let Event::ModelCall {
+            outcome,
+            latency_ms,
+            ..
+        } = &event
+        {
+            nightshift_core::metrics::observe_model_call(outcome, *latency_ms as f64 / 1e3);
+        }
         let gw = self.clone();
         let done = tokio::task::spawn_blocking(move || gw.append_waiting(Some(event))).await;
         if let Err(e) = done {

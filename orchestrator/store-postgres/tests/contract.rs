@@ -175,6 +175,7 @@ fn door(act: Option<&str>, verdict: &str, label: Option<&str>) -> Event {
         bytes: 1,
         label: label.map(str::to_string),
         gate: None,
+        reason: None,
     }
 }
 

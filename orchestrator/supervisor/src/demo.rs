@@ -186,6 +186,7 @@ pub async fn run(api: &Api, setup: &Setup, warn: Warn<'_>) -> Result<RunRecord, 
         repo_confidentiality: setup.config.repository_confidentiality(&setup.repo),
         dry_run: false,
         setup: None,
+        continues: None,
     };
     crate::commands::run::perform(api, &setup.config, req, true, warn).await
 }

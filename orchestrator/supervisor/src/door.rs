@@ -208,7 +208,7 @@ async fn flooded(stores: &Stores, run: &str, door: &str, first: bool) -> Respons
         ),
     };
     if first {
-        audit_protocol_error(stores, run, Some(door), &response, "flood").await;
+        audit_protocol_error(stores, run, Some(door), &response, "flood", "flood").await;
     }
     response
 }
@@ -221,6 +221,9 @@ async fn serve(
     packed: &std::sync::atomic::AtomicU64,
 ) -> std::io::Result<()> {
     let paths = &StatePaths::new(stores.root().to_path_buf());
+    // The door's latency, from the connection to the answer (`/metrics`).
+    let began = std::time::Instant::now();
+    let mut door_name = "malformed";
     let mut reader = RequestReader::new();
     let mut buf = vec![0u8; 64 * 1024];
     let read = async {
@@ -242,18 +245,19 @@ async fn serve(
             let response = Response::Error {
                 reason: "the request did not arrive in time".into(),
             };
-            audit_protocol_error(stores, &door.run, None, &response, "error").await;
+            audit_protocol_error(stores, &door.run, None, &response, "error", "too_slow").await;
             response
         }
         Ok(Err(e)) => return Err(e),
         Ok(Ok(Err(e))) => {
             let response = Response::for_error(&e);
-            audit_protocol_error(stores, &door.run, None, &response, "error").await;
+            audit_protocol_error(stores, &door.run, None, &response, "error", e.code()).await;
             response
         }
         // A policy check is a question, answered at once; only its refusals
         // and asks are audited, and count against the run's cap.
         Ok(Ok(Ok(Request::PolicyCheck { payload }))) => {
+            door_name = "policy_check";
             tracing::debug!(door = "policy_check", "door request");
             let (stores2, door2, span) = (stores.clone(), door.clone(), tracing::Span::current());
             let checked = tokio::task::spawn_blocking(move || {
@@ -285,6 +289,7 @@ async fn serve(
             }
         }
         Ok(Ok(Ok(request))) => {
+            door_name = request.door();
             tracing::info!(door = request.door(), "door request");
             let n = served.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
             if n > MAX_REQUESTS_PER_RUN {
@@ -297,6 +302,7 @@ async fn serve(
                 .await;
                 let response = without_host_paths(&response, &[&paths.root, &door.repo]);
                 log_verdict(&response);
+                nightshift_core::metrics::observe_door(door_name, began.elapsed().as_secs_f64());
                 stream.write_all(&encode_response(&response)).await?;
                 return stream.shutdown().await;
             }
@@ -313,6 +319,7 @@ async fn serve(
                         Some(request.door()),
                         &response,
                         "error",
+                        "pack",
                     )
                     .await;
                     response
@@ -341,6 +348,7 @@ async fn serve(
     };
     let response = without_host_paths(&response, &[&paths.root, &door.repo]);
     log_verdict(&response);
+    nightshift_core::metrics::observe_door(door_name, began.elapsed().as_secs_f64());
     stream.write_all(&encode_response(&response)).await?;
     stream.shutdown().await
 }
@@ -495,13 +503,15 @@ pub fn without_host_paths(response: &Response, hidden: &[&Path]) -> Response {
 
 /// A request that never became one (malformed, oversized, out of order, too
 /// slow, its pack refused or cut short) is audited too: the door (when the
-/// request decoded), the verdict and the reason's digest.
+/// request decoded), the verdict `error`, the reason's code (one of
+/// [`crate::acts::REASONS`]) and the reason's digest.
 async fn audit_protocol_error(
     stores: &Stores,
     run: &str,
     door: Option<&str>,
     response: &Response,
     verdict: &str,
+    code: &'static str,
 ) {
     let (stores, run, line, verdict, door) = (
         stores.clone(),
@@ -524,6 +534,7 @@ async fn audit_protocol_error(
                     bytes: 0,
                     label: None,
                     gate: None,
+                    reason: Some(code.to_string()),
                 },
                 false,
             );

@@ -18,6 +18,7 @@ pub mod acts;
 pub mod agents;
 pub mod api;
 pub mod commands;
+pub mod continuation;
 pub mod demo;
 pub mod door;
 pub mod error;

@@ -113,6 +113,9 @@ pub struct RunRequest {
     /// The trusted setup phase before the agent (`[[setup]]`, `--setup`;
     /// docs/setup.md), or none.
     pub setup: Option<nightshift_core::setup::SetupPlan>,
+    /// The capped run this run continues (`nightshift continue`): its
+    /// creation audits the link on both runs.
+    pub continues: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -384,6 +387,13 @@ async fn lifecycle<E: ContainerEngine, S: StateStore>(
     }
     {
         let store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(from) = &req.continues {
+            if store.run(from).is_err() {
+                return Err(RunError::BadInput(format!(
+                    "{from:?} is no run to continue"
+                )));
+            }
+        }
         let set = nightshift_core::policy::load(&*store, None)
             .map_err(|e| RunError::Policy(e.to_string()))?;
         if let Some(freeze) = set.freeze() {
@@ -445,6 +455,11 @@ async fn lifecycle<E: ContainerEngine, S: StateStore>(
         true,
     )?;
     tracing::info!(repo = %record.repo, base_ref = %req.base_ref, image = %req.image, dry_run = req.dry_run, "run created");
+    if let Some(from) = &req.continues {
+        // The link both ways: an entry on each run naming the other.
+        sup.audit(&id, Event::Continues { run: from.clone() }, false)?;
+        sup.audit(from, Event::ContinuedAs { run: id.clone() }, false)?;
+    }
 
     let mut held = Held {
         base_commit: Some(base.commit.clone()),
@@ -2023,6 +2038,7 @@ mod lifecycle_tests {
             repo_confidentiality: policies::Confidentiality::Private,
             dry_run: false,
             setup: None,
+            continues: None,
         }
     }
 

@@ -438,6 +438,7 @@ fn run_args(
     flag("max-tokens", s.max_tokens.map(|c| c.to_string()));
     flag("agent", s.agent.clone());
     flag("model", s.model.clone());
+    flag("continues", s.continues.clone());
     if s.dry_run {
         a.push("--dry-run".into());
     }
@@ -1530,6 +1531,7 @@ pub fn begin_foreground(
         dry_run: req.dry_run,
         retries: 0,
         command: req.command.clone(),
+        continues: req.continues.clone(),
     };
     let spec =
         serde_json::to_string(&spec).map_err(|e| ApiError::caused(ErrorKind::Internal, e))?;
@@ -2186,6 +2188,7 @@ mod tests {
             dry_run: false,
             retries: 0,
             command: vec!["true".into()],
+            continues: None,
         }
     }
 

@@ -202,6 +202,77 @@ pub fn render(s: &Summary) -> String {
     )
 }
 
+/// Most failures [`failures`] lists; the rest are counted.
+pub const MAX_FAILURES: usize = 20;
+/// Most characters of one failure's reason shown.
+pub const MAX_REASON_CHARS: usize = 300;
+
+/// A failed run or act and why, for the owner's own reading of the summary
+/// (`nightshift summary`). Never part of what is sent: a reason may quote
+/// what a destination or an agent-made name said (it is escaped where it
+/// is shown, and cut at [`MAX_REASON_CHARS`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Failure {
+    /// `run` or `act`.
+    pub kind: String,
+    pub id: String,
+    pub reason: String,
+}
+
+fn bounded(text: &str) -> String {
+    let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    match one_line.char_indices().nth(MAX_REASON_CHARS) {
+        Some((cut, _)) => format!("{}…", &one_line[..cut]),
+        None => one_line,
+    }
+}
+
+/// The runs among `run_ids` that did not end well and the acts that failed
+/// or wait to be tried again, each with its reason, at most
+/// [`MAX_FAILURES`] of them, and how many more there were.
+pub fn failures(
+    runs: &[RunRecord],
+    run_ids: &[String],
+    acts: &[(String, deferred_queue::State)],
+) -> (Vec<Failure>, usize) {
+    let mut all = Vec::new();
+    for r in runs.iter().filter(|r| run_ids.contains(&r.id)) {
+        if matches!(outcome(&r.status), "succeeded" | "running") {
+            continue;
+        }
+        let reason = match &r.reason {
+            Some(why) => format!("{}: {why}", r.status),
+            None => r.status.clone(),
+        };
+        all.push(Failure {
+            kind: "run".into(),
+            id: r.id.clone(),
+            reason: bounded(&reason),
+        });
+    }
+    for (id, state) in acts {
+        let reason = match state {
+            deferred_queue::State::Failed { reason, attempts } => {
+                format!("failed after {attempts} attempts: {reason}")
+            }
+            deferred_queue::State::AwaitingRetry {
+                attempts,
+                last_failure,
+                ..
+            } => format!("attempt {attempts} failed, to be tried again: {last_failure}"),
+            _ => continue,
+        };
+        all.push(Failure {
+            kind: "act".into(),
+            id: id.clone(),
+            reason: bounded(&reason),
+        });
+    }
+    let more = all.len().saturating_sub(MAX_FAILURES);
+    all.truncate(MAX_FAILURES);
+    (all, more)
+}
+
 /// What was sent last.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Sent {
@@ -464,6 +535,49 @@ mod tests {
         assert!(text.contains("acts waiting for you: 3"), "{text}");
         assert!(text.contains("audit chain: intact (9 entries)"), "{text}");
         assert!(text.contains("review: nightshift queue"), "{text}");
+    }
+
+    #[test]
+    fn failures_say_why_bounded_and_only_for_what_did_not_go_well() {
+        let mut failed = run("r1", "exited 1", "2026-01-01T01:00:00Z");
+        failed.reason = Some("history dropped:\nobject too large".into());
+        let fine = run("r2", "exited 0", "2026-01-01T01:00:00Z");
+        let mut long = run("r3", "killed: timeout 2s", "2026-01-01T01:00:00Z");
+        long.reason = Some("x".repeat(5000));
+        let ids: Vec<String> = ["r1", "r2", "r3"].map(String::from).to_vec();
+        let acts = vec![
+            (
+                "a1".to_string(),
+                deferred_queue::State::Failed {
+                    reason: "git: remote: hook declined".into(),
+                    attempts: 3,
+                },
+            ),
+            ("a2".to_string(), deferred_queue::State::Pending),
+        ];
+        let (f, more) = failures(&[failed, fine, long], &ids, &acts);
+        assert_eq!(more, 0);
+        let ids: Vec<&str> = f.iter().map(|f| f.id.as_str()).collect();
+        assert_eq!(ids, ["r1", "r3", "a1"]);
+        assert_eq!(f[0].reason, "exited 1: history dropped: object too large");
+        assert!(f[1].reason.chars().count() <= MAX_REASON_CHARS + 1);
+        assert_eq!(
+            f[2].reason,
+            "failed after 3 attempts: git: remote: hook declined"
+        );
+        let many: Vec<(String, deferred_queue::State)> = (0..30)
+            .map(|i| {
+                (
+                    format!("a{i}"),
+                    deferred_queue::State::Failed {
+                        reason: "no".into(),
+                        attempts: 1,
+                    },
+                )
+            })
+            .collect();
+        let (f, more) = failures(&[], &[], &many);
+        assert_eq!((f.len(), more), (MAX_FAILURES, 10));
     }
 
     #[test]

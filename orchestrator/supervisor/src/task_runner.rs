@@ -87,6 +87,7 @@ pub fn request(
         echo: false,
         dry_run: spec.dry_run,
         setup: config.setup_plan(&spec.repo),
+        continues: spec.continues.clone(),
     })
 }
 

@@ -79,6 +79,11 @@ pub struct TaskSpec {
     /// The agent command and its arguments (none with `agent`).
     #[serde(default)]
     pub command: Vec<String>,
+    /// The capped run this task continues (`nightshift continue`): set by
+    /// the supervisor, which audits the link on both runs when the task's
+    /// run is created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continues: Option<String>,
 }
 
 pub(crate) fn head() -> String {

@@ -346,6 +346,23 @@ pub enum ProtocolError {
     },
 }
 
+impl ProtocolError {
+    /// A fixed code for the error, safe to record and show (the message
+    /// may quote what the peer sent; the code never does).
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProtocolError::Frame { .. } => "oversized",
+            ProtocolError::Json { .. } => "malformed_json",
+            ProtocolError::MissingVersion { .. } => "no_version",
+            ProtocolError::Version { .. } => "wrong_version",
+            ProtocolError::Invalid { .. } => "invalid_field",
+            ProtocolError::EmptyResponse { .. } => "empty_response",
+            ProtocolError::OutOfOrder { .. } => "out_of_order",
+            ProtocolError::Truncated { .. } => "truncated",
+        }
+    }
+}
+
 impl From<ValidationError> for ProtocolError {
     fn from(source: ValidationError) -> Self {
         ProtocolError::Invalid { source }

@@ -371,6 +371,7 @@ pub fn handle<S: StateStore + ?Sized>(
             bytes,
             label: Some(label_text(door.content)),
             gate: seen.gate.clone(),
+            reason: matches!(answer, Response::Error { .. }).then(|| "gate_error".to_string()),
         },
         false,
     );
@@ -1944,6 +1945,41 @@ fn check_destination(dest: &Destinations, act: &Act) -> deferred_queue::Found {
     }
 }
 
+/// The reason codes of a request that never became one, with what each
+/// says: the audit records the code, the pages and `show` say the words.
+pub const REASONS: [(&str, &str); 12] = [
+    ("flood", "the run's door had answered its limit of requests"),
+    ("oversized", "its frame was over the size limit"),
+    ("malformed_json", "it was not the JSON the protocol expects"),
+    ("no_version", "it carried no protocol version"),
+    ("wrong_version", "it spoke another protocol version"),
+    ("invalid_field", "a field did not pass validation"),
+    ("empty_response", "it named nothing"),
+    (
+        "out_of_order",
+        "bytes followed the one request of its connection",
+    ),
+    (
+        "truncated",
+        "the connection closed before the whole request arrived",
+    ),
+    ("too_slow", "it did not arrive in time"),
+    ("pack", "its pack was refused, cut short or too slow"),
+    (
+        "gate_error",
+        "the supervisor could not take or bind it (its pack, its commit, the state)",
+    ),
+];
+
+/// The words for a reason code; an unknown code (an older entry) says so.
+pub fn reason_words(code: &str) -> &'static str {
+    REASONS
+        .iter()
+        .find(|(c, _)| *c == code)
+        .map(|(_, w)| *w)
+        .unwrap_or("a malformed request")
+}
+
 /// A door request the gate refused (or could not decide), as the audit
 /// recorded it: content-free.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -1956,6 +1992,22 @@ pub struct Refusal {
     pub verdict: String,
     /// The deciding rule (`nightshift:routing`, `nightshift:labels`, a rule id).
     pub rule: Option<String>,
+    /// Why a request that never became one was refused: its code (one of
+    /// [`REASONS`]; older entries have none).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+impl Refusal {
+    /// Who or what refused it, in words: the deciding rule, or the door's
+    /// reason for a request that never became one.
+    pub fn by(&self) -> String {
+        match (&self.rule, &self.reason) {
+            (Some(rule), _) => rule.clone(),
+            (None, Some(code)) => format!("the door: {} ({code})", reason_words(code)),
+            (None, None) => "the door (a malformed request)".to_string(),
+        }
+    }
 }
 
 /// The refused door requests of one run, or of every run, oldest first.
@@ -1972,6 +2024,8 @@ pub fn refusals(store: &dyn StateStore, run: Option<&str>) -> Result<Vec<Refusal
                 destination: text("destination"),
                 verdict: text("verdict").unwrap_or_default(),
                 rule: text("rule"),
+                // A fixed code: anything else (an entry not of ours) is not shown.
+                reason: text("reason").filter(|c| REASONS.iter().any(|(known, _)| known == c)),
             }
         })
         .collect())

@@ -40,6 +40,9 @@ pub struct PolicyView {
     /// The freeze in force: its reason and its authority.
     #[schema(value_type = Option<Vec<String>>)]
     pub frozen: Option<(String, String)>,
+    /// When the freeze in force began (RFC 3339), when recorded.
+    #[serde(default)]
+    pub frozen_at: Option<String>,
     /// The active rules as rows, `locked` being the lock state now.
     pub active: Vec<serde_json::Value>,
     /// Pending proposals: id and author.
@@ -249,6 +252,7 @@ pub fn policy_view(
         frozen: set
             .freeze()
             .map(|f| (f.reason.clone(), f.authority.to_string())),
+        frozen_at: set.freeze().and_then(|f| f.at.clone()),
         active,
         pending: set
             .pending()
@@ -586,9 +590,17 @@ impl Api {
                 .and_then(|s| s.review);
         let s = crate::summary::gather(&store, review.as_deref())
             .map_err(|e| ApiError::new(ErrorKind::State, nightshift_core::terminal::line(&e)))?;
+        let runs = store.runs()?;
+        let acts: Vec<(String, deferred_queue::State)> = crate::acts::rows(&store, None)?
+            .into_iter()
+            .map(|r| (r.act.id, r.state))
+            .collect();
+        let (failures, more_failures) = crate::summary::failures(&runs, &s.run_ids, &acts);
         Ok(Reply::Summary {
             text: crate::summary::render(&s),
             summary: serde_json::to_value(&s).unwrap_or_default(),
+            failures,
+            more_failures,
         })
     }
 

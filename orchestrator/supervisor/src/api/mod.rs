@@ -126,6 +126,17 @@ pub enum Command {
         #[schema(value_type = Vec<Object>)]
         tasks: Vec<TaskSpec>,
     },
+    /// Continue a run a cap ended (tokens, wall clock, output, worktree):
+    /// a new task from its result ref, with the same task text and agent
+    /// and these caps over the old ones; refused for any other run.
+    Continue {
+        run: String,
+        #[serde(default)]
+        max_tokens: Option<u64>,
+        /// A span (`30m`, `2h`).
+        #[serde(default)]
+        timeout: Option<String>,
+    },
     /// The run queue: queued, running and finished tasks.
     Tasks {},
     /// Cancel a queued task.
@@ -249,6 +260,7 @@ impl Command {
                 | Command::Thaw { .. }
                 | Command::Ratify { .. }
                 | Command::Enqueue { .. }
+                | Command::Continue { .. }
                 | Command::CancelTask { .. }
         )
     }
@@ -312,6 +324,15 @@ impl Caller {
         }
     }
 
+    /// Who asked, for a request anyone with the state may make (`continue`).
+    fn requester(&self) -> String {
+        match self {
+            Caller::Local => "command line".into(),
+            Caller::Socket => "command line via serve".into(),
+            Caller::Dashboard { user } => format!("dashboard:{user}"),
+        }
+    }
+
     /// Who pulled the brake, for a freeze's authority.
     fn freezer(&self) -> String {
         let user = || std::env::var("USER").unwrap_or_else(|_| "operator".into());
@@ -359,6 +380,13 @@ pub enum Reply {
     Queue(Box<QueueView>),
     Decisions {
         decisions: Vec<Decision>,
+    },
+    /// A capped run continued: the task that will run it, and the cap
+    /// that had ended it.
+    Continued {
+        run: String,
+        task: String,
+        cap: String,
     },
     Enqueued {
         tasks: Vec<String>,
@@ -414,6 +442,12 @@ pub enum Reply {
         summary: serde_json::Value,
         /// The summary as it is sent.
         text: String,
+        /// The failed runs and acts with their reasons (shown here, never
+        /// sent: see `summary::Failure`), and how many more there were.
+        #[serde(default)]
+        failures: Vec<crate::summary::Failure>,
+        #[serde(default)]
+        more_failures: usize,
     },
     SummarySent {
         runs: usize,
@@ -764,6 +798,7 @@ impl Api {
                     policies::Row::Freeze {
                         authority: caller.freezer(),
                         reason: why,
+                        at: Some(nightshift_core::state_store::now_rfc3339()),
                     },
                 )?;
                 Ok(Reply::Frozen)
@@ -848,7 +883,18 @@ impl Api {
                 acts,
                 owner_key_file,
             } => self.decide(&acts, owner_key_file.as_deref(), Decide::Rebind, caller),
+            Command::Continue {
+                run,
+                max_tokens,
+                timeout,
+            } => self.continue_run(&run, max_tokens, timeout, caller),
             Command::Enqueue { tasks } => {
+                if tasks.iter().any(|t| t.continues.is_some()) {
+                    return Err(ApiError::new(
+                        ErrorKind::BadInput,
+                        "`continues` is set by `nightshift continue RUN` only",
+                    ));
+                }
                 let config = self.load_config()?;
                 let mut store = self.open_store()?;
                 let ids = tasks::enqueue(&mut store, &config, &tasks)?;
@@ -862,6 +908,55 @@ impl Api {
                 Ok(Reply::Cancelled { task })
             }
         }
+    }
+
+    /// `nightshift continue`: the decision is `continuation`'s; the task
+    /// goes in through the queue's one path, and the request is audited on
+    /// the capped run (the new run's creation audits the link both ways).
+    fn continue_run(
+        &self,
+        id: &str,
+        max_tokens: Option<u64>,
+        timeout: Option<String>,
+        caller: &Caller,
+    ) -> Result<Reply, ApiError> {
+        if let Some(t) = &timeout {
+            nightshift_core::config::parse_span(t)
+                .map_err(|e| ApiError::new(ErrorKind::BadInput, format!("timeout: {e}")))?;
+        }
+        if max_tokens == Some(0) {
+            return Err(ApiError::new(
+                ErrorKind::BadInput,
+                "max_tokens must be a positive number",
+            ));
+        }
+        let config = self.load_config()?;
+        let mut store = self.open_store()?;
+        let run = store.run(id)?;
+        let queued = tasks::list(&store)?;
+        let caps = crate::continuation::NewCaps {
+            max_tokens,
+            timeout,
+        };
+        let (spec, cap) = crate::continuation::continuation(&run, &queued, &caps)
+            .map_err(|why| ApiError::new(ErrorKind::Failed, why))?;
+        let task = tasks::enqueue(&mut store, &config, &[spec])?
+            .pop()
+            .unwrap_or_default();
+        store.append(
+            Some(&run.id),
+            &nightshift_core::audit_log::Event::ContinueQueued {
+                task: task.clone(),
+                cap: cap.to_string(),
+                by: caller.requester(),
+            },
+            false,
+        )?;
+        Ok(Reply::Continued {
+            run: run.id,
+            task,
+            cap: cap.to_string(),
+        })
     }
 
     fn queue(&self) -> Result<Reply, ApiError> {

@@ -71,6 +71,9 @@ pub struct RunOrder {
     /// configuration's `[[setup]]` command for the repository (its other
     /// settings kept).
     pub setup: Option<String>,
+    /// The capped run this run continues (a dispatcher's child for a
+    /// continuation task: `--continues`).
+    pub continues: Option<String>,
 }
 
 /// The caps one run asks for.
@@ -243,6 +246,7 @@ impl Prepared {
             caps: self.caps,
             echo: order.echo,
             dry_run: order.dry_run,
+            continues: order.continues,
         };
         (self.config, req)
     }
