@@ -27,21 +27,23 @@ ROUNDS=${ROUNDS:-3}
 ways="stream parsed${SNAPSHOT:+ snapshot}"
 for ((round = 1; round <= ROUNDS; round++)); do
   for how in $ways; do
-    /usr/bin/time -f "%e %M" -o "$state/time.txt" "$bin/examples/verify_chain" "$state" "$how"
-    read -r wall kib <"$state/time.txt"
-    echo "$wall $kib" >>"$state/$how.txt"
+    /usr/bin/time -f "%e %M %U %S" -o "$state/time.txt" "$bin/examples/verify_chain" "$state" "$how"
+    read -r wall kib user sys <"$state/time.txt"
+    echo "$wall $kib $(echo "$user + $sys" | bc)" >>"$state/$how.txt"
   done
 done
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); $ROUNDS rounds, medians"
-echo "| walk | wall | peak resident | wall / stream |"
-echo "|---|---:|---:|---:|"
+echo "| walk | wall | CPU (user + system) | peak resident | wall / stream | CPU / stream |"
+echo "|---|---:|---:|---:|---:|---:|"
 read -r base < <(cut -d' ' -f1 "$state/stream.txt" | median)
+read -r cbase < <(cut -d' ' -f3 "$state/stream.txt" | median)
 for how in $ways; do
   read -r wall < <(cut -d' ' -f1 "$state/$how.txt" | median)
   read -r kib < <(cut -d' ' -f2 "$state/$how.txt" | median)
-  awk -v h="$how" -v w="$wall" -v k="$kib" -v b="$base" \
-    'BEGIN { printf "| %s | %.2f s | %.0f MiB | %.2f× |\n", h, w, k / 1024, w / b }'
+  read -r cpu < <(cut -d' ' -f3 "$state/$how.txt" | median)
+  awk -v h="$how" -v w="$wall" -v k="$kib" -v b="$base" -v c="$cpu" -v cb="$cbase" \
+    'BEGIN { printf "| %s | %.2f s | %.2f s | %.0f MiB | %.2f× | %.2f× |\n", h, w, c, k / 1024, w / b, c / cb }'
 done
 for round in 1 2; do
   echo "round $round:"

@@ -3,7 +3,8 @@
 //! recognised from the raw arguments before anything else is built: no
 //! clap command tree, no async runtime. What the check then does is the
 //! full path's own code (`store_setting`, `build_stores`, `policy_check`
-//! in `main.rs`): only the parsing of the command line is apart.
+//! in `main.rs`): the parsing of the command line is all that is apart
+//! (`tests/tests/hook_host.rs::the_lean_entry_point_and_the_full_command_line_answer_alike`).
 //!
 //! Invariants:
 //! - A command line is taken here only when clap would read it the same
