@@ -316,22 +316,12 @@ pub fn check_on_load(
     let mut entries_stored = None;
     let checked = match &todo {
         Plan::Known => None,
-        Plan::Whole(_) => Some(match store.audit_snapshot() {
-            Ok(snap) => {
-                walked = snap.entries.len() as u64;
-                entries_stored = Some(walked);
-                Checked {
-                    whole: true,
-                    result: walk_whole(store, &snap, begun.known.as_ref()),
-                    at: now_rfc3339(),
-                }
-            }
-            Err(e) => Checked {
-                whole: true,
-                result: Err((e.to_string(), None)),
-                at: now_rfc3339(),
-            },
-        }),
+        Plan::Whole(_) => {
+            let (c, n) = whole_check(store, begun.known.as_ref());
+            walked = n;
+            entries_stored = Some(n);
+            Some(c)
+        }
         Plan::After(from) => Some(match store.audit_snapshot_from(from.seq) {
             Ok(snap) => {
                 walked = snap.entries.len() as u64;
@@ -392,7 +382,20 @@ pub fn check_on_load(
     )
 }
 
+/// The whole walk: streamed (memory bounded whatever the chain's length);
+/// a chain that does not verify is read whole and walked again, so that
+/// what is reported of it (the entries stored among them) is what it was.
 fn whole_check(store: &dyn StateStore, known: Option<&Checkpoint>) -> (Checked, u64) {
+    if let Ok(Ok((v, last))) = nightshift_core::state_store::verify_log_since(store, known) {
+        return (
+            Checked {
+                whole: true,
+                result: Ok(last),
+                at: now_rfc3339(),
+            },
+            v.entries,
+        );
+    }
     match store.audit_snapshot() {
         Ok(snap) => (
             Checked {

@@ -24,6 +24,8 @@ use orchestrator::store::SqliteBackend;
 use orchestrator::terminal;
 use orchestrator::{demo, image};
 
+mod fast;
+
 // Everything a command prints goes through `orchestrator::terminal` (its
 // note says why): agent-made values through `line` / `block` first.
 macro_rules! outln {
@@ -688,6 +690,17 @@ struct RunArgs {
 }
 
 fn main() -> ExitCode {
+    // The hook every agent tool call pays, and `--version`: answered
+    // before the command tree, the runtime or anything else is built.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    match fast::parse(&args, |k| std::env::var_os(k)) {
+        Some(fast::Fast::Version) => {
+            outln!("nightshift {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Some(fast::Fast::Check(check)) => return fast_check(check),
+        None => {}
+    }
     let cli = Cli::parse();
     // The processes this one starts (the watchdog, queued runs, a lease's
     // host end) use the same store: set before any thread is started.
@@ -714,6 +727,41 @@ fn main() -> ExitCode {
     ExitCode::from(code as u8)
 }
 
+/// `policy check` through the lean entry point (`fast`): the same steps as
+/// `dispatch` takes for it (the store's setting, the store, the API, the
+/// check), without the runtime `dispatch` runs on.
+fn fast_check(check: fast::Check) -> ExitCode {
+    if let Some(url) = &check.store {
+        std::env::set_var("NIGHTSHIFT_STORE", url);
+    }
+    install_log(LogFormat::Text);
+    let root = state_root(check.state_dir.as_ref());
+    let code = (|| {
+        let (setting, _) = store_setting(
+            &root,
+            check.config.as_deref(),
+            check.store.as_ref(),
+            check.store_file.as_ref(),
+        )?;
+        let stores = build_stores(&root, setting.as_ref().map(|s| s.value.as_str()))?;
+        let api = Api::new(stores, check.config.clone());
+        Ok::<i32, i32>(policy_check(
+            &api,
+            check.rules,
+            CheckArgs {
+                actor: check.actor,
+                tool: check.tool,
+                args_json: check.args_json,
+            },
+        ))
+    })()
+    .unwrap_or_else(|code| code);
+    if code == exit::OK && orchestrator::terminal::stdout_failed() {
+        return ExitCode::from(exit::INTERNAL as u8);
+    }
+    ExitCode::from(code as u8)
+}
+
 /// The log, to stderr, filtered by NIGHTSHIFT_LOG (default: warnings):
 /// each event one line, through a writer that escapes what an agent could
 /// have put in a field (see `terminal`).
@@ -733,8 +781,8 @@ fn install_log(format: LogFormat) {
 /// The state directory, made absolute against the working directory (it is
 /// mounted into sandboxes and handed to child processes, which need a
 /// path that means the same from anywhere).
-fn state_root(cli: &Cli) -> PathBuf {
-    let root = cli.state_dir.clone().unwrap_or_else(|| {
+fn state_root(state_dir: Option<&PathBuf>) -> PathBuf {
+    let root = state_dir.cloned().unwrap_or_else(|| {
         directories::ProjectDirs::from("", "", "nightshift")
             .map(|d| d.data_dir().to_path_buf())
             .unwrap_or_else(|| PathBuf::from(".nightshift"))
@@ -768,23 +816,32 @@ async fn connect() -> Result<Engine, i32> {
     })
 }
 
-async fn dispatch(cli: Cli) -> i32 {
-    let root = state_root(&cli);
-    let config = cli.config.clone();
+/// The store's setting (where `--store` / `NIGHTSHIFT_STORE`, the
+/// configuration's `[store] url` or `NIGHTSHIFT_STORE_FILE` put it) and
+/// the URL read from that file, if it was read: shared by the whole
+/// command line and `policy check`'s lean entry point (`fast`).
+fn store_setting(
+    root: &std::path::Path,
+    config: Option<&std::path::Path>,
+    store: Option<&String>,
+    store_file: Option<&PathBuf>,
+) -> Result<(Option<commands::hosted::Setting>, Option<String>), i32> {
     // `--store` or `NIGHTSHIFT_STORE`, else the configuration's `[store] url`.
-    let configured = match &cli.store {
+    let configured = match store {
         Some(_) => None,
         None => {
             // Only `[store] url` is read here: a configuration broken
             // elsewhere is reported by the commands that use it, as before.
-            let path = config.clone().unwrap_or_else(|| root.join("config.toml"));
+            let path = config
+                .map(PathBuf::from)
+                .unwrap_or_else(|| root.join("config.toml"));
             std::fs::read_to_string(&path)
                 .ok()
                 .and_then(|text| text.parse::<toml::Table>().ok())
                 .and_then(|t| t.get("store")?.get("url")?.as_str().map(str::to_string))
         }
     };
-    let from_file = match (&cli.store, &configured, &cli.store_file) {
+    let from_file = match (store, &configured, store_file) {
         (None, None, Some(file)) => match std::fs::read_to_string(file) {
             Ok(text) => Some(text.trim().to_string()),
             Err(e) => {
@@ -792,12 +849,12 @@ async fn dispatch(cli: Cli) -> i32 {
                     "nightshift: reading the store's URL from {} (NIGHTSHIFT_STORE_FILE): {e}",
                     terminal::line(&file.display().to_string())
                 );
-                return exit::BAD_INPUT;
+                return Err(exit::BAD_INPUT);
             }
         },
         _ => None,
     };
-    let store_setting = match (&cli.store, &configured, &from_file) {
+    let setting = match (store, &configured, &from_file) {
         (Some(url), _, _) => Some(commands::hosted::Setting {
             value: url.clone(),
             from: "--store / NIGHTSHIFT_STORE".into(),
@@ -807,7 +864,7 @@ async fn dispatch(cli: Cli) -> i32 {
             from: format!(
                 "[store] url in {}",
                 config
-                    .clone()
+                    .map(PathBuf::from)
                     .unwrap_or_else(|| root.join("config.toml"))
                     .display()
             ),
@@ -817,6 +874,21 @@ async fn dispatch(cli: Cli) -> i32 {
             from: "NIGHTSHIFT_STORE_FILE".into(),
         }),
         _ => None,
+    };
+    Ok((setting, from_file))
+}
+
+async fn dispatch(cli: Cli) -> i32 {
+    let root = state_root(cli.state_dir.as_ref());
+    let config = cli.config.clone();
+    let (store_setting, from_file) = match store_setting(
+        &root,
+        config.as_deref(),
+        cli.store.as_ref(),
+        cli.store_file.as_ref(),
+    ) {
+        Ok(s) => s,
+        Err(code) => return code,
     };
     let stores = match build_stores(&root, store_setting.as_ref().map(|s| s.value.as_str())) {
         Ok(s) => s,

@@ -304,3 +304,77 @@ fn an_empty_rules_directory_is_said_once_and_listed_as_binding_nothing() {
     let doc: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(doc["hook"]["binding"], serde_json::json!([]));
 }
+
+/// `policy check` is answered by the binary's lean entry point (no clap
+/// tree, no runtime: `orchestrator/src/fast.rs`) when its command line is
+/// plain, and by the full command line otherwise (here forced by writing
+/// the flags `--flag=value`): over generated calls, both give the same exit
+/// code, the same output and the same audit entries.
+#[test]
+fn the_lean_entry_point_and_the_full_command_line_answer_alike() {
+    let state = made_state();
+    let scratch = tempfile::tempdir().unwrap();
+    let rules = rm_rules(scratch.path(), "agent-*");
+    let actors = ["agent-a", "other", "agent-b/x"];
+    let tools = ["Bash", "-", "push", "Write"];
+    let inputs = [
+        RM_RF.to_string(),
+        r#"{"command":"ls -la"}"#.to_string(),
+        r#"{"command":"rm -rf /"}"#.to_string(),
+        r#"{"remote":"origin","ref":"refs/heads/main","force":true}"#.to_string(),
+        r#"{"remote":"origin","ref":"refs/heads/feature"}"#.to_string(),
+        "not json".to_string(),
+        String::new(),
+        format!(r#"{{"command":"{}"}}"#, "x".repeat(300_000)),
+    ];
+    // A small linear congruential walk over the combinations.
+    let mut x: u64 = 0x5eed;
+    let mut seen_codes = std::collections::BTreeSet::new();
+    for case in 0..40 {
+        x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let actor = actors[(x >> 33) as usize % actors.len()];
+        let tool = tools[(x >> 40) as usize % tools.len()];
+        let input = &inputs[(x >> 48) as usize % inputs.len()];
+        let with_rules = (x >> 20) % 3 != 0;
+        let run = |lean: bool| {
+            let before = decisions(&state).len();
+            let mut c = state.cmd();
+            c.arg("policy");
+            if with_rules {
+                if lean {
+                    c.arg("--rules").arg(&rules);
+                } else {
+                    c.arg(format!("--rules={}", rules.display()));
+                }
+            }
+            c.arg("check");
+            if lean {
+                c.args(["--actor", actor, "--tool", tool, "--args-json", "-"]);
+            } else {
+                c.args([
+                    format!("--actor={actor}"),
+                    format!("--tool={tool}"),
+                    "--args-json=-".into(),
+                ]);
+            }
+            let out = with_stdin(c, input.as_bytes());
+            let audited: Vec<_> = decisions(&state).split_off(before);
+            (out.status.code(), out.stdout, stderr(&out), audited)
+        };
+        let lean = run(true);
+        let full = run(false);
+        assert_eq!(
+            lean, full,
+            "case {case}: actor {actor}, tool {tool}, rules {with_rules}, input {:.80}",
+            input
+        );
+        seen_codes.insert(lean.0);
+    }
+    // Both answers were seen: allowed and refused.
+    assert!(
+        seen_codes.contains(&Some(0)) && seen_codes.contains(&Some(2)),
+        "{seen_codes:?}"
+    );
+}

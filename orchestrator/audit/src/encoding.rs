@@ -46,18 +46,14 @@ pub(crate) fn genesis_hash(log: &LogId) -> String {
 
 pub(crate) fn entry_hash(log: &LogId, fields: Hashed<'_>) -> Result<String, NotCanonical> {
     let mut buf = Vec::new();
-    put_bytes(&mut buf, ENTRY_DOMAIN);
-    put_bytes(&mut buf, log.0.as_bytes());
-    buf.extend_from_slice(&fields.seq.to_be_bytes());
-    put_bytes(&mut buf, fields.time.as_bytes());
-    put_bytes(&mut buf, fields.kind.as_bytes());
-    match fields.run {
-        None => buf.push(0),
-        Some(run) => {
-            buf.push(1);
-            put_bytes(&mut buf, run.as_bytes());
-        }
-    }
+    put_head(
+        &mut buf,
+        log,
+        fields.seq,
+        fields.time,
+        fields.kind,
+        fields.run,
+    );
     put_object(&mut buf, fields.body).map_err(|mut path| {
         // The path was gathered from the offending value outwards.
         path.reverse();
@@ -65,8 +61,36 @@ pub(crate) fn entry_hash(log: &LogId, fields: Hashed<'_>) -> Result<String, NotC
             pointer: path.iter().map(|seg| format!("/{seg}")).collect(),
         }
     })?;
-    put_bytes(&mut buf, fields.prev.as_bytes());
+    put_prev(&mut buf, fields.prev);
     Ok(hex::encode(Sha256::digest(&buf)))
+}
+
+/// The encoding's items before the body.
+pub(crate) fn put_head(
+    buf: &mut Vec<u8>,
+    log: &LogId,
+    seq: u64,
+    time: &str,
+    kind: &str,
+    run: Option<&str>,
+) {
+    put_bytes(buf, ENTRY_DOMAIN);
+    put_bytes(buf, log.0.as_bytes());
+    buf.extend_from_slice(&seq.to_be_bytes());
+    put_bytes(buf, time.as_bytes());
+    put_bytes(buf, kind.as_bytes());
+    match run {
+        None => buf.push(0),
+        Some(run) => {
+            buf.push(1);
+            put_bytes(buf, run.as_bytes());
+        }
+    }
+}
+
+/// The encoding's item after the body.
+pub(crate) fn put_prev(buf: &mut Vec<u8>, prev: &str) {
+    put_bytes(buf, prev.as_bytes());
 }
 
 fn put_len(buf: &mut Vec<u8>, len: usize) {

@@ -78,7 +78,10 @@
 #![forbid(unsafe_code)]
 
 mod encoding;
+mod text;
 mod verify;
+
+pub use text::RawEntry;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};

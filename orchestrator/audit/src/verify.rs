@@ -11,6 +11,7 @@
 use std::borrow::Cow;
 
 use crate::encoding::{self, Hashed};
+use crate::text::{self, RawEntry};
 use crate::{genesis, Checkpoint, Entry, LogId};
 
 /// A chain that verified.
@@ -189,6 +190,15 @@ struct Walker<'a> {
     recent: Vec<u64>,
 }
 
+/// The fields of an entry the walk compares (its seal judged apart).
+#[derive(Debug, Clone, Copy)]
+struct Link<'e> {
+    seq: u64,
+    time: &'e str,
+    prev: &'e str,
+    hash: &'e str,
+}
+
 fn digest64(hash: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -259,6 +269,19 @@ impl<'a> Walker<'a> {
     /// its hash is its contents' under this log), so seals can be judged
     /// apart, on other threads.
     fn push_judged(&mut self, entry: &Entry, sealed: bool) -> Result<(), VerifyError> {
+        self.push_link(
+            Link {
+                seq: entry.seq,
+                time: &entry.time,
+                prev: &entry.prev,
+                hash: &entry.hash,
+            },
+            sealed,
+        )
+    }
+
+    /// [`Walker::push_judged`] over the fields the walk compares.
+    fn push_link(&mut self, entry: Link<'_>, sealed: bool) -> Result<(), VerifyError> {
         self.position += 1;
         let position = self.position;
         let bad = |reason| VerifyError::Entry {
@@ -266,7 +289,7 @@ impl<'a> Walker<'a> {
             reason,
         };
         if entry.seq != position {
-            if entry.seq < position && self.recent_at(entry.seq) == Some(digest64(&entry.hash)) {
+            if entry.seq < position && self.recent_at(entry.seq) == Some(digest64(entry.hash)) {
                 return Err(bad(BadEntry::Duplicate { of: entry.seq }));
             }
             return Err(bad(BadEntry::WrongSequence { found: entry.seq }));
@@ -291,9 +314,9 @@ impl<'a> Walker<'a> {
             self.next += 1;
         }
         self.prev.clear();
-        self.prev.push_str(&entry.hash);
+        self.prev.push_str(entry.hash);
         let slot = self.slot(position);
-        let d = digest64(&entry.hash);
+        let d = digest64(entry.hash);
         if slot < self.recent.len() {
             self.recent[slot] = d;
         } else {
@@ -331,6 +354,8 @@ pub struct StreamVerifier {
     walker: Walker<'static>,
     head: Option<Checkpoint>,
     head_mismatch: bool,
+    /// Scratch for [`StreamVerifier::push_raw`]'s encoding.
+    scratch: Vec<u8>,
 }
 
 impl StreamVerifier {
@@ -352,7 +377,32 @@ impl StreamVerifier {
             ),
             head,
             head_mismatch: false,
+            scratch: Vec::new(),
         })
+    }
+
+    /// The next entry as stored (its body the JSON text), in stored order:
+    /// the same verdict as [`StreamVerifier::push`] of the entry parsed
+    /// from it, without building the body. `None` (nothing judged, nothing
+    /// changed) when the body's text is not one this can hash with
+    /// certainty (see `text`'s note): push the parsed entry instead.
+    pub fn push_raw(&mut self, raw: &RawEntry<'_>) -> Option<Result<(), VerifyError>> {
+        let digest = text::entry_hash_from_text(&self.walker.log, raw, &mut self.scratch)?;
+        let mut hex = [0u8; 64];
+        // 64 bytes is exactly a SHA-256's hex.
+        let sealed =
+            hex::encode_to_slice(digest, &mut hex).is_ok() && hex[..] == *raw.hash.as_bytes();
+        let link = Link {
+            seq: raw.seq,
+            time: raw.time,
+            prev: raw.prev,
+            hash: raw.hash,
+        };
+        if let Err(e) = self.walker.push_link(link, sealed) {
+            return Some(Err(e));
+        }
+        self.check_head_link(link);
+        Some(Ok(()))
     }
 
     /// The next entry, in stored order. After an error, push no more.
@@ -393,6 +443,15 @@ impl StreamVerifier {
     }
 
     fn check_head_at(&mut self, entry: &Entry) {
+        self.check_head_link(Link {
+            seq: entry.seq,
+            time: &entry.time,
+            prev: &entry.prev,
+            hash: &entry.hash,
+        });
+    }
+
+    fn check_head_link(&mut self, entry: Link<'_>) {
         if let Some(head) = &self.head {
             if head.seq == entry.seq && (entry.hash != head.hash || entry.time != head.time) {
                 self.head_mismatch = true;

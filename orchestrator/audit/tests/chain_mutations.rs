@@ -10,8 +10,8 @@
 //! never generated: it is undetectable by design (see the crate note).
 
 use orchestrator_audit::{
-    checkpoint, seal, verify, verify_after, BadEntry, Checkpoint, Entry, LogId, SealError,
-    StreamVerifier, Verified, VerifyError,
+    checkpoint, seal, verify, verify_after, BadEntry, Checkpoint, Entry, LogId, RawEntry,
+    SealError, StreamVerifier, Verified, VerifyError,
 };
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -535,6 +535,29 @@ proptest! {
             v.finish()
         });
         prop_assert_eq!(&streamed, &verify(&log, &entries, &cps));
+        // And from the stored text (the body as JSON, not parsed), as
+        // `audit verify` reads SQLite: the same verdict, and the text path
+        // taken for every entry whose body a store would have written.
+        let from_text = StreamVerifier::new(&log, cps.clone(), None).and_then(|mut v| {
+            for e in &entries {
+                let body = serde_json::to_string(&e.body).unwrap_or_default();
+                let raw = RawEntry {
+                    seq: e.seq,
+                    time: &e.time,
+                    kind: &e.kind,
+                    run: e.run.as_deref(),
+                    body: &body,
+                    prev: &e.prev,
+                    hash: &e.hash,
+                };
+                match v.push_raw(&raw) {
+                    Some(judged) => judged?,
+                    None => v.push(e)?,
+                }
+            }
+            v.finish()
+        });
+        prop_assert_eq!(&from_text, &verify(&log, &entries, &cps));
 
         match verify(&log, &entries, &cps) {
             Err(VerifyError::Entry { seq, reason }) => {

@@ -419,21 +419,54 @@ pub trait AuditLog {
 
 /// Verifies the whole chain of `log` as `audit verify` does
 /// ([`orchestrator_audit::verify_with_head`]'s verdict), streamed through
-/// [`AuditLog::visit_audit`]: memory bounded by the checkpoints, one entry
-/// and a ring of recent digests, whatever the chain's length. The outer
-/// error is the store's; the inner one the chain's.
+/// [`AuditLog::visit_audit`]: memory bounded by the checkpoints, one batch
+/// of entries and a ring of recent digests, whatever the chain's length.
+/// The outer error is the store's; the inner one the chain's.
 pub fn verify_log<L: AuditLog + ?Sized>(
     log: &L,
 ) -> Result<Result<orchestrator_audit::Verified, orchestrator_audit::VerifyError>, StoreError> {
+    Ok(walk_log(log, None)?.map(|(verified, _)| verified))
+}
+
+/// [`verify_log`], and then `known` (an entry verified earlier: its seq,
+/// hash and time; ignored at seq 0, an empty log) must still be in the
+/// chain as it was (else [`orchestrator_audit::BadEntry::StartMismatch`]
+/// at its seq, so a chain rewritten and re-sealed from the start is not
+/// taken for a good one). On success, also the last entry's checkpoint
+/// (seq 0, the genesis hash and no time for an empty log): where a later
+/// [`orchestrator_audit::verify_after`] can start. What the dashboard's
+/// whole walk is, in the same bounded memory.
+pub fn verify_log_since<L: AuditLog + ?Sized>(
+    log: &L,
+    known: Option<&Checkpoint>,
+) -> Result<
+    Result<(orchestrator_audit::Verified, Checkpoint), orchestrator_audit::VerifyError>,
+    StoreError,
+> {
+    walk_log(log, known.filter(|k| k.seq > 0))
+}
+
+#[allow(clippy::type_complexity)]
+fn walk_log<L: AuditLog + ?Sized>(
+    log: &L,
+    known: Option<&Checkpoint>,
+) -> Result<
+    Result<(orchestrator_audit::Verified, Checkpoint), orchestrator_audit::VerifyError>,
+    StoreError,
+> {
     /// Entries judged together (their seals on every core at once).
     const BATCH: usize = 4096;
-    struct Verifying {
+    struct Verifying<'k> {
         log: LogId,
         state: Option<Result<orchestrator_audit::StreamVerifier, orchestrator_audit::VerifyError>>,
         batch: Vec<Entry>,
         threads: usize,
+        known: Option<&'k Checkpoint>,
+        known_seen: bool,
+        /// The time of the last entry handed over.
+        last_time: String,
     }
-    impl Verifying {
+    impl Verifying<'_> {
         fn flush(&mut self) -> bool {
             let Some(Ok(v)) = &mut self.state else {
                 self.batch.clear();
@@ -449,8 +482,17 @@ pub fn verify_log<L: AuditLog + ?Sized>(
                 }
             }
         }
+        fn arrived(&mut self, seq: u64, hash: &str, time: &str) {
+            if let Some(k) = self.known {
+                if k.seq == seq && k.hash == hash && k.time == time {
+                    self.known_seen = true;
+                }
+            }
+            self.last_time.clear();
+            self.last_time.push_str(time);
+        }
     }
-    impl AuditVisitor for Verifying {
+    impl AuditVisitor for Verifying<'_> {
         fn begin(&mut self, head: Option<Checkpoint>, checkpoints: Vec<Checkpoint>) -> bool {
             let v = orchestrator_audit::StreamVerifier::new(&self.log, checkpoints, head);
             let go = v.is_ok();
@@ -458,8 +500,28 @@ pub fn verify_log<L: AuditLog + ?Sized>(
             go
         }
         fn entry(&mut self, entry: Entry) -> bool {
+            self.arrived(entry.seq, &entry.hash, &entry.time);
             self.batch.push(entry);
             self.batch.len() < BATCH || self.flush()
+        }
+        /// Hashed from the stored text, no body built: the walk's cost.
+        fn raw_entry(&mut self, entry: &orchestrator_audit::RawEntry<'_>) -> Option<bool> {
+            // In order: what came parsed before this is judged first.
+            if !self.batch.is_empty() && !self.flush() {
+                return Some(false);
+            }
+            let Some(Ok(v)) = &mut self.state else {
+                return Some(false);
+            };
+            let judged = v.push_raw(entry)?;
+            self.arrived(entry.seq, entry.hash, entry.time);
+            match judged {
+                Ok(()) => Some(true),
+                Err(e) => {
+                    self.state = Some(Err(e));
+                    Some(false)
+                }
+            }
         }
     }
     let mut visiting = Verifying {
@@ -467,12 +529,15 @@ pub fn verify_log<L: AuditLog + ?Sized>(
         state: None,
         batch: Vec::with_capacity(BATCH),
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        known,
+        known_seen: false,
+        last_time: String::new(),
     };
     log.visit_audit(0, &mut visiting)?;
     if !visiting.batch.is_empty() {
         visiting.flush();
     }
-    Ok(match visiting.state {
+    let verified = match visiting.state {
         Some(Ok(v)) => v.finish(),
         Some(Err(e)) => Err(e),
         None => {
@@ -481,7 +546,23 @@ pub fn verify_log<L: AuditLog + ?Sized>(
                 message: "the store handed over no head or checkpoints".into(),
             })
         }
-    })
+    };
+    Ok(verified.and_then(|v| {
+        if let Some(k) = known {
+            if !visiting.known_seen {
+                return Err(orchestrator_audit::VerifyError::Entry {
+                    seq: k.seq,
+                    reason: orchestrator_audit::BadEntry::StartMismatch,
+                });
+            }
+        }
+        let last = Checkpoint {
+            seq: v.entries,
+            hash: v.head.clone(),
+            time: visiting.last_time,
+        };
+        Ok((v, last))
+    }))
 }
 
 /// What [`AuditLog::visit_audit`] hands the log to: `Send`, so a store may
@@ -491,6 +572,14 @@ pub trait AuditVisitor: Send {
     fn begin(&mut self, head: Option<Checkpoint>, checkpoints: Vec<Checkpoint>) -> bool;
     /// The next entry, in order; false stops.
     fn entry(&mut self, entry: Entry) -> bool;
+    /// The next entry as stored (its body JSON text, borrowed from the
+    /// row), for a store that can hand it over so: `Some(go on)` when the
+    /// visitor took it, `None` when it did not (nothing taken), and the
+    /// store then parses it and hands it to [`AuditVisitor::entry`]. The
+    /// default takes none.
+    fn raw_entry(&mut self, _entry: &orchestrator_audit::RawEntry<'_>) -> Option<bool> {
+        None
+    }
 }
 
 /// The queue of acts awaiting the owner, and dry runs' acts.

@@ -1141,11 +1141,20 @@ impl Store {
                 "SELECT seq, time, kind, run, body, prev, hash FROM audit WHERE seq >= ?1 ORDER BY seq",
             )
             .map_err(sql("reading the audit log"))?;
-        let rows = stmt
-            .query_map(params![i64::try_from(from).unwrap_or(i64::MAX)], row_to_raw)
+        let mut rows = stmt
+            .query(params![i64::try_from(from).unwrap_or(i64::MAX)])
             .map_err(sql("reading the audit log"))?;
-        for row in rows {
-            let entry = raw_to_entry(row.map_err(sql("reading the audit log"))?)?;
+        while let Some(row) = rows.next().map_err(sql("reading the audit log"))? {
+            // Borrowed from the row as it is stored, for a visitor that
+            // can take it so; anything not plainly text goes the parsed way.
+            if let Some(raw) = row_as_raw_entry(row) {
+                match visitor.raw_entry(&raw) {
+                    Some(true) => continue,
+                    Some(false) => break,
+                    None => {}
+                }
+            }
+            let entry = raw_to_entry(row_to_raw(row).map_err(sql("reading the audit log"))?)?;
             if !visitor.entry(entry) {
                 break;
             }
@@ -1398,6 +1407,25 @@ fn row_to_raw(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         r.get(5)?,
         r.get(6)?,
     ))
+}
+
+/// An audit row's columns borrowed as they are stored, when each is what
+/// [`row_to_raw`] reads (an integer seq at least 0, text, null for no run).
+fn row_as_raw_entry<'r>(r: &'r rusqlite::Row<'_>) -> Option<orchestrator_audit::RawEntry<'r>> {
+    let text = |i: usize| r.get_ref(i).ok()?.as_str().ok();
+    let run = match r.get_ref(3).ok()? {
+        rusqlite::types::ValueRef::Null => None,
+        v => Some(v.as_str().ok()?),
+    };
+    Some(orchestrator_audit::RawEntry {
+        seq: u64::try_from(r.get_ref(0).ok()?.as_i64().ok()?).ok()?,
+        time: text(1)?,
+        kind: text(2)?,
+        run,
+        body: text(4)?,
+        prev: text(5)?,
+        hash: text(6)?,
+    })
 }
 
 fn raw_to_entry(raw: RawRow) -> Result<Entry, StoreError> {
