@@ -31,3 +31,4 @@ pub mod setup;
 pub mod summary;
 pub mod task_runner;
 pub mod tasks;
+pub mod wake;

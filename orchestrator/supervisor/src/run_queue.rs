@@ -174,26 +174,6 @@ pub struct DispatchOptions {
     pub lease_secs: i64,
 }
 
-/// This process's dispatchers' wake-up: a counter that every change to the
-/// queue made in this process moves ([`wake_dispatchers`]: an enqueue, a
-/// continuation, a cancel, a thaw, a kill, through the API, the dashboard
-/// or `serve`'s socket), and that a run in process moves when it ends, so
-/// that a dispatcher acts on it at once instead of at its next poll. A
-/// watch, not a notify: a change made while a dispatcher is busy is seen
-/// when it next waits, by every dispatcher of the process, never lost
-/// (`tests::an_enqueue_wakes_a_dispatcher_before_its_poll`). Dispatchers of
-/// other processes still find the change at their next poll.
-fn queue_changes() -> &'static tokio::sync::watch::Sender<u64> {
-    static CHANGES: std::sync::OnceLock<tokio::sync::watch::Sender<u64>> =
-        std::sync::OnceLock::new();
-    CHANGES.get_or_init(|| tokio::sync::watch::channel(0).0)
-}
-
-/// Tells this process's dispatchers that the queue changed.
-pub fn wake_dispatchers() {
-    queue_changes().send_modify(|n| *n = n.wrapping_add(1));
-}
-
 /// The lease of `tasks run`'s and `serve`'s dispatchers on their tasks.
 pub const TASK_LEASE_SECS: i64 = 15;
 
@@ -589,7 +569,7 @@ fn start_in_process<S: StateStore + ?Sized>(
     let handle = tokio::spawn(async move {
         let outcome = running.await;
         // Its dispatcher settles it, and may start the next, at once.
-        wake_dispatchers();
+        crate::wake::wake_dispatchers();
         outcome
     });
     Ok(Some(Own::InProcess { run, handle, stop }))
@@ -1377,7 +1357,7 @@ pub async fn dispatch_loop(
     let mut renewed = std::time::Instant::now();
     let mut held_at = std::time::Instant::now();
     let (mut touched_at, mut touch_failed) = (None, false);
-    let mut changes = queue_changes().subscribe();
+    let mut changes = crate::wake::subscribe();
     loop {
         touch_alive(api.root(), &mut touched_at, &mut touch_failed);
         if *stop.borrow() {

@@ -720,7 +720,7 @@ impl Api {
         let wakes = command.changes_the_run_queue();
         let reply = self.carry_out(command, caller, progress).await;
         if wakes && reply.is_ok() {
-            crate::run_queue::wake_dispatchers();
+            crate::wake::wake_dispatchers();
         }
         reply
     }
