@@ -132,6 +132,11 @@ pub struct Managed {
 }
 
 pub trait ContainerEngine: Sync {
+    /// Which engine this is: its inspect document is read by that engine's
+    /// adapter function (`orchestrator_attest::observe`).
+    fn kind(&self) -> orchestrator_attest::EngineKind {
+        orchestrator_attest::EngineKind::Docker
+    }
     /// A local image, or `None` when the engine does not hold it.
     fn image(
         &self,

@@ -673,28 +673,35 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     record.container_id = Some(container.clone());
     let inspected = sup.engine.inspect_json(&container).await?;
     let host = sup.host.observe(&dest).map_err(RunError::BadInput)?;
-    let (attestation, unreadable) = match orchestrator_attest::parse_inspect(&inspected) {
-        Ok(observed) => (
-            orchestrator_attest::attest(&observed, &host, &spec.expectations(image_env.to_vec())),
-            None,
-        ),
-        // Fail closed, and audited like any other attestation: a document
-        // nobody can read fails every property.
-        Err(e) => (
-            orchestrator_attest::Attestation {
-                properties: orchestrator_attest::PROPERTY_NAMES
-                    .iter()
-                    .map(|name| orchestrator_attest::Property {
-                        name,
-                        ok: false,
-                        observed: "an unreadable inspect document".into(),
-                        expected: "the engine's inspect document".into(),
-                    })
-                    .collect(),
-            },
-            Some(format!("the engine's inspect document is unreadable: {e}")),
-        ),
-    };
+    let (attestation, unreadable) =
+        match orchestrator_attest::observe(sup.engine.kind(), &inspected) {
+            Ok(observed) => (
+                orchestrator_attest::attest(
+                    &observed,
+                    &host,
+                    &spec.expectations(image_env.to_vec()),
+                ),
+                None,
+            ),
+            // Fail closed, and audited like any other attestation: a document
+            // nobody can read fails every property.
+            Err(e) => (
+                orchestrator_attest::Attestation {
+                    engine: Some(sup.engine.kind()),
+                    runtime: None,
+                    properties: orchestrator_attest::PROPERTY_NAMES
+                        .iter()
+                        .map(|name| orchestrator_attest::Property {
+                            name,
+                            ok: false,
+                            observed: "an unreadable inspect document".into(),
+                            expected: "the engine's inspect document".into(),
+                        })
+                        .collect(),
+                },
+                Some(format!("the engine's inspect document is unreadable: {e}")),
+            ),
+        };
     let passed = attestation.passed();
     let properties = serde_json::to_value(&attestation.properties).unwrap_or_default();
     record.attestation = Some(properties.clone());
@@ -703,6 +710,8 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         Event::Attestation {
             passed,
             container: container.clone(),
+            engine: attestation.engine.map(|e| e.name().to_owned()),
+            runtime: attestation.runtime.clone(),
             properties,
             setup_cache: held.setup.as_ref().map(|s| {
                 serde_json::json!({
