@@ -139,7 +139,8 @@ pub struct ObservedSandbox {
     pub extra_groups: Vec<String>,
     pub env: Vec<String>,
     /// Entries the engine itself adds to every container's environment
-    /// (Podman's `container=podman`), allowed as they are.
+    /// (Podman's `container=podman`, `TERM=xterm`, and `HOSTNAME` as the
+    /// container's host name), allowed as they are.
     pub engine_env: Vec<String>,
     pub labels: BTreeMap<String, String>,
     pub network: ObservedNetwork,
@@ -224,6 +225,90 @@ pub struct PodmanHostConfig {
     pub ipc_mode: Option<String>,
 }
 
+/// What the runtime was handed, from the OCI configuration Podman wrote
+/// for the container (`config.json` of its bundle, after `podman init`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OciSpec {
+    pub masked_paths: Option<Vec<String>>,
+    pub readonly_paths: Option<Vec<String>>,
+    pub namespaces: Option<Vec<OciNamespace>>,
+    /// The seccomp filter as the runtime loads it (`null`: none).
+    pub seccomp: Option<Value>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+pub struct OciNamespace {
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// A namespace joined rather than made: shared with its owner.
+    pub path: Option<String>,
+}
+
+/// The tmpfs Podman mounts on a read-only root (the Podman adapter sizes
+/// them): allowed on Podman as `/tmp` is.
+pub const PODMAN_READ_ONLY_ROOT_TMPFS: [&str; 2] = ["/run", "/var/tmp"];
+
+/// Whether the filter the runtime loads is the profile's: the same default
+/// action, every rule's syscalls with an action the profile gives them,
+/// and every rule of the profile that holds on every architecture present.
+/// (Podman converts a profile for the host's architecture, so its text,
+/// and so its digest, differ from the profile's.)
+pub fn oci_seccomp_matches(profile_text: &str, oci: &Value) -> bool {
+    use std::collections::BTreeSet;
+    let Ok(profile) = serde_json::from_str::<Value>(profile_text) else {
+        return false;
+    };
+    if profile.get("defaultAction") != oci.get("defaultAction") {
+        return false;
+    }
+    let rules = |v: &Value| -> Vec<(BTreeSet<String>, String, bool)> {
+        v.get("syscalls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                let names = r
+                    .get("names")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|n| n.as_str().map(str::to_owned))
+                    .collect();
+                let action = r
+                    .get("action")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned();
+                let conditional = ["includes", "excludes"].iter().any(|k| {
+                    r.get(*k)
+                        .and_then(Value::as_object)
+                        .is_some_and(|o| !o.is_empty())
+                });
+                (names, action, conditional)
+            })
+            .collect()
+    };
+    let mine = rules(&profile);
+    let loaded = rules(oci);
+    if loaded.is_empty() {
+        return false;
+    }
+    let allowed = |name: &str, action: &str| {
+        mine.iter()
+            .any(|(names, a, _)| a == action && names.contains(name))
+    };
+    let every_loaded_is_mine = loaded
+        .iter()
+        .all(|(names, action, _)| names.iter().all(|n| allowed(n, action)));
+    let every_unconditional_is_loaded = mine.iter().filter(|(_, _, c)| !c).all(|(names, a, _)| {
+        names
+            .iter()
+            .all(|n| loaded.iter().any(|(ln, la, _)| la == a && ln.contains(n)))
+    });
+    every_loaded_is_mine && every_unconditional_is_loaded
+}
+
 /// The entries Podman adds to every container's environment.
 pub const PODMAN_ENV: [&str; 2] = ["container=podman", "TERM=xterm"];
 
@@ -235,14 +320,36 @@ pub fn from_podman_inspect(
     compat: &Inspected,
     libpod: Option<&PodmanExtra>,
     seccomp_files: &BTreeMap<String, String>,
+    oci: Option<&OciSpec>,
 ) -> ObservedSandbox {
     let mut o = common(compat, EngineKind::Podman);
     o.seccomp = seccomp_settings(compat, |path| {
-        seccomp_files
-            .get(path)
-            .and_then(|text| seccomp_profile_digest(text))
+        let text = seccomp_files.get(path)?;
+        // Where the runtime's filter is known, it must be the profile's.
+        if let Some(oci) = oci {
+            if !oci
+                .seccomp
+                .as_ref()
+                .is_some_and(|f| oci_seccomp_matches(text, f))
+            {
+                return None;
+            }
+        }
+        seccomp_profile_digest(text)
     });
+    if let Some(oci) = oci {
+        if oci.seccomp.is_none() {
+            // No filter handed to the runtime, whatever the inspect says.
+            o.seccomp = vec![Seccomp::Unconfined];
+        }
+        o.masked_paths = oci.masked_paths.clone();
+        o.readonly_paths = oci.readonly_paths.clone();
+    }
     o.engine_env = PODMAN_ENV.iter().map(|s| (*s).to_owned()).collect();
+    // Podman's own API sets `HOSTNAME` to the container's host name.
+    if let Some(host) = compat.config.hostname.as_deref().filter(|h| !h.is_empty()) {
+        o.engine_env.push(format!("HOSTNAME={host}"));
+    }
     // Podman names limits `RLIMIT_NOFILE`.
     for r in &mut o.limits.rlimits {
         if let Some(short) = r.name.strip_prefix("RLIMIT_") {
@@ -276,6 +383,28 @@ pub fn from_podman_inspect(
     if hc.ipc_mode.is_some() {
         o.namespaces.ipc = hc.ipc_mode;
     }
+    // The runtime's own list decides: a namespace it is not told to make is
+    // the host's, one it joins by path is shared.
+    if let Some(namespaces) = oci.and_then(|s| s.namespaces.as_ref()) {
+        let mode = |kind: &str| match namespaces.iter().find(|n| n.kind == kind) {
+            None => "host".to_owned(),
+            Some(OciNamespace { path: Some(p), .. }) if !p.is_empty() => {
+                format!("container:{p}")
+            }
+            Some(_) => "private".to_owned(),
+        };
+        o.namespaces.cgroupns = Some(mode("cgroup"));
+        for (kind, slot) in [
+            ("pid", &mut o.namespaces.pid),
+            ("ipc", &mut o.namespaces.ipc),
+            ("uts", &mut o.namespaces.uts),
+        ] {
+            let m = mode(kind);
+            if m != "private" {
+                *slot = Some(m);
+            }
+        }
+    }
     // `MaskedPaths` is `null` in both documents (not reported): kept
     // `None`, which fails `proc-masked`.
     o
@@ -304,7 +433,23 @@ pub fn parse_podman_inspect(document: &Value) -> Result<ObservedSandbox, AttestE
         })?,
         None => BTreeMap::new(),
     };
-    Ok(from_podman_inspect(&compat, libpod.as_ref(), &files))
+    let oci: Option<OciSpec> = match document.get("OciSpec") {
+        Some(f) => {
+            Some(
+                serde_path_to_error::deserialize(f).map_err(|e| AttestError::Malformed {
+                    path: format!("OciSpec.{}", e.path()),
+                    source: e.into_inner(),
+                })?,
+            )
+        }
+        None => None,
+    };
+    Ok(from_podman_inspect(
+        &compat,
+        libpod.as_ref(),
+        &files,
+        oci.as_ref(),
+    ))
 }
 
 /// Reads an engine's inspect document into an observation.

@@ -183,7 +183,10 @@ fn each_recorded_podman_breakage_fails_its_property() {
         // Podman reports a tmpfs `--mount` among its tmpfs, not its mounts.
         ("mount-tmpfs", &["tmpfs-only-allowed"]),
         // Podman keeps the last seccomp option only: no profile is left.
-        ("seccomp-unconfined", &["seccomp-confined", "seccomp-profile"]),
+        (
+            "seccomp-unconfined",
+            &["seccomp-confined", "seccomp-profile"],
+        ),
         ("seccomp-default", &["seccomp-profile"]),
         ("seccomp-other", &["seccomp-profile"]),
         ("shm-default", &["shm-bounded"]),

@@ -676,11 +676,19 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     let (attestation, unreadable) =
         match orchestrator_attest::observe(sup.engine.kind(), &inspected) {
             Ok(observed) => (
-                orchestrator_attest::attest(
-                    &observed,
-                    &host,
-                    &spec.expectations(image_env.to_vec()),
-                ),
+                orchestrator_attest::attest(&observed, &host, &{
+                    let mut expect = spec.expectations(image_env.to_vec());
+                    // Podman mounts these on a read-only root; its adapter
+                    // sizes them.
+                    if sup.engine.kind() == orchestrator_attest::EngineKind::Podman {
+                        expect.allowed_tmpfs.extend(
+                            orchestrator_attest::PODMAN_READ_ONLY_ROOT_TMPFS
+                                .iter()
+                                .map(|t| (*t).to_owned()),
+                        );
+                    }
+                    expect
+                }),
                 None,
             ),
             // Fail closed, and audited like any other attestation: a document
