@@ -156,6 +156,16 @@ fn the_attestation_of_a_real_sandbox_covers_the_hardening() {
         .iter()
         .find(|e| e["kind"] == "attestation")
         .unwrap();
+    // The attestation names the engine it observed and its runtime.
+    assert_eq!(
+        att["body"]["engine"],
+        if on_podman() { "podman" } else { "docker" }
+    );
+    assert!(
+        ["runc", "io.containerd.runc.v2", ""].contains(&att["body"]["runtime"].as_str().unwrap()),
+        "{}",
+        att["body"]
+    );
     let props = att["body"]["properties"].as_array().unwrap();
     let observed = |name: &str| {
         let p = props

@@ -346,6 +346,8 @@ pub fn from_podman_inspect(
         o.readonly_paths = oci.readonly_paths.clone();
     }
     o.engine_env = PODMAN_ENV.iter().map(|s| (*s).to_owned()).collect();
+    // Podman's compatible document leaves `Init` out when false (`omitempty`).
+    o.engine_init = Some(o.engine_init.unwrap_or(false));
     // Podman's own API sets `HOSTNAME` to the container's host name.
     if let Some(host) = compat.config.hostname.as_deref().filter(|h| !h.is_empty()) {
         o.engine_env.push(format!("HOSTNAME={host}"));
