@@ -137,6 +137,14 @@ pub trait ContainerEngine: Sync {
     fn kind(&self) -> orchestrator_attest::EngineKind {
         orchestrator_attest::EngineKind::Docker
     }
+    /// The name of a container's cgroup under the fleet's (Docker: its
+    /// id; Podman: `libpod-<id>`).
+    fn cgroup_name(&self, id: &str) -> String {
+        match self.kind() {
+            orchestrator_attest::EngineKind::Docker => id.to_owned(),
+            orchestrator_attest::EngineKind::Podman => format!("libpod-{id}"),
+        }
+    }
     /// A local image, or `None` when the engine does not hold it.
     fn image(
         &self,

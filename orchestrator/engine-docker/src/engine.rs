@@ -131,12 +131,17 @@ impl Engine {
         )
         .map_err(|e| unreachable(e.to_string()))?;
         match tokio::time::timeout(Duration::from_secs(10), docker.ping()).await {
-            Ok(Ok(_)) => Ok(Self {
-                docker,
-                podman_socket: Some(path.into()),
-                endpoint,
-                kind: EngineKind::Podman,
-            }),
+            Ok(Ok(_)) => {
+                crate::podman::check_service(Path::new(path))
+                    .await
+                    .map_err(unreachable)?;
+                Ok(Self {
+                    docker,
+                    podman_socket: Some(path.into()),
+                    endpoint,
+                    kind: EngineKind::Podman,
+                })
+            }
             Ok(Err(e)) => Err(unreachable(format!(
                 "{e} (is it started? scripts/podman.sh start)"
             ))),

@@ -8,6 +8,8 @@
 //! only by path.
 //!
 //! Invariants:
+//! - Only a rootful service is used: a rootless one is refused when
+//!   connecting (`tests::rootless_or_unknown_services_are_refused`).
 //! - A sandbox is created from the same [`SandboxSpec`] as on Docker, with
 //!   the same hardening; where Podman needs another spelling the request
 //!   says so here: the seccomp profile as a file named by its digest in a
@@ -125,6 +127,36 @@ pub(crate) async fn call(
         });
     }
     Ok(value)
+}
+
+/// Why a Podman service is refused, from its `/libpod/info`: a rootless
+/// one cannot meet Tier 0 (docs/engines.md, "Podman (rootless)"); an answer
+/// that does not say is refused too.
+pub fn refusal(info: &Value) -> Option<String> {
+    match info
+        .pointer("/host/security/rootless")
+        .and_then(Value::as_bool)
+    {
+        Some(false) => None,
+        Some(true) => Some(
+            "rootless podman is refused: its sandbox user would be an id delegated to a host \
+             account, and the worktree's nosuid,nodev mount and the fleet's cgroup need root \
+             (docs/engines.md)"
+                .into(),
+        ),
+        None => Some("podman's info does not say whether it runs rootless".into()),
+    }
+}
+
+/// Asks the service whether it may be used ([`refusal`]).
+pub(crate) async fn check_service(socket: &Path) -> Result<(), String> {
+    let info = call(socket, "GET", "/info", None, "asking podman for its info")
+        .await
+        .map_err(|e| e.to_string())?;
+    match refusal(&info) {
+        None => Ok(()),
+        Some(why) => Err(why),
+    }
 }
 
 /// Writes nightshift's seccomp profile where Podman reads it: a file named
@@ -306,6 +338,21 @@ pub(crate) async fn init(socket: &Path, id: &str) -> Result<(), EngineError> {
     .map(|_| ())
 }
 
+/// The most read of a file the engine names (a seccomp profile, the
+/// runtime's OCI configuration): a larger one is not read, and what it
+/// would have shown fails closed in the attestation.
+const MAX_OBSERVED_FILE: u64 = 4 << 20;
+
+fn read_bounded(path: &Path) -> Option<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).ok()?;
+    let mut text = String::new();
+    file.take(MAX_OBSERVED_FILE + 1)
+        .read_to_string(&mut text)
+        .ok()?;
+    (text.len() as u64 <= MAX_OBSERVED_FILE).then_some(text)
+}
+
 /// What Podman's compatible inspect leaves out, added beside its fields for
 /// the attestation (`orchestrator_attest::parse_podman_inspect`): `Libpod`
 /// (runtime, capability sets, cgroup and IPC modes from Podman's own
@@ -342,7 +389,7 @@ pub(crate) async fn observe_extra(
     for o in opts {
         if let Some(path) = o.strip_prefix("seccomp=") {
             if path != "unconfined" {
-                if let Ok(text) = std::fs::read_to_string(path) {
+                if let Some(text) = read_bounded(Path::new(path)) {
                     files.insert(path.to_owned(), Value::String(text));
                 }
             }
@@ -350,7 +397,7 @@ pub(crate) async fn observe_extra(
     }
     compat["SeccompFiles"] = Value::Object(files);
     if let Some(config) = libpod.get("OCIConfigPath").and_then(Value::as_str) {
-        if let Ok(text) = std::fs::read_to_string(config) {
+        if let Some(text) = read_bounded(Path::new(config)) {
             if let Ok(oci) = serde_json::from_str::<Value>(&text) {
                 let linux = oci.get("linux").cloned().unwrap_or(Value::Null);
                 compat["OciSpec"] = json!({
@@ -368,6 +415,17 @@ pub(crate) async fn observe_extra(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rootless_or_unknown_services_are_refused() {
+        assert_eq!(
+            refusal(&json!({"host": {"security": {"rootless": false}}})),
+            None
+        );
+        let why = refusal(&json!({"host": {"security": {"rootless": true}}})).unwrap();
+        assert!(why.contains("rootless podman is refused"), "{why}");
+        assert!(refusal(&json!({"host": {}})).is_some());
+    }
 
     #[test]
     fn tmpfs_owner_options_become_podmans_u() {

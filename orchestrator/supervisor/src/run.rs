@@ -864,7 +864,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
             }
             _ = sample_tick.tick() => {
                 if let Some(fleet) = &sup.fleet {
-                    let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), container.clone());
+                    let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), sup.engine.cgroup_name(&container));
                     let observed = tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
                         .await
                         .unwrap_or_default();
@@ -916,7 +916,11 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     let duration = started.elapsed();
     // A last look at the cgroup before the container (and its cgroup) goes.
     if let Some(fleet) = &sup.fleet {
-        let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), container.clone());
+        let (layout, name, id) = (
+            fleet.layout.clone(),
+            fleet.name.clone(),
+            sup.engine.cgroup_name(&container),
+        );
         let observed = tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
             .await
             .unwrap_or_default();
