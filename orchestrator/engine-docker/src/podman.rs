@@ -281,6 +281,9 @@ pub(crate) fn sandbox_request(spec: &SandboxSpec, seccomp: &Path) -> Value {
             "type": u.name, "soft": u.soft, "hard": u.hard,
         })).collect::<Vec<_>>(),
         "shm_size": spec.caps.shm_bytes(),
+        // conmon stays in the service's cgroup: under the run's, only the
+        // container's (the run's memory figures are the container's).
+        "cgroups_mode": "no-conmon",
         "log_configuration": {"driver": "none"},
         "restart_policy": "no",
     });

@@ -643,6 +643,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     };
 
     // Sandbox: create, inspect, attest.
+    let on_podman = sup.engine.kind() == orchestrator_attest::EngineKind::Podman;
     let spec = SandboxSpec::new(
         &id,
         &sup.state_tag,
@@ -656,7 +657,15 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     .with_supervisor(&sup.identity)
     .with_door(door_dir)
     .with_base_commit(held.base_commit.as_deref().unwrap_or_default())
-    .with_cgroup_parent(sup.fleet.as_ref().map(FleetHandle::cgroup_parent));
+    .with_cgroup_parent(sup.fleet.as_ref().map(|f| {
+        // On Podman, a cgroup of the run's own between the fleet and the
+        // container's: it outlives the container (`monitor::run_memory`).
+        if on_podman {
+            format!("{}/{}", f.cgroup_parent(), monitor::run_cgroup_dir(&id))
+        } else {
+            f.cgroup_parent()
+        }
+    }));
     let spec = match gateway_port {
         Some(port) => spec.with_model_gateway(port),
         None => spec,
@@ -671,6 +680,16 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     let container = sup.engine.create(&spec).await?;
     held.container = Some(container.clone());
     record.container_id = Some(container.clone());
+    // The container's cgroup under the fleet's.
+    let cgroup = if on_podman {
+        format!(
+            "{}/{}",
+            monitor::run_cgroup_dir(&id),
+            sup.engine.cgroup_name(&container)
+        )
+    } else {
+        sup.engine.cgroup_name(&container)
+    };
     let inspected = sup.engine.inspect_json(&container).await?;
     let host = sup.host.observe(&dest).map_err(RunError::BadInput)?;
     let (attestation, unreadable) =
@@ -864,7 +883,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
             }
             _ = sample_tick.tick() => {
                 if let Some(fleet) = &sup.fleet {
-                    let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), sup.engine.cgroup_name(&container));
+                    let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), cgroup.clone());
                     let observed = tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
                         .await
                         .unwrap_or_default();
@@ -916,11 +935,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     let duration = started.elapsed();
     // A last look at the cgroup before the container (and its cgroup) goes.
     if let Some(fleet) = &sup.fleet {
-        let (layout, name, id) = (
-            fleet.layout.clone(),
-            fleet.name.clone(),
-            sup.engine.cgroup_name(&container),
-        );
+        let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), cgroup.clone());
         let observed = tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
             .await
             .unwrap_or_default();
@@ -934,6 +949,28 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         }
     }
     let state = sup.engine.exit_state(&container).await?;
+    // Podman reports a kill by the memory cap as a plain 137 and removes the
+    // container's cgroup as it exits: the run's own cgroup still holds the
+    // evidence (v2: its OOM kill count; v1: a high-water mark at the cap,
+    // the rule the fleet's own judgement uses).
+    if on_podman && state.exit_code == Some(137) && !state.oom_killed {
+        if let Some(fleet) = &sup.fleet {
+            let (layout, name, dir) = (
+                fleet.layout.clone(),
+                fleet.name.clone(),
+                monitor::run_cgroup_dir(&id),
+            );
+            let (run_peak, kills) =
+                tokio::task::spawn_blocking(move || monitor::run_memory(&layout, &name, &dir))
+                    .await
+                    .unwrap_or_default();
+            let at_cap =
+                run_peak.is_some_and(|p| p.saturating_add(2 << 20) >= req.caps.memory_bytes as u64);
+            if kills.unwrap_or(0) > 0 || (kills.is_none() && at_cap) {
+                last.oom_kills = Some(kills.unwrap_or(1));
+            }
+        }
+    }
     record.exit_code = state.exit_code;
     record.duration_ms = Some(duration.as_millis() as i64);
     record.peak_memory_bytes = peak.peak_memory_bytes.map(|v| v as i64);
@@ -1627,6 +1664,20 @@ async fn finish<E: ContainerEngine, S: StateStore>(
             )?,
             Err(e) => unconfirmed = Some(e.to_string()),
         }
+    }
+    // A Podman run's own cgroup (`monitor::run_cgroup_dir`), once its
+    // container is gone.
+    if let (orchestrator_attest::EngineKind::Podman, None, Some(fleet)) =
+        (sup.engine.kind(), &unconfirmed, &sup.fleet)
+    {
+        let (layout, name, dir) = (
+            fleet.layout.clone(),
+            fleet.name.clone(),
+            monitor::run_cgroup_dir(&id),
+        );
+        let _ =
+            tokio::task::spawn_blocking(move || monitor::remove_run_cgroup(&layout, &name, &dir))
+                .await;
     }
     if let Some(why) = unconfirmed {
         // The sandbox may still be writing: its worktree is neither read nor
