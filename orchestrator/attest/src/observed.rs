@@ -201,7 +201,7 @@ fn v<T: Clone>(o: &Option<Vec<T>>) -> Vec<T> {
 /// observation. The seccomp profile is reported by its text.
 pub fn from_docker_inspect(doc: &Inspected) -> ObservedSandbox {
     let mut o = common(doc, EngineKind::Docker);
-    o.seccomp = seccomp_settings(doc, |text| seccomp_profile_digest(text));
+    o.seccomp = seccomp_settings(doc, seccomp_profile_digest);
     o
 }
 

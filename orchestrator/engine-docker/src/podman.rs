@@ -5,7 +5,7 @@
 //! API (`/libpod/containers/create`), because the compatible one drops the
 //! cgroup namespace (`CgroupnsMode`), masks nothing it is asked to
 //! (`MaskedPaths`), refuses tmpfs `uid=`/`gid=`, and takes a seccomp profile
-//! only by path.
+//! by path, not by its text.
 //!
 //! Invariants:
 //! - Only a rootful service is used: a rootless one is refused when
