@@ -5,6 +5,9 @@
 //! `serve` over TLS, two workers. Tasks are enqueued through the HTTP API
 //! (a login, its CSRF token), one worker is `docker kill`ed while it runs
 //! them, and every task still ends: the other worker finishes the night.
+//! Then the morning in headless Chromium through serve's own TLS (the
+//! mounted certificate): the login, a `__Host-` secure session cookie, every
+//! finished run of the night on the Morning page.
 //! Each task also looks, from inside its sandbox, for what a worker holds
 //! (the store's and the engine's sockets, the secrets) and finds none.
 
@@ -176,24 +179,22 @@ fn a_compose_night_on_two_workers_survives_a_killed_worker() {
     let url = format!("postgres://nightshift:{password}@%2Frun%2Fpostgresql/nightshift\n");
     write(&secrets.join("serve/store-url"), &url, 0o600, Some(10001));
     write(&secrets.join("worker/store-url"), &url, 0o600, None);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
+    // A test CA's certificate for 127.0.0.1: the HTTP client trusts the
+    // CA, the browser the server key (Chromium's SPKI list).
+    let cert = tests::browser::TestCert::new(&["127.0.0.1"]);
     write(
         &secrets.join("serve/tls.pem"),
-        &cert.pem(),
+        &cert.cert_pem,
         0o644,
         Some(10001),
     );
     write(
         &secrets.join("serve/tls.key"),
-        &key.serialize_pem(),
+        &cert.key_pem,
         0o600,
         Some(10001),
     );
-    let ca = cert.der().clone();
+    let ca = cert.ca.clone();
     let repos = dir.join("repos");
     let repo = repos.join("r");
     std::fs::create_dir(&repo).unwrap();
@@ -366,6 +367,17 @@ fn a_compose_night_on_two_workers_survives_a_killed_worker() {
     }
     let ok = tasks.iter().filter(|t| status(t) == "exited 0").count();
     assert!(ok >= 4, "only {ok} of 6 ran to the end: {tasks:#?}");
+    // The morning, in a real browser, through serve's own TLS: the login
+    // page, a secure session cookie, the night's runs on Morning.
+    let runs: Vec<String> = tasks
+        .iter()
+        .filter(|t| status(t) == "exited 0")
+        .filter_map(|t| t["progress"]["run"].as_str().map(str::to_string))
+        .collect();
+    assert!(!runs.is_empty(), "{tasks:#?}");
+    tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(morning_in_a_browser(port, &cert.spki_sha256, &runs));
     let survivor = format!("{}_worker_2", project.name);
     let running = Command::new("docker")
         .args(["inspect", "-f", "{{.State.Running}}", &survivor])
@@ -390,4 +402,66 @@ fn a_compose_night_on_two_workers_survives_a_killed_worker() {
         assert!(Instant::now() < deadline, "sandboxes left running");
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// Logs in to the compose night's `serve` at `https://127.0.0.1:PORT` in
+/// headless Chromium (trusting only the mounted certificate's key beyond
+/// its own roots), and finds every run of `runs` on the Morning page.
+async fn morning_in_a_browser(port: u16, spki: &str, runs: &[String]) {
+    use fantoccini::Locator;
+    let driver = tests::browser::Driver::start();
+    let c = driver
+        .browser_with(
+            &[format!("--ignore-certificate-errors-spki-list={spki}")],
+            "127.0.0.1",
+        )
+        .await;
+    let origin = format!("https://127.0.0.1:{port}");
+    c.goto(&format!("{origin}/")).await.unwrap();
+    let url = c.current_url().await.unwrap();
+    assert_eq!(url.as_str(), format!("{origin}/login"));
+    for (id, text) in [("name", "owner"), ("password", "a long enough password")] {
+        c.find(Locator::Id(id))
+            .await
+            .unwrap()
+            .send_keys(text)
+            .await
+            .unwrap();
+    }
+    c.find(Locator::Id("login-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    if c.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("section#runs"))
+        .await
+        .is_err()
+    {
+        let page = c.source().await.unwrap_or_default();
+        panic!("no Morning page after logging in over TLS: {page}");
+    }
+    let cookies = c.get_all_cookies().await.unwrap();
+    let session = cookies
+        .iter()
+        .find(|k| k.name() == "__Host-nightshift_session")
+        .unwrap_or_else(|| panic!("no __Host- session cookie: {cookies:?}"));
+    assert_eq!(session.secure(), Some(true));
+    assert_eq!(session.http_only(), Some(true));
+    let page = c
+        .find(Locator::Css("section#runs"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for run in runs {
+        assert!(
+            page.contains(run.as_str()),
+            "run {run} is not on Morning: {page}"
+        );
+    }
+    c.close().await.unwrap();
 }

@@ -337,7 +337,7 @@ fn the_lean_entry_point_and_the_full_command_line_answer_alike() {
         let actor = actors[(x >> 33) as usize % actors.len()];
         let tool = tools[(x >> 40) as usize % tools.len()];
         let input = &inputs[(x >> 48) as usize % inputs.len()];
-        let with_rules = (x >> 20) % 3 != 0;
+        let with_rules = !(x >> 20).is_multiple_of(3);
         let run = |lean: bool| {
             let before = decisions(&state).len();
             let mut c = state.cmd();
@@ -361,7 +361,8 @@ fn the_lean_entry_point_and_the_full_command_line_answer_alike() {
             }
             let out = with_stdin(c, input.as_bytes());
             let audited: Vec<_> = decisions(&state).split_off(before);
-            (out.status.code(), out.stdout, stderr(&out), audited)
+            let err = stderr(&out);
+            (out.status.code(), out.stdout, err, audited)
         };
         let lean = run(true);
         let full = run(false);

@@ -174,6 +174,26 @@ pub struct DispatchOptions {
     pub lease_secs: i64,
 }
 
+/// This process's dispatchers' wake-up: a counter that every change to the
+/// queue made in this process moves ([`wake_dispatchers`]: an enqueue, a
+/// continuation, a cancel, a thaw, a kill, through the API, the dashboard
+/// or `serve`'s socket), and that a run in process moves when it ends, so
+/// that a dispatcher acts on it at once instead of at its next poll. A
+/// watch, not a notify: a change made while a dispatcher is busy is seen
+/// when it next waits, by every dispatcher of the process, never lost
+/// (`tests::an_enqueue_wakes_a_dispatcher_before_its_poll`). Dispatchers of
+/// other processes still find the change at their next poll.
+fn queue_changes() -> &'static tokio::sync::watch::Sender<u64> {
+    static CHANGES: std::sync::OnceLock<tokio::sync::watch::Sender<u64>> =
+        std::sync::OnceLock::new();
+    CHANGES.get_or_init(|| tokio::sync::watch::channel(0).0)
+}
+
+/// Tells this process's dispatchers that the queue changed.
+pub fn wake_dispatchers() {
+    queue_changes().send_modify(|n| *n = n.wrapping_add(1));
+}
+
 /// The lease of `tasks run`'s and `serve`'s dispatchers on their tasks.
 pub const TASK_LEASE_SECS: i64 = 15;
 
@@ -565,7 +585,13 @@ fn start_in_process<S: StateStore + ?Sized>(
         return Ok(None);
     }
     let (stop, stopped) = tokio::sync::watch::channel(None);
-    let handle = tokio::spawn(runner.run(task.clone(), run.clone(), stopped));
+    let running = runner.run(task.clone(), run.clone(), stopped);
+    let handle = tokio::spawn(async move {
+        let outcome = running.await;
+        // Its dispatcher settles it, and may start the next, at once.
+        wake_dispatchers();
+        outcome
+    });
     Ok(Some(Own::InProcess { run, handle, stop }))
 }
 
@@ -1351,6 +1377,7 @@ pub async fn dispatch_loop(
     let mut renewed = std::time::Instant::now();
     let mut held_at = std::time::Instant::now();
     let (mut touched_at, mut touch_failed) = (None, false);
+    let mut changes = queue_changes().subscribe();
     loop {
         touch_alive(api.root(), &mut touched_at, &mut touch_failed);
         if *stop.borrow() {
@@ -1400,6 +1427,7 @@ pub async fn dispatch_loop(
         tokio::select! {
             _ = tokio::time::sleep(opts.poll) => {}
             _ = stop.changed() => {}
+            _ = changes.changed() => {}
         }
     }
 }
@@ -1900,6 +1928,65 @@ mod tests {
         fn reconcile(&self) -> BoxFuture<'static, Result<(), String>> {
             Box::pin(async { Ok(()) })
         }
+    }
+
+    /// A dispatcher whose poll is an hour starts a task enqueued through
+    /// the API while it waits, and settles a run in process as it ends:
+    /// only the wake-ups can move it (without them this test times out).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_enqueue_wakes_a_dispatcher_before_its_poll() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("state");
+        let api = Arc::new(Api::new(
+            Arc::new(nightshift_store_sqlite::store::SqliteBackend::new(
+                root.clone(),
+                None,
+            )),
+            None,
+        ));
+        let store = api.open_store().unwrap();
+        let runner = Arc::new(Scripted {
+            root: root.clone(),
+            settled: Default::default(),
+        });
+        let opts = DispatchOptions {
+            max_parallel: 2,
+            runner: Runner::InProcess(runner),
+            poll: Duration::from_secs(3600),
+            until_empty: false,
+            lease_secs: 30,
+        };
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let api2 = api.clone();
+        let dispatcher = tokio::spawn(async move { dispatch_loop(&api2, &opts, stopped).await });
+        let states =
+            || -> Vec<TaskState> { list(&store).unwrap().iter().map(|t| t.state).collect() };
+        let until = |want: Vec<TaskState>| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while states() != want {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the queue is {:?}, not {want:?}: the dispatcher was not woken",
+                    states()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        for n in 1..=3 {
+            // The dispatcher is waiting in its poll by now (its first turn,
+            // or the last task's settling, is long over).
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            api.execute(crate::api::Command::Enqueue {
+                tasks: vec![spec(dir.path())],
+            })
+            .await
+            .unwrap();
+            let want = vec![TaskState::Done; n];
+            tokio::task::block_in_place(|| until(want));
+        }
+        stop.send(true).unwrap();
+        let summary = dispatcher.await.unwrap().unwrap();
+        assert_eq!(summary.started.len(), 3);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

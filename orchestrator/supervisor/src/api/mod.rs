@@ -265,6 +265,20 @@ impl Command {
         )
     }
 
+    /// Whether carrying the command out changes what the run queue's
+    /// dispatchers would do next (a task to start, to cancel or to stop, the
+    /// freeze lifted): they are woken once it succeeds.
+    pub fn changes_the_run_queue(&self) -> bool {
+        matches!(
+            self,
+            Command::Enqueue { .. }
+                | Command::Continue { .. }
+                | Command::CancelTask { .. }
+                | Command::Thaw { .. }
+                | Command::Kill { .. }
+        )
+    }
+
     /// The command with every path its caller named made absolute (against
     /// the caller's directory), before it leaves the caller's process.
     pub fn absolutized(mut self) -> Self {
@@ -697,6 +711,20 @@ impl Api {
     /// Carries out one command for `caller`, saying what a long command
     /// (an image build) is doing to `progress`, line by line.
     pub async fn execute_streaming(
+        &self,
+        command: Command,
+        caller: &Caller,
+        progress: &mut (dyn FnMut(&str) + Send),
+    ) -> Result<Reply, ApiError> {
+        let wakes = command.changes_the_run_queue();
+        let reply = self.carry_out(command, caller, progress).await;
+        if wakes && reply.is_ok() {
+            crate::run_queue::wake_dispatchers();
+        }
+        reply
+    }
+
+    async fn carry_out(
         &self,
         command: Command,
         caller: &Caller,

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The agent's first instruction (issue 22, section 1): milliseconds from the
+# command to the sandbox's first output line, which is the clock read inside
+# the sandbox (`date +%s%N`; one host, one clock), for
+#   - `nightshift run` in the foreground (a cold start: its own supervisor,
+#     worktree, create, attestation, start), and
+#   - `nightshift enqueue` of one task handed to a running `serve` over its
+#     socket, whose dispatcher starts the run in process (woken by the
+#     enqueue, not by its 500 ms poll).
+# Median and p90 of N each, interleaved. Prints markdown rows.
+#
+#   NIGHTSHIFT_BIN=path N=15 scripts/bench-first-instruction.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+ensure_docker
+N=${N:-15}
+bin=${NIGHTSHIFT_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/release/nightshift}
+[ -x "$bin" ] || { echo "build nightshift first (cargo build --release -p orchestrator) or set NIGHTSHIFT_BIN" >&2; exit 1; }
+work=$(mktemp -d /tmp/nightshift-bench-first.XXXXXX)
+serve_pid=
+cleanup() {
+  [ -n "$serve_pid" ] && kill -TERM "$serve_pid" 2>/dev/null && wait "$serve_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+image=$(NIGHTSHIFT_STATE_DIR=$work/cli "$bin" image ref)
+docker image inspect "$image" >/dev/null 2>&1 || NIGHTSHIFT_STATE_DIR=$work/cli "$bin" image build >/dev/null
+repo=$work/repo
+mkdir -p "$repo" && git -C "$repo" init -q -b main && echo x >"$repo/x" \
+  && git -C "$repo" add x && git -C "$repo" -c user.name=b -c user.email=b@b commit -qm x
+
+latest_run() { NIGHTSHIFT_STATE_DIR=$1 "$bin" runs --json | python3 -c 'import json,sys; print(sorted(r["id"] for r in json.load(sys.stdin))[-1])'; }
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+p90() { sort -n | awk '{a[NR]=$1} END {i=int(NR*0.9+0.5); if (i<1) i=1; print a[i]}'; }
+
+cli_ms() {
+  local s id first
+  s=$(date +%s%N)
+  NIGHTSHIFT_STATE_DIR=$work/cli "$bin" run --image "$image" --repo "$repo" -- sh -c 'date +%s%N' >/dev/null
+  id=$(latest_run "$work/cli")
+  first=$(head -n 1 "$work/cli/runs/$id/output.log")
+  echo $(( (first - s) / 1000000 ))
+}
+
+served=$work/served
+mkdir -p "$served"
+printf '[[task]]\nrepo = "%s"\nimage = "%s"\ncommand = ["sh", "-c", "date +%%s%%N"]\n' "$repo" "$image" >"$work/one.toml"
+NIGHTSHIFT_STATE_DIR=$served "$bin" tasks --json >/dev/null
+"$bin" --state-dir "$served" serve --bind 127.0.0.1:0 --max-parallel 2 >"$work/serve.out" 2>"$work/serve.err" &
+serve_pid=$!
+for _ in $(seq 1 100); do [ -S "$served/serve.sock" ] && break; sleep 0.1; done
+[ -S "$served/serve.sock" ] || { cat "$work/serve.err" >&2; exit 1; }
+sleep 1
+
+served_ms() {
+  local s id first done
+  s=$(date +%s%N)
+  NIGHTSHIFT_STATE_DIR=$served "$bin" enqueue --file "$work/one.toml" >/dev/null
+  for _ in $(seq 1 600); do
+    done=$(NIGHTSHIFT_STATE_DIR=$served "$bin" tasks --json | python3 -c '
+import json, sys
+t = json.load(sys.stdin)
+t = t.get("tasks", t) if isinstance(t, dict) else t
+print(sum(1 for x in t if x["state"] not in ("done", "failed", "cancelled")))')
+    [ "$done" = 0 ] && break
+    sleep 0.1
+  done
+  id=$(latest_run "$served")
+  first=$(head -n 1 "$served/runs/$id/output.log")
+  echo $(( (first - s) / 1000000 ))
+}
+
+cli_ms >/dev/null; served_ms >/dev/null # warm up
+c=(); v=()
+for _ in $(seq 1 "$N"); do
+  c+=("$(cli_ms)")
+  v+=("$(served_ms)")
+done
+echo "| path | p50 | p90 |"
+echo "|---|---:|---:|"
+echo "| \`nightshift run\` to the first instruction | $(printf '%s\n' "${c[@]}" | median) ms | $(printf '%s\n' "${c[@]}" | p90) ms |"
+echo "| \`enqueue\` under \`serve\` to the first instruction | $(printf '%s\n' "${v[@]}" | median) ms | $(printf '%s\n' "${v[@]}" | p90) ms |"
+echo "(N=$N each, interleaved, $(basename "$(dirname "$bin")") build, $(date -u +%F), load $(cut -d' ' -f1 /proc/loadavg))"
