@@ -226,3 +226,127 @@ fn an_unsized_podman_run_tmpfs_fails() {
     doc["HostConfig"]["Tmpfs"]["/run"] = "rw,rprivate,nosuid,nodev,tmpcopyup".into();
     assert!(failed(&verdict(&doc)).contains("tmpfs-only-allowed"));
 }
+
+/// What nightshift's own sandbox on Podman looks like: the combined
+/// document the Podman engine adapter handed the attestation for a real run
+/// (`nightshift --engine podman run -- sleep 8`, recorded while it ran; the
+/// run id, worktree, door and supervisor replaced by fixture names), with
+/// Podman's own document, the seccomp file and the runtime's OCI
+/// configuration beside the compatible inspect.
+fn sandbox_expectations() -> Expectations {
+    let env = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    Expectations {
+        run_id: "fixture".into(),
+        worktree_host_path: WORKTREE.into(),
+        workspace_target: "/workspace".into(),
+        door: Some(MountExpectation {
+            host_path: DOOR.into(),
+            target: "/run/nightshift".into(),
+        }),
+        allowed_env: env(&[
+            ("HOME", "/home/agent"),
+            ("LANG", "C.UTF-8"),
+            ("NIGHTSHIFT_RUN_ID", "fixture"),
+            ("NIGHTSHIFT_TASK", "fixture"),
+            ("NIGHTSHIFT_DOOR", "/run/nightshift/door.sock"),
+            (
+                "NIGHTSHIFT_BASE_COMMIT",
+                "d09582b11f46fbd44d59cc619bb0581c0b302689",
+            ),
+            (
+                "PATH",
+                "/run/nightshift/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            ),
+        ]),
+        image_env: vec![],
+        max_memory_bytes: 2 << 30,
+        max_pids: 512,
+        max_nproc: 16384,
+        allowed_tmpfs: BTreeSet::from([
+            "/tmp".into(),
+            "/home/agent".into(),
+            "/run".into(),
+            "/var/tmp".into(),
+        ]),
+        seccomp_profile_digest: profile_digest(),
+        max_shm_bytes: 32 << 20,
+        max_file_bytes: 2 << 30,
+        main_process: Some("/run/nightshift/bin/nightshift-lease".into()),
+        setup_cache: None,
+    }
+}
+
+#[test]
+fn a_recorded_nightshift_sandbox_on_podman_passes_every_property() {
+    let att = verdict_with(&fixture("nightshift-sandbox"), &sandbox_expectations());
+    assert!(att.passed(), "{:#?}", att.failures().collect::<Vec<_>>());
+    assert_eq!(att.engine, Some(EngineKind::Podman));
+    assert_eq!(att.runtime.as_deref(), Some("runc"));
+}
+
+/// What the runtime was handed decides, whatever the inspect documents say.
+#[test]
+fn the_runtimes_own_configuration_breaks_its_properties() {
+    type Mutation = fn(&mut Value);
+    let cases: [(&str, Mutation, &[&str]); 6] = [
+        (
+            "the host's cgroup namespace",
+            |d| {
+                let ns = d["OciSpec"]["namespaces"].as_array_mut().unwrap();
+                ns.retain(|n| n["type"] != "cgroup");
+            },
+            &["private-namespaces"],
+        ),
+        (
+            "a joined IPC namespace",
+            |d| {
+                let ns = d["OciSpec"]["namespaces"].as_array_mut().unwrap();
+                for n in ns.iter_mut().filter(|n| n["type"] == "ipc") {
+                    n["path"] = "/proc/1/ns/ipc".into();
+                }
+            },
+            &["private-namespaces"],
+        ),
+        (
+            "no seccomp filter handed to the runtime",
+            |d| d["OciSpec"]["seccomp"] = Value::Null,
+            &["seccomp-confined", "seccomp-profile"],
+        ),
+        (
+            "a filter that allows one more syscall",
+            |d| {
+                let rules = d["OciSpec"]["seccomp"]["syscalls"].as_array_mut().unwrap();
+                rules[0]["names"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push("io_uring_setup".into());
+            },
+            &["seccomp-profile"],
+        ),
+        (
+            "/proc/cmdline not masked",
+            |d| {
+                let masked = d["OciSpec"]["maskedPaths"].as_array_mut().unwrap();
+                masked.retain(|p| p != "/proc/cmdline");
+            },
+            &["proc-masked"],
+        ),
+        (
+            "a capability in the bounding set",
+            |d| d["Libpod"]["BoundingCaps"] = serde_json::json!(["CAP_SYS_ADMIN"]),
+            &["capabilities-dropped"],
+        ),
+    ];
+    for (what, mutate, names) in cases {
+        let mut doc = fixture("nightshift-sandbox");
+        mutate(&mut doc);
+        let att = verdict_with(&doc, &sandbox_expectations());
+        let want: BTreeSet<&str> = names.iter().copied().collect();
+        assert_eq!(failed(&att), want, "{what}");
+    }
+}
