@@ -80,3 +80,15 @@ ensure_podman() {
     }
   fi
 }
+
+# Debian's runsc (gVisor), the runtime of nightshift's second Podman service
+# (scripts/podman.sh, docs/engines.md). Installs it when missing.
+ensure_runsc() {
+  if ! command -v runsc >/dev/null 2>&1; then
+    echo "setup: installing runsc (Debian's package)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q runsc >/dev/null 2>&1 || {
+      apt-get -o DPkg::Lock::Timeout=900 update -q >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q runsc >/dev/null
+    }
+  fi
+}

@@ -2,16 +2,21 @@
 # Rootful Podman's Docker-compatible API on a socket of nightshift's own,
 # for `--engine podman` (docs/engines.md), the tests and the benchmarks.
 #
-#   scripts/podman.sh start     installs Debian's podman and catatonit when
-#                               missing, starts `podman system service` on
-#                               /run/nightshift-podman/podman.sock (no
-#                               timeout) and prints its endpoint; a no-op
-#                               when it already answers
+#   scripts/podman.sh start     installs Debian's podman, catatonit and runsc
+#                               when missing, starts `podman system service`
+#                               on /run/nightshift-podman/podman.sock (no
+#                               timeout) and a second one running every
+#                               container with gVisor on podman-runsc.sock
+#                               (Podman 4.3 has one runtime per service);
+#                               prints the first's endpoint; a no-op for a
+#                               service that already answers
 #   scripts/podman.sh stop      stops the service this script started
 #   scripts/podman.sh endpoint  prints the endpoint
 #
-# The service runs as root with Podman's default store
-# (/var/lib/containers/storage); its log is /run/nightshift-podman/service.log.
+# The services run as root with Podman's default store
+# (/var/lib/containers/storage); their logs are /run/nightshift-podman/*.log,
+# their configuration /run/nightshift-podman/containers.conf (gVisor's runsc
+# registered, docs/engines.md).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
@@ -21,35 +26,61 @@ sock="$dir/podman.sock"
 endpoint="unix://$sock"
 
 answers() {
-  curl -sf --max-time 5 --unix-socket "$sock" http://d/_ping >/dev/null 2>&1
+  curl -sf --max-time 5 --unix-socket "${1:-$sock}" http://d/_ping >/dev/null 2>&1
+}
+
+# Starts one service: NAME (its socket and files' stem), then podman's own
+# arguments before `system service`.
+service() {
+  local name=$1; shift
+  local s="$dir/$name.sock"
+  if answers "$s"; then return 0; fi
+  rm -f "$s"
+  # Detached from the caller's pipes and session: it outlives this script.
+  CONTAINERS_CONF="$dir/containers.conf" setsid podman "$@" system service --time=0 "unix://$s" \
+    </dev/null >"$dir/$name.log" 2>&1 &
+  echo $! >"$dir/$name.pid"
+  for _ in $(seq 1 100); do
+    if answers "$s"; then return 0; fi
+    sleep 0.1
+  done
+  echo "podman.sh: the service did not answer on $s; see $dir/$name.log" >&2
+  return 1
 }
 
 start() {
   ensure_podman
-  if answers; then echo "$endpoint"; return 0; fi
+  ensure_runsc
   mkdir -p "$dir"
   chmod 0700 "$dir"
-  rm -f "$sock"
-  # Detached from the caller's pipes and session: it outlives this script.
-  setsid podman system service --time=0 "$endpoint" </dev/null >"$dir/service.log" 2>&1 &
-  echo $! >"$dir/service.pid"
-  for _ in $(seq 1 100); do
-    if answers; then echo "$endpoint"; return 0; fi
-    sleep 0.1
-  done
-  echo "podman.sh: the service did not answer on $sock; see $dir/service.log" >&2
-  return 1
+  # gVisor as the runtime `runsc`, through a wrapper that gives it its
+  # flags: ptrace (KVM hangs here), no network of its own (the sandbox has
+  # none), and host Unix sockets openable (the door).
+  cat >"$dir/runsc" <<'WRAP'
+#!/bin/sh
+exec /usr/bin/runsc --platform=ptrace --network=none --host-uds=open "$@"
+WRAP
+  chmod 0755 "$dir/runsc"
+  cat >"$dir/containers.conf" <<CONF
+[engine.runtimes]
+runsc = ["$dir/runsc"]
+CONF
+  service podman
+  service podman-runsc --runtime runsc
+  echo "$endpoint"
 }
 
 stop() {
-  [ -f "$dir/service.pid" ] || return 0
-  local pid
-  pid=$(cat "$dir/service.pid")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid"
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  fi
-  rm -f "$dir/service.pid" "$sock"
+  local name pid
+  for name in podman podman-runsc; do
+    [ -f "$dir/$name.pid" ] || continue
+    pid=$(cat "$dir/$name.pid")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid"
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
+    rm -f "$dir/$name.pid" "$dir/$name.sock"
+  done
 }
 
 case "${1:-}" in

@@ -62,7 +62,7 @@ phase "tests on Podman"
 scripts/podman.sh start >/dev/null
 NIGHTSHIFT_ENGINE=podman NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build
 NIGHTSHIFT_TEST_ENGINE=podman NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p tests --no-fail-fast \
-  --test attestation --test run
+  --test attestation --test run --test engines
 phase "fuzz"
 # A bounded fuzz pass: each fuzz target for 30 s over its committed
 # corpus, failing on any crash (scripts/fuzz.sh, docs/fuzzing.md; longer

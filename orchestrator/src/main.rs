@@ -65,6 +65,12 @@ struct Cli {
     /// the configuration's `[engine] kind`.
     #[arg(long, global = true, env = "NIGHTSHIFT_ENGINE", value_parser = ["docker", "podman"])]
     engine: Option<String>,
+    /// The OCI runtime sandboxes run with: `runsc` (gVisor, on Podman:
+    /// docs/engines.md) or `runc`; else the configuration's `[sandbox]
+    /// runtime`, else the engine's default. It must agree with the
+    /// configuration's, which the attestation then requires.
+    #[arg(long, global = true, env = "NIGHTSHIFT_RUNTIME", value_parser = ["runc", "runsc"])]
+    runtime: Option<String>,
     /// Hosted mode (set in the service image): `serve` and `worker` refuse
     /// to start on a configuration a hosted deployment must not have
     /// (docs/hosted.md).
@@ -725,6 +731,18 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::USAGE as u8);
         }
     }
+    match runtime_setting(
+        &state_root(cli.state_dir.as_ref()),
+        cli.config.as_deref(),
+        cli.runtime.as_deref(),
+    ) {
+        Ok(Some(r)) => std::env::set_var("NIGHTSHIFT_RUNTIME", r),
+        Ok(None) => std::env::remove_var("NIGHTSHIFT_RUNTIME"),
+        Err(message) => {
+            errln!("nightshift: {message}");
+            return ExitCode::from(exit::USAGE as u8);
+        }
+    }
     install_log(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -865,6 +883,45 @@ fn engine_setting(
             path.display()
         )),
     }
+}
+
+/// The OCI runtime's setting: the configuration's `[sandbox] runtime`
+/// (required of every sandbox) and `--runtime` (or `NIGHTSHIFT_RUNTIME`)
+/// must agree; either alone decides; `runc` is the default (no setting).
+fn runtime_setting(
+    root: &std::path::Path,
+    config: Option<&std::path::Path>,
+    runtime: Option<&str>,
+) -> Result<Option<String>, String> {
+    let path = config
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("config.toml"));
+    let configured = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .and_then(|t| t.get("sandbox")?.get("runtime").cloned());
+    let configured = match configured {
+        None => None,
+        Some(toml::Value::String(r)) if r == "runc" || r == "runsc" => Some(r),
+        Some(other) => {
+            return Err(format!(
+                "{}: [sandbox] runtime must be \"runc\" or \"runsc\", not {other}",
+                path.display()
+            ))
+        }
+    };
+    let chosen = match (runtime, configured) {
+        (Some(asked), Some(required)) if asked != required => {
+            return Err(format!(
+                "--runtime {asked} refused: {} requires [sandbox] runtime = \"{required}\"",
+                path.display()
+            ))
+        }
+        (Some(asked), _) => Some(asked.to_owned()),
+        (None, configured) => configured,
+    };
+    // runc is every engine's default: no setting.
+    Ok(chosen.filter(|r| r != "runc"))
 }
 
 fn store_setting(

@@ -146,6 +146,9 @@ pub struct Expectations {
     /// mount, when the run has one: a writable one fails
     /// `mounts-only-worktree`.
     pub setup_cache: Option<MountExpectation>,
+    /// The OCI runtime the owner requires (`[sandbox] runtime`, `--runtime`:
+    /// `runsc`, gVisor); `None`: runc (or the engine's default).
+    pub runtime: Option<String>,
 }
 
 /// The digest a seccomp profile is known by: sha256 of its canonical JSON
@@ -304,7 +307,7 @@ pub fn attest(
         log_bounded(hc),
         labelled(observed, expect),
         no_sysctls(hc),
-        runtime_default(hc),
+        runtime_default(hc, expect),
         proc_masked(hc),
         no_restart(hc),
         user_no_host_account(observed, host),
@@ -891,14 +894,23 @@ fn no_sysctls(hc: &ObservedSandbox) -> Property {
     )
 }
 
-fn runtime_default(hc: &ObservedSandbox) -> Property {
+fn runtime_default(hc: &ObservedSandbox, expect: &Expectations) -> Property {
     let runtime = hc.runtime.as_deref().unwrap_or("");
-    property(
-        "runtime-default",
-        ALLOWED_RUNTIMES.contains(&runtime),
-        format!("runtime={runtime:?}"),
-        "runtime runc (or the engine default)",
-    )
+    match &expect.runtime {
+        // The owner requires this one: nothing else, runc included.
+        Some(required) => property(
+            "runtime-default",
+            runtime == required,
+            format!("runtime={runtime:?}"),
+            format!("runtime {required} (required)"),
+        ),
+        None => property(
+            "runtime-default",
+            ALLOWED_RUNTIMES.contains(&runtime),
+            format!("runtime={runtime:?}"),
+            "runtime runc (or the engine default)",
+        ),
+    }
 }
 
 fn proc_masked(hc: &ObservedSandbox) -> Property {

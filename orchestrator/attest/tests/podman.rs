@@ -78,6 +78,7 @@ fn expectations() -> Expectations {
         max_file_bytes: 1_073_741_824,
         main_process: None,
         setup_cache: None,
+        runtime: None,
     }
 }
 
@@ -278,6 +279,7 @@ fn sandbox_expectations() -> Expectations {
         max_file_bytes: 2 << 30,
         main_process: Some("/run/nightshift/bin/nightshift-lease".into()),
         setup_cache: None,
+        runtime: None,
     }
 }
 
@@ -349,4 +351,26 @@ fn the_runtimes_own_configuration_breaks_its_properties() {
         let want: BTreeSet<&str> = names.iter().copied().collect();
         assert_eq!(failed(&att), want, "{what}");
     }
+}
+
+/// An owner who requires gVisor (`[sandbox] runtime = "runsc"`) gets no
+/// runc sandbox: the same recorded sandbox fails `runtime-default` alone.
+#[test]
+fn a_required_runtime_refuses_runc() {
+    let expect = Expectations {
+        runtime: Some("runsc".into()),
+        ..sandbox_expectations()
+    };
+    let att = verdict_with(&fixture("nightshift-sandbox"), &expect);
+    assert_eq!(failed(&att), BTreeSet::from(["runtime-default"]));
+    let p = att.property("runtime-default").unwrap();
+    assert_eq!(p.observed, "runtime=\"runc\"");
+    // And a sandbox that reports runsc passes only where runsc is required.
+    let mut doc = fixture("nightshift-sandbox");
+    doc["Libpod"]["OCIRuntime"] = "runsc".into();
+    assert!(verdict_with(&doc, &expect).passed());
+    assert_eq!(
+        failed(&verdict_with(&doc, &sandbox_expectations())),
+        BTreeSet::from(["runtime-default"])
+    );
 }

@@ -41,6 +41,7 @@ fn expectations() -> Expectations {
         max_file_bytes: 1_073_741_824,
         main_process: None,
         setup_cache: None,
+        runtime: None,
     }
 }
 

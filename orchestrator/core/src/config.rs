@@ -204,6 +204,10 @@ pub const DEFAULT_MAX_ACTS_PER_REPOSITORY: u64 = 400;
 pub struct SandboxConfig {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// The OCI runtime every sandbox must run with (`runsc`: gVisor, on
+    /// Podman; docs/engines.md); the attestation refuses any other, runc
+    /// included. `--runtime` must agree.
+    pub runtime: Option<String>,
 }
 
 /// `[[repository]]`: what the owner says of one repository's content. A

@@ -137,6 +137,12 @@ pub trait ContainerEngine: Sync {
     fn kind(&self) -> orchestrator_attest::EngineKind {
         orchestrator_attest::EngineKind::Docker
     }
+    /// The OCI runtime this engine was told to run sandboxes with
+    /// (`NIGHTSHIFT_RUNTIME`: `--runtime`, `[sandbox] runtime`); `None`:
+    /// the engine's default.
+    fn runtime(&self) -> Option<String> {
+        None
+    }
     /// The name of a container's cgroup under the fleet's (Docker: its
     /// id; Podman: `libpod-<id>`).
     fn cgroup_name(&self, id: &str) -> String {

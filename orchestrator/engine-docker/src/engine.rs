@@ -89,11 +89,22 @@ pub fn chosen_engine() -> Result<EngineKind, EngineError> {
     }
 }
 
+/// The OCI runtime chosen for this process's sandboxes:
+/// `NIGHTSHIFT_RUNTIME` (which the binary sets from `--runtime` or the
+/// configuration's `[sandbox] runtime`); unset or empty: the engine's default.
+pub fn chosen_runtime() -> Option<String> {
+    std::env::var("NIGHTSHIFT_RUNTIME")
+        .ok()
+        .filter(|r| !r.is_empty())
+}
+
 #[derive(Debug, Clone)]
 pub struct Engine {
     docker: Docker,
     endpoint: String,
     kind: EngineKind,
+    /// The OCI runtime sandboxes run with (`NIGHTSHIFT_RUNTIME`).
+    runtime: Option<String>,
     /// Podman's socket, for its own API (creation, init, its inspect).
     podman_socket: Option<std::path::PathBuf>,
 }
@@ -110,7 +121,7 @@ impl Engine {
     }
 
     async fn connect_podman() -> Result<Self, EngineError> {
-        let endpoint = crate::podman::podman_endpoint();
+        let endpoint = crate::podman::podman_endpoint(chosen_runtime().as_deref());
         let unreachable = |message: String| EngineError::Unreachable {
             endpoint: endpoint.clone(),
             message,
@@ -140,6 +151,7 @@ impl Engine {
                     podman_socket: Some(path.into()),
                     endpoint,
                     kind: EngineKind::Podman,
+                    runtime: chosen_runtime(),
                 })
             }
             Ok(Err(e)) => Err(unreachable(format!(
@@ -162,6 +174,7 @@ impl Engine {
                 docker,
                 endpoint,
                 kind: EngineKind::Docker,
+                runtime: chosen_runtime(),
                 podman_socket: None,
             }),
             Ok(Err(e)) => Err(EngineError::Unreachable {
@@ -298,6 +311,9 @@ impl Engine {
                 name: Some(RestartPolicyNameEnum::NO),
                 maximum_retry_count: None,
             }),
+            // Docker knows only the runtimes its daemon registers: another
+            // is refused by the engine, naming it.
+            runtime: spec.runtime.clone(),
             ..Default::default()
         };
         let body = ContainerCreateBody {
@@ -635,6 +651,9 @@ impl nightshift_core::container_engine::ContainerEngine for Engine {
     fn kind(&self) -> EngineKind {
         self.kind
     }
+    fn runtime(&self) -> Option<String> {
+        self.runtime.clone()
+    }
     fn image(
         &self,
         reference: &str,
@@ -718,6 +737,7 @@ mod tests {
             docker,
             endpoint: path.display().to_string(),
             kind: EngineKind::Docker,
+            runtime: None,
             podman_socket: None,
         }
     }

@@ -59,11 +59,17 @@ pub fn podman_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/run/nightshift-podman"))
 }
 
-/// The endpoint of nightshift's Podman service: `NIGHTSHIFT_PODMAN_HOST`,
-/// else the socket in [`podman_dir`].
-pub fn podman_endpoint() -> String {
-    std::env::var("NIGHTSHIFT_PODMAN_HOST")
-        .unwrap_or_else(|_| format!("unix://{}/podman.sock", podman_dir().display()))
+/// The endpoint of nightshift's Podman service for a runtime: the default
+/// (runc) at `NIGHTSHIFT_PODMAN_HOST`, else `podman.sock` in
+/// [`podman_dir`]; gVisor (`runsc`) at its own service's `podman-runsc.sock`
+/// (Podman 4.3 runs every container of a service with the service's
+/// runtime; scripts/podman.sh starts both).
+pub fn podman_endpoint(runtime: Option<&str>) -> String {
+    match runtime {
+        Some("runsc") => format!("unix://{}/podman-runsc.sock", podman_dir().display()),
+        _ => std::env::var("NIGHTSHIFT_PODMAN_HOST")
+            .unwrap_or_else(|_| format!("unix://{}/podman.sock", podman_dir().display())),
+    }
 }
 
 fn api_err(doing: &str, e: impl std::error::Error + Send + Sync + 'static) -> EngineError {
@@ -287,6 +293,8 @@ pub(crate) fn sandbox_request(spec: &SandboxSpec, seccomp: &Path) -> Value {
         "log_configuration": {"driver": "none"},
         "restart_policy": "no",
     });
+    // The runtime is the service's (Podman 4.3 takes no runtime per
+    // container): gVisor's service is another socket ([`podman_endpoint`]).
     if let Some(parent) = &spec.cgroup_parent {
         request["cgroup_parent"] = json!(parent);
     }

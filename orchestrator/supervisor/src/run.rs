@@ -657,6 +657,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     .with_supervisor(&sup.identity)
     .with_door(door_dir)
     .with_base_commit(held.base_commit.as_deref().unwrap_or_default())
+    .with_runtime(sup.engine.runtime())
     .with_cgroup_parent(sup.fleet.as_ref().map(|f| {
         // On Podman, a cgroup of the run's own between the fleet and the
         // container's: it outlives the container (`monitor::run_memory`).
