@@ -6,8 +6,12 @@
 #     worktree, create, attestation, start), and
 #   - `nightshift enqueue` of one task handed to a running `serve` over its
 #     socket, whose dispatcher starts the run in process (woken by the
-#     enqueue, not by its 500 ms poll).
-# Median and p90 of N each, interleaved. Prints markdown rows.
+#     enqueue, not by its 500 ms poll),
+# beside the engine's own work for the same image through its API in one
+# process (scripts/bench/engine_baseline.py: create, start, wait, logs,
+# remove; no hardening, no worktree): to its first instruction, and whole.
+# The whole `nightshift run` is timed too. Median and p90 of N each,
+# interleaved. Prints markdown rows.
 #
 #   NIGHTSHIFT_BIN=path N=15 scripts/bench-first-instruction.sh
 set -euo pipefail
@@ -34,13 +38,14 @@ latest_run() { NIGHTSHIFT_STATE_DIR=$1 "$bin" runs --json | python3 -c 'import j
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 p90() { sort -n | awk '{a[NR]=$1} END {i=int(NR*0.9+0.5); if (i<1) i=1; print a[i]}'; }
 
-cli_ms() {
-  local s id first
+cli_ms() { # prints: to the first instruction, whole
+  local s e id first
   s=$(date +%s%N)
   NIGHTSHIFT_STATE_DIR=$work/cli "$bin" run --image "$image" --repo "$repo" -- sh -c 'date +%s%N' >/dev/null
+  e=$(date +%s%N)
   id=$(latest_run "$work/cli")
   first=$(head -n 1 "$work/cli/runs/$id/output.log")
-  echo $(( (first - s) / 1000000 ))
+  echo $(( (first - s) / 1000000 )) $(( (e - s) / 1000000 ))
 }
 
 served=$work/served
@@ -72,13 +77,21 @@ print(sum(1 for x in t if x["state"] not in ("done", "failed", "cancelled")))')
 }
 
 cli_ms >/dev/null; served_ms >/dev/null # warm up
-c=(); v=()
+c=(); cw=(); v=(); e=(); ew=()
 for _ in $(seq 1 "$N"); do
-  c+=("$(cli_ms)")
+  read -r f w < <(cli_ms); c+=("$f"); cw+=("$w")
   v+=("$(served_ms)")
+  read -r f w < <(python3 scripts/bench/engine_baseline.py "$image" 1); e+=("$f"); ew+=("$w")
 done
+row() { # NAME VALUES...
+  local name=$1; shift
+  echo "| $name | $(printf '%s\n' "$@" | median) ms | $(printf '%s\n' "$@" | p90) ms |"
+}
 echo "| path | p50 | p90 |"
 echo "|---|---:|---:|"
-echo "| \`nightshift run\` to the first instruction | $(printf '%s\n' "${c[@]}" | median) ms | $(printf '%s\n' "${c[@]}" | p90) ms |"
-echo "| \`enqueue\` under \`serve\` to the first instruction | $(printf '%s\n' "${v[@]}" | median) ms | $(printf '%s\n' "${v[@]}" | p90) ms |"
-echo "(N=$N each, interleaved, $(basename "$(dirname "$bin")") build, $(date -u +%F), load $(cut -d' ' -f1 /proc/loadavg))"
+row "the engine's own create and start, to the first instruction" "${e[@]}"
+row "\`nightshift run\` to the first instruction" "${c[@]}"
+row "\`enqueue\` under \`serve\` to the first instruction" "${v[@]}"
+row "the engine's own create, start, wait, logs, remove" "${ew[@]}"
+row "\`nightshift run -- sh -c 'date +%s%N'\`, whole" "${cw[@]}"
+echo "(N=$N each, interleaved, $bin, $(date -u +%F), load $(cut -d' ' -f1 /proc/loadavg))"

@@ -31,10 +31,20 @@ cargo build -q -p orchestrator
 phase "images"
 NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build
 # The agent images the tests use (heavy: each is built once, then a no-op
-# while its inputs are unchanged).
-for preset in python-sdks claude-code codex mini-swe-agent aider; do
-  NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build --agent "$preset"
-done
+# while its inputs are unchanged). They share one Debian root filesystem
+# (built by the first, kept in the build folder); the rest are mostly pip,
+# two at a time on this machine's two cores, each line prefixed.
+agent_image() {
+  NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build --agent "$1" 2>&1 | sed "s/^/[$1] /"
+  return "${PIPESTATUS[0]}"
+}
+agent_image python-sdks
+agent_image claude-code & a=$!
+agent_image codex & b=$!
+wait "$a"; wait "$b"
+agent_image mini-swe-agent & a=$!
+agent_image aider & b=$!
+wait "$a"; wait "$b"
 # The toolchain image tests/tests/toolchains.rs and setup.rs use (Debian's cargo and
 # pip over the sandbox image; built once, then a no-op).
 NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build --with rust,python

@@ -255,7 +255,9 @@ enum Command {
     },
     /// Find sandboxes and runs whose supervisor vanished, and settle them.
     Reconcile,
-    /// Retry the import of a run whose import failed (its worktree was kept).
+    /// Retry the import of a run whose import failed (its worktree was kept),
+    /// or import the worktree this state kept of a run another worker
+    /// settled as lost.
     Import { run: String },
     /// List and check the destinations (STATE/destinations.toml): alias,
     /// kind, URL (never a credential), readers. Exit 3 naming file, line and

@@ -5,8 +5,9 @@
 //! tasks over only once they have, settles their runs in the store as lost
 //! once their sandboxes have surely ended, and runs again the task that
 //! says it may be retried; when the cut worker comes back, its fenced
-//! writes change nothing. Every task ends once, no sandbox outlives its
-//! claim, the audit chain verifies.
+//! writes change nothing, and the worktrees it kept of those runs are
+//! imported (each lost run gains its result). Every task ends once, no
+//! sandbox outlives its claim, the audit chain verifies.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -335,6 +336,58 @@ fn a_worker_cut_off_from_the_store_is_fenced_and_another_settles_its_tasks_once(
     }
     let r = runs.iter().find(|r| r["id"] == retried.as_str()).unwrap();
     assert_eq!(r["status"], "exited 0", "{r:#?}");
+    // What A's agents wrote before the cut, kept in A's worktrees, is
+    // imported once A reaches the store again: each lost run gains its
+    // result (holding the file its agent wrote) and keeps B's decision.
+    let imported_by = Instant::now();
+    let runs = loop {
+        let runs = state.runs();
+        let of_a: Vec<&serde_json::Value> = runs
+            .iter()
+            .filter(|r| runs_of_a.iter().any(|a| r["id"] == a.as_str()))
+            .collect();
+        if of_a.iter().all(|r| r["result_ref"].is_string()) {
+            break runs;
+        }
+        assert!(
+            imported_by.elapsed() < Duration::from_secs(60),
+            "A's kept worktrees were never imported: {of_a:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    for run in &runs_of_a {
+        let r = runs.iter().find(|r| r["id"] == run.as_str()).unwrap();
+        assert_eq!(
+            r["status"], "lost: its worker stopped renewing its claim",
+            "{r:#?}"
+        );
+        assert!(
+            r["reason"]
+                .as_str()
+                .is_some_and(|w| w.contains("imported when the worker reached the store again")),
+            "{r:#?}"
+        );
+        let result = r["result_ref"].as_str().unwrap();
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(repo.path())
+            .args(["cat-file", "-e", &format!("{result}:started.txt")])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "run {run}'s result lacks what its agent wrote: {}",
+            stderr(&out)
+        );
+    }
+    assert!(
+        !state
+            .path()
+            .join("worktrees")
+            .read_dir()
+            .is_ok_and(|mut d| d.next().is_some()),
+        "a kept worktree is left after its import"
+    );
     // Each run ended once in the audit.
     let ended = state.audit_runs_and_bodies("run_ended");
     for run in runs_of_a.iter().chain([&retried]) {
@@ -528,8 +581,9 @@ fn worker_in(state: &State, ns: &NetNs, host: &str, store: &str) -> Worker {
 /// (its packets dropped, no reset) for longer than its lease, then healed.
 /// Every task ends exactly once, every act the door queued is in the store
 /// and none twice, no sandbox outlives its lease (the partitioned worker's
-/// are gone before its claims lapse), the fleet's memory is never exceeded
-/// (sampled), and the audit verifies.
+/// are gone before its claims lapse), the worktrees kept of runs settled as
+/// lost are imported once a worker reaches the store, the fleet's memory is
+/// never exceeded (sampled), and the audit verifies.
 #[test]
 fn three_workers_in_their_own_networks_lose_nothing_to_a_kill_and_a_partition() {
     let url = orchestrator::store_postgres::testing::fresh_database();
@@ -723,6 +777,57 @@ fn three_workers_in_their_own_networks_lose_nothing_to_a_kill_and_a_partition() 
     }
     sampling.store(false, Ordering::SeqCst);
     sampler.join().unwrap();
+    // The worktrees kept of runs settled as lost (the killed worker's, and
+    // the partitioned one's whose ends it could not write) are imported by
+    // a live worker once it reaches the store: none is left, and each such
+    // run carries its result beside the settler's decision.
+    let worktrees = state.path().join("worktrees");
+    let imported_by = Instant::now();
+    while std::fs::read_dir(&worktrees).is_ok_and(|mut d| d.next().is_some()) {
+        assert!(
+            imported_by.elapsed() < Duration::from_secs(60),
+            "kept worktrees were never imported: {:?}",
+            std::fs::read_dir(&worktrees)
+                .unwrap()
+                .flatten()
+                .map(|e| e.file_name())
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Each run settled as lost whose agent had started (its worktree then
+    // held its work) has its result.
+    let started: Vec<Option<String>> = state
+        .audit_runs_and_bodies("started")
+        .into_iter()
+        .map(|(r, _)| r)
+        .collect();
+    let lost_and_kept: Vec<serde_json::Value> = state
+        .runs()
+        .into_iter()
+        .filter(|r| {
+            started.iter().any(|s| s.as_deref() == r["id"].as_str())
+                && r["status"]
+                    .as_str()
+                    .is_some_and(|s| s.starts_with("lost: its worker"))
+        })
+        .collect();
+    for r in &lost_and_kept {
+        assert!(
+            r["result_ref"].is_string(),
+            "a lost run's kept work was not imported: {r:#?}"
+        );
+        assert!(
+            r["reason"]
+                .as_str()
+                .is_some_and(|w| w.contains("imported when the worker reached the store again")),
+            "{r:#?}"
+        );
+    }
+    eprintln!(
+        "{} runs settled as lost after their agent started: each imported",
+        lost_and_kept.len()
+    );
     let t = tasks(&state);
     assert_eq!(t.len(), 60);
     let runs = state.runs();

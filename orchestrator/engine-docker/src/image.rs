@@ -13,6 +13,13 @@
 //!   covers the base image's digest and each toolchain's name and package
 //!   list, in one order whatever order they were asked in
 //!   (`tests::toolchain_references_follow_their_inputs_not_their_order`).
+//! - The Debian root filesystem an image starts from is built once per
+//!   recipe, package list, suite and mirror, and kept in the build folder as
+//!   `rootfs-<digest>.tar` ([`base_rootfs_key`]): the agent images, whose
+//!   Debian packages are the same, share one debootstrap
+//!   (`tests::agent_images_share_one_root_filesystem`). It is only read:
+//!   each image's own steps write new archives, and the image's id is
+//!   computed from the archive it is assembled from.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -401,6 +408,12 @@ struct Recipe {
     toolchain_packages: String,
 }
 
+/// The key of the Debian root filesystem a recipe starts from: the digest of
+/// the recipe script, the package list, the suite and the mirror.
+pub fn base_rootfs_key(packages: &str, mirror: &str) -> String {
+    digest_parts(&[RECIPE, packages, SUITE, mirror])
+}
+
 /// Builds the image `spec` names unless the engine already has it (the
 /// same inputs give the same reference: a no-op); returns its reference.
 pub async fn build_image(
@@ -452,26 +465,35 @@ async fn build_recipe(
         std::fs::remove_dir_all(&scratch).map_err(io("clearing", &scratch))?;
     }
     std::fs::create_dir_all(&scratch).map_err(io("creating", &scratch))?;
-    let recipe = scratch.join("build-rootfs.sh");
-    let packages = scratch.join("packages.txt");
-    let rootfs = scratch.join("rootfs.tar");
-    std::fs::write(&recipe, RECIPE).map_err(io("writing", &recipe))?;
-    std::fs::write(&packages, &package_list).map_err(io("writing", &packages))?;
-
     progress(&format!(
         "building {reference} from Debian {SUITE} packages"
     ));
-    run_script(
-        &recipe,
-        &[
-            rootfs.as_os_str(),
-            packages.as_os_str(),
-            SUITE.as_ref(),
-            mirror.as_ref(),
-        ],
-        &mut progress,
-    )
-    .await?;
+    // The root filesystem: once per recipe and package list, kept.
+    let key = base_rootfs_key(&package_list, mirror);
+    let base = scratch_root.join(format!("rootfs-{}.tar", &key[..16]));
+    if base.is_file() {
+        progress(&format!("root filesystem up to date: {}", base.display()));
+    } else {
+        let recipe = scratch.join("build-rootfs.sh");
+        let packages = scratch.join("packages.txt");
+        let rootfs = scratch.join("rootfs.tar");
+        std::fs::write(&recipe, RECIPE).map_err(io("writing", &recipe))?;
+        std::fs::write(&packages, &package_list).map_err(io("writing", &packages))?;
+        run_script(
+            &recipe,
+            &[
+                rootfs.as_os_str(),
+                packages.as_os_str(),
+                SUITE.as_ref(),
+                mirror.as_ref(),
+            ],
+            &mut progress,
+        )
+        .await?;
+        // Whole or not at all: a build killed half-way leaves no base.
+        std::fs::rename(&rootfs, &base).map_err(io("keeping", &base))?;
+    }
+    let rootfs = base.clone();
     let rootfs = match agent {
         None => rootfs,
         Some(agent) => {
@@ -499,7 +521,6 @@ async fn build_recipe(
                 &mut progress,
             )
             .await?;
-            let _ = std::fs::remove_file(&rootfs);
             out
         }
     };
@@ -524,7 +545,9 @@ async fn build_recipe(
                 &mut progress,
             )
             .await?;
-            let _ = std::fs::remove_file(&rootfs);
+            if rootfs != base {
+                let _ = std::fs::remove_file(&rootfs);
+            }
             out
         }
     };
@@ -852,6 +875,32 @@ mod tests {
         assert_eq!(v["config"]["User"], "1000:1000");
         assert_eq!(v["rootfs"]["diff_ids"][0], "sha256:ab");
         assert_eq!(v["config"]["Labels"]["org.nightshift.inputs"], "d1");
+    }
+
+    #[test]
+    fn agent_images_share_one_root_filesystem() {
+        let key = |spec: &ImageSpec| base_rootfs_key(&spec.packages(), DEFAULT_MIRROR);
+        let agents: Vec<String> = Agent::ALL
+            .iter()
+            .map(|a| key(&ImageSpec::new(Some(*a), &[])))
+            .collect();
+        assert!(agents.len() >= 5);
+        assert!(agents.iter().all(|k| *k == agents[0]), "{agents:?}");
+        // The sandbox image's packages differ (no venv): its own.
+        let sandbox = key(&ImageSpec::new(None, &[]));
+        assert_ne!(sandbox, agents[0]);
+        // Toolchains are installed over the base, never into its key.
+        assert_eq!(key(&ImageSpec::new(None, &[Toolchain::Rust])), sandbox);
+        // Each input of the debootstrap moves it.
+        let packages = ImageSpec::new(None, &[]).packages();
+        assert_ne!(
+            base_rootfs_key(&packages, "http://mirror.example/debian"),
+            sandbox
+        );
+        assert_ne!(
+            base_rootfs_key(&format!("{packages}\nvim\n"), DEFAULT_MIRROR),
+            sandbox
+        );
     }
 
     #[test]

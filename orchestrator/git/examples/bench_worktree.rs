@@ -7,7 +7,9 @@
 //! `rounds` (default 7) times in one run and prints the medians. Each checkout
 //! is removed (untimed) before the next round. `BENCH_DIR` sets where the
 //! repositories go (default: the system temp dir); `/dev/shm` takes the disk
-//! out of the figures.
+//! out of the figures. `BENCH_REPO=path` takes a real repository instead
+//! of the generated one (cloned here without a checkout, its HEAD the base:
+//! for example a snapshot of `rust-lang/cargo`).
 //!
 //! To compare with an earlier version of the crate (as docs/benchmarks.md
 //! does), build that version's example too and run the two in turn: each
@@ -57,9 +59,17 @@ fn main() {
     }
     .expect("tempdir");
     let host = scratch.path().join("host");
-    std::fs::create_dir(&host).unwrap();
-    git(&host, &["init", "-q", "-b", "main"]);
-    for i in 0..files {
+    let real = std::env::var("BENCH_REPO").ok();
+    if let Some(repo) = &real {
+        git(
+            scratch.path(),
+            &["clone", "-q", "--no-checkout", repo, host.to_str().unwrap()],
+        );
+    } else {
+        std::fs::create_dir(&host).unwrap();
+        git(&host, &["init", "-q", "-b", "main"]);
+    }
+    for i in 0..if real.is_some() { 0 } else { files } {
         let dir = host.join(format!("d{:02}/s{:02}", i % 50, (i / 50) % 20));
         std::fs::create_dir_all(&dir).unwrap();
         let body: String = (0..6)
@@ -72,16 +82,22 @@ fn main() {
             .collect();
         std::fs::write(dir.join(format!("f{i}.txt")), body).unwrap();
     }
-    git(&host, &["add", "-A"]);
-    git(&host, &["commit", "-q", "-m", "bench fixture"]);
-    git(&host, &["gc", "-q"]);
+    if real.is_none() {
+        git(&host, &["add", "-A"]);
+        git(&host, &["commit", "-q", "-m", "bench fixture"]);
+        git(&host, &["gc", "-q"]);
+    }
     let base = git(&host, &["rev-parse", "HEAD"]);
+    let files = git(&host, &["ls-tree", "-r", "--name-only", "HEAD"])
+        .lines()
+        .count();
     let pack_bytes: u64 = std::fs::read_dir(host.join(".git/objects/pack"))
         .unwrap()
         .flatten()
         .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
         .sum();
-    println!("repository: {files} files, one commit, packed ({pack_bytes} bytes in objects/pack)");
+    let what = real.as_deref().unwrap_or("generated, one commit");
+    println!("repository: {what}: {files} files, packed ({pack_bytes} bytes in objects/pack)");
     println!("rounds: {rounds} each, median reported\n");
 
     let out = scratch.path().join("out");

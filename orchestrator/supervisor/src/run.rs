@@ -1491,11 +1491,20 @@ pub enum RetryError {
     Store(#[from] StoreError),
 }
 
-/// `nightshift import RUN`: retries the import of a run whose import failed.
-/// On success the result is recorded and audited, the worktree removed, and
-/// the run's status becomes its ending (with "history dropped" when so); on
-/// failure the worktree stays and the status names the new failure. Runs one
-/// at a time per state (`STATE/import.lock`).
+/// The status another worker gives a run whose worker stopped renewing its
+/// claim (`run_queue::settle_elsewhere`); the worker may still hold the
+/// run's worktree and import it when it reaches the store again.
+pub const LOST_BY_WORKER: &str = "lost: its worker stopped renewing its claim";
+
+/// `nightshift import RUN`: retries the import of a run whose import failed,
+/// or imports the worktree a cut-off worker kept of a run another worker
+/// settled as lost ([`LOST_BY_WORKER`]; the worker's dispatcher does this
+/// itself once it reaches the store again). On success the result is
+/// recorded and audited, the worktree removed, and the run's status becomes
+/// its ending (with "history dropped" when so; a lost run keeps its status,
+/// the decision its settler made, and its reason says the work arrived
+/// later); on failure the worktree stays and the status names the new
+/// failure. Runs one at a time per state (`STATE/import.lock`).
 pub async fn retry_import(
     store: &Mutex<Box<dyn StateStore>>,
     run: &str,
@@ -1523,7 +1532,8 @@ pub async fn retry_import(
         let store = store.lock().unwrap_or_else(|p| p.into_inner());
         store.run(run)?
     };
-    if import_state(&record) != ImportState::Failed {
+    let lost = record.status.starts_with(LOST_BY_WORKER) && record.result_ref.is_none();
+    if import_state(&record) != ImportState::Failed && !lost {
         return Err(RetryError::NothingToRetry {
             run: run.to_string(),
             status: record.status,
@@ -1536,12 +1546,15 @@ pub async fn retry_import(
             path: worktree,
         });
     }
-    let ended = record
-        .observed
-        .as_ref()
-        .and_then(|o| o["import_failed"]["ended"].as_str())
-        .unwrap_or("ended")
-        .to_string();
+    let ended = match lost {
+        true => record.status.clone(),
+        false => record
+            .observed
+            .as_ref()
+            .and_then(|o| o["import_failed"]["ended"].as_str())
+            .unwrap_or("ended")
+            .to_string(),
+    };
     let put = |record: &RunRecord, event: Event| -> Result<(), StoreError> {
         let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
         store.put_run(record)?;
@@ -1570,7 +1583,12 @@ pub async fn retry_import(
     let wt = worktree.clone();
     let removed =
         tokio::task::spawn_blocking(move || nightshift_core::hostview::remove_worktree(&wt)).await;
-    let mut reason = "imported by nightshift import".to_string();
+    let mut reason = match (lost, &record.reason) {
+        (true, Some(why)) => format!(
+            "{why}; its work, kept by its worker, was imported when the worker reached the store again"
+        ),
+        _ => "imported by nightshift import".to_string(),
+    };
     match removed {
         Ok(Ok(())) => {
             let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
@@ -1588,6 +1606,13 @@ pub async fn retry_import(
     let (status, _) = status_after_import(&mut record, ended, None, &worktree);
     record.status = status.clone();
     record.reason = Some(reason.clone());
+    if lost {
+        // Its ending was audited once, by its settler; the import itself
+        // is audited (`imported`), and the record now carries the result.
+        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+        store.put_run(&record)?;
+        return Ok(record);
+    }
     put(
         &record,
         Event::RunEnded {

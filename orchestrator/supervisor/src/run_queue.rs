@@ -828,7 +828,7 @@ fn settle_elsewhere<S: StateStore + ?Sized>(
     let mut ended = None;
     if let Some(mut r) = record {
         if !nightshift_core::state_store::is_final(&r.status) {
-            r.status = "lost: its worker stopped renewing its claim".into();
+            r.status = crate::run::LOST_BY_WORKER.into();
             r.reason = Some(words.clone());
             r.ended_at = Some(nightshift_core::state_store::now_rfc3339());
             store.end_run(
@@ -851,7 +851,7 @@ fn settle_elsewhere<S: StateStore + ?Sized>(
     }
     let lost_by_worker = ended
         .as_ref()
-        .is_none_or(|r| r.status.starts_with("lost: its worker"));
+        .is_none_or(|r| r.status.starts_with(crate::run::LOST_BY_WORKER));
     let from = [TaskState::Starting.name(), TaskState::Running.name()];
     if lost_by_worker && task.progress.attempt < task.spec.retries {
         let q = Progress {
@@ -1388,6 +1388,7 @@ pub async fn dispatch_loop(
         if held_at.elapsed() >= fence_at {
             fence_self(&mut watched, &holder);
         }
+        let mut reached = false;
         let looked = match look_after_runs(api, opts, &mut watched, &mut summary).await {
             Ok(()) if renewed.elapsed() >= every => {
                 renewed = std::time::Instant::now();
@@ -1403,12 +1404,16 @@ pub async fn dispatch_loop(
                 )
                 .and_then(|()| {
                     held_at = at;
+                    reached = true;
                     step(api, &config, opts, &me, &holder, &mut watched, &mut summary)
                 })
             }
             Ok(()) => step(api, &config, opts, &me, &holder, &mut watched, &mut summary),
             Err(e) => Err(e),
         };
+        if reached && matches!(opts.runner, Runner::InProcess(_)) {
+            import_kept(api, &watched).await;
+        }
         match looked {
             Ok(true) if opts.until_empty => return Ok(summary),
             Ok(_) => last_error = None,
@@ -1481,6 +1486,57 @@ fn fence_self(watched: &mut Watched, holder: &str) {
             if stop.borrow().is_none() {
                 tracing::error!(task = %id, holder = %holder, "this dispatcher could not renew its claim in time: stopping the task's run before the claim lapses");
                 let _ = stop.send(Some(crate::run::Stop::Fenced));
+            }
+        }
+    }
+}
+
+/// The worktrees this state keeps of runs another worker settled as lost
+/// ([`crate::run::LOST_BY_WORKER`]: this worker was cut off from the store,
+/// stopped its runs, and could not write their ends) are imported once the
+/// store answers again, each through `nightshift import`'s path (one at a
+/// time, under the state's import lock): the run keeps the settler's
+/// decision and gains its result. Runs this dispatcher still watches, runs
+/// not yet settled and runs ended otherwise are left alone; a failed import
+/// makes the run `import failed` (the owner's `nightshift import` then)
+/// and is not retried here
+/// (`tests/tests/workers.rs::three_workers_in_their_own_networks_lose_nothing_to_a_kill_and_a_partition`).
+async fn import_kept(api: &Api, watched: &Watched) {
+    let Ok(entries) = std::fs::read_dir(api.root().join("worktrees")) else {
+        return;
+    };
+    let running: std::collections::HashSet<&str> = watched
+        .own
+        .values()
+        .filter_map(|o| match o {
+            Own::InProcess { run, .. } => Some(run.as_str()),
+            Own::Child(_) => None,
+        })
+        .chain(watched.runs.values().map(String::as_str))
+        .collect();
+    for entry in entries.flatten() {
+        let Some(run) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if running.contains(run.as_str()) || !entry.path().is_dir() {
+            continue;
+        }
+        let Ok(store) = api.open_store() else {
+            return;
+        };
+        let lost = store.run(&run).is_ok_and(|r| {
+            r.status.starts_with(crate::run::LOST_BY_WORKER) && r.result_ref.is_none()
+        });
+        if !lost {
+            continue;
+        }
+        let store = std::sync::Mutex::new(store);
+        match crate::run::retry_import(&store, &run).await {
+            Ok(r) => {
+                tracing::info!(run = %run, result = ?r.result_ref, "imported the worktree this worker kept of a run settled as lost")
+            }
+            Err(e) => {
+                tracing::warn!(run = %run, error = %e, "importing the worktree this worker kept of a run settled as lost")
             }
         }
     }

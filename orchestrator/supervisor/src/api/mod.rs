@@ -68,7 +68,8 @@ pub enum Command {
     },
     /// Settle runs and sandboxes whose supervisor vanished.
     Reconcile {},
-    /// Retry the import of a run whose import failed.
+    /// Retry the import of a run whose import failed, or import the worktree
+    /// this state kept of a run another worker settled as lost.
     Import { run: String },
     /// The deferred queue: acts (pending first, grouped by run) and the
     /// door requests the gate refused. Expires what has run out of time.
