@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Engines side by side: `nightshift run -- true` on Docker and on rootful
-# Podman (docs/engines.md), each against that engine's own create, start,
+# Engines side by side: `nightshift run -- true` on Docker, on rootful
+# Podman and on Podman with gVisor (docs/engines.md), each against that
+# engine's own create, start,
 # wait and remove of the same image through its API (a hardened request:
 # no network, no capabilities, read-only root, the caps), interleaved, in
 # one session; median of N each. Prints markdown rows for docs/benchmarks.md.
@@ -63,6 +64,8 @@ docker_profile=$(cat orchestrator/$profile)
 podman_profile=$(ls /run/nightshift-podman/seccomp/*.json | head -1)
 docker_api() { api_run /var/run/docker.sock "$docker_profile"; }
 podman_api() { api_run /run/nightshift-podman/podman.sock "$podman_profile"; }
+gvisor_api() { api_run /run/nightshift-podman/podman-runsc.sock "$podman_profile"; }
+ours_gvisor() { "$BIN" --engine podman --runtime runsc run --repo "$repo" --image "$image" -- true >/dev/null; }
 ours_docker() { "$BIN" run --repo "$repo" --image "$image" -- true >/dev/null; }
 ours_podman() { "$BIN" --engine podman run --repo "$repo" --image "$image" -- true >/dev/null; }
 
@@ -71,20 +74,25 @@ median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a
 
 ours_podman # writes the seccomp file Podman reads, and warms up
 podman_profile=$(ls /run/nightshift-podman/seccomp/*.json | head -1)
-ours_docker; docker_api; podman_api
-da=(); dn=(); pa=(); pn=()
+ours_docker; docker_api; podman_api; gvisor_api; ours_gvisor
+da=(); dn=(); pa=(); pn=(); ga=(); gn=()
 for _ in $(seq 1 "$N"); do
   da+=("$(time_ms docker_api)")
   dn+=("$(time_ms ours_docker)")
   pa+=("$(time_ms podman_api)")
   pn+=("$(time_ms ours_podman)")
+  ga+=("$(time_ms gvisor_api)")
+  gn+=("$(time_ms ours_gvisor)")
 done
 m() { printf '%s\n' "$@" | median; }
 dam=$(m "${da[@]}"); dnm=$(m "${dn[@]}"); pam=$(m "${pa[@]}"); pnm=$(m "${pn[@]}")
+gam=$(m "${ga[@]}"); gnm=$(m "${gn[@]}")
 r() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a/b}'; }
 echo "| Docker: create, start, wait, remove through its API | $dam ms | 1.00 |"
 echo "| Docker: \`nightshift run -- true\` | $dnm ms | $(r "$dnm" "$dam") |"
 echo "| Podman: create, start, wait, remove through its API | $pam ms | $(r "$pam" "$dam") |"
 echo "| Podman: \`nightshift --engine podman run -- true\` | $pnm ms | $(r "$pnm" "$dam") (against Podman's own: $(r "$pnm" "$pam")) |"
+echo "| Podman + gVisor: create, start, wait, remove through its API | $gam ms | $(r "$gam" "$dam") |"
+echo "| Podman + gVisor: \`nightshift --engine podman --runtime runsc run -- true\` | $gnm ms | $(r "$gnm" "$dam") (against its own: $(r "$gnm" "$gam")) |"
 echo "(median of $N each, interleaved, $(date -u +%F), $(nproc) cores)"
 rm -rf "$state"
