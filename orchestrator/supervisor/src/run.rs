@@ -935,11 +935,26 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     };
     let duration = started.elapsed();
     // A last look at the cgroup before the container (and its cgroup) goes.
+    // Podman removes the container's as it exits: its run's own cgroup,
+    // which holds only it, still has the figures.
     if let Some(fleet) = &sup.fleet {
-        let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), cgroup.clone());
-        let observed = tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
-            .await
-            .unwrap_or_default();
+        let last_look = if on_podman {
+            monitor::run_cgroup_dir(&id)
+        } else {
+            cgroup.clone()
+        };
+        let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), last_look);
+        let mut observed =
+            tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
+                .await
+                .unwrap_or_default();
+        if on_podman {
+            // The run's cgroup is charged a little the container's is not
+            // (its creation): its CPU time only; memory stays the
+            // container's own, sampled while it ran.
+            observed.memory_bytes = None;
+            observed.memory_peak_bytes = None;
+        }
         peak.peak_memory_bytes = max_opt(
             peak.peak_memory_bytes,
             max_opt(observed.memory_peak_bytes, observed.memory_bytes),
