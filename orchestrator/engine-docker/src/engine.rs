@@ -442,6 +442,9 @@ impl Engine {
     /// The container's state as the engine names it (`created`, `running`,
     /// `exited`, ...), or `None` when it is gone.
     pub async fn status(&self, id: &str) -> Result<Option<String>, EngineError> {
+        if let Some(socket) = &self.podman_socket {
+            return crate::podman::status(socket, id).await;
+        }
         match self.docker.inspect_container(id, None).await {
             Ok(c) => Ok(Some(
                 c.state
@@ -574,6 +577,11 @@ impl Engine {
             Some(r) => format!("{LABEL_RUN}={r}"),
             None => format!("{LABEL_MANAGED}=1"),
         };
+        // Podman's compatible list names states Docker has no word for
+        // (`stopped`), which the client refuses: its own list instead.
+        if let Some(socket) = &self.podman_socket {
+            return crate::podman::managed(socket, &label).await;
+        }
         let options = ListContainersOptions {
             all: true,
             filters: Some(HashMap::from([("label".to_string(), vec![label])])),

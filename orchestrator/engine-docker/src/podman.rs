@@ -332,6 +332,92 @@ pub(crate) async fn create(socket: &Path, spec: &SandboxSpec) -> Result<String, 
     Ok(id)
 }
 
+/// Percent-encodes a query value (RFC 3986 unreserved characters kept).
+fn query_value(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Containers carrying `label` (`key=value`), from Podman's own list: its
+/// compatible list names states (`stopped`) Docker's client refuses.
+pub(crate) async fn managed(
+    socket: &Path,
+    label: &str,
+) -> Result<Vec<nightshift_core::container_engine::Managed>, EngineError> {
+    let filters = json!({ "label": [label] }).to_string();
+    let list = call(
+        socket,
+        "GET",
+        &format!(
+            "/containers/json?all=true&filters={}",
+            query_value(&filters)
+        ),
+        None,
+        "listing nightshift containers in podman",
+    )
+    .await?;
+    Ok(list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            let labels: std::collections::HashMap<String, String> = c
+                .get("Labels")
+                .and_then(|l| serde_json::from_value(l.clone()).ok())
+                .unwrap_or_default();
+            Some(nightshift_core::container_engine::Managed {
+                id: c.get("Id")?.as_str()?.to_owned(),
+                run: labels.get(nightshift_core::sandbox::LABEL_RUN).cloned(),
+                running: c.get("State").and_then(Value::as_str) == Some("running"),
+                labels,
+            })
+        })
+        .collect())
+}
+
+/// A container's state from Podman's own inspect, in Docker's words
+/// (`initialized` is `created`, `stopped` is `exited`), or `None` when it
+/// is gone.
+pub(crate) async fn status(socket: &Path, id: &str) -> Result<Option<String>, EngineError> {
+    match call(
+        socket,
+        "GET",
+        &format!("/containers/{id}/json"),
+        None,
+        &format!("inspecting container {id} in podman"),
+    )
+    .await
+    {
+        // In Docker's words, as the port names them.
+        Ok(doc) => Ok(Some(
+            match doc
+                .pointer("/State/Status")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+            {
+                "configured" | "initialized" => "created",
+                "stopped" => "exited",
+                other => other,
+            }
+            .to_owned(),
+        )),
+        Err(EngineError::Api { source, .. })
+            if source
+                .downcast_ref::<Answer>()
+                .is_some_and(|a| a.status == 404) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Initialises a created container: the runtime's bundle (its OCI
 /// configuration) is written and its process made, stopped before the
 /// command runs.
@@ -444,6 +530,14 @@ mod tests {
         let me = nix::unistd::geteuid().as_raw();
         assert_eq!(check_service(&path).await.is_ok(), me == 0);
         assert!(check_service(&dir.path().join("none.sock")).await.is_err());
+    }
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(
+            query_value(r#"{"label":["nightshift.run=a b"]}"#),
+            "%7B%22label%22%3A%5B%22nightshift.run%3Da%20b%22%5D%7D"
+        );
     }
 
     #[test]
