@@ -275,16 +275,27 @@ pub fn remove_run_cgroup(layout: &Layout, fleet: &str, run_dir: &str) {
             .unwrap_or_default(),
         Layout::V2 { root } => vec![root.join(fleet).join(run_dir)],
     };
-    for dir in dirs {
-        // Its children first (Podman's `conmon` cgroup), once empty.
-        if let Ok(children) = std::fs::read_dir(&dir) {
-            for child in children.filter_map(Result::ok) {
-                if child.file_type().is_ok_and(|t| t.is_dir()) {
-                    let _ = std::fs::remove_dir(child.path());
+    // Podman removes the container's own cgroup a moment after it reports
+    // the container gone: a bounded wait for the run's to empty (5 s; past
+    // it the empty folder stays: docs/engines.md).
+    for _ in 0..100 {
+        let mut left = false;
+        for dir in &dirs {
+            if let Ok(children) = std::fs::read_dir(dir) {
+                for child in children.filter_map(Result::ok) {
+                    if child.file_type().is_ok_and(|t| t.is_dir()) {
+                        let _ = std::fs::remove_dir(child.path());
+                    }
                 }
             }
+            if std::fs::remove_dir(dir).is_err() && dir.exists() {
+                left = true;
+            }
         }
-        let _ = std::fs::remove_dir(dir);
+        if !left {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
 
