@@ -13,10 +13,10 @@
 //!   the index matches the files' final stat data, so `git status` is clean
 //!   (see [`crate::checkout`]).
 //!
-//! Writing one undeltified pack of the reachable objects costs about as much
-//! as copying the host's packs did on the benchmark repository (see
-//! docs/benchmarks.md); a long history costs more, since every version of
-//! every file is stored whole.
+//! The history is packed by the host's `git pack-objects` from exactly the
+//! reachable ids, reusing its compressed objects and deltas (see
+//! [`crate::reachable`]), so a long history costs about its own pack size;
+//! the checkout writes the base tree's blobs (docs/benchmarks.md).
 
 use std::collections::HashSet;
 use std::fs;
@@ -147,7 +147,9 @@ fn populate(
     let host_odb = host
         .odb()
         .map_err(|e| GitError::git("opening the host object database", e))?;
-    crate::reachable::write_pack_of(&host_odb, &reachable.rest, &pack_dir, "history")?;
+    if !crate::reachable::write_pack_reusing(&host_common, &reachable.rest, &gitdir)? {
+        crate::reachable::write_pack_of(&host_odb, &reachable.rest, &pack_dir, "history")?;
+    }
     // Only the shallow commits this history holds: the file names commits.
     let held: HashSet<&git2::Oid> = if shallow.is_empty() {
         HashSet::new()
