@@ -64,3 +64,31 @@ ensure_postgres() {
   getent passwd postgres >/dev/null || useradd --system --home-dir /var/lib/postgresql postgres
   export PG_BIN
 }
+
+# Debian's podman (rootful) with what it needs to run nightshift's sandboxes:
+# catatonit (the init binary podman's `--init` runs) and crun/runc. Installs
+# them when missing.
+ensure_podman() {
+  local missing=()
+  command -v podman >/dev/null 2>&1 || missing+=(podman)
+  [ -x /usr/libexec/podman/catatonit ] || command -v catatonit >/dev/null 2>&1 || missing+=(catatonit)
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]} (Debian's packages)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q "${missing[@]}" >/dev/null 2>&1 || {
+      apt-get -o DPkg::Lock::Timeout=900 update -q >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q "${missing[@]}" >/dev/null
+    }
+  fi
+}
+
+# Debian's runsc (gVisor), the runtime of nightshift's second Podman service
+# (scripts/podman.sh, docs/engines.md). Installs it when missing.
+ensure_runsc() {
+  if ! command -v runsc >/dev/null 2>&1; then
+    echo "setup: installing runsc (Debian's package)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q runsc >/dev/null 2>&1 || {
+      apt-get -o DPkg::Lock::Timeout=900 update -q >/dev/null
+      DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=900 install -y -q runsc >/dev/null
+    }
+  fi
+}

@@ -64,6 +64,15 @@ phase "tests on PostgreSQL"
 NIGHTSHIFT_TEST_STORE=postgres NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p tests --no-fail-fast \
   --test acts --test run_queue --test serve_queue --test audit --test dashboard_api \
   --test faults --test run
+phase "tests on Podman"
+# The attestation and run suites again with every sandbox on nightshift's
+# rootful Podman service (scripts/podman.sh, docs/engines.md), the image
+# loaded into Podman's store (a no-op when it is up to date there). The
+# service is left running, as dockerd is.
+scripts/podman.sh start >/dev/null
+NIGHTSHIFT_ENGINE=podman NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build
+NIGHTSHIFT_TEST_ENGINE=podman NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p tests --no-fail-fast \
+  --test attestation --test run --test engines
 phase "fuzz"
 # A bounded fuzz pass: each fuzz target for 30 s over its committed
 # corpus, failing on any crash (scripts/fuzz.sh, docs/fuzzing.md; longer

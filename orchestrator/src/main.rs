@@ -60,6 +60,17 @@ struct Cli {
     /// password), read when no --store is given.
     #[arg(long, global = true, env = "NIGHTSHIFT_STORE_FILE")]
     store_file: Option<PathBuf>,
+    /// The container engine: `docker` (the default) or `podman` (rootful,
+    /// nightshift's own service: scripts/podman.sh; docs/engines.md); else
+    /// the configuration's `[engine] kind`.
+    #[arg(long, global = true, env = "NIGHTSHIFT_ENGINE", value_parser = ["docker", "podman"])]
+    engine: Option<String>,
+    /// The OCI runtime sandboxes run with: `runsc` (gVisor, on Podman:
+    /// docs/engines.md) or `runc`; else the configuration's `[sandbox]
+    /// runtime`, else the engine's default. It must agree with the
+    /// configuration's, which the attestation then requires.
+    #[arg(long, global = true, env = "NIGHTSHIFT_RUNTIME", value_parser = ["runc", "runsc"])]
+    runtime: Option<String>,
     /// Hosted mode (set in the service image): `serve` and `worker` refuse
     /// to start on a configuration a hosted deployment must not have
     /// (docs/hosted.md).
@@ -709,6 +720,31 @@ fn main() -> ExitCode {
     if let Some(url) = &cli.store {
         std::env::set_var("NIGHTSHIFT_STORE", url);
     }
+    // Likewise the engine: `--engine`, else the configuration's.
+    match engine_setting(
+        &state_root(cli.state_dir.as_ref()),
+        cli.config.as_deref(),
+        cli.engine.as_deref(),
+    ) {
+        Ok(Some(kind)) => std::env::set_var("NIGHTSHIFT_ENGINE", kind),
+        Ok(None) => {}
+        Err(message) => {
+            errln!("nightshift: {message}");
+            return ExitCode::from(exit::USAGE as u8);
+        }
+    }
+    match runtime_setting(
+        &state_root(cli.state_dir.as_ref()),
+        cli.config.as_deref(),
+        cli.runtime.as_deref(),
+    ) {
+        Ok(Some(r)) => std::env::set_var("NIGHTSHIFT_RUNTIME", r),
+        Ok(None) => std::env::remove_var("NIGHTSHIFT_RUNTIME"),
+        Err(message) => {
+            errln!("nightshift: {message}");
+            return ExitCode::from(exit::USAGE as u8);
+        }
+    }
     install_log(cli.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -822,6 +858,74 @@ async fn connect() -> Result<Engine, i32> {
 /// configuration's `[store] url` or `NIGHTSHIFT_STORE_FILE` put it) and
 /// the URL read from that file, if it was read: shared by the whole
 /// command line and `policy check`'s lean entry point (`fast`).
+/// The engine's setting: `--engine` (or `NIGHTSHIFT_ENGINE`), else the
+/// configuration's `[engine] kind`; `None` for the default (Docker).
+fn engine_setting(
+    root: &std::path::Path,
+    config: Option<&std::path::Path>,
+    engine: Option<&str>,
+) -> Result<Option<String>, String> {
+    if let Some(e) = engine {
+        return Ok(Some(e.to_owned()));
+    }
+    let path = config
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("config.toml"));
+    let Some(kind) = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .and_then(|t| t.get("engine")?.get("kind").cloned())
+    else {
+        return Ok(None);
+    };
+    match kind.as_str() {
+        Some(k @ ("docker" | "podman")) => Ok(Some(k.to_owned())),
+        _ => Err(format!(
+            "{}: [engine] kind must be \"docker\" or \"podman\", not {kind}",
+            path.display()
+        )),
+    }
+}
+
+/// The OCI runtime's setting: the configuration's `[sandbox] runtime`
+/// (required of every sandbox) and `--runtime` (or `NIGHTSHIFT_RUNTIME`)
+/// must agree; either alone decides; `runc` is the default (no setting).
+fn runtime_setting(
+    root: &std::path::Path,
+    config: Option<&std::path::Path>,
+    runtime: Option<&str>,
+) -> Result<Option<String>, String> {
+    let path = config
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("config.toml"));
+    let configured = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| text.parse::<toml::Table>().ok())
+        .and_then(|t| t.get("sandbox")?.get("runtime").cloned());
+    let configured = match configured {
+        None => None,
+        Some(toml::Value::String(r)) if r == "runc" || r == "runsc" => Some(r),
+        Some(other) => {
+            return Err(format!(
+                "{}: [sandbox] runtime must be \"runc\" or \"runsc\", not {other}",
+                path.display()
+            ))
+        }
+    };
+    let chosen = match (runtime, configured) {
+        (Some(asked), Some(required)) if asked != required => {
+            return Err(format!(
+                "--runtime {asked} refused: {} requires [sandbox] runtime = \"{required}\"",
+                path.display()
+            ))
+        }
+        (Some(asked), _) => Some(asked.to_owned()),
+        (None, configured) => configured,
+    };
+    // runc is every engine's default: no setting.
+    Ok(chosen.filter(|r| r != "runc"))
+}
+
 fn store_setting(
     root: &std::path::Path,
     config: Option<&std::path::Path>,

@@ -36,6 +36,30 @@ pub fn nightshift_bin() -> PathBuf {
 /// server `NIGHTSHIFT_TEST_PG` names, or one started for the test process).
 pub const TEST_STORE_VAR: &str = "NIGHTSHIFT_TEST_STORE";
 
+/// The variable that runs the end-to-end tests on another engine:
+/// `podman` runs every sandbox on nightshift's rootful Podman service
+/// (`scripts/podman.sh start`), `--engine podman` for each command.
+pub const TEST_ENGINE_VAR: &str = "NIGHTSHIFT_TEST_ENGINE";
+
+/// Whether the tests run on Podman (`NIGHTSHIFT_TEST_ENGINE=podman`).
+pub fn on_podman() -> bool {
+    match std::env::var(TEST_ENGINE_VAR).as_deref() {
+        Ok("podman") => true,
+        Ok("docker") | Ok("") | Err(_) => false,
+        Ok(other) => panic!("{TEST_ENGINE_VAR}={other}: use docker or podman"),
+    }
+}
+
+/// The engine's own command-line client (`docker` or `podman`), for what
+/// the tests ask the engine behind nightshift's back.
+pub fn engine_cli() -> &'static str {
+    if on_podman() {
+        "podman"
+    } else {
+        "docker"
+    }
+}
+
 #[derive(Debug)]
 pub struct State {
     pub dir: tempfile::TempDir,
@@ -91,6 +115,11 @@ impl State {
             Some(url) => c.env("NIGHTSHIFT_STORE", url),
             None => c.env_remove("NIGHTSHIFT_STORE"),
         };
+        if on_podman() {
+            c.env("NIGHTSHIFT_ENGINE", "podman");
+        } else {
+            c.env_remove("NIGHTSHIFT_ENGINE");
+        }
         c
     }
 
@@ -173,7 +202,7 @@ impl State {
     /// Containers labelled with this state's tag (there must be none left).
     pub fn containers(&self) -> Vec<String> {
         let tag = orchestrator::state_tag(self.path());
-        let out = Command::new("docker")
+        let out = Command::new(engine_cli())
             .args([
                 "ps",
                 "-aq",
@@ -181,7 +210,7 @@ impl State {
                 &format!("label=nightshift.state={tag}"),
             ])
             .output()
-            .expect("docker ps");
+            .expect("the engine's ps");
         String::from_utf8_lossy(&out.stdout)
             .split_whitespace()
             .map(str::to_string)

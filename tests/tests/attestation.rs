@@ -6,34 +6,35 @@
 //! log), not of what nightshift recorded: the probe sees a start however
 //! the supervisor records or cleans up after it.
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use tests::{audit_kinds, image, make_repo, only_run, stderr, State};
+use tests::{audit_kinds, engine_cli, image, make_repo, on_podman, only_run, stderr, State};
 
 fn volume_image() -> String {
     let tag = format!("nightshift-test-volume:{}", &image().replace(':', "-"));
-    let exists = Command::new("docker")
+    let exists = Command::new(engine_cli())
         .args(["image", "inspect", &tag])
         .output()
         .unwrap()
         .status
         .success();
     if !exists {
-        let mut build = Command::new("docker")
-            .args(["build", "-q", "-t", &tag, "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap();
-        write!(
-            build.stdin.take().unwrap(),
-            "FROM {}\nVOLUME /data\n",
-            image()
+        // A build context of one file (Podman reads no Dockerfile on stdin).
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("Dockerfile"),
+            format!("FROM {}\nVOLUME /data\n", image()),
         )
         .unwrap();
-        assert!(build.wait().unwrap().success(), "docker build failed");
+        let built = Command::new(engine_cli())
+            .args(["build", "-q", "-t", &tag])
+            .arg(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(built.success(), "{} build failed", engine_cli());
     }
     tag
 }
@@ -49,7 +50,7 @@ fn unix_now() -> u64 {
 /// seconds), from the engine's event log, one id per start.
 fn engine_starts(state: &State, since: u64) -> Vec<String> {
     let tag = orchestrator::state_tag(state.path());
-    let out = Command::new("docker")
+    let out = Command::new(engine_cli())
         .args([
             "events",
             "--since",
@@ -67,7 +68,7 @@ fn engine_starts(state: &State, since: u64) -> Vec<String> {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "docker events: {}", stderr(&out));
+    assert!(out.status.success(), "events: {}", stderr(&out));
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .map(str::to_string)
@@ -155,6 +156,16 @@ fn the_attestation_of_a_real_sandbox_covers_the_hardening() {
         .iter()
         .find(|e| e["kind"] == "attestation")
         .unwrap();
+    // The attestation names the engine it observed and its runtime.
+    assert_eq!(
+        att["body"]["engine"],
+        if on_podman() { "podman" } else { "docker" }
+    );
+    assert!(
+        ["runc", "io.containerd.runc.v2", ""].contains(&att["body"]["runtime"].as_str().unwrap()),
+        "{}",
+        att["body"]
+    );
     let props = att["body"]["properties"].as_array().unwrap();
     let observed = |name: &str| {
         let p = props

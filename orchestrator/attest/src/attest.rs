@@ -25,7 +25,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::host::HostObserved;
-use crate::inspect::{HostConfig, Inspected};
+use crate::observed::{EngineKind, ObservedSandbox, Seccomp};
 
 /// Every property id, in the order [`attest`] lists them.
 pub const PROPERTY_NAMES: [&str; 29] = [
@@ -146,6 +146,9 @@ pub struct Expectations {
     /// mount, when the run has one: a writable one fails
     /// `mounts-only-worktree`.
     pub setup_cache: Option<MountExpectation>,
+    /// The OCI runtime the owner requires (`[sandbox] runtime`, `--runtime`:
+    /// `runsc`, gVisor); `None`: runc (or the engine's default).
+    pub runtime: Option<String>,
 }
 
 /// The digest a seccomp profile is known by: sha256 of its canonical JSON
@@ -201,6 +204,12 @@ pub struct MountExpectation {
 /// The verdict: every property with what was observed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Attestation {
+    /// The engine whose report was judged (`None`: nothing was read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineKind>,
+    /// The OCI runtime the engine reported (empty: its default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
     pub properties: Vec<Property>,
 }
 
@@ -270,8 +279,12 @@ impl fmt::Display for Refused {
 
 /// Judges the observed configuration (the engine's inspect document and
 /// what the supervisor saw on the host) against the expectations.
-pub fn attest(observed: &Inspected, host: &HostObserved, expect: &Expectations) -> Attestation {
-    let hc = &observed.host_config;
+pub fn attest(
+    observed: &ObservedSandbox,
+    host: &HostObserved,
+    expect: &Expectations,
+) -> Attestation {
+    let hc = observed;
     let properties = vec![
         network_none(observed),
         capabilities_dropped(hc),
@@ -294,7 +307,7 @@ pub fn attest(observed: &Inspected, host: &HostObserved, expect: &Expectations) 
         log_bounded(hc),
         labelled(observed, expect),
         no_sysctls(hc),
-        runtime_default(hc),
+        runtime_default(hc, expect),
         proc_masked(hc),
         no_restart(hc),
         user_no_host_account(observed, host),
@@ -303,7 +316,11 @@ pub fn attest(observed: &Inspected, host: &HostObserved, expect: &Expectations) 
         shm_bounded(hc, expect),
         ulimits_bounded(hc, expect),
     ];
-    Attestation { properties }
+    Attestation {
+        engine: Some(observed.engine),
+        runtime: Some(observed.runtime.clone().unwrap_or_default()),
+        properties,
+    }
 }
 
 fn property(
@@ -320,43 +337,34 @@ fn property(
     }
 }
 
-fn network_none(observed: &Inspected) -> Property {
-    let hc = &observed.host_config;
-    let networks: Vec<&str> = observed
-        .network_settings
-        .as_ref()
-        .and_then(|n| n.networks.as_ref())
-        .map(|n| n.keys().map(String::as_str).collect())
-        .unwrap_or_default();
-    let ports: Vec<&str> = hc
-        .port_bindings
-        .as_ref()
-        .map(|p| p.keys().map(String::as_str).collect())
-        .unwrap_or_default();
-    let links = list(&hc.links);
-    let ok = hc.network_mode.as_deref() == Some("none")
+fn network_none(observed: &ObservedSandbox) -> Property {
+    let net = &observed.network;
+    let networks: Vec<&str> = net.attached.iter().map(String::as_str).collect();
+    let ports: Vec<&str> = net.published_ports.iter().map(String::as_str).collect();
+    let links = &net.links;
+    let ok = net.mode.as_deref() == Some("none")
         && networks.iter().all(|n| *n == "none")
         && ports.is_empty()
-        && hc.publish_all_ports == Some(false)
+        && net.publish_all == Some(false)
         && links.is_empty();
     property(
         "network-none",
         ok,
         format!(
             "mode={} networks=[{}] port-bindings=[{}] publish-all={} links=[{}]",
-            opt(&hc.network_mode),
+            opt(&net.mode),
             networks.join(","),
             ports.join(","),
-            opt(&hc.publish_all_ports),
+            opt(&net.publish_all),
             links.join(","),
         ),
         "mode=none networks=[none] port-bindings=[] publish-all=false links=[]",
     )
 }
 
-fn capabilities_dropped(hc: &HostConfig) -> Property {
-    let drop = list(&hc.cap_drop);
-    let add = list(&hc.cap_add);
+fn capabilities_dropped(hc: &ObservedSandbox) -> Property {
+    let drop = &hc.cap_drop;
+    let add = &hc.cap_add;
     let ok = drop.iter().any(|c| c.eq_ignore_ascii_case("ALL")) && add.is_empty();
     property(
         "capabilities-dropped",
@@ -366,7 +374,7 @@ fn capabilities_dropped(hc: &HostConfig) -> Property {
     )
 }
 
-fn not_privileged(hc: &HostConfig) -> Property {
+fn not_privileged(hc: &ObservedSandbox) -> Property {
     property(
         "not-privileged",
         hc.privileged == Some(false),
@@ -375,27 +383,8 @@ fn not_privileged(hc: &HostConfig) -> Property {
     )
 }
 
-/// Splits a security option as the engine does: `key=value`, or the legacy
-/// `key:value` when there is no `=`.
-fn split_security_opt(opt: &str) -> (&str, Option<&str>) {
-    if let Some((k, v)) = opt.split_once('=') {
-        (k, Some(v))
-    } else if let Some((k, v)) = opt.split_once(':') {
-        (k, Some(v))
-    } else {
-        (opt, None)
-    }
-}
-
-fn security_opts(hc: &HostConfig) -> impl Iterator<Item = (&str, Option<&str>)> {
-    list(&hc.security_opt).iter().map(|o| split_security_opt(o))
-}
-
-fn no_new_privileges(hc: &HostConfig) -> Property {
-    let values: Vec<Option<&str>> = security_opts(hc)
-        .filter(|(k, _)| *k == "no-new-privileges")
-        .map(|(_, v)| v)
-        .collect();
+fn no_new_privileges(hc: &ObservedSandbox) -> Property {
+    let values: Vec<Option<&str>> = hc.no_new_privileges.iter().map(|v| v.as_deref()).collect();
     // Any spelling other than bare or `true` could switch it back off (the
     // engine lets the last one win), so only those count.
     let ok = !values.is_empty() && values.iter().all(|v| matches!(v, None | Some("true")));
@@ -414,16 +403,13 @@ fn no_new_privileges(hc: &HostConfig) -> Property {
     )
 }
 
-fn seccomp_confined(hc: &HostConfig) -> Property {
+fn seccomp_confined(hc: &ObservedSandbox) -> Property {
     let mut unconfined = false;
     let mut custom = false;
-    for (key, value) in security_opts(hc) {
-        if key == "seccomp" {
-            if value == Some("unconfined") {
-                unconfined = true;
-            } else {
-                custom = true;
-            }
+    for setting in &hc.seccomp {
+        match setting {
+            Seccomp::Unconfined => unconfined = true,
+            Seccomp::Profile { .. } => custom = true,
         }
     }
     // A custom profile is shown only as "custom": its text is long and says
@@ -441,11 +427,11 @@ fn seccomp_confined(hc: &HostConfig) -> Property {
     )
 }
 
-fn lsm_confined(observed: &Inspected) -> Property {
+fn lsm_confined(observed: &ObservedSandbox) -> Property {
     let mut bad: Vec<String> = Vec::new();
-    for (key, value) in security_opts(&observed.host_config) {
-        let value = value.unwrap_or("");
-        let refused = match key {
+    for (key, value) in &observed.lsm_options {
+        let value = value.as_str();
+        let refused = match key.as_str() {
             "apparmor" => value == "unconfined",
             "label" => {
                 value == "disable" || value.contains("spc_t") || value.contains("unconfined_t")
@@ -456,7 +442,7 @@ fn lsm_confined(observed: &Inspected) -> Property {
             bad.push(format!("{key}={value}"));
         }
     }
-    let profile = observed.app_armor_profile.as_deref().unwrap_or("");
+    let profile = observed.apparmor_profile.as_deref().unwrap_or("");
     if profile == "unconfined" {
         bad.push("apparmor-profile=unconfined".to_owned());
     }
@@ -479,15 +465,15 @@ fn non_root_id(s: &str) -> bool {
     matches!(s.parse::<u32>(), Ok(id) if id != 0)
 }
 
-fn non_root_user(observed: &Inspected) -> Property {
-    let user = observed.config.user.as_deref().unwrap_or("");
+fn non_root_user(observed: &ObservedSandbox) -> Property {
+    let user = observed.user.as_deref().unwrap_or("");
     // A uid alone is refused too: its group then comes from the image's
     // /etc/passwd, and is 0 when the uid has no entry there.
     let user_ok = match user.split_once(':') {
         Some((uid, gid)) => non_root_id(uid) && non_root_id(gid),
         None => false,
     };
-    let groups = list(&observed.host_config.group_add);
+    let groups = &observed.extra_groups;
     let groups_ok = groups.iter().all(|g| non_root_id(g));
     property(
         "non-root-user",
@@ -497,11 +483,11 @@ fn non_root_user(observed: &Inspected) -> Property {
     )
 }
 
-fn read_only_root(hc: &HostConfig) -> Property {
+fn read_only_root(hc: &ObservedSandbox) -> Property {
     property(
         "read-only-root",
-        hc.readonly_rootfs == Some(true),
-        format!("readonly-rootfs={}", opt(&hc.readonly_rootfs)),
+        hc.read_only_root == Some(true),
+        format!("readonly-rootfs={}", opt(&hc.read_only_root)),
         "readonly-rootfs=true",
     )
 }
@@ -521,8 +507,8 @@ fn rw_word(rw: bool) -> &'static str {
     }
 }
 
-fn mounts_only_worktree(observed: &Inspected, expect: &Expectations) -> Property {
-    let hc = &observed.host_config;
+fn mounts_only_worktree(observed: &ObservedSandbox, expect: &Expectations) -> Property {
+    let hc = observed;
     let mut wanted = vec![WantedMount {
         what: "worktree",
         source: &expect.worktree_host_path,
@@ -557,7 +543,7 @@ fn mounts_only_worktree(observed: &Inspected, expect: &Expectations) -> Property
 
     // The engine's own list of what it mounted is the observation that
     // counts; the requested lists below only catch additions it hides.
-    for m in observed.mounts.as_deref().unwrap_or_default() {
+    for m in &observed.mounts {
         let kind = m.kind.as_deref().unwrap_or("");
         let source = m.source.as_deref().unwrap_or("");
         let dest = m.destination.as_deref().unwrap_or("");
@@ -598,7 +584,7 @@ fn mounts_only_worktree(observed: &Inspected, expect: &Expectations) -> Property
             ));
         }
     }
-    for bind in list(&hc.binds) {
+    for bind in &hc.requested_binds {
         let mut parts = bind.splitn(3, ':');
         let source = parts.next().unwrap_or("");
         let target = parts.next().unwrap_or("");
@@ -610,7 +596,7 @@ fn mounts_only_worktree(observed: &Inspected, expect: &Expectations) -> Property
             _ => problems.push(format!("unexpected binds entry {bind}")),
         }
     }
-    for m in hc.mounts.as_deref().unwrap_or_default() {
+    for m in &hc.requested_mounts {
         let kind = m.kind.as_deref().unwrap_or("");
         let source = m.source.as_deref().unwrap_or("");
         let target = m.target.as_deref().unwrap_or("");
@@ -623,7 +609,7 @@ fn mounts_only_worktree(observed: &Inspected, expect: &Expectations) -> Property
             )),
         }
     }
-    for from in list(&hc.volumes_from) {
+    for from in &hc.volumes_from {
         problems.push(format!("volumes-from {from}"));
     }
 
@@ -663,10 +649,10 @@ fn bounded_size(value: &str) -> bool {
     matches!(digits.parse::<u64>(), Ok(n) if n > 0)
 }
 
-fn tmpfs_only_allowed(hc: &HostConfig, expect: &Expectations) -> Property {
+fn tmpfs_only_allowed(hc: &ObservedSandbox, expect: &Expectations) -> Property {
     let mut shown = Vec::new();
     let mut ok = true;
-    for (target, options) in hc.tmpfs.iter().flatten() {
+    for (target, options) in &hc.tmpfs {
         // The kernel applies the last `size=`, so that is the one to judge.
         let size = options
             .split(',')
@@ -690,31 +676,10 @@ fn tmpfs_only_allowed(hc: &HostConfig, expect: &Expectations) -> Property {
     )
 }
 
-fn no_devices(hc: &HostConfig) -> Property {
-    let devices: Vec<String> = hc
-        .devices
-        .iter()
-        .flatten()
-        .map(|d| {
-            d.get("PathOnHost")
-                .and_then(|p| p.as_str())
-                .unwrap_or("?")
-                .to_owned()
-        })
-        .collect();
-    let rules = list(&hc.device_cgroup_rules);
-    let requests: Vec<String> = hc
-        .device_requests
-        .iter()
-        .flatten()
-        .map(|r| {
-            r.get("Driver")
-                .and_then(|p| p.as_str())
-                .filter(|d| !d.is_empty())
-                .unwrap_or("request")
-                .to_owned()
-        })
-        .collect();
+fn no_devices(hc: &ObservedSandbox) -> Property {
+    let devices = &hc.devices;
+    let rules = &hc.device_cgroup_rules;
+    let requests = &hc.device_requests;
     let ok = devices.is_empty() && rules.is_empty() && requests.is_empty();
     property(
         "no-devices",
@@ -729,17 +694,18 @@ fn no_devices(hc: &HostConfig) -> Property {
     )
 }
 
-fn private_namespaces(hc: &HostConfig) -> Property {
+fn private_namespaces(hc: &ObservedSandbox) -> Property {
     let shared = |mode: &Option<String>| {
         mode.as_deref()
             .is_some_and(|m| m == "host" || m.starts_with("container:"))
     };
-    let ok = !shared(&hc.pid_mode)
-        && !shared(&hc.ipc_mode)
-        && !shared(&hc.uts_mode)
-        && !shared(&hc.userns_mode)
-        && !shared(&hc.cgroup)
-        && hc.cgroupns_mode.as_deref() == Some("private");
+    let ns = &hc.namespaces;
+    let ok = !shared(&ns.pid)
+        && !shared(&ns.ipc)
+        && !shared(&ns.uts)
+        && !shared(&ns.user)
+        && !shared(&ns.cgroup)
+        && ns.cgroupns.as_deref() == Some("private");
     // Empty means the engine's default, which is private for all of these.
     let show = |m: &Option<String>| m.as_deref().unwrap_or("").to_owned();
     property(
@@ -747,18 +713,19 @@ fn private_namespaces(hc: &HostConfig) -> Property {
         ok,
         format!(
             "pid={:?} ipc={:?} uts={:?} userns={:?} cgroup={:?} cgroupns={}",
-            show(&hc.pid_mode),
-            show(&hc.ipc_mode),
-            show(&hc.uts_mode),
-            show(&hc.userns_mode),
-            show(&hc.cgroup),
-            opt(&hc.cgroupns_mode),
+            show(&ns.pid),
+            show(&ns.ipc),
+            show(&ns.uts),
+            show(&ns.user),
+            show(&ns.cgroup),
+            opt(&ns.cgroupns),
         ),
         "no host or container: namespace; cgroupns=private",
     )
 }
 
-fn memory_limited(hc: &HostConfig, expect: &Expectations) -> Property {
+fn memory_limited(o: &ObservedSandbox, expect: &Expectations) -> Property {
+    let hc = &o.limits;
     let ok = match (hc.memory, hc.memory_swap) {
         (Some(m), Some(swap)) => m > 0 && m <= expect.max_memory_bytes && swap == m,
         _ => false,
@@ -774,7 +741,8 @@ fn memory_limited(hc: &HostConfig, expect: &Expectations) -> Property {
     )
 }
 
-fn oom_killer_enabled(hc: &HostConfig) -> Property {
+fn oom_killer_enabled(o: &ObservedSandbox) -> Property {
+    let hc = &o.limits;
     // `null` is how the engine says the setting was never made: enabled.
     let ok = hc.oom_kill_disable != Some(true) && hc.oom_score_adj.unwrap_or(0) >= 0;
     property(
@@ -789,7 +757,8 @@ fn oom_killer_enabled(hc: &HostConfig) -> Property {
     )
 }
 
-fn cpu_limited(hc: &HostConfig) -> Property {
+fn cpu_limited(o: &ObservedSandbox) -> Property {
+    let hc = &o.limits;
     let ok = hc.nano_cpus.is_some_and(|n| n > 0) || hc.cpu_quota.is_some_and(|q| q > 0);
     property(
         "cpu-limited",
@@ -803,12 +772,13 @@ fn cpu_limited(hc: &HostConfig) -> Property {
     )
 }
 
-fn pids_limited(hc: &HostConfig, expect: &Expectations) -> Property {
-    let ok = hc.pids_limit.is_some_and(|p| p > 0 && p <= expect.max_pids);
+fn pids_limited(o: &ObservedSandbox, expect: &Expectations) -> Property {
+    let hc = &o.limits;
+    let ok = hc.pids.is_some_and(|p| p > 0 && p <= expect.max_pids);
     property(
         "pids-limited",
         ok,
-        format!("pids-limit={}", opt(&hc.pids_limit)),
+        format!("pids-limit={}", opt(&hc.pids)),
         format!("0 < pids-limit <= {}", expect.max_pids),
     )
 }
@@ -832,14 +802,17 @@ fn shown_key(key: &str) -> String {
         .collect()
 }
 
-fn env_allowlisted(observed: &Inspected, expect: &Expectations) -> Property {
-    let env = list(&observed.config.env);
+fn env_allowlisted(observed: &ObservedSandbox, expect: &Expectations) -> Property {
+    let env = &observed.env;
     let mut offending: Vec<String> = Vec::new();
     for entry in env {
         let allowed_pair = entry
             .split_once('=')
             .is_some_and(|(k, v)| expect.allowed_env.get(k).is_some_and(|want| want == v));
-        if !(allowed_pair || expect.image_env.contains(entry)) {
+        if !(allowed_pair
+            || expect.image_env.contains(entry)
+            || observed.engine_env.contains(entry))
+        {
             let key = entry.split_once('=').map_or(entry.as_str(), |(k, _)| k);
             let key = shown_key(key);
             if !offending.contains(&key) {
@@ -864,9 +837,9 @@ fn env_allowlisted(observed: &Inspected, expect: &Expectations) -> Property {
     )
 }
 
-fn init_pid1(observed: &Inspected, expect: &Expectations) -> Property {
-    let init = observed.host_config.init;
-    let path = observed.path.as_deref();
+fn init_pid1(observed: &ObservedSandbox, expect: &Expectations) -> Property {
+    let init = observed.engine_init;
+    let path = observed.main_process.as_deref();
     let shown = format!("init={} path={}", opt(&init), path.unwrap_or("<none>"));
     match &expect.main_process {
         // The engine's init would be PID 1 and the wrapper its child, which
@@ -881,15 +854,9 @@ fn init_pid1(observed: &Inspected, expect: &Expectations) -> Property {
     }
 }
 
-fn log_bounded(hc: &HostConfig) -> Property {
-    let kind = hc.log_config.as_ref().and_then(|l| l.kind.as_deref());
-    let max_size = hc
-        .log_config
-        .as_ref()
-        .and_then(|l| l.config.as_ref())
-        .and_then(|c| c.get("max-size"))
-        .map(String::as_str)
-        .filter(|s| !s.is_empty());
+fn log_bounded(hc: &ObservedSandbox) -> Property {
+    let kind = hc.log_driver.as_deref();
+    let max_size = hc.log_max_size.as_deref();
     let ok = match kind {
         Some("none") => true,
         Some("json-file" | "local") => max_size.is_some(),
@@ -907,12 +874,8 @@ fn log_bounded(hc: &HostConfig) -> Property {
     )
 }
 
-fn labelled(observed: &Inspected, expect: &Expectations) -> Property {
-    let value = observed
-        .config
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(RUN_LABEL));
+fn labelled(observed: &ObservedSandbox, expect: &Expectations) -> Property {
+    let value = observed.labels.get(RUN_LABEL);
     property(
         "labelled",
         value == Some(&expect.run_id),
@@ -921,13 +884,8 @@ fn labelled(observed: &Inspected, expect: &Expectations) -> Property {
     )
 }
 
-fn no_sysctls(hc: &HostConfig) -> Property {
-    let keys: Vec<&str> = hc
-        .sysctls
-        .iter()
-        .flatten()
-        .map(|(k, _)| k.as_str())
-        .collect();
+fn no_sysctls(hc: &ObservedSandbox) -> Property {
+    let keys: Vec<&str> = hc.sysctls.iter().map(String::as_str).collect();
     property(
         "no-sysctls",
         keys.is_empty(),
@@ -936,17 +894,26 @@ fn no_sysctls(hc: &HostConfig) -> Property {
     )
 }
 
-fn runtime_default(hc: &HostConfig) -> Property {
+fn runtime_default(hc: &ObservedSandbox, expect: &Expectations) -> Property {
     let runtime = hc.runtime.as_deref().unwrap_or("");
-    property(
-        "runtime-default",
-        ALLOWED_RUNTIMES.contains(&runtime),
-        format!("runtime={runtime:?}"),
-        "runtime runc (or the engine default)",
-    )
+    match &expect.runtime {
+        // The owner requires this one: nothing else, runc included.
+        Some(required) => property(
+            "runtime-default",
+            runtime == required,
+            format!("runtime={runtime:?}"),
+            format!("runtime {required} (required)"),
+        ),
+        None => property(
+            "runtime-default",
+            ALLOWED_RUNTIMES.contains(&runtime),
+            format!("runtime={runtime:?}"),
+            "runtime runc (or the engine default)",
+        ),
+    }
 }
 
-fn proc_masked(hc: &HostConfig) -> Property {
+fn proc_masked(hc: &ObservedSandbox) -> Property {
     let masked = list(&hc.masked_paths);
     let readonly = list(&hc.readonly_paths);
     let missing: Vec<&str> = DEFAULT_MASKED_PATHS
@@ -960,7 +927,7 @@ fn proc_masked(hc: &HostConfig) -> Property {
         )
         .copied()
         .collect();
-    let unconfined = security_opts(hc).any(|(k, v)| k == "systempaths" && v == Some("unconfined"));
+    let unconfined = hc.system_paths_unconfined;
     // A privileged container is masked nothing, whatever its list says.
     let privileged = hc.privileged == Some(true);
     let ok = missing.is_empty() && !unconfined && !privileged;
@@ -989,14 +956,10 @@ fn proc_masked(hc: &HostConfig) -> Property {
     )
 }
 
-fn no_restart(hc: &HostConfig) -> Property {
+fn no_restart(hc: &ObservedSandbox) -> Property {
     // A restart policy would bring a killed sandbox back behind the
     // supervisor's (and the kill switch's) back.
-    let name = hc
-        .restart_policy
-        .as_ref()
-        .and_then(|r| r.name.as_deref())
-        .unwrap_or("");
+    let name = hc.restart_policy.as_deref().unwrap_or("");
     property(
         "no-restart",
         name.is_empty() || name == "no",
@@ -1005,8 +968,8 @@ fn no_restart(hc: &HostConfig) -> Property {
     )
 }
 
-fn user_no_host_account(observed: &Inspected, host: &HostObserved) -> Property {
-    let user = observed.config.user.as_deref().unwrap_or("");
+fn user_no_host_account(observed: &ObservedSandbox, host: &HostObserved) -> Property {
+    let user = observed.user.as_deref().unwrap_or("");
     let ids = user
         .split_once(':')
         .and_then(|(u, g)| Some((u.parse::<u32>().ok()?, g.parse::<u32>().ok()?)));
@@ -1062,11 +1025,15 @@ fn workspace_nosuid_nodev(host: &HostObserved) -> Property {
     )
 }
 
-fn seccomp_profile(hc: &HostConfig, expect: &Expectations) -> Property {
+fn seccomp_profile(hc: &ObservedSandbox, expect: &Expectations) -> Property {
     // `seccomp-confined` judges `unconfined`; this one judges content.
-    let profiles: Vec<Option<String>> = security_opts(hc)
-        .filter(|(k, v)| *k == "seccomp" && *v != Some("unconfined"))
-        .map(|(_, v)| v.and_then(seccomp_profile_digest))
+    let profiles: Vec<Option<String>> = hc
+        .seccomp
+        .iter()
+        .filter_map(|s| match s {
+            Seccomp::Unconfined => None,
+            Seccomp::Profile { digest } => Some(digest.clone()),
+        })
         .collect();
     // The engine applies no profile at all to a privileged container.
     let privileged = hc.privileged == Some(true);
@@ -1097,24 +1064,25 @@ fn seccomp_profile(hc: &HostConfig, expect: &Expectations) -> Property {
     )
 }
 
-fn shm_bounded(hc: &HostConfig, expect: &Expectations) -> Property {
+fn shm_bounded(hc: &ObservedSandbox, expect: &Expectations) -> Property {
     let ok = hc
+        .limits
         .shm_size
         .is_some_and(|s| s > 0 && s <= expect.max_shm_bytes);
     property(
         "shm-bounded",
         ok,
-        format!("shm-size={}", opt(&hc.shm_size)),
+        format!("shm-size={}", opt(&hc.limits.shm_size)),
         format!("0 < shm-size <= {}", expect.max_shm_bytes),
     )
 }
 
-fn ulimits_bounded(hc: &HostConfig, expect: &Expectations) -> Property {
+fn ulimits_bounded(hc: &ObservedSandbox, expect: &Expectations) -> Property {
     let limit = |name: &str| {
-        hc.ulimits
+        hc.limits
+            .rlimits
             .iter()
-            .flatten()
-            .filter(|u| u.name.as_deref() == Some(name))
+            .filter(|u| u.name == name)
             .map(|u| (u.soft, u.hard))
             .next_back()
     };
@@ -1163,6 +1131,8 @@ fn clip(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::observed::split_security_opt;
 
     #[test]
     fn security_opts_split_like_the_engine() {
@@ -1238,7 +1208,11 @@ mod tests {
 
     #[test]
     fn an_empty_attestation_does_not_pass() {
-        let empty = Attestation { properties: vec![] };
+        let empty = Attestation {
+            engine: None,
+            runtime: None,
+            properties: vec![],
+        };
         assert!(!empty.passed());
         assert!(empty.ensure_passed().is_err());
     }

@@ -96,6 +96,7 @@ pub(crate) struct Ulimit {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub(crate) struct ContainerConfig {
+    pub hostname: Option<String>,
     pub user: Option<String>,
     pub env: Option<Vec<String>>,
     pub labels: Option<BTreeMap<String, String>>,

@@ -23,6 +23,7 @@
 mod attest;
 mod host;
 mod inspect;
+mod observed;
 
 pub use attest::{
     attest, seccomp_profile_digest, Attestation, Expectations, MountExpectation, Property, Refused,
@@ -30,6 +31,12 @@ pub use attest::{
 };
 pub use host::{mount_of, Account, HostAccounts, HostObserved, IdClash, MountEntry, SubRange};
 pub use inspect::{parse_inspect, parse_inspect_slice, Inspected};
+pub use observed::{
+    from_docker_inspect, from_podman_inspect, observe, oci_seccomp_matches, parse_podman_inspect,
+    EngineKind, ObservedLimits, ObservedMount, ObservedNamespaces, ObservedNetwork,
+    ObservedSandbox, OciNamespace, OciSpec, PodmanExtra, PodmanHostConfig, RequestedMount, Rlimit,
+    Seccomp, PODMAN_ENV, PODMAN_READ_ONLY_ROOT_TMPFS,
+};
 
 /// Why an inspect document could not be read.
 #[derive(Debug, thiserror::Error)]

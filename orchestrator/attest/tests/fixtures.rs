@@ -6,8 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use orchestrator_attest::{
-    attest, mount_of, parse_inspect, parse_inspect_slice, seccomp_profile_digest, Attestation,
-    Expectations, HostAccounts, HostObserved, MountExpectation, PROPERTY_NAMES,
+    attest, from_docker_inspect, mount_of, parse_inspect, parse_inspect_slice,
+    seccomp_profile_digest, Attestation, Expectations, HostAccounts, HostObserved,
+    MountExpectation, PROPERTY_NAMES,
 };
 use serde_json::{json, Value};
 
@@ -78,6 +79,7 @@ fn expectations() -> Expectations {
         max_file_bytes: 1_073_741_824,
         main_process: None,
         setup_cache: None,
+        runtime: None,
     }
 }
 
@@ -93,7 +95,7 @@ fn with_door() -> Expectations {
 
 fn verdict_with(doc: &Value, expect: &Expectations) -> Attestation {
     let inspected = parse_inspect(doc).expect("document parses");
-    attest(&inspected, &host(), expect)
+    attest(&from_docker_inspect(&inspected), &host(), expect)
 }
 
 fn verdict(doc: &Value) -> Attestation {
@@ -239,13 +241,17 @@ fn a_sandbox_id_in_a_delegated_range_fails_user_no_host_account() {
 #[test]
 fn recorded_plain_worktree_mount_fails_workspace_nosuid_nodev() {
     let inspected = parse_inspect(&fixture("hardened")).unwrap();
-    let att = attest(&inspected, &host_with("plain"), &expectations());
+    let att = attest(
+        &from_docker_inspect(&inspected),
+        &host_with("plain"),
+        &expectations(),
+    );
     assert_fails_exactly(&att, &["workspace-nosuid-nodev"], "/ rw,relatime");
     let unread = HostObserved {
         worktree_mount: None,
         ..host()
     };
-    let att = attest(&inspected, &unread, &expectations());
+    let att = attest(&from_docker_inspect(&inspected), &unread, &expectations());
     assert_fails_exactly(&att, &["workspace-nosuid-nodev"], "no host mount found");
 }
 

@@ -3,7 +3,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use orchestrator_attest::{attest, parse_inspect, Expectations, HostObserved, PROPERTY_NAMES};
+use orchestrator_attest::{
+    attest, from_docker_inspect, parse_inspect, Expectations, HostObserved, PROPERTY_NAMES,
+};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -39,6 +41,7 @@ fn expectations() -> Expectations {
         max_file_bytes: 1_073_741_824,
         main_process: None,
         setup_cache: None,
+        runtime: None,
     }
 }
 
@@ -107,7 +110,7 @@ proptest! {
             }
         }
         if let Ok(inspected) = parse_inspect(&doc) {
-            let att = attest(&inspected, &HostObserved::default(), &expectations());
+            let att = attest(&from_docker_inspect(&inspected), &HostObserved::default(), &expectations());
             let names: Vec<&str> = att.properties.iter().map(|p| p.name).collect();
             prop_assert_eq!(names, PROPERTY_NAMES);
             if let Err(refused) = att.ensure_passed() {
@@ -132,7 +135,7 @@ proptest! {
             .as_array_mut()
             .unwrap()
             .push(json!(format!("{key}={secret}")));
-        let att = attest(&parse_inspect(&doc).unwrap(), &HostObserved::default(), &expectations());
+        let att = attest(&from_docker_inspect(&parse_inspect(&doc).unwrap()), &HostObserved::default(), &expectations());
         let audit = serde_json::to_string(&att).unwrap();
         prop_assert!(!att.passed());
         prop_assert!(!audit.contains(&secret));

@@ -136,8 +136,16 @@ pub fn sample(
     container_id: Option<&str>,
 ) -> Result<Sample, CgroupError> {
     validate_name(fleet_name)?;
+    // A container's cgroup may sit one level down, in its run's own
+    // (`run-<id>/libpod-<id>` on Podman): each segment is a name.
     if let Some(id) = container_id {
-        validate_name(id)?;
+        let segments: Vec<&str> = id.split('/').collect();
+        if segments.len() > 2 {
+            validate_name(id)?;
+        }
+        for segment in segments {
+            validate_name(segment)?;
+        }
     }
     match layout {
         Layout::V1 { root } => {
@@ -242,5 +250,20 @@ mod tests {
             sample(&fs, &layout, "nsf", Some("../..")),
             Err(CgroupError::InvalidName { .. })
         ));
+        // One level down (a Podman run's own cgroup) is a path of names;
+        // deeper, or a segment that is no name, is refused.
+        assert!(matches!(
+            sample(&fs, &layout, "nsf", Some("run-1/libpod-abc")),
+            Err(CgroupError::NotFound { .. })
+        ));
+        for bad in ["a/b/c", "run-1/..", "/abs", "run-1/"] {
+            assert!(
+                matches!(
+                    sample(&fs, &layout, "nsf", Some(bad)),
+                    Err(CgroupError::InvalidName { .. })
+                ),
+                "{bad}"
+            );
+        }
     }
 }

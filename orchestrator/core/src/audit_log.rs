@@ -35,6 +35,13 @@ pub enum Event {
     Attestation {
         passed: bool,
         container: String,
+        /// The engine whose report was judged (`docker`, `podman`);
+        /// absent in entries written before engines were named.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        engine: Option<String>,
+        /// The OCI runtime the engine reported (empty: its default).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        runtime: Option<String>,
         properties: serde_json::Value,
         /// The setup cache mounted into the sandbox (docs/setup.md): its
         /// key, digest, and whether the engine reports the mount read-only.

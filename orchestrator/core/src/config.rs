@@ -124,6 +124,21 @@ pub struct StoreConfig {
     pub url: Option<String>,
 }
 
+/// Which container engine runs the sandboxes (`[engine]`).
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct EngineConfig {
+    /// `docker` (the default) or `podman`.
+    pub kind: Option<EngineName>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineName {
+    Docker,
+    Podman,
+}
+
 /// Per-run defaults (each overridable on the command line).
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -189,6 +204,10 @@ pub const DEFAULT_MAX_ACTS_PER_REPOSITORY: u64 = 400;
 pub struct SandboxConfig {
     pub uid: Option<u32>,
     pub gid: Option<u32>,
+    /// The OCI runtime every sandbox must run with (`runsc`: gVisor, on
+    /// Podman; docs/engines.md); the attestation refuses any other, runc
+    /// included. `--runtime` must agree.
+    pub runtime: Option<String>,
 }
 
 /// `[[repository]]`: what the owner says of one repository's content. A
@@ -315,6 +334,10 @@ pub struct Config {
     pub serve: ServeConfig,
     #[serde(default)]
     pub store: StoreConfig,
+    /// `[engine]`: the container engine (docs/engines.md); `--engine` and
+    /// `NIGHTSHIFT_ENGINE` come first.
+    #[serde(default)]
+    pub engine: EngineConfig,
     /// `[[setup]]`: each repository's trusted setup phase (docs/setup.md).
     #[serde(default)]
     pub setup: Vec<SetupConfig>,

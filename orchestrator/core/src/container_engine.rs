@@ -132,6 +132,25 @@ pub struct Managed {
 }
 
 pub trait ContainerEngine: Sync {
+    /// Which engine this is: its inspect document is read by that engine's
+    /// adapter function (`orchestrator_attest::observe`).
+    fn kind(&self) -> orchestrator_attest::EngineKind {
+        orchestrator_attest::EngineKind::Docker
+    }
+    /// The OCI runtime this engine was told to run sandboxes with
+    /// (`NIGHTSHIFT_RUNTIME`: `--runtime`, `[sandbox] runtime`); `None`:
+    /// the engine's default.
+    fn runtime(&self) -> Option<String> {
+        None
+    }
+    /// The name of a container's cgroup under the fleet's (Docker: its
+    /// id; Podman: `libpod-<id>`).
+    fn cgroup_name(&self, id: &str) -> String {
+        match self.kind() {
+            orchestrator_attest::EngineKind::Docker => id.to_owned(),
+            orchestrator_attest::EngineKind::Podman => format!("libpod-{id}"),
+        }
+    }
     /// A local image, or `None` when the engine does not hold it.
     fn image(
         &self,

@@ -219,6 +219,86 @@ pub fn max_open_files(layout: &Layout, fleet: &str, container: &str) -> Option<u
         .max()
 }
 
+/// The per-run cgroup a Podman sandbox's own lives in (`<fleet>/run-<id>`,
+/// given as its cgroup parent): it outlives the container, whose cgroup
+/// Podman removes as it exits, so the run's memory high-water mark and, on
+/// cgroup v2, its OOM kills (counted up the hierarchy there) can still be
+/// read after the exit.
+pub fn run_cgroup_dir(run_id: &str) -> String {
+    format!("run-{run_id}")
+}
+
+/// The memory high-water mark and OOM kill count of a run's cgroup
+/// ([`run_cgroup_dir`]) under the fleet; `None` for what cannot be read
+/// (v1 keeps no OOM count for a parent).
+pub fn run_memory(layout: &Layout, fleet: &str, run_dir: &str) -> (Option<u64>, Option<u64>) {
+    match layout {
+        Layout::V1 { root } => {
+            let dir = root.join("memory").join(fleet).join(run_dir);
+            let read = |d: &std::path::Path| -> Option<u64> {
+                RealFs
+                    .read(&d.join("memory.max_usage_in_bytes"))
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok())
+            };
+            // Only the container's cgroup is under it: the Podman adapter
+            // keeps conmon out (`cgroups_mode: no-conmon`).
+            let peak = read(&dir);
+            (peak, None)
+        }
+        Layout::V2 { root } => {
+            let dir = root.join(fleet).join(run_dir);
+            let peak = RealFs
+                .read(&dir.join("memory.peak"))
+                .ok()
+                .and_then(|t| t.trim().parse().ok());
+            let kills = RealFs.read(&dir.join("memory.events")).ok().and_then(|t| {
+                orchestrator_cgroups::keyed_value(&t, "oom_kill")
+                    .ok()
+                    .flatten()
+            });
+            (peak, kills)
+        }
+    }
+}
+
+/// Removes a run's cgroup ([`run_cgroup_dir`]) in every hierarchy, once its
+/// container is gone; what is not there is no error.
+pub fn remove_run_cgroup(layout: &Layout, fleet: &str, run_dir: &str) {
+    let dirs: Vec<std::path::PathBuf> = match layout {
+        Layout::V1 { root } => std::fs::read_dir(root)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.path().join(fleet).join(run_dir))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Layout::V2 { root } => vec![root.join(fleet).join(run_dir)],
+    };
+    // Podman removes the container's own cgroup a moment after it reports
+    // the container gone: a bounded wait for the run's to empty (5 s; past
+    // it the empty folder stays: docs/engines.md).
+    for _ in 0..100 {
+        let mut left = false;
+        for dir in &dirs {
+            if let Ok(children) = std::fs::read_dir(dir) {
+                for child in children.filter_map(Result::ok) {
+                    if child.file_type().is_ok_and(|t| t.is_dir()) {
+                        let _ = std::fs::remove_dir(child.path());
+                    }
+                }
+            }
+            if std::fs::remove_dir(dir).is_err() && dir.exists() {
+                left = true;
+            }
+        }
+        if !left {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// One round of cgroup figures and open files for a container.
 pub fn observe(layout: &Layout, fleet: &str, container: &str) -> Observed {
     let sample = orchestrator_cgroups::sample(&RealFs, layout, fleet, Some(container)).ok();

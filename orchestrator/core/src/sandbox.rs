@@ -225,6 +225,9 @@ pub struct SandboxSpec {
     /// The repository's setup cache (docs/setup.md), mounted read-only at
     /// [`SETUP_CACHE_MOUNT`].
     pub setup_cache: Option<PathBuf>,
+    /// The OCI runtime to run it with (`runsc`: gVisor), when not the
+    /// engine's default; the attestation then requires it.
+    pub runtime: Option<String>,
 }
 
 impl SandboxSpec {
@@ -329,6 +332,7 @@ impl SandboxSpec {
             door: None,
             user: SandboxUser::default(),
             setup_cache: None,
+            runtime: None,
         }
     }
 
@@ -448,7 +452,14 @@ impl SandboxSpec {
                     host_path: c.to_string_lossy().into_owned(),
                     target: SETUP_CACHE_MOUNT.to_string(),
                 }),
+            runtime: self.runtime.clone(),
         }
+    }
+
+    /// Runs it with the OCI runtime `runtime` (`None`: the engine's default).
+    pub fn with_runtime(mut self, runtime: Option<String>) -> Self {
+        self.runtime = runtime;
+        self
     }
 }
 

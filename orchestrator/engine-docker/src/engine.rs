@@ -72,16 +72,96 @@ fn api(doing: impl Into<String>) -> impl FnOnce(bollard::errors::Error) -> Engin
     }
 }
 
+pub use orchestrator_attest::EngineKind;
+
+/// The engine chosen for this process: `NIGHTSHIFT_ENGINE` (`docker`, the
+/// default, or `podman`), which the binary sets from `--engine` or the
+/// configuration's `[engine]` before anything connects, so that every
+/// process it starts speaks to the same engine.
+pub fn chosen_engine() -> Result<EngineKind, EngineError> {
+    match std::env::var("NIGHTSHIFT_ENGINE").as_deref() {
+        Err(_) | Ok("") | Ok("docker") => Ok(EngineKind::Docker),
+        Ok("podman") => Ok(EngineKind::Podman),
+        Ok(other) => Err(EngineError::Unreachable {
+            endpoint: other.to_owned(),
+            message: "unknown engine: docker or podman".into(),
+        }),
+    }
+}
+
+/// The OCI runtime chosen for this process's sandboxes:
+/// `NIGHTSHIFT_RUNTIME` (which the binary sets from `--runtime` or the
+/// configuration's `[sandbox] runtime`); unset or empty: the engine's default.
+pub fn chosen_runtime() -> Option<String> {
+    std::env::var("NIGHTSHIFT_RUNTIME")
+        .ok()
+        .filter(|r| !r.is_empty())
+}
+
 #[derive(Debug, Clone)]
 pub struct Engine {
     docker: Docker,
     endpoint: String,
+    kind: EngineKind,
+    /// The OCI runtime sandboxes run with (`NIGHTSHIFT_RUNTIME`).
+    runtime: Option<String>,
+    /// Podman's socket, for its own API (creation, init, its inspect).
+    podman_socket: Option<std::path::PathBuf>,
 }
 
 impl Engine {
-    /// Connects to the local engine (DOCKER_HOST or the default socket) and
-    /// checks that it answers.
+    /// Connects to the chosen engine ([`chosen_engine`]): Docker at
+    /// DOCKER_HOST or the default socket, Podman at nightshift's own
+    /// service (`scripts/podman.sh`), and checks that it answers.
     pub async fn connect() -> Result<Self, EngineError> {
+        match chosen_engine()? {
+            EngineKind::Docker => Self::connect_docker().await,
+            EngineKind::Podman => Self::connect_podman().await,
+        }
+    }
+
+    async fn connect_podman() -> Result<Self, EngineError> {
+        let endpoint = crate::podman::podman_endpoint(chosen_runtime().as_deref());
+        let unreachable = |message: String| EngineError::Unreachable {
+            endpoint: endpoint.clone(),
+            message,
+        };
+        let Some(path) = endpoint.strip_prefix("unix://") else {
+            return Err(unreachable(
+                "podman is spoken to on a unix:// socket".into(),
+            ));
+        };
+        // Podman 4's compatible API answers Docker's API 1.41.
+        let docker = Docker::connect_with_unix(
+            path,
+            120,
+            &bollard::ClientVersion {
+                major_version: 1,
+                minor_version: 41,
+            },
+        )
+        .map_err(|e| unreachable(e.to_string()))?;
+        match tokio::time::timeout(Duration::from_secs(10), docker.ping()).await {
+            Ok(Ok(_)) => {
+                crate::podman::check_service(Path::new(path))
+                    .await
+                    .map_err(unreachable)?;
+                Ok(Self {
+                    docker,
+                    podman_socket: Some(path.into()),
+                    endpoint,
+                    kind: EngineKind::Podman,
+                    runtime: chosen_runtime(),
+                })
+            }
+            Ok(Err(e)) => Err(unreachable(format!(
+                "{e} (is it started? scripts/podman.sh start)"
+            ))),
+            Err(_) => Err(unreachable("no answer within 10 s".into())),
+        }
+    }
+
+    async fn connect_docker() -> Result<Self, EngineError> {
         let endpoint =
             std::env::var("DOCKER_HOST").unwrap_or_else(|_| "unix:///var/run/docker.sock".into());
         let docker =
@@ -90,7 +170,13 @@ impl Engine {
                 message: e.to_string(),
             })?;
         match tokio::time::timeout(Duration::from_secs(10), docker.ping()).await {
-            Ok(Ok(_)) => Ok(Self { docker, endpoint }),
+            Ok(Ok(_)) => Ok(Self {
+                docker,
+                endpoint,
+                kind: EngineKind::Docker,
+                runtime: chosen_runtime(),
+                podman_socket: None,
+            }),
             Ok(Err(e)) => Err(EngineError::Unreachable {
                 endpoint,
                 message: e.to_string(),
@@ -104,6 +190,10 @@ impl Engine {
 
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    pub fn kind(&self) -> EngineKind {
+        self.kind
     }
 
     pub async fn image(&self, reference: &str) -> Result<Option<ImageInfo>, EngineError> {
@@ -127,6 +217,32 @@ impl Engine {
 
     /// Creates (does not start) the run's container.
     pub async fn create(&self, spec: &SandboxSpec) -> Result<String, EngineError> {
+        let id = match &self.podman_socket {
+            Some(socket) => crate::podman::create(socket, spec).await?,
+            None => self.create_docker(spec).await?,
+        };
+        // The lease's host-side end, with the container: no call site can
+        // forget it (see `crate::lease`). Without it, no container.
+        if let (true, Some(door)) = (spec.lease_is_pid1(), spec.door.as_ref()) {
+            if let Err(e) = crate::lease::spawn_end(&id, door, spec.caps.lease) {
+                let _ = self.remove(&id).await;
+                return Err(EngineError::Api {
+                    doing: format!("starting the lease's host-side end for {}", spec.name),
+                    source: Box::new(e),
+                });
+            }
+        }
+        // Podman writes the runtime's bundle at init: observed before start.
+        if let Some(socket) = &self.podman_socket {
+            if let Err(e) = crate::podman::init(socket, &id).await {
+                let _ = self.remove(&id).await;
+                return Err(e);
+            }
+        }
+        Ok(id)
+    }
+
+    async fn create_docker(&self, spec: &SandboxSpec) -> Result<String, EngineError> {
         let host = HostConfig {
             network_mode: Some("none".into()),
             cap_drop: Some(vec!["ALL".into()]),
@@ -195,6 +311,9 @@ impl Engine {
                 name: Some(RestartPolicyNameEnum::NO),
                 maximum_retry_count: None,
             }),
+            // Docker knows only the runtimes its daemon registers: another
+            // is refused by the engine, naming it.
+            runtime: spec.runtime.clone(),
             ..Default::default()
         };
         let body = ContainerCreateBody {
@@ -223,17 +342,6 @@ impl Engine {
             .create_container(Some(options), body)
             .await
             .map_err(api(format!("creating container {}", spec.name)))?;
-        // The lease's host-side end, with the container: no call site can
-        // forget it (see `crate::lease`). Without it, no container.
-        if let (true, Some(door)) = (spec.lease_is_pid1(), spec.door.as_ref()) {
-            if let Err(e) = crate::lease::spawn_end(&created.id, door, spec.caps.lease) {
-                let _ = self.remove(&created.id).await;
-                return Err(EngineError::Api {
-                    doing: format!("starting the lease's host-side end for {}", spec.name),
-                    source: Box::new(e),
-                });
-            }
-        }
         Ok(created.id)
     }
 
@@ -247,6 +355,12 @@ impl Engine {
     /// checkout, the cache being built, the owner's credential files and
     /// the host's CA bundle (`tests/tests/setup.rs`).
     pub async fn create_setup(&self, spec: &SetupSpec) -> Result<String, EngineError> {
+        if self.kind == EngineKind::Podman {
+            return Err(EngineError::Api {
+                doing: format!("creating setup container {}", spec.name),
+                source: "the setup phase is not supported on podman yet (docs/engines.md)".into(),
+            });
+        }
         let bind = |source: &Path, target: &str, read_only: bool| Mount {
             target: Some(target.into()),
             source: Some(source.to_string_lossy().into_owned()),
@@ -328,6 +442,9 @@ impl Engine {
     /// The container's state as the engine names it (`created`, `running`,
     /// `exited`, ...), or `None` when it is gone.
     pub async fn status(&self, id: &str) -> Result<Option<String>, EngineError> {
+        if let Some(socket) = &self.podman_socket {
+            return crate::podman::status(socket, id).await;
+        }
         match self.docker.inspect_container(id, None).await {
             Ok(c) => Ok(Some(
                 c.state
@@ -349,7 +466,11 @@ impl Engine {
             .inspect_container(id, None)
             .await
             .map_err(api(format!("inspecting container {id}")))?;
-        Ok(serde_json::to_value(inspected).unwrap_or(serde_json::Value::Null))
+        let mut doc = serde_json::to_value(inspected).unwrap_or(serde_json::Value::Null);
+        if let Some(socket) = &self.podman_socket {
+            crate::podman::observe_extra(socket, id, &mut doc).await?;
+        }
+        Ok(doc)
     }
 
     pub async fn attach(&self, id: &str) -> Result<OutputStream, EngineError> {
@@ -456,6 +577,11 @@ impl Engine {
             Some(r) => format!("{LABEL_RUN}={r}"),
             None => format!("{LABEL_MANAGED}=1"),
         };
+        // Podman's compatible list names states Docker has no word for
+        // (`stopped`), which the client refuses: its own list instead.
+        if let Some(socket) = &self.podman_socket {
+            return crate::podman::managed(socket, &label).await;
+        }
         let options = ListContainersOptions {
             all: true,
             filters: Some(HashMap::from([("label".to_string(), vec![label])])),
@@ -530,6 +656,12 @@ impl Engine {
 }
 
 impl nightshift_core::container_engine::ContainerEngine for Engine {
+    fn kind(&self) -> EngineKind {
+        self.kind
+    }
+    fn runtime(&self) -> Option<String> {
+        self.runtime.clone()
+    }
     fn image(
         &self,
         reference: &str,
@@ -612,6 +744,9 @@ mod tests {
         Engine {
             docker,
             endpoint: path.display().to_string(),
+            kind: EngineKind::Docker,
+            runtime: None,
+            podman_socket: None,
         }
     }
 

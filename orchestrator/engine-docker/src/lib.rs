@@ -8,3 +8,4 @@ pub mod engine;
 pub mod hosted_image;
 pub mod image;
 pub mod lease;
+pub mod podman;

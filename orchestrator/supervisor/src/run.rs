@@ -643,6 +643,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     };
 
     // Sandbox: create, inspect, attest.
+    let on_podman = sup.engine.kind() == orchestrator_attest::EngineKind::Podman;
     let spec = SandboxSpec::new(
         &id,
         &sup.state_tag,
@@ -656,7 +657,16 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     .with_supervisor(&sup.identity)
     .with_door(door_dir)
     .with_base_commit(held.base_commit.as_deref().unwrap_or_default())
-    .with_cgroup_parent(sup.fleet.as_ref().map(FleetHandle::cgroup_parent));
+    .with_runtime(sup.engine.runtime())
+    .with_cgroup_parent(sup.fleet.as_ref().map(|f| {
+        // On Podman, a cgroup of the run's own between the fleet and the
+        // container's: it outlives the container (`monitor::run_memory`).
+        if on_podman {
+            format!("{}/{}", f.cgroup_parent(), monitor::run_cgroup_dir(&id))
+        } else {
+            f.cgroup_parent()
+        }
+    }));
     let spec = match gateway_port {
         Some(port) => spec.with_model_gateway(port),
         None => spec,
@@ -671,30 +681,55 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     let container = sup.engine.create(&spec).await?;
     held.container = Some(container.clone());
     record.container_id = Some(container.clone());
+    // The container's cgroup under the fleet's.
+    let cgroup = if on_podman {
+        format!(
+            "{}/{}",
+            monitor::run_cgroup_dir(&id),
+            sup.engine.cgroup_name(&container)
+        )
+    } else {
+        sup.engine.cgroup_name(&container)
+    };
     let inspected = sup.engine.inspect_json(&container).await?;
     let host = sup.host.observe(&dest).map_err(RunError::BadInput)?;
-    let (attestation, unreadable) = match orchestrator_attest::parse_inspect(&inspected) {
-        Ok(observed) => (
-            orchestrator_attest::attest(&observed, &host, &spec.expectations(image_env.to_vec())),
-            None,
-        ),
-        // Fail closed, and audited like any other attestation: a document
-        // nobody can read fails every property.
-        Err(e) => (
-            orchestrator_attest::Attestation {
-                properties: orchestrator_attest::PROPERTY_NAMES
-                    .iter()
-                    .map(|name| orchestrator_attest::Property {
-                        name,
-                        ok: false,
-                        observed: "an unreadable inspect document".into(),
-                        expected: "the engine's inspect document".into(),
-                    })
-                    .collect(),
-            },
-            Some(format!("the engine's inspect document is unreadable: {e}")),
-        ),
-    };
+    let (attestation, unreadable) =
+        match orchestrator_attest::observe(sup.engine.kind(), &inspected) {
+            Ok(observed) => (
+                orchestrator_attest::attest(&observed, &host, &{
+                    let mut expect = spec.expectations(image_env.to_vec());
+                    // Podman mounts these on a read-only root; its adapter
+                    // sizes them.
+                    if sup.engine.kind() == orchestrator_attest::EngineKind::Podman {
+                        expect.allowed_tmpfs.extend(
+                            orchestrator_attest::PODMAN_READ_ONLY_ROOT_TMPFS
+                                .iter()
+                                .map(|t| (*t).to_owned()),
+                        );
+                    }
+                    expect
+                }),
+                None,
+            ),
+            // Fail closed, and audited like any other attestation: a document
+            // nobody can read fails every property.
+            Err(e) => (
+                orchestrator_attest::Attestation {
+                    engine: Some(sup.engine.kind()),
+                    runtime: None,
+                    properties: orchestrator_attest::PROPERTY_NAMES
+                        .iter()
+                        .map(|name| orchestrator_attest::Property {
+                            name,
+                            ok: false,
+                            observed: "an unreadable inspect document".into(),
+                            expected: "the engine's inspect document".into(),
+                        })
+                        .collect(),
+                },
+                Some(format!("the engine's inspect document is unreadable: {e}")),
+            ),
+        };
     let passed = attestation.passed();
     let properties = serde_json::to_value(&attestation.properties).unwrap_or_default();
     record.attestation = Some(properties.clone());
@@ -703,6 +738,8 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         Event::Attestation {
             passed,
             container: container.clone(),
+            engine: attestation.engine.map(|e| e.name().to_owned()),
+            runtime: attestation.runtime.clone(),
             properties,
             setup_cache: held.setup.as_ref().map(|s| {
                 serde_json::json!({
@@ -847,7 +884,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
             }
             _ = sample_tick.tick() => {
                 if let Some(fleet) = &sup.fleet {
-                    let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), container.clone());
+                    let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), cgroup.clone());
                     let observed = tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
                         .await
                         .unwrap_or_default();
@@ -898,11 +935,26 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     };
     let duration = started.elapsed();
     // A last look at the cgroup before the container (and its cgroup) goes.
+    // Podman removes the container's as it exits: its run's own cgroup,
+    // which holds only it, still has the figures.
     if let Some(fleet) = &sup.fleet {
-        let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), container.clone());
-        let observed = tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
-            .await
-            .unwrap_or_default();
+        let last_look = if on_podman {
+            monitor::run_cgroup_dir(&id)
+        } else {
+            cgroup.clone()
+        };
+        let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), last_look);
+        let mut observed =
+            tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
+                .await
+                .unwrap_or_default();
+        if on_podman {
+            // The run's cgroup is charged a little the container's is not
+            // (its creation): its CPU time only; memory stays the
+            // container's own, sampled while it ran.
+            observed.memory_bytes = None;
+            observed.memory_peak_bytes = None;
+        }
         peak.peak_memory_bytes = max_opt(
             peak.peak_memory_bytes,
             max_opt(observed.memory_peak_bytes, observed.memory_bytes),
@@ -913,6 +965,28 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         }
     }
     let state = sup.engine.exit_state(&container).await?;
+    // Podman reports a kill by the memory cap as a plain 137 and removes the
+    // container's cgroup as it exits: the run's own cgroup still holds the
+    // evidence (v2: its OOM kill count; v1: a high-water mark at the cap,
+    // the rule the fleet's own judgement uses).
+    if on_podman && state.exit_code == Some(137) && !state.oom_killed {
+        if let Some(fleet) = &sup.fleet {
+            let (layout, name, dir) = (
+                fleet.layout.clone(),
+                fleet.name.clone(),
+                monitor::run_cgroup_dir(&id),
+            );
+            let (run_peak, kills) =
+                tokio::task::spawn_blocking(move || monitor::run_memory(&layout, &name, &dir))
+                    .await
+                    .unwrap_or_default();
+            let at_cap =
+                run_peak.is_some_and(|p| p.saturating_add(2 << 20) >= req.caps.memory_bytes as u64);
+            if kills.unwrap_or(0) > 0 || (kills.is_none() && at_cap) {
+                last.oom_kills = Some(kills.unwrap_or(1));
+            }
+        }
+    }
     record.exit_code = state.exit_code;
     record.duration_ms = Some(duration.as_millis() as i64);
     record.peak_memory_bytes = peak.peak_memory_bytes.map(|v| v as i64);
@@ -1631,6 +1705,20 @@ async fn finish<E: ContainerEngine, S: StateStore>(
             )?,
             Err(e) => unconfirmed = Some(e.to_string()),
         }
+    }
+    // A Podman run's own cgroup (`monitor::run_cgroup_dir`), once its
+    // container is gone.
+    if let (orchestrator_attest::EngineKind::Podman, None, Some(fleet)) =
+        (sup.engine.kind(), &unconfirmed, &sup.fleet)
+    {
+        let (layout, name, dir) = (
+            fleet.layout.clone(),
+            fleet.name.clone(),
+            monitor::run_cgroup_dir(&id),
+        );
+        let _ =
+            tokio::task::spawn_blocking(move || monitor::remove_run_cgroup(&layout, &name, &dir))
+                .await;
     }
     if let Some(why) = unconfirmed {
         // The sandbox may still be writing: its worktree is neither read nor

@@ -1,0 +1,79 @@
+//! The engine and runtime choices end to end (docs/engines.md): a run under
+//! gVisor (`--runtime runsc`, on nightshift's gVisor Podman service) has its
+//! door and its runtime attested, and an owner who requires a runtime gets
+//! no other. The gVisor run needs Podman (`NIGHTSHIFT_TEST_ENGINE=podman`,
+//! scripts/podman.sh start): on Docker it says so and stops.
+
+use tests::{make_repo, on_podman, only_run, stderr, stdout, State};
+
+#[test]
+fn a_run_under_gvisor_has_its_door_and_its_runtime_attested() {
+    if !on_podman() {
+        eprintln!("Podman only (gVisor is offered on Podman): NIGHTSHIFT_TEST_ENGINE=podman");
+        return;
+    }
+    let state = State::new();
+    let repo = make_repo();
+    let out = state.run(&[
+        "--runtime",
+        "runsc",
+        "run",
+        "--repo",
+        repo.path().to_str().unwrap(),
+        "--",
+        "sh",
+        "-c",
+        "dmesg | head -1; echo question > /tmp/q && nightshift-act ask --file /tmp/q; \
+         echo under-gvisor > /workspace/gvisor.txt",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out) + &stderr(&out);
+    // The kernel the sandbox sees is gVisor's.
+    assert!(text.contains("Starting gVisor"), "{text}");
+    // The door answered: the question is queued.
+    assert!(text.contains("queued as act"), "{text}");
+    let run = only_run(&state);
+    let show = state.show(run["id"].as_str().unwrap());
+    let att = show["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "attestation")
+        .unwrap();
+    assert_eq!(att["body"]["passed"], true, "{}", att["body"]);
+    assert_eq!(att["body"]["engine"], "podman");
+    assert_eq!(att["body"]["runtime"], "runsc");
+    // The work came back.
+    assert!(run["result_commit"].is_string(), "{run}");
+    assert!(state.containers().is_empty());
+    assert!(state.verify().status.success());
+}
+
+/// `[sandbox] runtime = "runsc"` is a requirement: asking for runc is a
+/// usage error naming the file, before anything is made.
+#[test]
+fn a_required_runtime_refuses_runc() {
+    let state = State::new();
+    std::fs::write(
+        state.path().join("config.toml"),
+        "[sandbox]\nruntime = \"runsc\"\n",
+    )
+    .unwrap();
+    let repo = make_repo();
+    let out = state.run(&[
+        "--runtime",
+        "runc",
+        "run",
+        "--repo",
+        repo.path().to_str().unwrap(),
+        "--",
+        "true",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("--runtime runc refused") && err.contains("config.toml"),
+        "{err}"
+    );
+    assert!(state.runs().is_empty(), "a run was made");
+}
