@@ -2,14 +2,32 @@
 //! gVisor (`--runtime runsc`, on nightshift's gVisor Podman service) has its
 //! door and its runtime attested, and an owner who requires a runtime gets
 //! no other. The gVisor run needs Podman (`NIGHTSHIFT_TEST_ENGINE=podman`,
-//! scripts/podman.sh start): on Docker it says so and stops.
+//! scripts/podman.sh start); on Docker, which has no gVisor here, the run
+//! is refused naming the runtime and nothing runs.
 
 use tests::{make_repo, on_podman, only_run, stderr, stdout, State};
 
 #[test]
 fn a_run_under_gvisor_has_its_door_and_its_runtime_attested() {
     if !on_podman() {
-        eprintln!("Podman only (gVisor is offered on Podman): NIGHTSHIFT_TEST_ENGINE=podman");
+        // Docker here has no gVisor runtime: the run is refused, saying so,
+        // and nothing runs under another runtime instead.
+        let state = State::new();
+        let repo = make_repo();
+        let out = state.run(&[
+            "--runtime",
+            "runsc",
+            "run",
+            "--repo",
+            repo.path().to_str().unwrap(),
+            "--",
+            "true",
+        ]);
+        assert!(!out.status.success(), "a runsc run on Docker succeeded");
+        assert!(stderr(&out).contains("runsc"), "{}", stderr(&out));
+        for r in state.runs() {
+            assert_ne!(r["status"], "exited 0", "{r:#?}");
+        }
         return;
     }
     let state = State::new();
