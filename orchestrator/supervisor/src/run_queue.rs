@@ -572,6 +572,7 @@ fn start_in_process<S: StateStore + ?Sized>(
         crate::wake::wake_dispatchers();
         outcome
     });
+    let stop = Arc::new(stop);
     Ok(Some(Own::InProcess { run, handle, stop }))
 }
 
@@ -581,9 +582,12 @@ enum Own {
     InProcess {
         run: String,
         handle: tokio::task::JoinHandle<RunOutcome>,
-        stop: tokio::sync::watch::Sender<Option<crate::run::Stop>>,
+        stop: StopSender,
     },
 }
+
+/// A run in process's stop, shared with the fence's timer.
+type StopSender = Arc<tokio::sync::watch::Sender<Option<crate::run::Stop>>>;
 
 /// What an earlier dispatcher left: tasks adopted by the identity of their
 /// child, tasks in process waiting for their run's settlement (by run),
@@ -896,6 +900,10 @@ struct Watched {
     /// The claim each watched task is held under: every move of it is made
     /// with this fence, never with what the store says now.
     fences: HashMap<String, TaskFence>,
+    /// The stops of the runs in process it started, shared with the
+    /// fence's timer ([`fence_timer`]); a finished run's stays until the
+    /// next start replaces the list's stale entries (its receiver is gone).
+    stops: Arc<std::sync::Mutex<Vec<(String, StopSender)>>>,
 }
 
 impl Watched {
@@ -1103,6 +1111,11 @@ fn step(
             }
         };
         if let Some(own) = own {
+            if let Own::InProcess { stop, .. } = &own {
+                let mut stops = watched.stops.lock().unwrap_or_else(|p| p.into_inner());
+                stops.retain(|(_, s)| !s.is_closed());
+                stops.push((task.id.clone(), stop.clone()));
+            }
             watched.own.insert(task.id.clone(), own);
             watched.fences.insert(task.id.clone(), fence);
             summary.started.push(task.id.clone());
@@ -1356,6 +1369,19 @@ pub async fn dispatch_loop(
     let fence_at = Duration::from_millis(lease_secs as u64 * 1000 / 2);
     let mut renewed = std::time::Instant::now();
     let mut held_at = std::time::Instant::now();
+    // The fence does not wait for this loop: a turn can spend seconds in
+    // store calls that fail one after another on a dead network, so a timer
+    // of its own stops the runs once no renewal has succeeded for half a
+    // lease (`fence_timer`).
+    let renewed_at = Arc::new(std::sync::Mutex::new(held_at));
+    let _fencer = matches!(opts.runner, Runner::InProcess(_)).then(|| {
+        AbortOnDrop(tokio::spawn(fence_timer(
+            renewed_at.clone(),
+            watched.stops.clone(),
+            fence_at,
+            holder.clone(),
+        )))
+    });
     let (mut touched_at, mut touch_failed) = (None, false);
     let mut changes = crate::wake::subscribe();
     loop {
@@ -1384,6 +1410,7 @@ pub async fn dispatch_loop(
                 )
                 .and_then(|()| {
                     held_at = at;
+                    *renewed_at.lock().unwrap_or_else(|p| p.into_inner()) = at;
                     reached = true;
                     step(api, &config, opts, &me, &holder, &mut watched, &mut summary)
                 })
@@ -1465,6 +1492,47 @@ fn fence_self(watched: &mut Watched, holder: &str) {
         if let Own::InProcess { stop, .. } = own {
             if stop.borrow().is_none() {
                 tracing::error!(task = %id, holder = %holder, "this dispatcher could not renew its claim in time: stopping the task's run before the claim lapses");
+                let _ = stop.send(Some(crate::run::Stop::Fenced));
+            }
+        }
+    }
+}
+
+/// Aborts its task when dropped (the fence's timer ends with its loop).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The fence, on a timer of its own: every quarter second, once no renewal
+/// has succeeded for `fence_at` (half a lease), every run in process this
+/// dispatcher started and that still runs is told to stop (`Stop::Fenced`),
+/// whatever the dispatcher's loop is waiting on
+/// (`tests/tests/workers.rs::three_workers_in_their_own_networks_lose_nothing_to_a_kill_and_a_partition`:
+/// the partitioned worker's sandboxes are gone before its claims lapse).
+async fn fence_timer(
+    renewed_at: Arc<std::sync::Mutex<std::time::Instant>>,
+    stops: Arc<std::sync::Mutex<Vec<(String, StopSender)>>>,
+    fence_at: Duration,
+    holder: String,
+) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let late = renewed_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+            >= fence_at;
+        if !late {
+            continue;
+        }
+        let stops = stops.lock().unwrap_or_else(|p| p.into_inner());
+        for (task, stop) in stops.iter() {
+            if !stop.is_closed() && stop.borrow().is_none() {
+                tracing::error!(task = %task, holder = %holder, "this dispatcher could not renew its claim in time: stopping the task's run before the claim lapses");
                 let _ = stop.send(Some(crate::run::Stop::Fenced));
             }
         }
