@@ -148,7 +148,15 @@ fn the_attestation_of_a_real_sandbox_covers_the_hardening() {
     let run = only_run(&state);
     // The probe the refusal test relies on sees a start when there is one.
     let container = run["container_id"].as_str().unwrap();
-    assert_eq!(engine_starts(&state, since), [container]);
+    // Podman writes its event log after the fact: read it again, bounded,
+    // until the start is there.
+    let asked = std::time::Instant::now();
+    let mut starts = engine_starts(&state, since);
+    while starts.is_empty() && asked.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        starts = engine_starts(&state, since);
+    }
+    assert_eq!(starts, [container]);
     let show = state.show(run["id"].as_str().unwrap());
     let att = show["audit"]
         .as_array()
