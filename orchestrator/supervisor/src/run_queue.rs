@@ -1365,15 +1365,14 @@ pub async fn dispatch_loop(
     // Past half a lease without a renewal (one missed, the next not yet
     // due), this dispatcher's claims may lapse before it renews again: it
     // stops its runs first, with half a lease left for their sandboxes to
-    // go (see `fence_self`).
+    // go (see `fence_timer`).
     let fence_at = Duration::from_millis(lease_secs as u64 * 1000 / 2);
     let mut renewed = std::time::Instant::now();
-    let mut held_at = std::time::Instant::now();
     // The fence does not wait for this loop: a turn can spend seconds in
     // store calls that fail one after another on a dead network, so a timer
     // of its own stops the runs once no renewal has succeeded for half a
     // lease (`fence_timer`).
-    let renewed_at = Arc::new(std::sync::Mutex::new(held_at));
+    let renewed_at = Arc::new(std::sync::Mutex::new(std::time::Instant::now()));
     let _fencer = matches!(opts.runner, Runner::InProcess(_)).then(|| {
         AbortOnDrop(tokio::spawn(fence_timer(
             renewed_at.clone(),
@@ -1391,9 +1390,6 @@ pub async fn dispatch_loop(
             stop_runs(api, opts, &mut watched, &mut summary).await?;
             return Ok(summary);
         }
-        if held_at.elapsed() >= fence_at {
-            fence_self(&mut watched, &holder);
-        }
         let mut reached = false;
         let looked = match look_after_runs(api, opts, &mut watched, &mut summary).await {
             Ok(()) if renewed.elapsed() >= every => {
@@ -1409,7 +1405,6 @@ pub async fn dispatch_loop(
                     &mut summary,
                 )
                 .and_then(|()| {
-                    held_at = at;
                     *renewed_at.lock().unwrap_or_else(|p| p.into_inner()) = at;
                     reached = true;
                     step(api, &config, opts, &me, &holder, &mut watched, &mut summary)
@@ -1480,24 +1475,6 @@ fn heartbeat(
     Ok(())
 }
 
-/// This dispatcher could not renew its claims for half their length (the
-/// store unreachable, or too slow): before they lapse and
-/// another dispatcher takes its tasks over, it stops every run it holds in
-/// process (`Stop::Fenced`: each ends as `interrupted: fenced`, its sandbox
-/// removed; work the store cannot take now stays in the kept worktree).
-/// Children of `tasks run` are `nightshift run` processes with watchdogs
-/// of their own and stay: that dispatcher serves one host.
-fn fence_self(watched: &mut Watched, holder: &str) {
-    for (id, own) in &watched.own {
-        if let Own::InProcess { stop, .. } = own {
-            if stop.borrow().is_none() {
-                tracing::error!(task = %id, holder = %holder, "this dispatcher could not renew its claim in time: stopping the task's run before the claim lapses");
-                let _ = stop.send(Some(crate::run::Stop::Fenced));
-            }
-        }
-    }
-}
-
 /// Aborts its task when dropped (the fence's timer ends with its loop).
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -1507,10 +1484,15 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The fence, on a timer of its own: every quarter second, once no renewal
-/// has succeeded for `fence_at` (half a lease), every run in process this
-/// dispatcher started and that still runs is told to stop (`Stop::Fenced`),
-/// whatever the dispatcher's loop is waiting on
+/// The fence, on a timer of its own: this dispatcher could not renew its
+/// claims for half their length (the store unreachable, or too slow), so
+/// before they lapse and another dispatcher takes its tasks over, every run
+/// in process it started that still runs is told to stop (`Stop::Fenced`:
+/// each ends as `interrupted: fenced`, its sandbox removed; work the store
+/// cannot take now stays in the kept worktree), whatever the dispatcher's
+/// loop is waiting on; checked every quarter second. Children of `tasks
+/// run` are `nightshift run` processes with watchdogs of their own and
+/// stay: that dispatcher serves one host
 /// (`tests/tests/workers.rs::three_workers_in_their_own_networks_lose_nothing_to_a_kill_and_a_partition`:
 /// the partitioned worker's sandboxes are gone before its claims lapse).
 async fn fence_timer(
