@@ -136,6 +136,13 @@ pub trait TaskRunner: Send + Sync {
     ) -> BoxFuture<'static, Result<bool, String>>;
     /// Settles the runs of every supervisor of this state that vanished.
     fn reconcile(&self) -> BoxFuture<'static, Result<(), String>>;
+
+    /// Whether the engine confirms that no container of `run` exists (an
+    /// engine it cannot reach confirms nothing): a kept worktree is read
+    /// only once its sandbox can no longer write to it.
+    fn sandbox_gone(&self, _run: String) -> BoxFuture<'static, bool> {
+        Box::pin(async { true })
+    }
 }
 
 /// How the dispatcher turns a task into a run.
@@ -1413,8 +1420,8 @@ pub async fn dispatch_loop(
             Ok(()) => step(api, &config, opts, &me, &holder, &mut watched, &mut summary),
             Err(e) => Err(e),
         };
-        if reached && matches!(opts.runner, Runner::InProcess(_)) {
-            import_kept(api, &watched).await;
+        if let (true, Runner::InProcess(runner)) = (reached, &opts.runner) {
+            import_kept(api, runner, &watched).await;
         }
         match looked {
             Ok(true) if opts.until_empty => return Ok(summary),
@@ -1525,13 +1532,14 @@ async fn fence_timer(
 /// ([`crate::run::LOST_BY_WORKER`]: this worker was cut off from the store,
 /// stopped its runs, and could not write their ends) are imported once the
 /// store answers again, each through `nightshift import`'s path (one at a
-/// time, under the state's import lock): the run keeps the settler's
+/// time, under the state's import lock, and only once the engine confirms
+/// no container of the run is left): the run keeps the settler's
 /// decision and gains its result. Runs this dispatcher still watches, runs
 /// not yet settled and runs ended otherwise are left alone; a failed import
 /// makes the run `import failed` (the owner's `nightshift import` then)
 /// and is not retried here
 /// (`tests/tests/workers.rs::three_workers_in_their_own_networks_lose_nothing_to_a_kill_and_a_partition`).
-async fn import_kept(api: &Api, watched: &Watched) {
+async fn import_kept(api: &Api, runner: &Arc<dyn TaskRunner>, watched: &Watched) {
     let Ok(entries) = std::fs::read_dir(api.root().join("worktrees")) else {
         return;
     };
@@ -1557,7 +1565,7 @@ async fn import_kept(api: &Api, watched: &Watched) {
         let lost = store.run(&run).is_ok_and(|r| {
             r.status.starts_with(crate::run::LOST_BY_WORKER) && r.result_ref.is_none()
         });
-        if !lost {
+        if !lost || !runner.sandbox_gone(run.clone()).await {
             continue;
         }
         let store = std::sync::Mutex::new(store);

@@ -126,6 +126,16 @@ impl TaskRunner for InProcess {
         })
     }
 
+    fn sandbox_gone(&self, run: String) -> BoxFuture<'static, bool> {
+        let sup = self.sup.clone();
+        Box::pin(async move {
+            sup.engine
+                .managed(Some(&run))
+                .await
+                .is_ok_and(|found| found.is_empty())
+        })
+    }
+
     fn reconcile(&self) -> BoxFuture<'static, Result<(), String>> {
         let sup = self.sup.clone();
         Box::pin(async move {
