@@ -533,3 +533,43 @@ pub fn https_from(
             String::from_utf8_lossy(&out).into_owned()
         })
 }
+
+/// Logs in at `origin` as a person would: `/` sends the browser to the
+/// login page, the form is filled and sent, the Morning page follows, and
+/// the session cookie is `__Host-`, secure and HTTP-only.
+pub async fn log_in(c: &fantoccini::Client, origin: &str, name: &str, password: &str) {
+    use fantoccini::Locator;
+    c.goto(&format!("{origin}/")).await.unwrap();
+    let url = c.current_url().await.unwrap();
+    assert_eq!(url.as_str(), format!("{origin}/login"));
+    for (id, text) in [("name", name), ("password", password)] {
+        c.find(Locator::Id(id))
+            .await
+            .unwrap()
+            .send_keys(text)
+            .await
+            .unwrap();
+    }
+    c.find(Locator::Id("login-submit"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    if c.wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css("section#runs"))
+        .await
+        .is_err()
+    {
+        let page = c.source().await.unwrap_or_default();
+        panic!("no Morning page after logging in at {origin}: {page}");
+    }
+    let cookies = c.get_all_cookies().await.unwrap();
+    let session = cookies
+        .iter()
+        .find(|k| k.name() == "__Host-nightshift_session")
+        .unwrap_or_else(|| panic!("no __Host- session cookie: {cookies:?}"));
+    assert_eq!(session.secure(), Some(true));
+    assert_eq!(session.http_only(), Some(true));
+}

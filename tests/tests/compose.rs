@@ -417,39 +417,7 @@ async fn morning_in_a_browser(port: u16, spki: &str, runs: &[String]) {
         )
         .await;
     let origin = format!("https://127.0.0.1:{port}");
-    c.goto(&format!("{origin}/")).await.unwrap();
-    let url = c.current_url().await.unwrap();
-    assert_eq!(url.as_str(), format!("{origin}/login"));
-    for (id, text) in [("name", "owner"), ("password", "a long enough password")] {
-        c.find(Locator::Id(id))
-            .await
-            .unwrap()
-            .send_keys(text)
-            .await
-            .unwrap();
-    }
-    c.find(Locator::Id("login-submit"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    if c.wait()
-        .at_most(Duration::from_secs(30))
-        .for_element(Locator::Css("section#runs"))
-        .await
-        .is_err()
-    {
-        let page = c.source().await.unwrap_or_default();
-        panic!("no Morning page after logging in over TLS: {page}");
-    }
-    let cookies = c.get_all_cookies().await.unwrap();
-    let session = cookies
-        .iter()
-        .find(|k| k.name() == "__Host-nightshift_session")
-        .unwrap_or_else(|| panic!("no __Host- session cookie: {cookies:?}"));
-    assert_eq!(session.secure(), Some(true));
-    assert_eq!(session.http_only(), Some(true));
+    tests::browser::log_in(&c, &origin, "owner", "a long enough password").await;
     let page = c
         .find(Locator::Css("section#runs"))
         .await

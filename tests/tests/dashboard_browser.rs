@@ -904,43 +904,7 @@ async fn a_browser_logs_in_through_a_tls_proxy() {
             "127.0.0.1;dash.test",
         )
         .await;
-    c.goto(&format!("{origin}/")).await.unwrap();
-    let url = c.current_url().await.unwrap();
-    assert_eq!(url.as_str(), format!("{origin}/login"));
-    c.find(Locator::Id("name"))
-        .await
-        .unwrap()
-        .send_keys(OWNER)
-        .await
-        .unwrap();
-    c.find(Locator::Id("password"))
-        .await
-        .unwrap()
-        .send_keys(OWNER_PASSWORD)
-        .await
-        .unwrap();
-    c.find(Locator::Id("login-submit"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    if c.wait()
-        .at_most(Duration::from_secs(30))
-        .for_element(Locator::Css("section#runs"))
-        .await
-        .is_err()
-    {
-        let page = c.source().await.unwrap_or_default();
-        panic!("no Morning page after logging in through the proxy: {page}");
-    }
-    let cookies = c.get_all_cookies().await.unwrap();
-    let session = cookies
-        .iter()
-        .find(|k| k.name() == "__Host-nightshift_session")
-        .unwrap_or_else(|| panic!("no __Host- session cookie: {cookies:?}"));
-    assert_eq!(session.secure(), Some(true));
-    assert_eq!(session.http_only(), Some(true));
+    tests::browser::log_in(&c, &origin, OWNER, OWNER_PASSWORD).await;
 
     // A state change from the external origin: the kill switch.
     c.find(Locator::Css("nav a.stop"))
