@@ -9,7 +9,13 @@ cd "$(dirname "$0")/.."
 # Each phase's start and the seconds since this script began, on stderr,
 # so that a run's log says where its time went (docs/benchmarks.md).
 began=$(date +%s)
-phase() { echo "== test.sh: $1 (at $(( $(date +%s) - began )) s)" >&2; }
+# With the free space where the build cache lives: a full disk shows up as a
+# linker's SIGBUS otherwise, far from its cause.
+phase() {
+  local free
+  free=$(df -Pk "${XDG_CACHE_HOME:-$HOME/.cache}" 2>/dev/null | awk 'NR==2 { printf "%d", $4 / 1048576 }')
+  echo "== test.sh: $1 (at $(( $(date +%s) - began )) s, ${free:-?} GiB free)" >&2
+}
 # The build is a cache like the images: kept across clones of the
 # repository on this machine (cargo rebuilds whatever changed), unless
 # CARGO_TARGET_DIR says otherwise.
