@@ -20,6 +20,7 @@ ADAPTERS = {
     "tokio-postgres": {"nightshift-store-postgres"},
     "sqlx": {"nightshift-store-postgres"},
     "axum": {"nightshift-dashboard"},
+    "kube": {"nightshift-engine-kubernetes"},
 }
 # The end-to-end tests' crate (never shipped) tampers with the SQLite file
 # as an attacker on the host would: rows deleted, rewritten; so does the
@@ -32,6 +33,7 @@ TEST_ALLOWED = {("tests", "rusqlite"), ("nightshift-store-postgres", "rusqlite")
 ADAPTER_MODULE = {
     "orchestrator/engine-docker/src": ("bollard", "engine.rs"),
     "orchestrator/store-sqlite/src": ("rusqlite", "store.rs"),
+    "orchestrator/engine-kubernetes/src": ("kube", "cluster.rs"),
 }
 
 # The product's crates whose modules must not import each other in a cycle.
@@ -39,6 +41,7 @@ PRODUCT = [
     "orchestrator/core/src",
     "orchestrator/store-sqlite/src",
     "orchestrator/engine-docker/src",
+    "orchestrator/engine-kubernetes/src",
     "orchestrator/gateway/src",
     "orchestrator/supervisor/src",
     "dashboard/src",

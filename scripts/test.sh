@@ -72,13 +72,15 @@ NIGHTSHIFT_TEST_STORE=postgres NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p 
   --test faults --test run
 phase "tests on Podman"
 # The attestation and run suites again with every sandbox on nightshift's
-# rootful Podman service (scripts/podman.sh, docs/engines.md), the image
+# rootful Podman service (scripts/podman.sh, docs/engines.md), and the
+# generated Kubernetes Pod spec played by `podman kube play` against the
+# sandbox probes (tests/tests/kube_play.rs, docs/kubernetes.md); the image
 # loaded into Podman's store (a no-op when it is up to date there). The
 # service is left running, as dockerd is.
 scripts/podman.sh start >/dev/null
 NIGHTSHIFT_ENGINE=podman NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build
 NIGHTSHIFT_TEST_ENGINE=podman NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p tests --no-fail-fast \
-  --test attestation --test run --test engines
+  --test attestation --test run --test engines --test kube_play
 phase "fuzz"
 # A bounded fuzz pass: each fuzz target for 30 s over its committed
 # corpus, failing on any crash (scripts/fuzz.sh, docs/fuzzing.md; longer

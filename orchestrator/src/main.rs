@@ -62,8 +62,9 @@ struct Cli {
     store_file: Option<PathBuf>,
     /// The container engine: `docker` (the default) or `podman` (rootful,
     /// nightshift's own service: scripts/podman.sh; docs/engines.md); else
-    /// the configuration's `[engine] kind`.
-    #[arg(long, global = true, env = "NIGHTSHIFT_ENGINE", value_parser = ["docker", "podman"])]
+    /// the configuration's `[engine] kind`. `kubernetes` refuses every run,
+    /// saying what is missing (docs/kubernetes.md).
+    #[arg(long, global = true, env = "NIGHTSHIFT_ENGINE", value_parser = ["docker", "podman", "kubernetes"])]
     engine: Option<String>,
     /// The OCI runtime sandboxes run with: `runsc` (gVisor, on Podman:
     /// docs/engines.md) or `runc`; else the configuration's `[sandbox]
@@ -115,8 +116,67 @@ enum SetupCmd {
     },
 }
 
+/// Sandboxes as Kubernetes Pods (docs/kubernetes.md).
+#[derive(Debug, Subcommand)]
+enum KubeCmd {
+    /// The Pod and the namespace's deny-all NetworkPolicy nightshift creates
+    /// for a run, as a YAML stream of JSON documents (`kubectl apply -f -`,
+    /// `podman kube play`).
+    Pod(Box<KubePodArgs>),
+    /// nightshift's seccomp profile: install it on every node as
+    /// `<kubelet seccomp root>/nightshift-sandbox.json`.
+    SeccompProfile,
+}
+
+#[derive(Debug, clap::Args)]
+struct KubePodArgs {
+    /// The run's id (a DNS label: lowercase letters, digits and '-').
+    #[arg(long)]
+    run_id: String,
+    #[arg(long)]
+    image: String,
+    #[arg(long, default_value = "nightshift-sandboxes")]
+    namespace: String,
+    /// The worker that owns the Pod (its sweep after a crash removes only its own).
+    #[arg(long, default_value = "nightshift")]
+    owner: String,
+    /// `Never` for images loaded on the nodes, else `IfNotPresent` or `Always`.
+    #[arg(long, default_value = "IfNotPresent")]
+    image_pull_policy: String,
+    /// A RuntimeClass the Pod must run under (`gvisor`).
+    #[arg(long)]
+    runtime_class: Option<String>,
+    /// Memory cap, bytes.
+    #[arg(long, default_value_t = 2 << 30)]
+    memory: i64,
+    /// CPU cap, millicores.
+    #[arg(long, default_value_t = 2000)]
+    cpu_millis: i64,
+    /// Wall cap, seconds (`activeDeadlineSeconds`).
+    #[arg(long, default_value_t = 4 * 3600)]
+    wall_seconds: i64,
+    /// The worktree volume's size cap, bytes.
+    #[arg(long, default_value_t = 2 << 30)]
+    max_worktree: i64,
+    /// Each tmpfs volume's size, bytes.
+    #[arg(long, default_value_t = 256 << 20)]
+    tmpfs: i64,
+    /// `KEY=VALUE` for the agent's environment (repeatable).
+    #[arg(long = "env")]
+    env: Vec<String>,
+    /// The agent's command.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Sandboxes as Kubernetes Pods: the Pod spec and the nodes' seccomp
+    /// profile (docs/kubernetes.md).
+    Kube {
+        #[command(subcommand)]
+        command: KubeCmd,
+    },
     /// The default sandbox image.
     Image {
         #[command(subcommand)]
@@ -879,9 +939,9 @@ fn engine_setting(
         return Ok(None);
     };
     match kind.as_str() {
-        Some(k @ ("docker" | "podman")) => Ok(Some(k.to_owned())),
+        Some(k @ ("docker" | "podman" | "kubernetes")) => Ok(Some(k.to_owned())),
         _ => Err(format!(
-            "{}: [engine] kind must be \"docker\" or \"podman\", not {kind}",
+            "{}: [engine] kind must be \"docker\", \"podman\" or \"kubernetes\", not {kind}",
             path.display()
         )),
     }
@@ -1032,6 +1092,7 @@ async fn dispatch(cli: Cli) -> i32 {
         Command::Image { command } => image_cmd(&api, command).await,
         Command::Run(args) => run_cmd(&api, args).await,
         Command::Setup { command } => setup_cmd(&api, command),
+        Command::Kube { command } => kube_cmd(command),
         Command::Runs { json } => respond(&api, ApiCommand::Runs {}, json).await,
         Command::Show { run, json } => respond(&api, ApiCommand::Show { run }, json).await,
         Command::Audit {
@@ -1674,6 +1735,53 @@ fn render_runs(runs: &[RunRecord], json: bool) {
             changes,
             terminal::line(&r.repo)
         );
+    }
+}
+
+fn kube_cmd(command: KubeCmd) -> Result<i32, i32> {
+    let args = match command {
+        KubeCmd::SeccompProfile => {
+            outln!("{}", nightshift_core::sandbox::SECCOMP_PROFILE.trim_end());
+            return Ok(0);
+        }
+        KubeCmd::Pod(args) => args,
+    };
+    let mut env = std::collections::BTreeMap::new();
+    for kv in &args.env {
+        let Some((k, v)) = kv.split_once('=') else {
+            errln!("nightshift: --env {}: not KEY=VALUE", terminal::line(kv));
+            return Err(exit::USAGE);
+        };
+        env.insert(k.to_owned(), v.to_owned());
+    }
+    let id = nightshift_core::sandbox::DEFAULT_SANDBOX_ID as i64;
+    let plan = nightshift_engine_kubernetes::PodPlan {
+        run_id: args.run_id,
+        namespace: args.namespace,
+        owner: args.owner,
+        image: args.image,
+        image_pull_policy: args.image_pull_policy,
+        command: args.command,
+        env,
+        uid: id,
+        gid: id,
+        memory_bytes: args.memory,
+        cpu_millis: args.cpu_millis,
+        wall_seconds: args.wall_seconds,
+        worktree_bytes: args.max_worktree,
+        tmpfs_bytes: args.tmpfs,
+        runtime_class: args.runtime_class,
+    };
+    match nightshift_engine_kubernetes::manifest(&plan) {
+        Ok(yaml) => {
+            // JSON documents: every string quoted and escaped; block() keeps it so.
+            out!("{}", terminal::block(yaml.as_bytes()));
+            Ok(0)
+        }
+        Err(e) => {
+            errln!("nightshift: kube pod: {}", terminal::line(&e.to_string()));
+            Err(exit::USAGE)
+        }
     }
 }
 

@@ -441,4 +441,5 @@ pub mod browser;
 pub mod loopback;
 pub mod model;
 pub mod morning;
+pub mod probes;
 pub mod queue;

@@ -323,7 +323,7 @@ pub fn attest(
     }
 }
 
-fn property(
+pub(crate) fn property(
     name: &'static str,
     ok: bool,
     observed: String,

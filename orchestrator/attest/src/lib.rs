@@ -24,6 +24,7 @@ mod attest;
 mod host;
 mod inspect;
 mod observed;
+mod pod;
 
 pub use attest::{
     attest, seccomp_profile_digest, Attestation, Expectations, MountExpectation, Property, Refused,
@@ -36,6 +37,9 @@ pub use observed::{
     EngineKind, ObservedLimits, ObservedMount, ObservedNamespaces, ObservedNetwork,
     ObservedSandbox, OciNamespace, OciSpec, PodmanExtra, PodmanHostConfig, RequestedMount, Rlimit,
     Seccomp, PODMAN_ENV, PODMAN_READ_ONLY_ROOT_TMPFS,
+};
+pub use pod::{
+    attest_pod, denies_all, quantity, PodExpectations, POD_PROPERTY_NAMES, POD_RUN_LABEL,
 };
 
 /// Why an inspect document could not be read.
@@ -50,6 +54,9 @@ pub enum AttestError {
         #[source]
         source: serde_json::Error,
     },
+    /// A Pod is not judged as a container document: `attest_pod` reads it.
+    #[error("a Kubernetes Pod is judged by its own properties (attest_pod), not as a container")]
+    NotAContainer,
 }
 
 #[cfg(test)]

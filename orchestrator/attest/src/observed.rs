@@ -33,6 +33,9 @@ use crate::{seccomp_profile_digest, AttestError};
 pub enum EngineKind {
     Docker,
     Podman,
+    /// A Pod on a cluster, judged by its own properties
+    /// ([`crate::attest_pod`]).
+    Kubernetes,
 }
 
 impl EngineKind {
@@ -40,6 +43,7 @@ impl EngineKind {
         match self {
             EngineKind::Docker => "docker",
             EngineKind::Podman => "podman",
+            EngineKind::Kubernetes => "kubernetes",
         }
     }
 }
@@ -459,6 +463,7 @@ pub fn observe(engine: EngineKind, document: &Value) -> Result<ObservedSandbox, 
     match engine {
         EngineKind::Docker => Ok(from_docker_inspect(&parse_inspect(document)?)),
         EngineKind::Podman => parse_podman_inspect(document),
+        EngineKind::Kubernetes => Err(AttestError::NotAContainer),
     }
 }
 

@@ -128,7 +128,8 @@ pub struct StoreConfig {
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct EngineConfig {
-    /// `docker` (the default) or `podman`.
+    /// `docker` (the default), `podman`, or `kubernetes` (accepted, and
+    /// every run refused saying why: docs/kubernetes.md).
     pub kind: Option<EngineName>,
 }
 
@@ -137,6 +138,7 @@ pub struct EngineConfig {
 pub enum EngineName {
     Docker,
     Podman,
+    Kubernetes,
 }
 
 /// Per-run defaults (each overridable on the command line).

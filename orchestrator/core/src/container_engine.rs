@@ -147,7 +147,8 @@ pub trait ContainerEngine: Sync {
     /// id; Podman: `libpod-<id>`).
     fn cgroup_name(&self, id: &str) -> String {
         match self.kind() {
-            orchestrator_attest::EngineKind::Docker => id.to_owned(),
+            orchestrator_attest::EngineKind::Docker
+            | orchestrator_attest::EngineKind::Kubernetes => id.to_owned(),
             orchestrator_attest::EngineKind::Podman => format!("libpod-{id}"),
         }
     }

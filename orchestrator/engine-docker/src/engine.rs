@@ -82,12 +82,22 @@ pub fn chosen_engine() -> Result<EngineKind, EngineError> {
     match std::env::var("NIGHTSHIFT_ENGINE").as_deref() {
         Err(_) | Ok("") | Ok("docker") => Ok(EngineKind::Docker),
         Ok("podman") => Ok(EngineKind::Podman),
+        Ok("kubernetes") => Err(EngineError::Unreachable {
+            endpoint: "kubernetes".into(),
+            message: KUBERNETES_NOT_YET.into(),
+        }),
         Ok(other) => Err(EngineError::Unreachable {
             endpoint: other.to_owned(),
             message: "unknown engine: docker or podman".into(),
         }),
     }
 }
+
+/// Why `--engine kubernetes` runs nothing yet (docs/kubernetes.md).
+pub const KUBERNETES_NOT_YET: &str = "runs on Kubernetes are not carried out yet: nightshift \
+    plans, attests and watches sandbox Pods (`nightshift kube pod`, docs/kubernetes.md), but a \
+    run's worktree pack and its door, model and lease channels do not reach a Pod yet; use \
+    docker or podman";
 
 /// The OCI runtime chosen for this process's sandboxes:
 /// `NIGHTSHIFT_RUNTIME` (which the binary sets from `--runtime` or the
@@ -117,6 +127,10 @@ impl Engine {
         match chosen_engine()? {
             EngineKind::Docker => Self::connect_docker().await,
             EngineKind::Podman => Self::connect_podman().await,
+            EngineKind::Kubernetes => Err(EngineError::Unreachable {
+                endpoint: "kubernetes".into(),
+                message: KUBERNETES_NOT_YET.into(),
+            }),
         }
     }
 

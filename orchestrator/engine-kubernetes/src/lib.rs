@@ -1,0 +1,93 @@
+//! Sandboxes as Kubernetes Pods (docs/kubernetes.md): what the Pod is
+//! ([`pod`], pure), how the Pod the cluster returned is judged
+//! (`orchestrator_attest::attest_pod`), and the controller that creates,
+//! watches, deletes and sweeps them ([`cluster`], over kube-rs).
+//!
+//! Invariants:
+//! - Only this crate names kube-rs (`scripts/check-layers.py`); the
+//!   attestation reads k8s-openapi's types as data.
+//! - What reaches the cluster is built by [`pod::pod`] from a checked plan;
+//!   the documents [`manifest`] prints are that same object
+//!   (`tests::the_manifest_is_json_documents_of_the_planned_objects`).
+
+#![forbid(unsafe_code)]
+
+pub mod cluster;
+pub mod pod;
+
+pub use cluster::{Cluster, ClusterError, Created, Waited};
+pub use pod::{
+    ending, expectations, pod, pod_name, sandbox_network_policy, Ending, PlanError, PodPlan,
+};
+
+/// The Pod and the namespace's deny-all policy for a plan, as one YAML
+/// stream (`kubectl apply -f -`, `podman kube play`) of JSON documents:
+/// JSON is YAML that every reader reads alike (Go's YAML parser, which
+/// kubectl and Podman use, refuses some block scalars other emitters
+/// write for a command with leading blank lines), and every string in it
+/// is quoted and escaped.
+pub fn manifest(plan: &PodPlan) -> Result<String, PlanError> {
+    let pod = pod::pod(plan)?;
+    let policy = pod::sandbox_network_policy(&plan.namespace);
+    let mut out = String::new();
+    for value in [
+        with_kind(
+            serde_json::to_value(&policy),
+            "networking.k8s.io/v1",
+            "NetworkPolicy",
+        ),
+        with_kind(serde_json::to_value(&pod), "v1", "Pod"),
+    ] {
+        out.push_str("---\n");
+        // A serde_json value always serialises.
+        out.push_str(&serde_json::to_string_pretty(&value).unwrap_or_default());
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+fn with_kind(
+    value: Result<serde_json::Value, serde_json::Error>,
+    api: &str,
+    kind: &str,
+) -> serde_json::Value {
+    let mut value = value.unwrap_or_default();
+    if let Some(o) = value.as_object_mut() {
+        // apiVersion and kind first, as people read manifests.
+        let mut ordered = serde_json::Map::new();
+        ordered.insert("apiVersion".into(), api.into());
+        ordered.insert("kind".into(), kind.into());
+        ordered.extend(std::mem::take(o));
+        *o = ordered;
+    }
+    value
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every document of the manifest is JSON (so YAML everywhere) and the
+    /// Pod in it is the one `pod` makes.
+    #[test]
+    fn the_manifest_is_json_documents_of_the_planned_objects() {
+        let mut plan = pod::tests::plan();
+        plan.command = vec!["bash".into(), "-c".into(), "\n  echo \"x\"\n\tdone".into()];
+        let text = manifest(&plan).unwrap();
+        let docs: Vec<serde_json::Value> = text
+            .split("---\n")
+            .filter(|d| !d.trim().is_empty())
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        assert_eq!(docs.len(), 2);
+        assert_eq!(docs[0]["kind"], "NetworkPolicy");
+        assert_eq!(docs[1]["kind"], "Pod");
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(docs[1].clone()).unwrap();
+        assert_eq!(pod, pod::pod(&plan).unwrap());
+        for d in &docs {
+            let yaml: serde_json::Value =
+                serde_yaml::from_str(&serde_json::to_string_pretty(d).unwrap()).unwrap();
+            assert_eq!(&yaml, d);
+        }
+    }
+}
