@@ -55,10 +55,12 @@ start() {
   chmod 0700 "$dir"
   # gVisor as the runtime `runsc`, through a wrapper that gives it its
   # flags: ptrace (KVM hangs here), no network of its own (the sandbox has
-  # none), and host Unix sockets openable (the door).
+  # none), host Unix sockets openable (the door), and the OCI seccomp
+  # filter loaded inside the sandbox (without --oci-seccomp runsc ignores
+  # the profile the attestation checks; tests/tests/engines.rs probes it).
   cat >"$dir/runsc" <<'WRAP'
 #!/bin/sh
-exec /usr/bin/runsc --platform=ptrace --network=none --host-uds=open "$@"
+exec /usr/bin/runsc --platform=ptrace --network=none --host-uds=open --oci-seccomp "$@"
 WRAP
   chmod 0755 "$dir/runsc"
   cat >"$dir/containers.conf" <<CONF

@@ -73,6 +73,38 @@ pub const DEFAULT_SANDBOX_ID: u32 = 2_000_000_000;
 /// whose family it cannot see, and the 32-bit `ipc` multiplexes likewise.
 /// Sent to the engine by content and attested by its digest.
 pub const SECCOMP_PROFILE: &str = include_str!("seccomp.json");
+
+/// The profile a sandbox is given on `runtime`: [`SECCOMP_PROFILE`], except
+/// under gVisor (`runsc`, which loads it inside the sandbox with
+/// `--oci-seccomp`: scripts/podman.sh). gVisor 2022-12 answers a rule's
+/// `errnoRet` with EPERM, so the profile's `clone3` → ENOSYS (which makes
+/// libc fall back to `clone`, whose flags the profile can check) becomes
+/// EPERM there and every `posix_spawn` fails; under gVisor `clone3` is
+/// allowed instead (a namespace it makes is the sentry's, never the host's),
+/// and every other rule stays (`tests::gvisor_differs_only_in_clone3`).
+pub fn seccomp_profile_for(runtime: Option<&str>) -> std::borrow::Cow<'static, str> {
+    if runtime != Some("runsc") {
+        return std::borrow::Cow::Borrowed(SECCOMP_PROFILE);
+    }
+    let Ok(mut profile) = serde_json::from_str::<serde_json::Value>(SECCOMP_PROFILE) else {
+        return std::borrow::Cow::Borrowed(SECCOMP_PROFILE);
+    };
+    if let Some(rules) = profile.get_mut("syscalls").and_then(|r| r.as_array_mut()) {
+        for rule in rules.iter_mut() {
+            let clone3 = rule
+                .get("names")
+                .and_then(|n| n.as_array())
+                .is_some_and(|n| n.len() == 1 && n[0] == "clone3");
+            if clone3 {
+                if let Some(o) = rule.as_object_mut() {
+                    o.insert("action".into(), "SCMP_ACT_ALLOW".into());
+                    o.remove("errnoRet");
+                }
+            }
+        }
+    }
+    std::borrow::Cow::Owned(profile.to_string())
+}
 pub const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// The sandbox's main process: the lease wrapper in the door's `bin/`.
 pub const LEASE_WRAPPER: &str = "/run/nightshift/bin/nightshift-lease";
@@ -440,8 +472,10 @@ impl SandboxSpec {
             max_pids: self.caps.pids,
             max_nproc: SHARED_NPROC,
             allowed_tmpfs: self.tmpfs.keys().cloned().collect::<BTreeSet<_>>(),
-            seccomp_profile_digest: orchestrator_attest::seccomp_profile_digest(SECCOMP_PROFILE)
-                .unwrap_or_default(),
+            seccomp_profile_digest: orchestrator_attest::seccomp_profile_digest(
+                &self.seccomp_profile(),
+            )
+            .unwrap_or_default(),
             max_shm_bytes: self.caps.shm_bytes(),
             max_file_bytes: i64::try_from(self.caps.max_worktree_bytes).unwrap_or(i64::MAX),
             main_process: self.lease_is_pid1().then(|| LEASE_WRAPPER.to_string()),
@@ -454,6 +488,11 @@ impl SandboxSpec {
                 }),
             runtime: self.runtime.clone(),
         }
+    }
+
+    /// The seccomp profile its runtime is given ([`seccomp_profile_for`]).
+    pub fn seccomp_profile(&self) -> std::borrow::Cow<'static, str> {
+        seccomp_profile_for(self.runtime.as_deref())
     }
 
     /// Runs it with the OCI runtime `runtime` (`None`: the engine's default).
@@ -671,5 +710,35 @@ mod tests {
         for opts in spec().tmpfs.values() {
             assert!(opts.contains("size="), "{opts}");
         }
+    }
+
+    #[test]
+    fn gvisor_differs_only_in_clone3() {
+        use serde_json::Value;
+        assert_eq!(seccomp_profile_for(None), SECCOMP_PROFILE);
+        assert_eq!(seccomp_profile_for(Some("runc")), SECCOMP_PROFILE);
+        let ours: Value = serde_json::from_str(SECCOMP_PROFILE).unwrap();
+        let gvisor: Value = serde_json::from_str(&seccomp_profile_for(Some("runsc"))).unwrap();
+        assert_ne!(ours, gvisor);
+        let rules = |v: &Value| v["syscalls"].as_array().unwrap().clone();
+        let (a, b) = (rules(&ours), rules(&gvisor));
+        assert_eq!(a.len(), b.len());
+        let mut changed = 0;
+        for (x, y) in a.iter().zip(&b) {
+            if x != y {
+                changed += 1;
+                assert_eq!(x["names"], serde_json::json!(["clone3"]));
+                assert_eq!(x["errnoRet"], 38);
+                assert_eq!(y["action"], "SCMP_ACT_ALLOW");
+            }
+        }
+        assert_eq!(changed, 1);
+        assert_eq!(ours["defaultAction"], gvisor["defaultAction"]);
+        let spec = spec().with_runtime(Some("runsc".into()));
+        assert_eq!(
+            spec.expectations(vec![]).seccomp_profile_digest,
+            orchestrator_attest::seccomp_profile_digest(&seccomp_profile_for(Some("runsc")))
+                .unwrap()
+        );
     }
 }

@@ -266,7 +266,7 @@ impl Engine {
                 "no-new-privileges:true".into(),
                 // By content: the engine keeps (and reports) this text, so
                 // the attestation can check its digest.
-                format!("seccomp={SECCOMP_PROFILE}"),
+                format!("seccomp={}", spec.seccomp_profile()),
             ]),
             masked_paths: Some(spec.masked_paths()),
             shm_size: Some(spec.caps.shm_bytes()),

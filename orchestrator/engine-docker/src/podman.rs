@@ -36,7 +36,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use nightshift_core::container_engine::EngineError;
-use nightshift_core::sandbox::{SandboxSpec, DOOR_MOUNT, SECCOMP_PROFILE, WORKSPACE};
+use nightshift_core::sandbox::{SandboxSpec, DOOR_MOUNT, WORKSPACE};
 use nightshift_core::setup::CACHE_MOUNT as SETUP_CACHE;
 
 /// Podman's own API version this adapter speaks (Podman 4.x).
@@ -163,18 +163,19 @@ pub(crate) async fn check_service(socket: &Path) -> Result<(), String> {
     }
 }
 
-/// Writes nightshift's seccomp profile where Podman reads it: a file named
-/// by the digest of its text in the root-only `seccomp/` folder, written
-/// once (a no-op when it is there with that content).
-pub fn seccomp_file() -> Result<PathBuf, EngineError> {
+/// Writes a seccomp profile (the sandbox's: `SandboxSpec::seccomp_profile`)
+/// where Podman reads it: a file named by the digest of its text in the
+/// root-only `seccomp/` folder, written once (a no-op when it is there with
+/// that content).
+pub fn seccomp_file(profile: &str) -> Result<PathBuf, EngineError> {
     let dir = podman_dir().join("seccomp");
-    let digest = hex::encode(Sha256::digest(SECCOMP_PROFILE.as_bytes()));
+    let digest = hex::encode(Sha256::digest(profile.as_bytes()));
     let path = dir.join(format!("{digest}.json"));
     let io = |e: std::io::Error| EngineError::Api {
         doing: format!("writing the seccomp profile {}", path.display()),
         source: Box::new(e),
     };
-    if std::fs::read(&path).is_ok_and(|b| b == SECCOMP_PROFILE.as_bytes()) {
+    if std::fs::read(&path).is_ok_and(|b| b == profile.as_bytes()) {
         return Ok(path);
     }
     {
@@ -186,7 +187,7 @@ pub fn seccomp_file() -> Result<PathBuf, EngineError> {
             .map_err(io)?;
     }
     let tmp = dir.join(format!(".{digest}.{}", std::process::id()));
-    std::fs::write(&tmp, SECCOMP_PROFILE).map_err(io)?;
+    std::fs::write(&tmp, profile).map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(io)?;
     Ok(path)
 }
@@ -305,7 +306,7 @@ pub(crate) fn sandbox_request(spec: &SandboxSpec, seccomp: &Path) -> Value {
 /// Creates and initialises (never starts) a sandbox through Podman's own
 /// API; its id.
 pub(crate) async fn create(socket: &Path, spec: &SandboxSpec) -> Result<String, EngineError> {
-    let seccomp = seccomp_file()?;
+    let seccomp = seccomp_file(&spec.seccomp_profile())?;
     let doing = format!("creating container {} in podman", spec.name);
     let created = call(
         socket,
