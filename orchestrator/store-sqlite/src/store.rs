@@ -220,6 +220,14 @@ CREATE TABLE IF NOT EXISTS scope_refusals (
 );
 "#;
 
+/// Whether the filesystem holding `dir` has (nearly) no room left for an
+/// unprivileged writer: under 64 KiB available.
+fn filesystem_full(dir: &Path) -> bool {
+    nix::sys::statvfs::statvfs(dir).is_ok_and(|s| {
+        (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64) < 64 * 1024
+    })
+}
+
 impl Store {
     /// Opens (creating when absent) the state under `paths.root`.
     pub fn open(paths: StatePaths) -> Result<Self, StoreError> {
@@ -236,6 +244,16 @@ impl Store {
         let mut attempt = 0;
         loop {
             match Self::prepare(&paths) {
+                // A full disk can answer "busy" too (the shared-memory index
+                // cannot be made while another process recovers it): named
+                // as the full disk it is, read as below.
+                Err(e) if e.is_busy() && filesystem_full(&paths.root) => {
+                    let full = StoreError::DiskFull {
+                        doing: "opening the state",
+                        source: Box::new(e),
+                    };
+                    return Self::prepare_alone(&paths).map_err(|_| full);
+                }
                 Err(e) if e.is_busy() && attempt < 50 => {
                     attempt += 1;
                     std::thread::sleep(Duration::from_millis(20 * attempt));
