@@ -224,7 +224,7 @@ CREATE TABLE IF NOT EXISTS scope_refusals (
 /// unprivileged writer: under 64 KiB available.
 fn filesystem_full(dir: &Path) -> bool {
     nix::sys::statvfs::statvfs(dir).is_ok_and(|s| {
-        (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64) < 64 * 1024
+        s.blocks_available().saturating_mul(s.fragment_size()) < 64 * 1024
     })
 }
 
