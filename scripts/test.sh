@@ -71,7 +71,7 @@ NIGHTSHIFT_TEST_STORE=postgres NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p 
   --test acts --test run_queue --test serve_queue --test audit --test dashboard_api \
   --test faults --test run
 phase "tests on Podman"
-# The attestation and run suites again with every sandbox on nightshift's
+# The attestation, run and sandbox-probe suites again with every sandbox on nightshift's
 # rootful Podman service (scripts/podman.sh, docs/engines.md), and the
 # generated Kubernetes Pod spec played by `podman kube play` against the
 # sandbox probes (tests/tests/kube_play.rs, docs/kubernetes.md); the image
@@ -80,7 +80,7 @@ phase "tests on Podman"
 scripts/podman.sh start >/dev/null
 NIGHTSHIFT_ENGINE=podman NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build
 NIGHTSHIFT_TEST_ENGINE=podman NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p tests --no-fail-fast \
-  --test attestation --test run --test engines --test kube_play
+  --test attestation --test run --test engines --test kube_play --test sandbox_probes
 phase "fuzz"
 # A bounded fuzz pass: each fuzz target for 30 s over its committed
 # corpus, failing on any crash (scripts/fuzz.sh, docs/fuzzing.md; longer
