@@ -137,3 +137,39 @@ cli.sendall(b"hi"); print("loopback=" + conn.recv(2).decode())
 PY
 cd /workspace && echo more >> README.md && git commit -qam "probe commit" && echo "git=committed"
 "#;
+
+/// The probes every Tier 0 sandbox passes whatever its engine: no name
+/// resolution, no connection out, no engine socket, no capability, the
+/// sandbox's own uid, no secret in its environment, no writable root.
+pub fn assert_no_way_out(p: &std::collections::BTreeMap<String, String>, log: &str) {
+    assert_eq!(get(p, "dns"), "failed", "{log}");
+    for host in ["127.0.0.1", "172.17.0.1", "10.0.2.2", "8.8.8.8"] {
+        assert_eq!(get(p, &format!("tcp-{host}")), "failed", "{log}");
+    }
+    assert_eq!(get(p, "engine-/var/run/docker.sock"), "failed", "{log}");
+    assert_eq!(get(p, "env-secret"), "absent", "{log}");
+    assert_eq!(get(p, "proc-secret"), "absent", "{log}");
+    assert_eq!(get(p, "capeff"), "0000000000000000", "{log}");
+    assert_eq!(get(p, "uid"), "2000000000", "{log}");
+    for path in [
+        "/etc/probe",
+        "/usr/probe",
+        "/probe",
+        "/var/probe",
+        "/run/probe",
+    ] {
+        assert_eq!(get(p, &format!("write-{path}")), "denied", "{log}");
+    }
+}
+
+/// nightshift's seccomp profile as the syscall probes see it: every call it
+/// refuses answered EPERM, what ordinary work needs allowed, loopback up.
+pub fn assert_profile_holds(p: &std::collections::BTreeMap<String, String>, log: &str) {
+    for call in REFUSED_CALLS {
+        assert_eq!(get(p, call), "errno1", "{call} was not refused: {log}");
+    }
+    for call in ALLOWED_CALLS {
+        assert_eq!(get(p, call), "ok", "{call}: {log}");
+    }
+    assert_eq!(get(p, "loopback"), "hi", "{log}");
+}

@@ -223,9 +223,8 @@ CREATE TABLE IF NOT EXISTS scope_refusals (
 /// Whether the filesystem holding `dir` has (nearly) no room left for an
 /// unprivileged writer: under 64 KiB available.
 fn filesystem_full(dir: &Path) -> bool {
-    nix::sys::statvfs::statvfs(dir).is_ok_and(|s| {
-        s.blocks_available().saturating_mul(s.fragment_size()) < 64 * 1024
-    })
+    nix::sys::statvfs::statvfs(dir)
+        .is_ok_and(|s| s.blocks_available().saturating_mul(s.fragment_size()) < 64 * 1024)
 }
 
 impl Store {
