@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SeccompProfile};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, SeccompProfile, SecurityContext};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use crate::attest::{Attestation, Property};
@@ -198,14 +198,39 @@ fn network_none(pod: &Pod, spec: &PodSpec, policies: &[NetworkPolicy]) -> Proper
     )
 }
 
-fn capabilities_dropped(containers: &[&Container]) -> Property {
-    let bad: Vec<String> = containers
+/// A property every container must hold: `broken` says whether one does
+/// not; the property lists those that do not by name.
+fn every_container(
+    name: &'static str,
+    containers: &[&Container],
+    broken: impl Fn(Option<&SecurityContext>) -> bool,
+    good: &str,
+    bad: &str,
+    expected: &str,
+) -> Property {
+    let failing: Vec<String> = containers
         .iter()
-        .filter(|c| {
-            let caps = c
-                .security_context
-                .as_ref()
-                .and_then(|s| s.capabilities.as_ref());
+        .filter(|c| broken(c.security_context.as_ref()))
+        .map(|c| c.name.clone())
+        .collect();
+    property(
+        name,
+        failing.is_empty() && !containers.is_empty(),
+        if failing.is_empty() {
+            good.to_owned()
+        } else {
+            format!("{bad}: {}", failing.join(", "))
+        },
+        expected,
+    )
+}
+
+fn capabilities_dropped(containers: &[&Container]) -> Property {
+    every_container(
+        "capabilities-dropped",
+        containers,
+        |s| {
+            let caps = s.and_then(|s| s.capabilities.as_ref());
             let drops_all = caps
                 .and_then(|c| c.drop.as_ref())
                 .is_some_and(|d| d.iter().any(|x| x == "ALL"));
@@ -213,63 +238,31 @@ fn capabilities_dropped(containers: &[&Container]) -> Property {
                 .and_then(|c| c.add.as_ref())
                 .is_some_and(|a| !a.is_empty());
             !drops_all || adds
-        })
-        .map(|c| c.name.clone())
-        .collect();
-    property(
-        "capabilities-dropped",
-        bad.is_empty(),
-        if bad.is_empty() {
-            "every container drops ALL, adds none".into()
-        } else {
-            format!("not dropping ALL or adding: {}", bad.join(", "))
         },
+        "every container drops ALL, adds none",
+        "not dropping ALL or adding",
         "drop ALL, add none, in every container",
     )
 }
 
 fn not_privileged(containers: &[&Container]) -> Property {
-    let bad: Vec<String> = containers
-        .iter()
-        .filter(|c| {
-            c.security_context
-                .as_ref()
-                .and_then(|s| s.privileged)
-                .unwrap_or(false)
-        })
-        .map(|c| c.name.clone())
-        .collect();
-    property(
+    every_container(
         "not-privileged",
-        bad.is_empty(),
-        if bad.is_empty() {
-            "none privileged".into()
-        } else {
-            format!("privileged: {}", bad.join(", "))
-        },
+        containers,
+        |s| s.and_then(|s| s.privileged).unwrap_or(false),
+        "none privileged",
+        "privileged",
         "no privileged container",
     )
 }
 
 fn no_new_privileges(containers: &[&Container]) -> Property {
-    let bad: Vec<String> = containers
-        .iter()
-        .filter(|c| {
-            c.security_context
-                .as_ref()
-                .and_then(|s| s.allow_privilege_escalation)
-                != Some(false)
-        })
-        .map(|c| c.name.clone())
-        .collect();
-    property(
+    every_container(
         "no-new-privileges",
-        bad.is_empty(),
-        if bad.is_empty() {
-            "allowPrivilegeEscalation=false everywhere".into()
-        } else {
-            format!("escalation not refused: {}", bad.join(", "))
-        },
+        containers,
+        |s| s.and_then(|s| s.allow_privilege_escalation) != Some(false),
+        "allowPrivilegeEscalation=false everywhere",
+        "escalation not refused",
         "allowPrivilegeEscalation: false in every container",
     )
 }
@@ -352,24 +345,12 @@ fn non_root(spec: &PodSpec, containers: &[&Container], expect: &PodExpectations)
 }
 
 fn read_only_root(containers: &[&Container]) -> Property {
-    let bad: Vec<String> = containers
-        .iter()
-        .filter(|c| {
-            c.security_context
-                .as_ref()
-                .and_then(|s| s.read_only_root_filesystem)
-                != Some(true)
-        })
-        .map(|c| c.name.clone())
-        .collect();
-    property(
+    every_container(
         "read-only-root",
-        bad.is_empty() && !containers.is_empty(),
-        if bad.is_empty() {
-            "readOnlyRootFilesystem everywhere".into()
-        } else {
-            format!("writable root: {}", bad.join(", "))
-        },
+        containers,
+        |s| s.and_then(|s| s.read_only_root_filesystem) != Some(true),
+        "readOnlyRootFilesystem everywhere",
+        "writable root",
         "readOnlyRootFilesystem: true in every container",
     )
 }
@@ -628,24 +609,15 @@ fn runtime(spec: &PodSpec, expect: &PodExpectations) -> Property {
 }
 
 fn proc_masked(containers: &[&Container]) -> Property {
-    let bad: Vec<String> = containers
-        .iter()
-        .filter(|c| {
-            c.security_context
-                .as_ref()
-                .and_then(|s| s.proc_mount.as_deref())
-                .is_some_and(|p| p != "Default")
-        })
-        .map(|c| c.name.clone())
-        .collect();
-    property(
+    every_container(
         "proc-masked",
-        bad.is_empty(),
-        if bad.is_empty() {
-            "procMount Default".into()
-        } else {
-            format!("procMount unmasked: {}", bad.join(", "))
+        containers,
+        |s| {
+            s.and_then(|s| s.proc_mount.as_deref())
+                .is_some_and(|p| p != "Default")
         },
+        "procMount Default",
+        "procMount unmasked",
         "procMount Default (the runtime's masked paths)",
     )
 }
