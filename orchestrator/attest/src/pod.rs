@@ -802,8 +802,6 @@ mod tests {
     #[test]
     fn each_breakage_fails_exactly_its_property() {
         type Edit = fn(&mut serde_json::Value);
-        let c = "/spec/containers/0";
-        let _ = c;
         let cases: Vec<(&str, Edit)> = vec![
             ("network-none", |v| v["spec"]["hostNetwork"] = json!(true)),
             ("network-none", |v| {
