@@ -123,9 +123,26 @@ enum KubeCmd {
     /// for a run, as a YAML stream of JSON documents (`kubectl apply -f -`,
     /// `podman kube play`).
     Pod(Box<KubePodArgs>),
+    /// Judges a Pod as the cluster returned it (`kubectl get pod -o json`)
+    /// against the Pod the same arguments make and the namespace's policies
+    /// (`kubectl get networkpolicy -o json`): every property, and exit 6
+    /// when one fails (docs/kubernetes.md).
+    Attest(Box<KubeAttestArgs>),
     /// nightshift's seccomp profile: install it on every node as
     /// `<kubelet seccomp root>/nightshift-sandbox.json`.
     SeccompProfile,
+}
+
+#[derive(Debug, clap::Args)]
+struct KubeAttestArgs {
+    /// The Pod as the cluster returned it, JSON (at most 4 MiB).
+    #[arg(long)]
+    observed: PathBuf,
+    /// The namespace's NetworkPolicies, JSON (a list or one policy).
+    #[arg(long)]
+    policies: Option<PathBuf>,
+    #[command(flatten)]
+    plan: KubePodArgs,
 }
 
 #[derive(Debug, clap::Args)]
@@ -1739,13 +1756,77 @@ fn render_runs(runs: &[RunRecord], json: bool) {
 }
 
 fn kube_cmd(command: KubeCmd) -> Result<i32, i32> {
-    let args = match command {
+    match command {
         KubeCmd::SeccompProfile => {
             outln!("{}", nightshift_core::sandbox::SECCOMP_PROFILE.trim_end());
-            return Ok(0);
+            Ok(0)
         }
-        KubeCmd::Pod(args) => args,
-    };
+        KubeCmd::Pod(args) => match nightshift_engine_kubernetes::manifest(&kube_plan(*args)?) {
+            Ok(yaml) => {
+                // JSON documents: every string quoted and escaped; block() keeps it so.
+                out!("{}", terminal::block(yaml.as_bytes()));
+                Ok(0)
+            }
+            Err(e) => {
+                errln!("nightshift: kube pod: {}", terminal::line(&e.to_string()));
+                Err(exit::USAGE)
+            }
+        },
+        KubeCmd::Attest(args) => {
+            let KubeAttestArgs {
+                observed,
+                policies,
+                plan,
+            } = *args;
+            let plan = kube_plan(plan)?;
+            let read = |path: &std::path::Path| -> Result<Vec<u8>, i32> {
+                use std::io::Read as _;
+                let mut bytes = Vec::new();
+                std::fs::File::open(path)
+                    .and_then(|f| {
+                        f.take(nightshift_engine_kubernetes::MAX_DOCUMENT as u64 + 1)
+                            .read_to_end(&mut bytes)
+                    })
+                    .map_err(|e| {
+                        errln!(
+                            "nightshift: kube attest: reading {}: {e}",
+                            terminal::line(&path.display().to_string())
+                        );
+                        exit::BAD_INPUT
+                    })?;
+                Ok(bytes)
+            };
+            let observed = read(&observed)?;
+            let policies = policies.as_deref().map(read).transpose()?;
+            let attestation =
+                nightshift_engine_kubernetes::judge(&plan, &observed, policies.as_deref())
+                    .map_err(|e| {
+                        errln!(
+                            "nightshift: kube attest: {}",
+                            terminal::line(&e.to_string())
+                        );
+                        exit::BAD_INPUT
+                    })?;
+            for p in &attestation.properties {
+                outln!(
+                    "{:<6} {:<26} {} (expected {})",
+                    if p.ok { "ok" } else { "FAILED" },
+                    p.name,
+                    terminal::line(&p.observed),
+                    terminal::line(&p.expected)
+                );
+            }
+            Ok(if attestation.passed() {
+                0
+            } else {
+                exit::REFUSED
+            })
+        }
+    }
+}
+
+/// A run's Pod plan from `kube pod`'s arguments.
+fn kube_plan(args: KubePodArgs) -> Result<nightshift_engine_kubernetes::PodPlan, i32> {
     let mut env = std::collections::BTreeMap::new();
     for kv in &args.env {
         let Some((k, v)) = kv.split_once('=') else {
@@ -1755,7 +1836,7 @@ fn kube_cmd(command: KubeCmd) -> Result<i32, i32> {
         env.insert(k.to_owned(), v.to_owned());
     }
     let id = nightshift_core::sandbox::DEFAULT_SANDBOX_ID as i64;
-    let plan = nightshift_engine_kubernetes::PodPlan {
+    Ok(nightshift_engine_kubernetes::PodPlan {
         run_id: args.run_id,
         namespace: args.namespace,
         owner: args.owner,
@@ -1771,18 +1852,7 @@ fn kube_cmd(command: KubeCmd) -> Result<i32, i32> {
         worktree_bytes: args.max_worktree,
         tmpfs_bytes: args.tmpfs,
         runtime_class: args.runtime_class,
-    };
-    match nightshift_engine_kubernetes::manifest(&plan) {
-        Ok(yaml) => {
-            // JSON documents: every string quoted and escaped; block() keeps it so.
-            out!("{}", terminal::block(yaml.as_bytes()));
-            Ok(0)
-        }
-        Err(e) => {
-            errln!("nightshift: kube pod: {}", terminal::line(&e.to_string()));
-            Err(exit::USAGE)
-        }
-    }
+    })
 }
 
 fn setup_cmd(api: &Api, command: SetupCmd) -> Result<i32, i32> {

@@ -228,3 +228,72 @@ fn the_kubernetes_engine_refuses_a_run_and_says_why() {
     assert!(err.contains("docs/kubernetes.md"), "{err}");
     assert!(state.runs().is_empty(), "{:?}", state.runs());
 }
+
+/// `nightshift kube attest` judges a Pod as a cluster returns it against
+/// the Pod the same arguments make: the manifest's own Pod passes every
+/// property, one an admission changed fails by name with exit 6, and a
+/// document that is not a Pod is bad input (exit 3).
+#[test]
+fn kube_attest_judges_a_returned_pod_by_the_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = ["--run-id", "ka1", "--image", "img:1", "--", "true"];
+    let out = Command::new(nightshift_bin())
+        .args(["kube", "pod"])
+        .args(plan)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs: Vec<Value> = stdout(&out)
+        .split("---\n")
+        .filter(|d| !d.trim().is_empty())
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let mut pod = docs.iter().find(|d| d["kind"] == "Pod").unwrap().clone();
+    let policy = docs.iter().find(|d| d["kind"] == "NetworkPolicy").unwrap();
+    let policies = dir.path().join("policies.json");
+    std::fs::write(&policies, json!({"items": [policy]}).to_string()).unwrap();
+    let attest = |pod: &Value| {
+        let file = dir.path().join("pod.json");
+        std::fs::write(&file, pod.to_string()).unwrap();
+        Command::new(nightshift_bin())
+            .args(["kube", "attest", "--observed"])
+            .arg(&file)
+            .arg("--policies")
+            .arg(&policies)
+            .args(plan)
+            .output()
+            .unwrap()
+    };
+    let out = attest(&pod);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert_eq!(
+        stdout(&out)
+            .lines()
+            .filter(|l| l.starts_with("ok "))
+            .count(),
+        21
+    );
+    pod["spec"]["hostPID"] = json!(true);
+    let out = attest(&pod);
+    assert_eq!(out.status.code(), Some(6), "{}", stdout(&out));
+    let text = stdout(&out);
+    let failed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("FAILED"))
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(failed, ["private-namespaces"]);
+    let out = attest(&json!("not a pod"));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("not a Pod document"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -20,6 +20,75 @@ pub use pod::{
     ending, expectations, pod, pod_name, sandbox_network_policy, Ending, PlanError, PodPlan,
 };
 
+/// The largest Pod or policy document [`judge`] reads.
+pub const MAX_DOCUMENT: usize = 4 << 20;
+
+/// Why a returned Pod could not be judged.
+#[derive(Debug, thiserror::Error)]
+pub enum JudgeError {
+    #[error("the plan: {0}")]
+    Plan(#[from] PlanError),
+    #[error("{what} is larger than {MAX_DOCUMENT} bytes")]
+    TooLarge { what: &'static str },
+    #[error("{what} is not a {kind} document: {source}")]
+    Malformed {
+        what: &'static str,
+        kind: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Judges a Pod as a cluster returned it (`kubectl get pod -o json`)
+/// against the Pod `plan` makes and the namespace's policies (a
+/// `NetworkPolicyList` or one `NetworkPolicy`, as `kubectl get
+/// networkpolicy -o json` prints them): the same verdict the controller
+/// reaches after creating a Pod (`nightshift kube attest`).
+pub fn judge(
+    plan: &PodPlan,
+    observed: &[u8],
+    policies: Option<&[u8]>,
+) -> Result<orchestrator_attest::Attestation, JudgeError> {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let requested = pod::pod(plan)?;
+    if observed.len() > MAX_DOCUMENT {
+        return Err(JudgeError::TooLarge { what: "the Pod" });
+    }
+    let observed: Pod =
+        serde_json::from_slice(observed).map_err(|source| JudgeError::Malformed {
+            what: "the Pod",
+            kind: "Pod",
+            source,
+        })?;
+    let mut list = Vec::new();
+    if let Some(bytes) = policies {
+        if bytes.len() > MAX_DOCUMENT {
+            return Err(JudgeError::TooLarge {
+                what: "the policies",
+            });
+        }
+        let malformed = |source| JudgeError::Malformed {
+            what: "the policies",
+            kind: "NetworkPolicy or NetworkPolicyList",
+            source,
+        };
+        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(malformed)?;
+        match value.get("items") {
+            Some(items) => {
+                list = serde_json::from_value(items.clone()).map_err(malformed)?;
+            }
+            None => list.push(serde_json::from_value::<NetworkPolicy>(value).map_err(malformed)?),
+        }
+    }
+    Ok(orchestrator_attest::attest_pod(
+        &observed,
+        &requested,
+        &list,
+        &pod::expectations(plan),
+    ))
+}
+
 /// The Pod and the namespace's deny-all policy for a plan, as one YAML
 /// stream (`kubectl apply -f -`, `podman kube play`) of JSON documents:
 /// JSON is YAML that every reader reads alike (Go's YAML parser, which
@@ -66,6 +135,40 @@ fn with_kind(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `judge` reaches the controller's verdict on documents as kubectl
+    /// prints them, and refuses what it cannot read by name.
+    #[test]
+    fn a_returned_pod_is_judged_from_its_documents() {
+        let plan = pod::tests::plan();
+        let made = serde_json::to_vec(&pod::pod(&plan).unwrap()).unwrap();
+        let policy = serde_json::to_value(pod::sandbox_network_policy(&plan.namespace)).unwrap();
+        let list = serde_json::to_vec(&serde_json::json!({"items": [policy]})).unwrap();
+        let one = serde_json::to_vec(&policy).unwrap();
+        for policies in [&list, &one] {
+            assert!(judge(&plan, &made, Some(policies)).unwrap().passed());
+        }
+        let att = judge(&plan, &made, None).unwrap();
+        let failed: Vec<&str> = att.failures().map(|p| p.name).collect();
+        assert_eq!(failed, ["network-none"]);
+        let mut weakened: serde_json::Value = serde_json::from_slice(&made).unwrap();
+        weakened["spec"]["automountServiceAccountToken"] = serde_json::json!(true);
+        let weakened = serde_json::to_vec(&weakened).unwrap();
+        let att = judge(&plan, &weakened, Some(&list)).unwrap();
+        let failed: Vec<&str> = att.failures().map(|p| p.name).collect();
+        assert_eq!(failed, ["no-service-account-token"]);
+        assert!(matches!(
+            judge(&plan, b"[1,2]", None),
+            Err(JudgeError::Malformed {
+                what: "the Pod",
+                ..
+            })
+        ));
+        assert!(matches!(
+            judge(&plan, &vec![b' '; MAX_DOCUMENT + 1], None),
+            Err(JudgeError::TooLarge { .. })
+        ));
+    }
 
     /// Every document of the manifest is JSON (so YAML everywhere) and the
     /// Pod in it is the one `pod` makes.
