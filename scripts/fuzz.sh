@@ -8,7 +8,8 @@
 #   scripts/fuzz.sh cmin TARGET            minimise its corpus in place
 #   scripts/fuzz.sh check [SECONDS]        the bounded pass scripts/test.sh
 #                                          runs: each target SECONDS (60) over
-#                                          a copy of its corpus; fails on a crash
+#                                          a copy of its corpus, two at a time;
+#                                          fails on a crash
 #   scripts/fuzz.sh list                   the targets
 #
 # cargo-fuzz (crates.io) and clang (Debian) are installed when missing.
@@ -117,29 +118,48 @@ case "$cmd" in
   check)
     seconds=${1:-60}
     build
-    failed=()
-    for target in $(targets); do
+    # Two targets at a time (one core each; libFuzzer runs one thread),
+    # NIGHTSHIFT_FUZZ_JOBS to change it; a failed target leaves a mark in
+    # $failed_dir and its log's tail on stderr.
+    jobs=${NIGHTSHIFT_FUZZ_JOBS:-2}
+    failed_dir=$(mktemp -d)
+    check_one() {
+      local target=$1 scratch
       # A scratch copy: the committed corpus is read, never written.
       scratch=$(mktemp -d)
       mapfile -t flags < <(target_flags "$target")
       echo "fuzz: $target for ${seconds}s over fuzz/corpus/$target" >&2
       if ! fuzz run "$target" "$scratch" "fuzz/corpus/$target" -- \
         "${flags[@]}" -max_total_time="$seconds" >"$scratch.log" 2>&1; then
-        echo "fuzz: $target FAILED; its crash is in fuzz/artifacts/$target/:" >&2
-        tail -40 "$scratch.log" >&2
-        failed+=("$target")
+        {
+          echo "fuzz: $target FAILED; its crash is in fuzz/artifacts/$target/:"
+          tail -40 "$scratch.log"
+        } >&2
+        touch "$failed_dir/$target"
       else
         grep -E '^stat::number_of_executed_units|^#[0-9]+ +DONE' "$scratch.log" | sed "s/^/fuzz: $target: /" >&2 || true
       fi
       rm -rf "$scratch" "$scratch.log"
+    }
+    running=0
+    for target in $(targets); do
+      check_one "$target" &
+      running=$((running + 1))
+      if [ "$running" -ge "$jobs" ]; then
+        wait -n || true
+        running=$((running - 1))
+      fi
     done
+    wait
+    mapfile -t failed < <(ls "$failed_dir")
+    rm -rf "$failed_dir"
     if [ ${#failed[@]} -gt 0 ]; then
       echo "fuzz: crashes in: ${failed[*]}" >&2
       exit 1
     fi
     ;;
   *)
-    sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

@@ -24,6 +24,9 @@ bin=$CARGO_TARGET_DIR/debug/nightshift
 phase "packages and the engine"
 ensure_packages
 ensure_docker
+# clang instruments the fuzz targets' C (scripts/fuzz.sh), whose build runs
+# beside the images: installed here, before anything else uses apt.
+command -v clang >/dev/null 2>&1 || apt_install clang
 phase "format, lints, layers"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -q -- -D warnings
@@ -34,7 +37,13 @@ python3 scripts/check-layers.py
 python3 scripts/check-notes.py
 phase "build"
 cargo build -q -p orchestrator
-phase "images"
+phase "images (and, beside them, the fuzz targets' build)"
+# The fuzz targets' instrumented build (long on a fresh machine, an
+# incremental no-op after) runs beside the image builds, which mostly wait
+# on debootstrap and pip; the tests begin once both are done.
+fuzz_log=$(mktemp)
+scripts/fuzz.sh build >"$fuzz_log" 2>&1 &
+fuzz_build=$!
 NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build
 # The agent images the tests use (heavy: each is built once, then a no-op
 # while its inputs are unchanged). They share one Debian root filesystem
@@ -59,6 +68,13 @@ NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build --with rust,pytho
 NIGHTSHIFT_TEST_PG=$(scripts/pg.sh start)
 export NIGHTSHIFT_TEST_PG
 trap 'scripts/pg.sh stop "$NIGHTSHIFT_TEST_PG"' EXIT
+phase "the fuzz targets' build (begun beside the images)"
+if ! wait "$fuzz_build"; then
+  tail -60 "$fuzz_log" >&2
+  echo "test.sh: the fuzz targets' build failed (above)" >&2
+  exit 1
+fi
+rm -f "$fuzz_log"
 phase "tests"
 # Tests that need this host (root, the engine, writable cgroups) fail
 # rather than skip: CI runs them all.

@@ -15,8 +15,8 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use orchestrator::gateway::request::{check, model, Allow};
-use orchestrator::gateway::route::Shape;
+use nightshift_gateway::request::{check, model, Allow};
+use nightshift_gateway::route::Shape;
 use serde_json::Value;
 
 const MAX_OUTPUT: u64 = 4096;

@@ -13,8 +13,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use orchestrator::gateway::route::Shape;
-use orchestrator::gateway::sse::{usage_of_json, Prepared, ScanError, Scanner, Usage};
+use nightshift_gateway::route::Shape;
+use nightshift_gateway::sse::{usage_of_json, Prepared, ScanError, Scanner, Usage};
 
 const MAX_EVENT: usize = 1024;
 
