@@ -13,7 +13,9 @@ began=$(date +%s)
 # linker's SIGBUS otherwise, far from its cause.
 phase() {
   local free
-  free=$(df -Pk "${XDG_CACHE_HOME:-$HOME/.cache}" 2>/dev/null | awk 'NR==2 { printf "%d", $4 / 1048576 }')
+  # (On a fresh machine the cache folder does not exist yet: df fails, and
+  # the phase is printed all the same.)
+  free=$(df -Pk "${XDG_CACHE_HOME:-$HOME/.cache}" 2>/dev/null | awk 'NR==2 { printf "%d", $4 / 1048576 }') || free=
   echo "== test.sh: $1 (at $(( $(date +%s) - began )) s, ${free:-?} GiB free)" >&2
 }
 # The build is a cache like the images: kept across clones of the
