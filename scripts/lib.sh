@@ -5,6 +5,9 @@
 # what stands in the way (a fresh machine may have none).
 apt_install() {
   if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1; then
+    # An install killed half-way (a cut session, a killed run) leaves dpkg
+    # waiting to be finished; finish it, then refresh the lists and retry.
+    DEBIAN_FRONTEND=noninteractive dpkg --configure -a >/dev/null 2>&1 || true
     apt-get update -q >/dev/null
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null
   fi
