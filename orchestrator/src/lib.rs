@@ -25,6 +25,6 @@ pub use nightshift_store_sqlite::store;
 /// part is [`setup`].
 pub use nightshift_supervisor::setup as setup_phase;
 pub use nightshift_supervisor::{
-    acts, agents, api, commands, demo, door, killswitch, report, run, run_queue, scopes, summary,
-    task_runner,
+    acts, agents, api, channels, commands, demo, door, killswitch, report, run, run_queue, scopes,
+    summary, task_runner,
 };

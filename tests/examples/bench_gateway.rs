@@ -83,14 +83,13 @@ fn main() {
     let _gw = rt.block_on(async {
         orchestrator::gateway::open(
             &stores,
-            &door,
+            orchestrator::channels::UnixChannel::bind(&door.join("model.sock")).unwrap(),
             "bench",
             orchestrator::acts::run_content_label(policies::Confidentiality::Private),
             models,
             u64::MAX / 4,
             u64::MAX / 4,
         )
-        .unwrap()
     });
     let socket = door.join("model.sock");
     let direct = || -> Box<dyn Conn> {

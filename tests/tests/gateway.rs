@@ -751,14 +751,13 @@ fn direct_gateway_with(
     let handle = rt.block_on(async {
         orchestrator::gateway::open(
             &stores,
-            &door,
+            orchestrator::channels::UnixChannel::bind(&door.join("model.sock")).unwrap(),
             run,
             orchestrator::acts::run_content_label(confidentiality),
             models,
             run_cap,
             10_000_000,
         )
-        .unwrap()
     });
     (rt, handle, door.join("model.sock"))
 }

@@ -43,6 +43,7 @@ use std::pin::Pin;
 
 use futures_util::Stream;
 
+use crate::monitor::Observed;
 use crate::sandbox::SandboxSpec;
 use crate::setup::SetupSpec;
 
@@ -122,6 +123,14 @@ pub struct Sample {
     pub pids: Option<u64>,
 }
 
+/// Where the cap figures of a state's sandboxes are kept on this host: the
+/// fleet's cgroup, under which each is created.
+#[derive(Debug, Clone)]
+pub struct StatsScope {
+    pub layout: orchestrator_cgroups::Layout,
+    pub fleet: String,
+}
+
 /// A container of ours, found through its labels.
 #[derive(Debug, Clone)]
 pub struct Managed {
@@ -143,15 +152,35 @@ pub trait ContainerEngine: Sync {
     fn runtime(&self) -> Option<String> {
         None
     }
-    /// The name of a container's cgroup under the fleet's (Docker: its
-    /// id; Podman: `libpod-<id>`).
-    fn cgroup_name(&self, id: &str) -> String {
-        match self.kind() {
-            orchestrator_attest::EngineKind::Docker
-            | orchestrator_attest::EngineKind::Kubernetes => id.to_owned(),
-            orchestrator_attest::EngineKind::Podman => format!("libpod-{id}"),
-        }
-    }
+    /// The cgroup parent a run's sandbox is created under, given the
+    /// fleet's (Docker: the fleet's own; Podman: a cgroup of the run's own
+    /// under it, which outlives the container).
+    fn sandbox_cgroup_parent(&self, fleet_parent: &str, run: &str) -> String;
+    /// One round of a running sandbox's cap figures as this engine observes
+    /// them: memory and its peak, CPU time, processes, OOM kills, open
+    /// files; `None` for what it cannot tell. The caps are judged on these
+    /// (`monitor::breach`), so they are figures the kernel keeps, never
+    /// anything the agent says.
+    fn stats(
+        &self,
+        scope: &StatsScope,
+        run: &str,
+        container: &str,
+    ) -> impl Future<Output = Observed> + Send;
+    /// The last figures of a sandbox that has stopped (read before its
+    /// removal), given how it `ended`: `oom_kills` is set when its memory
+    /// cap (`memory_cap` bytes) killed it, whether or not the engine's exit
+    /// state says so.
+    fn final_stats(
+        &self,
+        scope: &StatsScope,
+        run: &str,
+        container: &str,
+        ended: &ExitState,
+        memory_cap: u64,
+    ) -> impl Future<Output = Observed> + Send;
+    /// Releases what a run's figures needed, once its sandbox is gone.
+    fn release_stats(&self, scope: &StatsScope, run: &str) -> impl Future<Output = ()> + Send;
     /// A local image, or `None` when the engine does not hold it.
     fn image(
         &self,
@@ -248,7 +277,8 @@ pub mod fake {
     use std::sync::Mutex;
 
     use super::ContainerEngine;
-    use super::{EngineError, ExitState, ImageInfo, Managed, OutputStream};
+    use super::{EngineError, ExitState, ImageInfo, Managed, OutputStream, StatsScope};
+    use crate::monitor::Observed;
     use crate::sandbox::{SandboxSpec, LABEL_RUN};
     use crate::setup::SetupSpec;
 
@@ -495,5 +525,29 @@ pub mod fake {
             lock(&self.containers).retain(|c| c.id != id);
             Ok(())
         }
+
+        fn sandbox_cgroup_parent(&self, fleet_parent: &str, _run: &str) -> String {
+            fleet_parent.to_owned()
+        }
+
+        /// No figures: a fake sandbox has no cgroup.
+        async fn stats(&self, _scope: &StatsScope, _run: &str, container: &str) -> Observed {
+            self.record(format!("stats {container}"));
+            Observed::default()
+        }
+
+        async fn final_stats(
+            &self,
+            _scope: &StatsScope,
+            _run: &str,
+            container: &str,
+            _ended: &ExitState,
+            _memory_cap: u64,
+        ) -> Observed {
+            self.record(format!("final_stats {container}"));
+            Observed::default()
+        }
+
+        async fn release_stats(&self, _scope: &StatsScope, _run: &str) {}
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod accounts;
 pub mod audit_log;
+pub mod channel;
 pub mod config;
 pub mod container_engine;
 pub mod front;

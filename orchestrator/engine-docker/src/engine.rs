@@ -30,7 +30,6 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::path::Path;
-use std::pin::Pin;
 use std::time::Duration;
 
 use bollard::container::LogOutput;
@@ -40,14 +39,15 @@ use bollard::models::{
 };
 use bollard::query_parameters::{
     AttachContainerOptions, CreateContainerOptions, ImportImageOptions, KillContainerOptions,
-    ListContainersOptions, RemoveContainerOptions, StatsOptions, WaitContainerOptions,
+    ListContainersOptions, RemoveContainerOptions, WaitContainerOptions,
 };
 use bollard::Docker;
-use futures_util::{Stream, StreamExt};
+use futures_util::StreamExt;
 
 pub use nightshift_core::container_engine::{
-    BoxError, EngineError, ExitState, ImageInfo, Managed, Output, OutputStream, Sample,
+    BoxError, EngineError, ExitState, ImageInfo, Managed, Output, OutputStream, Sample, StatsScope,
 };
+use nightshift_core::monitor::Observed;
 use nightshift_core::sandbox::{
     SandboxSpec, DOOR_MOUNT, LABEL_MANAGED, LABEL_RUN, SECCOMP_PROFILE, WORKSPACE,
 };
@@ -620,31 +620,6 @@ impl Engine {
             .collect())
     }
 
-    /// A stream of resource samples (about one a second) while the container runs.
-    pub fn samples(&self, id: &str) -> Pin<Box<dyn Stream<Item = Sample> + Send>> {
-        let options = StatsOptions {
-            stream: true,
-            one_shot: false,
-        };
-        Box::pin(
-            self.docker
-                .stats(id, Some(options))
-                .filter_map(|s| async move {
-                    let s = s.ok()?;
-                    let mem = s.memory_stats.unwrap_or_default();
-                    Some(Sample {
-                        memory_bytes: mem.usage,
-                        peak_memory_bytes: mem.max_usage,
-                        cpu_ns: s
-                            .cpu_stats
-                            .and_then(|c| c.cpu_usage)
-                            .and_then(|u| u.total_usage),
-                        pids: s.pids_stats.and_then(|p| p.current),
-                    })
-                }),
-        )
-    }
-
     /// Loads an image archive (the `docker save` layout) into the engine.
     pub async fn load_image(&self, archive: &Path) -> Result<(), EngineError> {
         let file = tokio::fs::File::open(archive)
@@ -726,6 +701,30 @@ impl nightshift_core::container_engine::ContainerEngine for Engine {
     }
     fn remove(&self, id: &str) -> impl Future<Output = Result<(), EngineError>> + Send {
         Engine::remove(self, id)
+    }
+    fn sandbox_cgroup_parent(&self, fleet_parent: &str, run: &str) -> String {
+        crate::stats::sandbox_cgroup_parent(self.kind, fleet_parent, run)
+    }
+    fn stats(
+        &self,
+        scope: &StatsScope,
+        run: &str,
+        container: &str,
+    ) -> impl Future<Output = Observed> + Send {
+        crate::stats::stats(self.kind, scope, run, container)
+    }
+    fn final_stats(
+        &self,
+        scope: &StatsScope,
+        run: &str,
+        container: &str,
+        ended: &ExitState,
+        memory_cap: u64,
+    ) -> impl Future<Output = Observed> + Send {
+        crate::stats::final_stats(self.kind, scope, run, container, ended, memory_cap)
+    }
+    fn release_stats(&self, scope: &StatsScope, run: &str) -> impl Future<Output = ()> + Send {
+        crate::stats::release(self.kind, scope, run)
     }
 }
 

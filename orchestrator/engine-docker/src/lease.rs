@@ -13,13 +13,14 @@
 //!   [`lease::renew_every`] of the bound. When the supervisor dies (or is
 //!   stopped), renewals stop and the sandbox ends within the bound, whether
 //!   or not the watchdog is alive
-//!   (`tests::the_heartbeat_grows_until_stopped_and_leaves_nothing_beside_it`,
+//!   (`tests::the_heartbeat_grows_until_stopped`,
 //!   `tests/tests/lease.rs::supervisor_and_watchdog_killed_the_sandbox_stops_within_the_lease`).
-//! - Each heartbeat is written whole to a temporary name beside the door
-//!   directory (`STATE/doors/.<run>.heartbeat.tmp`) and renamed over the
-//!   last, so the wrapper reads either the old counter or the new one;
-//!   the counter grows by one at each renewal, starting at 1 before the
-//!   sandbox is created.
+//! - The counter grows by one at each renewal, starting at 1 before the
+//!   sandbox is created; each is published through the run's channels
+//!   (`nightshift_core::channel::Channels::renew`), whole: on the host
+//!   directory, written to a temporary name beside it and renamed over the
+//!   last (`supervisor/src/channels.rs`), so the wrapper reads either the
+//!   old counter or the new one.
 //! - Nothing inside the sandbox can renew a lease: the door is mounted
 //!   read-only and the wrapper counts only a counter larger than any it saw
 //!   (`orchestrator/attest/tests/fixtures.rs::writable_door_fails_mounts`,
@@ -43,9 +44,9 @@
 //!   137) after its heartbeat went unrenewed for a whole bound ended because
 //!   its lease lapsed ([`lapsed`]), and says so.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{mpsc, Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use sandbox_image_door::lease;
 
@@ -65,7 +66,6 @@ pub struct Heartbeat {
     // Dropping the sender wakes the thread, which then stops.
     stop: Option<mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    tmp: PathBuf,
     /// When the last renewal was written, and the longest time between two.
     written: Arc<Mutex<(Instant, Duration)>>,
 }
@@ -80,14 +80,12 @@ impl Heartbeat {
     }
 
     /// Stops renewing and waits until the last heartbeat is written, so that
-    /// the door directory can be removed without a write racing it.
+    /// the channels can be closed without a write racing it.
     pub fn stop(mut self) {
         self.stop.take();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
-        // Left only by a write that failed half-way.
-        let _ = std::fs::remove_file(&self.tmp);
     }
 }
 
@@ -97,44 +95,16 @@ impl Drop for Heartbeat {
     }
 }
 
-/// Where a heartbeat is written before it is renamed into the door: beside
-/// the door, not in it, so the sandbox never sees a half-written one.
-fn tmp_path(dir: &Path) -> PathBuf {
-    match (dir.parent(), dir.file_name()) {
-        (Some(parent), Some(name)) => parent.join(format!(
-            ".{}.{}.tmp",
-            name.to_string_lossy(),
-            lease::HEARTBEAT
-        )),
-        _ => dir.join(format!("{}.tmp", lease::HEARTBEAT)),
-    }
-}
-
-fn beat(dir: &Path, counter: u64) -> std::io::Result<()> {
-    let unix_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
-    let tmp = tmp_path(dir);
-    std::fs::write(&tmp, lease::format_heartbeat(counter, unix_ms))?;
-    std::fs::rename(&tmp, dir.join(lease::HEARTBEAT))
-}
-
-/// Writes the first heartbeat into the door directory `dir` (an error names
-/// the file) and renews it every [`lease::renew_every`]`(bound)` from a
-/// thread of its own until the returned handle is dropped.
-pub fn start(dir: &Path, bound: Duration) -> std::io::Result<Heartbeat> {
-    beat(dir, 1).map_err(|e| {
-        std::io::Error::new(
-            e.kind(),
-            format!(
-                "writing the lease's heartbeat {}: {e}",
-                dir.join(lease::HEARTBEAT).display()
-            ),
-        )
-    })?;
+/// Publishes the first heartbeat through `renew` (the run's channels:
+/// `nightshift_core::channel::Channels::renew`; its error is returned) and
+/// renews it every [`lease::renew_every`]`(bound)` from a thread of its own
+/// until the returned handle is stopped or dropped.
+pub fn start(
+    renew: impl Fn(u64) -> std::io::Result<()> + Send + 'static,
+    bound: Duration,
+) -> std::io::Result<Heartbeat> {
+    renew(1)?;
     let (tx, rx) = mpsc::channel::<()>();
-    let door: PathBuf = dir.to_path_buf();
     let every = lease::renew_every(bound);
     let written = Arc::new(Mutex::new((Instant::now(), Duration::ZERO)));
     let shared = written.clone();
@@ -147,7 +117,7 @@ pub fn start(dir: &Path, bound: Duration) -> std::io::Result<Heartbeat> {
                 // A failed write is retried at the next beat; missing
                 // several in a row ends the sandbox, as it should when
                 // the supervisor can no longer write its state.
-                if beat(&door, counter).is_ok() {
+                if renew(counter).is_ok() {
                     let mut w = shared.lock().unwrap_or_else(|p| p.into_inner());
                     let gap = w.0.elapsed();
                     *w = (Instant::now(), w.1.max(gap));
@@ -157,7 +127,6 @@ pub fn start(dir: &Path, bound: Duration) -> std::io::Result<Heartbeat> {
     Ok(Heartbeat {
         stop: Some(tx),
         thread: Some(thread),
-        tmp: tmp_path(dir),
         written,
     })
 }
@@ -267,33 +236,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_heartbeat_grows_until_stopped_and_leaves_nothing_beside_it() {
-        let doors = tempfile::tempdir().unwrap();
-        let dir = doors.path().join("r1");
-        std::fs::create_dir(&dir).unwrap();
-        let read =
-            || lease::parse_heartbeat(&std::fs::read(dir.join(lease::HEARTBEAT)).unwrap()).unwrap();
-        let hb = start(&dir, Duration::from_secs(1)).unwrap();
-        assert_eq!(read(), 1);
+    fn the_heartbeat_grows_until_stopped() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        let renew = move |n: u64| {
+            kept.lock().unwrap().push(n);
+            Ok(())
+        };
+        let last = || *seen.lock().unwrap().last().unwrap();
+        let hb = start(renew, Duration::from_secs(1)).unwrap();
+        assert_eq!(last(), 1, "the first before start returns");
         // Polled: the thread renews every 166 ms.
-        while read() < 3 {
+        while last() < 3 {
             std::thread::sleep(Duration::from_millis(20));
         }
         hb.stop();
-        let last = read();
+        let stopped_at = last();
         std::thread::sleep(Duration::from_millis(400));
-        assert_eq!(read(), last, "renewed after it was stopped");
-        // Only the heartbeat is in the door; nothing is left beside it.
-        let names = |d: &Path| {
-            let mut n: Vec<String> = std::fs::read_dir(d)
-                .unwrap()
-                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                .collect();
-            n.sort();
-            n
-        };
-        assert_eq!(names(&dir), [lease::HEARTBEAT]);
-        assert_eq!(names(doors.path()), ["r1"]);
+        assert_eq!(last(), stopped_at, "renewed after it was stopped");
+        // One more each time, from 1.
+        let all = seen.lock().unwrap().clone();
+        assert_eq!(all, (1..=stopped_at).collect::<Vec<_>>());
     }
 
     #[test]
@@ -308,8 +271,12 @@ mod tests {
     }
 
     #[test]
-    fn an_unwritable_door_is_an_error_naming_the_file() {
-        let e = start(Path::new("/nonexistent/door"), Duration::from_secs(30)).unwrap_err();
+    fn a_first_heartbeat_that_cannot_be_written_is_the_error() {
+        let e = start(
+            |_| Err(std::io::Error::other("writing /nonexistent/door/heartbeat")),
+            Duration::from_secs(30),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("/nonexistent/door/heartbeat"), "{e}");
     }
 }

@@ -38,19 +38,18 @@
 //!   flight is settled and audited.
 
 use std::convert::Infallible;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use tokio::net::UnixListener;
 use tokio::sync::{mpsc, watch};
 
 use super::models::{Api, Endpoint, Limits, Models};
@@ -60,6 +59,7 @@ use super::sse::{self, Prepared, Scanner, Usage};
 use super::tokens::{self, Ask};
 use super::upstream::Pieces;
 use nightshift_core::audit_log::Event;
+use nightshift_core::channel::ChannelListener;
 use nightshift_core::state_store::{StateStore, StoreError, Stores, TokenLedger};
 
 /// Audit entries kept waiting while the audit log cannot be written (the
@@ -82,6 +82,10 @@ const RETURNED: [&str; 4] = ["content-type", "request-id", "x-request-id", "retr
 const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// What a silence in a stream is filled with.
 const HEARTBEAT: &[u8] = b": nightshift gateway keep-alive\n\n";
+/// The most bytes of a response gathered from frames already received
+/// before they are passed on together (`Pump`): a stream's events are
+/// never held back waiting for more.
+const BATCH: usize = 64 * 1024;
 
 type Body = BoxBody<Bytes, std::io::Error>;
 
@@ -364,24 +368,19 @@ pub fn cap_detail(scope: tokens::Scope, used: u64, cap: u64, needed: u64) -> Str
     )
 }
 
-/// Binds `door_dir/model.sock` and serves it until the handle is closed.
-/// `content` is the label of what the run's context holds
+/// Serves the run's model channel (`listener`: on Docker and Podman the
+/// socket [`super::SOCKET`] of the run's channel directory) until the
+/// handle is closed. `content` is the label of what the run's context holds
 /// (`acts::run_content_label`): each call's output carries it.
 pub fn open(
     stores: &Stores,
-    door_dir: &Path,
+    mut listener: impl ChannelListener,
     run: &str,
     content: policies::Label,
     models: Models,
     run_cap: u64,
     fleet_cap: u64,
-) -> std::io::Result<GatewayHandle> {
-    use std::os::unix::fs::PermissionsExt;
-    let socket = door_dir.join(super::SOCKET);
-    let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket)?;
-    // The sandbox's user connects; the directory is read-only to it.
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))?;
+) -> GatewayHandle {
     let (cap, cap_reached) = watch::channel(None);
     let (in_flight, in_flight_rx) = watch::channel(0usize);
     let (closing, closing_rx) = watch::channel(false);
@@ -415,7 +414,7 @@ pub fn open(
             let Ok(permit) = limit.clone().acquire_owned().await else {
                 return;
             };
-            let Ok((stream, _)) = listener.accept().await else {
+            let Ok(stream) = listener.accept().await else {
                 continue;
             };
             let gw = gw.clone();
@@ -434,13 +433,13 @@ pub fn open(
             });
         }
     });
-    Ok(GatewayHandle {
+    GatewayHandle {
         task,
         cap_reached,
         in_flight: in_flight_rx,
         closing,
         gw: kept,
-    })
+    }
 }
 
 /// What the gateway knows of one call, for its audit entry.
@@ -1108,6 +1107,47 @@ struct Pump {
 }
 
 impl Pump {
+    /// Takes one piece of the response: counts it against `max_response`,
+    /// and appends to `out` what is passed on (the events it completes, or
+    /// the piece itself), keeping a bounded copy of a JSON body. The error
+    /// is the call's outcome.
+    fn take(
+        &mut self,
+        data: &Bytes,
+        out: &mut Vec<u8>,
+        copy: &mut Option<Vec<u8>>,
+        received: &mut u64,
+        limits: &Limits,
+    ) -> Result<(), &'static str> {
+        *received += data.len() as u64;
+        if *received > limits.max_response {
+            return Err("response_too_large");
+        }
+        match &mut self.scanner {
+            Some(scanner) => scanner.feed(data, out).map_err(|_| "line_too_long"),
+            None => {
+                if let Some(c) = copy {
+                    if (c.len() + data.len()) as u64 <= limits.max_line {
+                        c.extend_from_slice(data);
+                    } else {
+                        *copy = None;
+                    }
+                }
+                out.extend_from_slice(data);
+                Ok(())
+            }
+        }
+    }
+
+    /// At the stream's end: an unterminated last event, passed on as it is.
+    fn unfinished_event(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Some(scanner) = &mut self.scanner {
+            scanner.finish(&mut out);
+        }
+        out
+    }
+
     async fn run(mut self, mut body: Incoming, tx: mpsc::Sender<Bytes>) {
         let limits = *self.gw.limits();
         let deadline = self.started + limits.call_timeout;
@@ -1168,12 +1208,9 @@ impl Pump {
                     }
                 }
                 Ok(None) => {
-                    if let Some(scanner) = &mut self.scanner {
-                        let mut out = Vec::new();
-                        scanner.finish(&mut out);
-                        if !out.is_empty() {
-                            send(out, &mut hasher, &mut sent).await;
-                        }
+                    let out = self.unfinished_event();
+                    if !out.is_empty() {
+                        send(out, &mut hasher, &mut sent).await;
                     }
                     break;
                 }
@@ -1182,37 +1219,50 @@ impl Pump {
                     break;
                 }
                 Ok(Some(Ok(frame))) => {
-                    let Ok(data) = frame.into_data() else {
-                        continue;
-                    };
-                    last_piece = Instant::now();
-                    received += data.len() as u64;
-                    if received > limits.max_response {
-                        outcome = "response_too_large";
-                        break;
-                    }
-                    let out = match &mut self.scanner {
-                        Some(scanner) => {
-                            let mut out = Vec::new();
-                            if scanner.feed(&data, &mut out).is_err() {
-                                outcome = "line_too_long";
+                    // The frames already received go out together: one
+                    // send (and one write to the client) per batch of at
+                    // most [`BATCH`] bytes, not per upstream chunk.
+                    let mut out = Vec::new();
+                    let mut frame = Some(frame);
+                    let mut ending: Option<&'static str> = None;
+                    let mut finished = false;
+                    while let Some(f) = frame.take() {
+                        if let Ok(data) = f.into_data() {
+                            last_piece = Instant::now();
+                            let kept = out.len();
+                            if let Err(why) =
+                                self.take(&data, &mut out, &mut copy, &mut received, &limits)
+                            {
+                                // What this frame completed is not passed on
+                                // (as when frames went out one by one).
+                                out.truncate(kept);
+                                ending = Some(why);
                                 break;
                             }
-                            out
                         }
-                        None => {
-                            if let Some(c) = &mut copy {
-                                if (c.len() + data.len()) as u64 <= limits.max_line {
-                                    c.extend_from_slice(&data);
-                                } else {
-                                    copy = None;
-                                }
-                            }
-                            data.to_vec()
+                        if out.len() >= BATCH {
+                            break;
                         }
-                    };
+                        match body.frame().now_or_never() {
+                            Some(Some(Ok(next))) => frame = Some(next),
+                            Some(Some(Err(_))) => ending = Some("upstream_broken"),
+                            Some(None) => finished = true,
+                            None => {}
+                        }
+                    }
                     if !out.is_empty() && !send(out, &mut hasher, &mut sent).await {
                         outcome = "client_gone";
+                        break;
+                    }
+                    if let Some(why) = ending {
+                        outcome = why;
+                        break;
+                    }
+                    if finished {
+                        let out = self.unfinished_event();
+                        if !out.is_empty() {
+                            send(out, &mut hasher, &mut sent).await;
+                        }
                         break;
                     }
                 }

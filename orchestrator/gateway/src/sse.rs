@@ -206,9 +206,14 @@ impl Scanner {
 
     /// Notes the usage an event carries; false when it must not be passed on.
     fn observe(&mut self, event: &[u8]) -> bool {
-        if !contains(event, b"usage") {
+        if !contains(event, b"usage") || only_null_usage(event) {
             return true;
         }
+        self.observe_parsed(event)
+    }
+
+    /// [`Self::observe`] by parsing the event's data, whatever it holds.
+    fn observe_parsed(&mut self, event: &[u8]) -> bool {
         // The event's data: its `data:` lines joined by newlines.
         let mut data = Vec::new();
         for line in event.split(|b| *b == b'\n') {
@@ -289,7 +294,33 @@ impl Scanner {
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
+    find(hay, needle).is_some()
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Whether every `usage` in an event is the member `"usage":null` (or
+/// `"usage": null`): a Chat stream asked to report usage says so in every
+/// chunk but the last, and such an event has no usage to read, so it is
+/// passed on without being parsed. Inside a JSON string a quote is escaped,
+/// so this text can only be a member; anything else (`usage` in text, an
+/// object, a malformed event) takes the parse
+/// (`tests::null_usage_events_read_as_the_parse_reads_them`).
+fn only_null_usage(event: &[u8]) -> bool {
+    let mut rest = event;
+    let mut seen = false;
+    while let Some(i) = find(rest, b"usage") {
+        let quoted = i > 0 && rest[i - 1] == b'"';
+        let after = &rest[i + 5..];
+        if !(quoted && (after.starts_with(b"\":null") || after.starts_with(b"\": null"))) {
+            return false;
+        }
+        seen = true;
+        rest = after;
+    }
+    seen
 }
 
 #[cfg(test)]
@@ -468,6 +499,35 @@ mod tests {
         }
 
         /// Arbitrary bytes never make the scanner hold more than its bound.
+        #[test]
+        fn null_usage_events_read_as_the_parse_reads_them(
+            parts in proptest::collection::vec(
+                prop_oneof![
+                    Just("\"usage\":null".to_string()),
+                    Just("\"usage\": null".to_string()),
+                    Just("\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}".to_string()),
+                    Just("\"content\":\"\\\"usage\\\":null\"".to_string()),
+                    Just("\"choices\":[]".to_string()),
+                    Just("\"choices\":[{\"delta\":{\"content\":\"usage\"}}]".to_string()),
+                    "[a-z\":{} ,\\\\]{0,12}",
+                ],
+                0..5,
+            ),
+            with_usage in any::<bool>(),
+        ) {
+            // One event of any of these members, read with the fast path and
+            // by the parse alone: the same usage, the same bytes passed on.
+            let event = format!("data: {{{}}}\n\n", parts.join(","));
+            let prepared = Prepared { stream: true, client_wants_usage: with_usage };
+            let mut fast = Scanner::new(Shape::Chat, prepared, 1 << 16);
+            let mut out_fast = Vec::new();
+            fast.feed(event.as_bytes(), &mut out_fast).unwrap();
+            let mut slow = Scanner::new(Shape::Chat, prepared, 1 << 16);
+            let keep = slow.observe_parsed(event.as_bytes());
+            prop_assert_eq!(fast.usage(), slow.usage());
+            prop_assert_eq!(out_fast.is_empty(), !keep);
+        }
+
         #[test]
         fn hostile_bytes_stay_bounded(bytes in proptest::collection::vec(any::<u8>(), 0..2000)) {
             let mut s = Scanner::new(Shape::Messages, Prepared { stream: true, client_wants_usage: false }, 64);

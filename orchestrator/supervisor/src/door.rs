@@ -1,12 +1,13 @@
-//! A run's door: a Unix socket in a directory mounted read-only into the
-//! sandbox at `/run/nightshift`, beside the static door clients
-//! (`orchestrator/attest/tests/fixtures.rs::writable_door_fails_mounts`, `tests/tests/acts.rs::night_to_morning`).
+//! A run's door: served on the run's door channel (on Docker and Podman a
+//! Unix socket in a directory mounted read-only into the sandbox at
+//! `/run/nightshift`, beside the static door clients: `channels.rs`,
+//! `orchestrator/attest/tests/fixtures.rs::writable_door_fails_mounts`, `tests/tests/acts.rs::night_to_morning`).
 //!
 //! Invariants:
 //! - The door clients are part of this binary (built static by `build.rs`,
-//!   embedded) and written into every door (`bin/`, mode 0555) when it
-//!   opens; a door whose clients cannot be written does not open, so no run
-//!   starts without them. So is the lease wrapper, every sandbox's main
+//!   embedded) and written into every run's channel directory (`bin/`, mode
+//!   0555) when it opens; a directory whose clients cannot be written does
+//!   not open, so no run starts without them (`channels.rs`). So is the lease wrapper, every sandbox's main
 //!   process (`nightshift_engine_docker::lease`).
 //! - One door per run: a request can only ever name its own run's acts,
 //!   because the run is the door's, never the request's (a request has no
@@ -55,10 +56,10 @@ use std::time::Duration;
 use sandbox_image_door::message::{encode_response, Request, RequestReader, Response};
 pub use sandbox_image_door::MAX_PACK_BYTES;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{UnixListener, UnixStream};
 use tracing::Instrument as _;
 
 use crate::acts::RunDoor;
+use nightshift_core::channel::{ChannelListener, ChannelStream};
 use nightshift_core::state_store::{StatePaths, Stores};
 
 /// Where the door directory is mounted inside the sandbox.
@@ -134,7 +135,6 @@ pub fn write_clients(bin: &Path) -> std::io::Result<()> {
 
 #[derive(Debug)]
 pub struct DoorHandle {
-    pub dir: PathBuf,
     /// `STATE/scratch/<run>`: where this door's packs are received.
     scratch: PathBuf,
     task: tokio::task::JoinHandle<()>,
@@ -149,25 +149,17 @@ impl Drop for DoorHandle {
 }
 
 impl DoorHandle {
+    /// Stops serving and removes the door's scratch directory (its channel
+    /// is the run's channels' to close).
     pub fn close(self) {
         self.task.abort();
-        let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_dir_all(&self.scratch);
     }
 }
 
-/// Makes the door directory and starts serving its socket.
-pub fn open(stores: &Stores, door: RunDoor) -> std::io::Result<DoorHandle> {
+/// Serves the run's door on `listener` (its channel: `channels.rs`).
+pub fn open(stores: &Stores, door: RunDoor, mut listener: impl ChannelListener) -> DoorHandle {
     let paths = &StatePaths::new(stores.root().to_path_buf());
-    let dir = paths.root.join("doors").join(&door.run);
-    std::fs::create_dir_all(&dir)?;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
-    write_clients(&dir.join("bin"))?;
-    let socket = dir.join(SOCKET);
-    let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket)?;
-    // The sandbox's user must be able to connect; the directory is read-only to it.
-    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666))?;
     let limit = Arc::new(tokio::sync::Semaphore::new(CONCURRENT));
     let served = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let packed = Arc::new(std::sync::atomic::AtomicU64::new(0));
@@ -176,7 +168,7 @@ pub fn open(stores: &Stores, door: RunDoor) -> std::io::Result<DoorHandle> {
     let door = Arc::new(door);
     let task = tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
+            let Ok(stream) = listener.accept().await else {
                 continue;
             };
             let Ok(permit) = limit.clone().acquire_owned().await else {
@@ -196,7 +188,7 @@ pub fn open(stores: &Stores, door: RunDoor) -> std::io::Result<DoorHandle> {
             );
         }
     });
-    Ok(DoorHandle { dir, scratch, task })
+    DoorHandle { scratch, task }
 }
 
 /// Past the request cap: refused, the first time audited.
@@ -214,7 +206,7 @@ async fn flooded(stores: &Stores, run: &str, door: &str, first: bool) -> Respons
 }
 
 async fn serve(
-    mut stream: UnixStream,
+    mut stream: impl ChannelStream,
     stores: &Stores,
     door: Arc<RunDoor>,
     served: &std::sync::atomic::AtomicU64,
@@ -379,7 +371,7 @@ fn log_verdict(response: &Response) {
 /// deletion); an error reply for a pack over the run's budget, cut short,
 /// or too slow.
 async fn receive(
-    stream: &mut UnixStream,
+    stream: &mut impl ChannelStream,
     scratch: &Path,
     request: &Request,
     packed: &std::sync::atomic::AtomicU64,

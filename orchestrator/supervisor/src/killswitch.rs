@@ -434,6 +434,11 @@ async fn settle_claimed(
     for c in &containers {
         sup.engine.remove_confirmed(c).await?;
     }
+    // What its figures needed (a Podman run's own cgroup, which its dead
+    // supervisor left).
+    if let Some(fleet) = &sup.fleet {
+        sup.engine.release_stats(&fleet.scope(), run).await;
+    }
     let killed_by = lock(sup).kill_request(run)?;
     let status = match &killed_by {
         Some(who) => format!("killed: by {who}"),

@@ -17,6 +17,7 @@
 pub mod acts;
 pub mod agents;
 pub mod api;
+pub mod channels;
 pub mod commands;
 pub mod continuation;
 pub mod demo;

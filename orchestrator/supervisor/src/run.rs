@@ -59,6 +59,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
 use nightshift_core::audit_log::{digest, Event};
+use nightshift_core::channel::Channels as _;
 use nightshift_core::container_engine::ContainerEngine;
 use nightshift_core::monitor::{self, Breach, Observed};
 use nightshift_core::sandbox::{Caps, SandboxSpec, SandboxUser, MAX_TASK_BYTES};
@@ -201,6 +202,14 @@ impl FleetHandle {
     pub fn cgroup_parent(&self) -> String {
         format!("/{}", self.name)
     }
+
+    /// Where the engine reads its sandboxes' cap figures.
+    pub fn scope(&self) -> nightshift_core::container_engine::StatsScope {
+        nightshift_core::container_engine::StatsScope {
+            layout: self.layout.clone(),
+            fleet: self.name.clone(),
+        }
+    }
 }
 
 /// The host a supervisor's identity names: `NIGHTSHIFT_HOST_ID` when set
@@ -313,6 +322,8 @@ impl<E: ContainerEngine, S: StateStore> Supervisor<E, S> {
 /// What the steps created, so that the ending can undo it whatever happened.
 #[derive(Debug, Default)]
 struct Held {
+    /// The run's channels (`channels`), closed once the sandbox is gone.
+    channels: Option<std::sync::Arc<crate::channels::HostDir>>,
     door: Option<crate::door::DoorHandle>,
     /// The run's model gateway, when the state has a `models.toml`.
     gateway: Option<nightshift_gateway::GatewayHandle>,
@@ -601,7 +612,17 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     // The door: the only way anything leaves the sandbox.
     crate::door::configure_worktree(&dest)
         .map_err(|e| RunError::Git(format!("pointing the worktree's origin at the door: {e}")))?;
-    let door = crate::door::open(
+    // The run's channels (door, model socket, heartbeat): on this host, a
+    // directory mounted read-only into the sandbox (`channels`).
+    let channels = std::sync::Arc::new(
+        crate::channels::HostDir::open(&paths, &id)
+            .map_err(|e| RunError::Git(format!("opening the run's channels: {e}")))?,
+    );
+    held.channels = Some(channels.clone());
+    let door_channel = channels
+        .door()
+        .map_err(|e| RunError::Git(format!("opening the run's door: {e}")))?;
+    held.door = Some(crate::door::open(
         &sup.stores,
         crate::acts::RunDoor {
             run: id.clone(),
@@ -610,14 +631,16 @@ async fn steps<E: ContainerEngine, S: StateStore>(
             content: crate::acts::run_content_label(req.repo_confidentiality),
             dry_run: req.dry_run,
         },
-    )
-    .map_err(|e| RunError::Git(format!("opening the run's door: {e}")))?;
-    let door_dir = door.dir.clone();
-    held.door = Some(door);
+        door_channel,
+    ));
     // The lease: renewed from now on by this process only (see `lease`).
+    let renewing = channels.clone();
     held.lease = Some(
-        nightshift_engine_docker::lease::start(&door_dir, req.caps.lease)
-            .map_err(|e| RunError::Git(format!("starting the sandbox's lease: {e}")))?,
+        nightshift_engine_docker::lease::start(
+            move |counter| renewing.renew(counter),
+            req.caps.lease,
+        )
+        .map_err(|e| RunError::Git(format!("starting the sandbox's lease: {e}")))?,
     );
 
     // The model gateway, when the owner configured model endpoints.
@@ -625,48 +648,45 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         nightshift_gateway::load(&paths.root).map_err(|e| RunError::BadInput(e.to_string()))?;
     let gateway_port = match models {
         Some(models) => {
-            held.gateway = Some(
-                nightshift_gateway::open(
-                    &sup.stores,
-                    &door_dir,
-                    &id,
-                    crate::acts::run_content_label(req.repo_confidentiality),
-                    models,
-                    req.caps.max_tokens,
-                    req.caps.fleet_max_tokens_per_night,
-                )
-                .map_err(|e| RunError::Git(format!("opening the run's model gateway: {e}")))?,
-            );
+            let model_channel = channels
+                .model()
+                .map_err(|e| RunError::Git(format!("opening the run's model gateway: {e}")))?;
+            held.gateway = Some(nightshift_gateway::open(
+                &sup.stores,
+                model_channel,
+                &id,
+                crate::acts::run_content_label(req.repo_confidentiality),
+                models,
+                req.caps.max_tokens,
+                req.caps.fleet_max_tokens_per_night,
+            ));
             Some(nightshift_core::sandbox::RELAY_PORT)
         }
         None => None,
     };
 
     // Sandbox: create, inspect, attest.
-    let on_podman = sup.engine.kind() == orchestrator_attest::EngineKind::Podman;
-    let spec = SandboxSpec::new(
-        &id,
-        &sup.state_tag,
-        &req.image,
-        &req.command,
-        dest.clone(),
-        &req.task,
-        &req.caps,
-    )
-    .with_user(sup.sandbox_user)
-    .with_supervisor(&sup.identity)
-    .with_door(door_dir)
-    .with_base_commit(held.base_commit.as_deref().unwrap_or_default())
-    .with_runtime(sup.engine.runtime())
-    .with_cgroup_parent(sup.fleet.as_ref().map(|f| {
-        // On Podman, a cgroup of the run's own between the fleet and the
-        // container's: it outlives the container (`monitor::run_memory`).
-        if on_podman {
-            format!("{}/{}", f.cgroup_parent(), monitor::run_cgroup_dir(&id))
-        } else {
-            f.cgroup_parent()
-        }
-    }));
+    let spec = channels.attach(
+        SandboxSpec::new(
+            &id,
+            &sup.state_tag,
+            &req.image,
+            &req.command,
+            dest.clone(),
+            &req.task,
+            &req.caps,
+        )
+        .with_user(sup.sandbox_user)
+        .with_supervisor(&sup.identity),
+    );
+    let spec = spec
+        .with_base_commit(held.base_commit.as_deref().unwrap_or_default())
+        .with_runtime(sup.engine.runtime())
+        .with_cgroup_parent(
+            sup.fleet
+                .as_ref()
+                .map(|f| sup.engine.sandbox_cgroup_parent(&f.cgroup_parent(), &id)),
+        );
     let spec = match gateway_port {
         Some(port) => spec.with_model_gateway(port),
         None => spec,
@@ -681,16 +701,6 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     let container = sup.engine.create(&spec).await?;
     held.container = Some(container.clone());
     record.container_id = Some(container.clone());
-    // The container's cgroup under the fleet's.
-    let cgroup = if on_podman {
-        format!(
-            "{}/{}",
-            monitor::run_cgroup_dir(&id),
-            sup.engine.cgroup_name(&container)
-        )
-    } else {
-        sup.engine.cgroup_name(&container)
-    };
     let inspected = sup.engine.inspect_json(&container).await?;
     let host = sup.host.observe(&dest).map_err(RunError::BadInput)?;
     let (attestation, unreadable) =
@@ -884,10 +894,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
             }
             _ = sample_tick.tick() => {
                 if let Some(fleet) = &sup.fleet {
-                    let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), cgroup.clone());
-                    let observed = tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
-                        .await
-                        .unwrap_or_default();
+                    let observed = sup.engine.stats(&fleet.scope(), &id, &container).await;
                     last = Observed { worktree_bytes: last.worktree_bytes, ..observed };
                     peak.peak_memory_bytes = max_opt(peak.peak_memory_bytes, max_opt(observed.memory_peak_bytes, observed.memory_bytes));
                     peak.cpu_ns = max_opt(peak.cpu_ns, observed.cpu_ns);
@@ -934,27 +941,21 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         _ => (0, 0),
     };
     let duration = started.elapsed();
-    // A last look at the cgroup before the container (and its cgroup) goes.
-    // Podman removes the container's as it exits: its run's own cgroup,
-    // which holds only it, still has the figures.
+    let state = sup.engine.exit_state(&container).await?;
+    // A last look at the figures before the container (and its cgroup)
+    // goes, with what tells a kill by the memory cap where the engine does
+    // not say it (Podman: `nightshift_engine_docker::stats`).
     if let Some(fleet) = &sup.fleet {
-        let last_look = if on_podman {
-            monitor::run_cgroup_dir(&id)
-        } else {
-            cgroup.clone()
-        };
-        let (layout, name, id) = (fleet.layout.clone(), fleet.name.clone(), last_look);
-        let mut observed =
-            tokio::task::spawn_blocking(move || monitor::observe(&layout, &name, &id))
-                .await
-                .unwrap_or_default();
-        if on_podman {
-            // The run's cgroup is charged a little the container's is not
-            // (its creation): its CPU time only; memory stays the
-            // container's own, sampled while it ran.
-            observed.memory_bytes = None;
-            observed.memory_peak_bytes = None;
-        }
+        let observed = sup
+            .engine
+            .final_stats(
+                &fleet.scope(),
+                &id,
+                &container,
+                &state,
+                req.caps.memory_bytes as u64,
+            )
+            .await;
         peak.peak_memory_bytes = max_opt(
             peak.peak_memory_bytes,
             max_opt(observed.memory_peak_bytes, observed.memory_bytes),
@@ -962,29 +963,6 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         peak.cpu_ns = max_opt(peak.cpu_ns, observed.cpu_ns);
         if observed.oom_kills.is_some() {
             last.oom_kills = observed.oom_kills;
-        }
-    }
-    let state = sup.engine.exit_state(&container).await?;
-    // Podman reports a kill by the memory cap as a plain 137 and removes the
-    // container's cgroup as it exits: the run's own cgroup still holds the
-    // evidence (v2: its OOM kill count; v1: a high-water mark at the cap,
-    // the rule the fleet's own judgement uses).
-    if on_podman && state.exit_code == Some(137) && !state.oom_killed {
-        if let Some(fleet) = &sup.fleet {
-            let (layout, name, dir) = (
-                fleet.layout.clone(),
-                fleet.name.clone(),
-                monitor::run_cgroup_dir(&id),
-            );
-            let (run_peak, kills) =
-                tokio::task::spawn_blocking(move || monitor::run_memory(&layout, &name, &dir))
-                    .await
-                    .unwrap_or_default();
-            let at_cap =
-                run_peak.is_some_and(|p| p.saturating_add(2 << 20) >= req.caps.memory_bytes as u64);
-            if kills.unwrap_or(0) > 0 || (kills.is_none() && at_cap) {
-                last.oom_kills = Some(kills.unwrap_or(1));
-            }
         }
     }
     record.exit_code = state.exit_code;
@@ -1672,6 +1650,9 @@ async fn finish<E: ContainerEngine, S: StateStore>(
     if let Some(door) = held.door.take() {
         door.close();
     }
+    if let Some(channels) = held.channels.take() {
+        channels.close();
+    }
     // Also a door whose opening failed half-way.
     crate::door::remove_dir(&sup.paths(), &id);
 
@@ -1706,19 +1687,10 @@ async fn finish<E: ContainerEngine, S: StateStore>(
             Err(e) => unconfirmed = Some(e.to_string()),
         }
     }
-    // A Podman run's own cgroup (`monitor::run_cgroup_dir`), once its
+    // What the run's figures needed (a Podman run's own cgroup), once its
     // container is gone.
-    if let (orchestrator_attest::EngineKind::Podman, None, Some(fleet)) =
-        (sup.engine.kind(), &unconfirmed, &sup.fleet)
-    {
-        let (layout, name, dir) = (
-            fleet.layout.clone(),
-            fleet.name.clone(),
-            monitor::run_cgroup_dir(&id),
-        );
-        let _ =
-            tokio::task::spawn_blocking(move || monitor::remove_run_cgroup(&layout, &name, &dir))
-                .await;
+    if let (None, Some(fleet)) = (&unconfirmed, &sup.fleet) {
+        sup.engine.release_stats(&fleet.scope(), &id).await;
     }
     if let Some(why) = unconfirmed {
         // The sandbox may still be writing: its worktree is neither read nor
