@@ -36,7 +36,7 @@ fn start_run(state: &State, repo: &std::path::Path, script: &str) -> Child {
 /// next supervisor to settle).
 fn running(state: &State) -> Vec<String> {
     let tag = orchestrator::state_tag(state.path());
-    let out = Command::new("docker")
+    let out = Command::new(tests::engine_cli())
         .args([
             "ps",
             "-q",
@@ -249,7 +249,7 @@ fn the_host_side_end_stops_a_sandbox_whose_wrapper_cannot_act() {
     tests::wait_for_file(&state.path().join("worktrees").join(&id).join("kept.txt"));
     let container = running(&state);
     assert_eq!(container.len(), 1);
-    let out = Command::new("docker")
+    let out = Command::new(tests::engine_cli())
         .args(["pause", &container[0]])
         .output()
         .unwrap();

@@ -160,9 +160,12 @@ impl Scanner {
                     let line = &self.event[self.line_start..];
                     let blank = line == b"\n" || line == b"\r\n";
                     if blank {
+                        // The event's buffer is kept for the next one.
                         let event = std::mem::take(&mut self.event);
                         self.line_start = 0;
-                        self.finish_event(event, out);
+                        self.finish_event(&event, out);
+                        self.event = event;
+                        self.event.clear();
                     } else {
                         self.line_start = self.event.len();
                     }
@@ -181,7 +184,7 @@ impl Scanner {
         if !self.event.is_empty() {
             let event = std::mem::take(&mut self.event);
             self.line_start = 0;
-            self.finish_event(event, out);
+            self.finish_event(&event, out);
         }
     }
 
@@ -195,12 +198,12 @@ impl Scanner {
         Ok(())
     }
 
-    fn finish_event(&mut self, event: Vec<u8>, out: &mut Vec<u8>) {
+    fn finish_event(&mut self, event: &[u8], out: &mut Vec<u8>) {
         self.events += 1;
-        let keep = self.observe(&event);
+        let keep = self.observe(event);
         if keep {
             self.forwarded += event.len() as u64;
-            out.extend_from_slice(&event);
+            out.extend_from_slice(event);
         }
     }
 
@@ -298,7 +301,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
+    memchr::memmem::find(hay, needle)
 }
 
 /// Whether every `usage` in an event is the member `"usage":null` (or
