@@ -89,16 +89,25 @@ NIGHTSHIFT_TEST_STORE=postgres NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p 
   --test acts --test run_queue --test serve_queue --test audit --test dashboard_api \
   --test faults --test run
 phase "tests on Podman"
-# The attestation, run and sandbox-probe suites again with every sandbox on nightshift's
-# rootful Podman service (scripts/podman.sh, docs/engines.md), and the
-# generated Kubernetes Pod spec played by `podman kube play` against the
-# sandbox probes (tests/tests/kube_play.rs, docs/kubernetes.md); the image
-# loaded into Podman's store (a no-op when it is up to date there). The
-# service is left running, as dockerd is.
+# The end-to-end suites of the sandbox again with every sandbox on
+# nightshift's rootful Podman service (scripts/podman.sh, docs/engines.md):
+# attestation, run, sandbox probes, caps, the lease, the kill switch, the
+# boundary's channels, acts through the door, the door's races and the
+# model gateway; and the generated Kubernetes Pod spec played by `podman
+# kube play` against the sandbox probes (tests/tests/kube_play.rs,
+# docs/kubernetes.md). The image is loaded into Podman's store (a no-op when
+# it is up to date there); the service is left running, as dockerd is.
+# One test is left to Docker, named here and in docs/engines.md: on this
+# host (cgroup v1) a kill by the fleet's memory cap leaves no trace Podman
+# keeps (a plain 137; the kill counted only in the container's own cgroup,
+# which Podman removes as the container exits), so such a run reads
+# `exited 137` there.
 scripts/podman.sh start >/dev/null
 NIGHTSHIFT_ENGINE=podman NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" image build
 NIGHTSHIFT_TEST_ENGINE=podman NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p tests --no-fail-fast \
-  --test attestation --test run --test engines --test kube_play --test sandbox_probes
+  --test attestation --test run --test engines --test kube_play --test sandbox_probes \
+  --test caps --test lease --test killswitch --test channels --test acts --test door_races \
+  --test gateway -- --skip the_fleet_memory_cap_stops_a_run_and_says_so
 phase "fuzz"
 # A bounded fuzz pass: each fuzz target for 30 s over its committed
 # corpus, failing on any crash (scripts/fuzz.sh, docs/fuzzing.md; longer
