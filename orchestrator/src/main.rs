@@ -1167,7 +1167,14 @@ async fn dispatch(cli: Cli) -> i32 {
             let bound = std::time::Duration::from_millis(bound_ms);
             match connect().await {
                 Ok(engine) => {
-                    orchestrator::lease::end_on_lapse(&engine, &container, &heartbeat, bound).await;
+                    orchestrator::lease::end_on_lapse(
+                        &engine,
+                        &container,
+                        &heartbeat,
+                        bound,
+                        orchestrator::lease::ENGINE_GONE_AFTER,
+                    )
+                    .await;
                     Ok(exit::OK)
                 }
                 Err(code) => Err(code),

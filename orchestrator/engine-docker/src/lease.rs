@@ -150,7 +150,16 @@ pub enum LeaseEnd {
     /// The heartbeat did not grow for the host bound: the container was
     /// killed through the engine.
     Killed { since_renewal: Duration },
+    /// The engine could not be reached for [`ENGINE_GONE_AFTER`] in a row:
+    /// this end gave up (the wrapper inside still ends the sandbox at its
+    /// lease).
+    EngineGone { unreachable_for: Duration },
 }
+
+/// How long the host-side end goes on asking an engine it cannot reach
+/// before it gives up: an engine gone for good (its socket removed, the
+/// engine replaced) must not keep one process per sandbox alive for ever.
+pub const ENGINE_GONE_AFTER: Duration = Duration::from_secs(600);
 
 /// How often the host-side end reads the heartbeat, and asks the engine
 /// whether the container still runs (every fourth read).
@@ -160,17 +169,32 @@ const READ_EVERY: Duration = Duration::from_millis(500);
 /// `heartbeat` (the door's, on the host) with the wrapper's own decision
 /// over [`lease::host_bound`]`(bound)`, and kills `container` through the
 /// engine when it expires. Returns once the container has stopped or is
-/// gone, or was killed; engine errors are retried, never a reason to stop
-/// watching.
+/// gone, or was killed; engine errors are retried, and only an engine that
+/// cannot be reached at all for `give_up` ([`ENGINE_GONE_AFTER`]) in a row
+/// ends the watch (`tests::an_engine_gone_for_good_ends_the_watch`).
 pub async fn end_on_lapse(
     engine: &impl nightshift_core::container_engine::ContainerEngine,
     container: &str,
     heartbeat: &Path,
     bound: Duration,
+    give_up: Duration,
 ) -> LeaseEnd {
     let started = Instant::now();
     let mut held = lease::Lease::new(lease::host_bound(bound));
     let mut expired = None;
+    // Since when every call to the engine failed to reach it.
+    let mut unreachable_since: Option<tokio::time::Instant> = None;
+    let mut reached = |e: Option<&nightshift_core::container_engine::EngineError>| match e {
+        Some(e) if e.is_unreachable() => {
+            let since = *unreachable_since.get_or_insert_with(tokio::time::Instant::now);
+            let gone_for = since.elapsed();
+            (gone_for >= give_up).then_some(gone_for)
+        }
+        _ => {
+            unreachable_since = None;
+            None
+        }
+    };
     for tick in 0u64.. {
         if expired.is_none() {
             let counter = read_counter(heartbeat);
@@ -180,13 +204,16 @@ pub async fn end_on_lapse(
                 expired = Some(since_renewal);
             }
         }
-        if let Some(since_renewal) = expired {
+        let failed = if let Some(since_renewal) = expired {
             match engine.kill(container).await {
                 Ok(()) => {
                     tracing::warn!(container, ?since_renewal, "lease lapsed: sandbox killed");
                     return LeaseEnd::Killed { since_renewal };
                 }
-                Err(e) => tracing::warn!(container, "lease lapsed; killing: {e}"),
+                Err(e) => {
+                    tracing::warn!(container, "lease lapsed; killing: {e}");
+                    Some(e)
+                }
             }
         } else if tick % 4 == 0 {
             match engine.status(container).await {
@@ -194,9 +221,20 @@ pub async fn end_on_lapse(
                 Ok(Some(status)) if matches!(status.as_str(), "exited" | "dead" | "removing") => {
                     return LeaseEnd::Ended
                 }
-                Ok(Some(_)) => {}
-                Err(e) => tracing::warn!(container, "asking the engine: {e}"),
+                Ok(Some(_)) => None,
+                Err(e) => {
+                    tracing::warn!(container, "asking the engine: {e}");
+                    Some(e)
+                }
             }
+        } else {
+            // No call this tick: nothing learnt about the engine.
+            tokio::time::sleep(READ_EVERY).await;
+            continue;
+        };
+        if let Some(unreachable_for) = reached(failed.as_ref()) {
+            tracing::warn!(container, ?unreachable_for, "the engine is gone: giving up");
+            return LeaseEnd::EngineGone { unreachable_for };
         }
         tokio::time::sleep(READ_EVERY).await;
     }
@@ -257,6 +295,48 @@ mod tests {
         // One more each time, from 1.
         let all = seen.lock().unwrap().clone();
         assert_eq!(all, (1..=stopped_at).collect::<Vec<_>>());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_engine_gone_for_good_ends_the_watch() {
+        let engine = nightshift_core::container_engine::fake::FakeEngine::default();
+        engine.lost.store(true, std::sync::atomic::Ordering::SeqCst);
+        let give_up = Duration::from_secs(30);
+        let ended = end_on_lapse(
+            &engine,
+            "c1",
+            Path::new("/nonexistent/heartbeat"),
+            Duration::from_secs(3600),
+            give_up,
+        )
+        .await;
+        match ended {
+            LeaseEnd::EngineGone { unreachable_for } => assert!(unreachable_for >= give_up),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_engine_that_answers_again_is_watched_on() {
+        // Unreachable for less than the bound, then it answers that the
+        // container has gone: the watch ends as it should, not as given up.
+        let engine =
+            std::sync::Arc::new(nightshift_core::container_engine::fake::FakeEngine::default());
+        engine.lost.store(true, std::sync::atomic::Ordering::SeqCst);
+        let back = engine.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(20)).await;
+            back.lost.store(false, std::sync::atomic::Ordering::SeqCst);
+        });
+        let ended = end_on_lapse(
+            &*engine,
+            "c1",
+            Path::new("/nonexistent/heartbeat"),
+            Duration::from_secs(3600),
+            Duration::from_secs(30),
+        )
+        .await;
+        assert_eq!(ended, LeaseEnd::Ended);
     }
 
     #[test]
