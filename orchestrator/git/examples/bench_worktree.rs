@@ -103,7 +103,7 @@ fn main() {
     let out = scratch.path().join("out");
     std::fs::create_dir(&out).unwrap();
 
-    let ours = |owner: Option<(u32, u32)>| {
+    let ours_with = |owner: Option<(u32, u32)>, history_cache: Option<std::path::PathBuf>| {
         let (base, host) = (base.clone(), host.clone());
         move |i: usize, dest: &Path| {
             create_worktree(&WorktreeSpec {
@@ -112,10 +112,18 @@ fn main() {
                 run_id: format!("bench-{i}"),
                 dest: dest.to_owned(),
                 owner,
+                history_cache: history_cache.clone(),
             })
             .expect("create_worktree");
         }
     };
+    let ours = |owner: Option<(u32, u32)>| ours_with(owner, None);
+    // A later worktree of the same base: the history cache holds the base
+    // (one worktree made before the rounds, untimed).
+    let cache = scratch.path().join("history-cache");
+    let warm = out.join("warm");
+    ours_with(None, Some(cache.clone()))(0, &warm);
+    remove_worktree(&warm).expect("removing a checkout");
     let clone = |extra: &'static [&'static str]| {
         let (host, cwd) = (host.clone(), scratch.path().to_owned());
         move |_: usize, dest: &Path| {
@@ -160,6 +168,11 @@ fn main() {
         (
             "`git clone --local --no-hardlinks`",
             Box::new(clone(&["--no-hardlinks"])),
+            vec![],
+        ),
+        (
+            "`create_worktree`, a later worktree of the base (history cached) (ours)",
+            Box::new(ours_with(None, Some(cache.clone()))),
             vec![],
         ),
     ];

@@ -9,6 +9,11 @@
 //!   files (see [`crate::reachable`]): no other branch, tag, stash, reflog
 //!   entry or unreachable object of the host is readable in the sandbox, and
 //!   no file is shared with the host's object store;
+//! - a later worktree of the same base (and shallow boundary) copies the
+//!   history pack the first one kept (`WorktreeSpec::history_cache`, an
+//!   entry written whole before any sandbox existed), never links it: what
+//!   a sandbox writes to its own pack reaches neither the cache nor another
+//!   run (`tests/worktree.rs::a_second_worktree_of_a_base_copies_its_history_from_the_cache`);
 //! - the checkout is the base tree's blobs written verbatim (no filters), and
 //!   the index matches the files' final stat data, so `git status` is clean
 //!   (see [`crate::checkout`]).
@@ -44,7 +49,16 @@ pub struct WorktreeSpec {
     /// When set, every file and directory of the worktree is given to this
     /// `uid:gid` so that the sandbox's user can write it.
     pub owner: Option<(u32, u32)>,
+    /// Where the history packs of earlier worktrees are kept by base commit
+    /// (the supervisor's `STATE/cache/history`): a later worktree of the
+    /// same base copies its history from there instead of walking and
+    /// packing it again. `None`: every worktree packs its own.
+    pub history_cache: Option<PathBuf>,
 }
+
+/// How many bases' histories [`WorktreeSpec::history_cache`] keeps; the
+/// least recently made go first.
+pub const HISTORY_CACHE_ENTRIES: usize = 8;
 
 /// A created worktree.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,29 +154,44 @@ fn populate(
 
     let host_common = host.commondir().to_owned();
     let shallow = read_shallow(&host_common.join("shallow"))?;
-    let reachable = crate::reachable::reachable_objects(host, base, &shallow)?;
     let host_objects = host_common.join("objects");
     let pack_dir = objects.join("pack");
-    // Commits, trees and older blobs now; the base tree's blobs as the checkout reads them.
     let host_odb = host
         .odb()
         .map_err(|e| GitError::git("opening the host object database", e))?;
-    if !crate::reachable::write_pack_reusing(&host_common, &reachable.rest, &gitdir)? {
-        crate::reachable::write_pack_of(&host_odb, &reachable.rest, &pack_dir, "history")?;
-    }
-    // Only the shallow commits this history holds: the file names commits.
-    let held: HashSet<&git2::Oid> = if shallow.is_empty() {
-        HashSet::new()
-    } else {
-        reachable.rest.iter().collect()
+    // Commits, trees and older blobs now (from the cache when an earlier
+    // worktree of this base left them there); the base tree's blobs as the
+    // checkout reads them.
+    let cached = spec
+        .history_cache
+        .as_deref()
+        .map(|cache| cache.join(history_key(base, &shallow)));
+    let from_cache = match &cached {
+        Some(entry) => copy_history(entry, &pack_dir, &gitdir)?,
+        None => false,
     };
-    let kept: String = shallow
-        .iter()
-        .filter(|id| held.contains(id))
-        .map(|id| format!("{id}\n"))
-        .collect();
-    if !kept.is_empty() {
-        write_file(&gitdir.join("shallow"), kept.as_bytes())?;
+    if !from_cache {
+        let reachable = crate::reachable::reachable_objects(host, base, &shallow)?;
+        if !crate::reachable::write_pack_reusing(&host_common, &reachable.rest, &gitdir)? {
+            crate::reachable::write_pack_of(&host_odb, &reachable.rest, &pack_dir, "history")?;
+        }
+        // Only the shallow commits this history holds: the file names commits.
+        let held: HashSet<&git2::Oid> = if shallow.is_empty() {
+            HashSet::new()
+        } else {
+            reachable.rest.iter().collect()
+        };
+        let kept: String = shallow
+            .iter()
+            .filter(|id| held.contains(id))
+            .map(|id| format!("{id}\n"))
+            .collect();
+        if !kept.is_empty() {
+            write_file(&gitdir.join("shallow"), kept.as_bytes())?;
+        }
+        if let Some(entry) = &cached {
+            keep_history(entry, &pack_dir, &gitdir);
+        }
     }
 
     let repo = Repository::open(dest)
@@ -191,6 +220,112 @@ fn populate(
         chown_tree(&gitdir, uid, gid)?;
     }
     Ok(())
+}
+
+/// The cache entry's name for a base: its id, and the host's shallow
+/// boundary when it has one (the history it reaches depends on both).
+fn history_key(base: git2::Oid, shallow: &HashSet<git2::Oid>) -> String {
+    if shallow.is_empty() {
+        return base.to_string();
+    }
+    let mut ids: Vec<String> = shallow.iter().map(|id| id.to_string()).collect();
+    ids.sort();
+    let digest = git2::Oid::hash_object(git2::ObjectType::Blob, ids.join("\n").as_bytes())
+        .map(|id| id.to_string())
+        .unwrap_or_default();
+    format!("{base}-shallow-{digest}")
+}
+
+/// The regular files of a cache entry's folder, by name (nothing else in
+/// it is taken: the entries are ours, written before any sandbox existed).
+fn entry_files(dir: &Path) -> io::Result<Vec<(std::ffi::OsString, PathBuf)>> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            files.push((entry.file_name(), entry.path()));
+        }
+    }
+    Ok(files)
+}
+
+/// Copies a cached history (its packs, and its `shallow` file if any) into
+/// a new worktree: copies, never links, so that nothing a sandbox writes
+/// reaches the cache or another run
+/// (`tests/worktree.rs::a_second_worktree_of_a_base_copies_its_history_from_the_cache`).
+/// False when the base has no entry.
+fn copy_history(entry: &Path, pack_dir: &Path, gitdir: &Path) -> Result<bool, GitError> {
+    let packs = entry.join("pack");
+    let files = match entry_files(&packs) {
+        Ok(files) if !files.is_empty() => files,
+        Ok(_) => return Ok(false),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(GitError::io("reading the history cache", &packs, e)),
+    };
+    for (name, from) in files {
+        let to = pack_dir.join(name);
+        fs::copy(&from, &to).map_err(|e| GitError::io("copying a cached history", &from, e))?;
+    }
+    let shallow = entry.join("shallow");
+    if shallow.is_file() {
+        fs::copy(&shallow, gitdir.join("shallow"))
+            .map_err(|e| GitError::io("copying a cached history", &shallow, e))?;
+    }
+    Ok(true)
+}
+
+/// Keeps a worktree's freshly written history (its pack folder holds only
+/// that yet) as the cache entry of its base: written under a temporary
+/// name and renamed into place, so a reader sees a whole entry or none;
+/// then the oldest entries past [`HISTORY_CACHE_ENTRIES`] are removed. A
+/// cache that cannot be written costs the next worktree its own packing,
+/// nothing else.
+fn keep_history(entry: &Path, pack_dir: &Path, gitdir: &Path) {
+    let Some(cache) = entry.parent() else { return };
+    let tmp = cache.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    ));
+    let written = (|| -> io::Result<()> {
+        fs::create_dir_all(cache)?;
+        fs::set_permissions(cache, fs::Permissions::from_mode(0o700))?;
+        fs::create_dir_all(tmp.join("pack"))?;
+        for (name, from) in entry_files(pack_dir)? {
+            fs::copy(&from, tmp.join("pack").join(name))?;
+        }
+        let shallow = gitdir.join("shallow");
+        if shallow.is_file() {
+            fs::copy(&shallow, tmp.join("shallow"))?;
+        }
+        fs::rename(&tmp, entry)
+    })();
+    if written.is_err() {
+        // Another worktree of the base kept it first, or the disk said no.
+        let _ = fs::remove_dir_all(&tmp);
+        return;
+    }
+    prune_history(cache);
+}
+
+/// Removes the least recently made entries past [`HISTORY_CACHE_ENTRIES`].
+fn prune_history(cache: &Path) {
+    let Ok(dir) = fs::read_dir(cache) else { return };
+    let mut entries: Vec<(std::time::SystemTime, PathBuf)> = dir
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .collect();
+    if entries.len() <= HISTORY_CACHE_ENTRIES {
+        return;
+    }
+    entries.sort();
+    for (_, path) in &entries[..entries.len() - HISTORY_CACHE_ENTRIES] {
+        let _ = fs::remove_dir_all(path);
+    }
 }
 
 fn is_empty_dir(path: &Path) -> Result<bool, GitError> {

@@ -298,6 +298,7 @@ fn hostile_trees_planted_in_the_host_are_never_checked_out() {
             run_id: "next".to_owned(),
             dest: dest.clone(),
             owner: None,
+            history_cache: None,
         })
         .expect_err(case.what);
         assert_refusal(&err, &tree, &case);

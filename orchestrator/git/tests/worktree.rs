@@ -144,6 +144,7 @@ fn owner_is_applied_to_everything_and_the_index_matches() {
         run_id: "owned".into(),
         dest: fx.path("wt-owned"),
         owner: Some((1000, 1001)),
+        history_cache: None,
     })
     .unwrap();
     let mut stack = vec![wt.path.clone()];
@@ -181,6 +182,7 @@ fn creation_errors_are_distinct() {
         run_id: run_id.into(),
         dest,
         owner: None,
+        history_cache: None,
     };
     // An empty directory is a mount point made for the worktree; one
     // holding anything, or a file, is taken.
@@ -379,4 +381,68 @@ fn worktree_holds_only_objects_reachable_from_the_base() {
     }
     git(p, &["fsck", "--full", "--strict", "--no-dangling"]);
     assert_eq!(git(p, &["status", "--porcelain"]), "");
+}
+
+#[test]
+fn a_second_worktree_of_a_base_copies_its_history_from_the_cache() {
+    let fx = Fixture::new();
+    let cache = fx.path("history-cache");
+    let spec = |run_id: &str| WorktreeSpec {
+        host_repo: fx.host.clone(),
+        base_commit: fx.base.clone(),
+        run_id: run_id.into(),
+        dest: fx.path(&format!("wt-{run_id}")),
+        owner: None,
+        history_cache: Some(cache.clone()),
+    };
+    let first = create_worktree(&spec("first")).unwrap();
+    let entry = cache.join(&fx.base);
+    let cached: Vec<_> = std::fs::read_dir(entry.join("pack"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(!cached.is_empty(), "the first worktree's history is kept");
+    // A marker in the entry: the second worktree must take its history
+    // from there (packing it again would not bring the marker).
+    std::fs::write(entry.join("pack").join("marker"), b"from the cache").unwrap();
+    let second = create_worktree(&spec("second")).unwrap();
+    let pack = second.path.join(".git/objects/pack");
+    assert_eq!(
+        std::fs::read(pack.join("marker")).unwrap(),
+        b"from the cache"
+    );
+    std::fs::remove_file(pack.join("marker")).unwrap();
+    std::fs::remove_file(entry.join("pack").join("marker")).unwrap();
+    // Copies, never links: what a sandbox writes to its own history
+    // reaches neither the cache nor another run.
+    for name in &cached {
+        let copied = pack.join(name);
+        assert_eq!(std::fs::metadata(&copied).unwrap().nlink(), 1, "{name:?}");
+        assert_ne!(
+            std::fs::metadata(&copied).unwrap().ino(),
+            std::fs::metadata(entry.join("pack").join(name))
+                .unwrap()
+                .ino()
+        );
+    }
+    let victim = pack.join(&cached[0]);
+    let before = std::fs::read(entry.join("pack").join(&cached[0])).unwrap();
+    let mut perms = std::fs::metadata(&victim).unwrap().permissions();
+    perms.set_mode(0o644);
+    std::fs::set_permissions(&victim, perms).unwrap();
+    std::fs::write(&victim, b"overwritten by the sandbox").unwrap();
+    assert_eq!(
+        std::fs::read(entry.join("pack").join(&cached[0])).unwrap(),
+        before
+    );
+    // The first worktree and a third are whole and clean.
+    let third = create_worktree(&spec("third")).unwrap();
+    for wt in [&first, &third] {
+        assert_eq!(
+            git(&wt.path, &["fsck", "--connectivity-only", "--no-progress"]),
+            ""
+        );
+        assert_eq!(git(&wt.path, &["status", "--porcelain"]), "");
+        assert_eq!(git(&wt.path, &["rev-parse", "HEAD"]), fx.base);
+    }
 }

@@ -574,6 +574,8 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         run_id: id.clone(),
         dest: dest.clone(),
         owner: Some((sup.sandbox_user.uid, sup.sandbox_user.gid)),
+        // A night of runs on one base packs its history once.
+        history_cache: Some(paths.root.join("cache").join("history")),
     };
     held.worktree = Some(dest.clone());
     // Its own filesystem first: the kernel bounds it to the cap.

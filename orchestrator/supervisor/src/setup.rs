@@ -500,6 +500,7 @@ pub async fn prepare<E: ContainerEngine>(
         run_id: id.to_string(),
         dest: checkout.clone(),
         owner: None,
+        history_cache: None,
     };
     if let Err(e) = tokio::task::spawn_blocking(move || orchestrator_git::create_worktree(&wt))
         .await

@@ -86,6 +86,7 @@ impl Fixture {
             run_id: run_id.to_owned(),
             dest: self.path(&format!("wt-{run_id}")),
             owner: None,
+            history_cache: None,
         })
         .expect("create_worktree")
     }
