@@ -167,7 +167,18 @@ fn populate(
         .as_deref()
         .map(|cache| cache.join(history_key(base, &shallow)));
     let from_cache = match &cached {
-        Some(entry) => copy_history(entry, &pack_dir, &gitdir)?,
+        Some(entry) => match copy_history(entry, &pack_dir, &gitdir) {
+            Ok(copied) => copied,
+            // An entry removed while it was copied (another process pruned
+            // it): what was copied goes, and the history is packed here.
+            Err(_) => {
+                for (_, path) in entry_files(&pack_dir).unwrap_or_default() {
+                    let _ = fs::remove_file(path);
+                }
+                let _ = fs::remove_file(gitdir.join("shallow"));
+                false
+            }
+        },
         None => false,
     };
     if !from_cache {
