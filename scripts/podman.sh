@@ -33,12 +33,24 @@ answers() {
 # arguments before `system service`.
 service() {
   local name=$1; shift
-  local s="$dir/$name.sock"
-  if answers "$s"; then return 0; fi
+  local s="$dir/$name.sock" pid
+  if answers "$s"; then
+    # A service started from a folder since removed (an earlier clone, as
+    # a CI run's) answers but starts no container: conmon inherits the
+    # deleted working directory and fails. Such a service is replaced.
+    pid=$(cat "$dir/$name.pid" 2>/dev/null || true)
+    if [ -z "$pid" ] || ! readlink "/proc/$pid/cwd" 2>/dev/null | grep -q ' (deleted)$'; then
+      return 0
+    fi
+    echo "podman.sh: restarting $name: its working directory was removed" >&2
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  fi
   rm -f "$s"
-  # Detached from the caller's pipes and session: it outlives this script.
-  CONTAINERS_CONF="$dir/containers.conf" setsid podman "$@" system service --time=0 "unix://$s" \
-    </dev/null >"$dir/$name.log" 2>&1 &
+  # Detached from the caller's pipes and session: it outlives this script,
+  # and so runs from / (never from a folder that may be removed).
+  (cd / && CONTAINERS_CONF="$dir/containers.conf" exec setsid podman "$@" system service --time=0 "unix://$s" \
+    </dev/null >"$dir/$name.log" 2>&1) &
   echo $! >"$dir/$name.pid"
   for _ in $(seq 1 100); do
     if answers "$s"; then return 0; fi
