@@ -147,17 +147,84 @@ pub struct Invocation {
     /// The model gateway's relay port: when set, the wrapper starts
     /// `nightshift-relay` on it and waits until it listens before the command.
     pub relay: Option<u16>,
+    /// The command to run; empty when it comes from [`Self::command_file`].
     pub command: Vec<String>,
+    /// A warm sandbox's command: the wrapper waits (under its lease) until
+    /// the supervisor writes this file, then runs what it names
+    /// ([`parse_command_file`]).
+    pub command_file: Option<String>,
 }
 
-pub const USAGE: &str =
-    "usage: nightshift-lease --bound-ms MILLISECONDS [--heartbeat PATH] [--relay PORT] -- COMMAND [ARG...]";
+pub const USAGE: &str = "usage: nightshift-lease --bound-ms MILLISECONDS [--heartbeat PATH] [--relay PORT] (-- COMMAND [ARG...] | --command-file PATH)";
+
+/// A warm sandbox's command file's name in the run's door directory.
+pub const COMMAND_FILE: &str = "command";
+/// Where it is inside the sandbox.
+pub const COMMAND_FILE_IN_SANDBOX: &str = "/run/nightshift/command";
+/// The largest command file the wrapper reads (the task text is at most
+/// 64 KiB; its JSON escaping at most six bytes a byte).
+pub const MAX_COMMAND_FILE: usize = 1 << 20;
+/// The most arguments a command file may name.
+pub const MAX_COMMAND_ARGS: usize = 4096;
+/// The only environment a command file may set on the command: what a run
+/// knows only once it is bound to its warm sandbox. Everything else of
+/// the command's environment is the container's, as created and attested.
+pub const LATE_ENV: [&str; 2] = ["NIGHTSHIFT_TASK", "NIGHTSHIFT_BASE_COMMIT"];
+
+/// A warm sandbox's command, as the supervisor writes it into the door.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LateCommand {
+    pub argv: Vec<String>,
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+/// The command file's bytes for `late` (the supervisor's side).
+pub fn format_command_file(late: &LateCommand) -> Vec<u8> {
+    serde_json::to_vec(late).unwrap_or_default()
+}
+
+/// Reads a command file strictly: at most [`MAX_COMMAND_FILE`] bytes of
+/// JSON, a non-empty `argv` of at most [`MAX_COMMAND_ARGS`] arguments
+/// without NUL bytes, and `env` only of [`LATE_ENV`] names, values without
+/// NUL bytes.
+pub fn parse_command_file(bytes: &[u8]) -> Result<LateCommand, String> {
+    if bytes.len() > MAX_COMMAND_FILE {
+        return Err(format!("the command file is over {MAX_COMMAND_FILE} bytes"));
+    }
+    let late: LateCommand = serde_json::from_slice(bytes)
+        .map_err(|e| format!("the command file is not a command: {e}"))?;
+    if late.argv.is_empty() {
+        return Err("the command file names no command".into());
+    }
+    if late.argv.len() > MAX_COMMAND_ARGS {
+        return Err(format!(
+            "the command file names {} arguments (at most {MAX_COMMAND_ARGS})",
+            late.argv.len()
+        ));
+    }
+    if late.argv.iter().any(|a| a.contains('\0')) {
+        return Err("an argument in the command file holds a NUL byte".into());
+    }
+    for (k, v) in &late.env {
+        if !LATE_ENV.contains(&k.as_str()) {
+            return Err(format!(
+                "the command file sets {k:?}, which only the container's own environment may"
+            ));
+        }
+        if v.contains('\0') {
+            return Err(format!("the command file's {k} holds a NUL byte"));
+        }
+    }
+    Ok(late)
+}
 
 /// Parses the wrapper's arguments (after the program name).
 pub fn parse_args(args: &[String]) -> Result<Invocation, String> {
     let mut bound = None;
     let mut heartbeat = HEARTBEAT_IN_SANDBOX.to_string();
     let mut relay = None;
+    let mut command_file = None;
     let mut rest = args.iter();
     loop {
         match rest.next().map(String::as_str) {
@@ -184,20 +251,27 @@ pub fn parse_args(args: &[String]) -> Result<Invocation, String> {
                         .ok_or_else(|| format!("--relay {v:?} is not a port"))?,
                 );
             }
+            Some("--command-file") => {
+                command_file = Some(rest.next().ok_or("--command-file needs a path")?.clone());
+            }
             Some("--") => break,
             Some(other) => return Err(format!("unknown argument {other:?}")),
+            None if command_file.is_some() => break,
             None => return Err("no command given (after `--`)".into()),
         }
     }
     let command: Vec<String> = rest.cloned().collect();
-    if command.is_empty() {
-        return Err("no command given (after `--`)".into());
+    match (command.is_empty(), command_file.is_some()) {
+        (true, false) => return Err("no command given (after `--`)".into()),
+        (false, true) => return Err("a command and --command-file both given".into()),
+        _ => {}
     }
     Ok(Invocation {
         bound: bound.ok_or("--bound-ms is required")?,
         heartbeat,
         relay,
         command,
+        command_file,
     })
 }
 
@@ -294,8 +368,52 @@ mod tests {
         assert!(a(&["--", "x"]).is_err());
         assert!(a(&["--bound-ms"]).is_err());
         assert!(a(&["x"]).is_err());
+        let warm = a(&[
+            "--bound-ms",
+            "30000",
+            "--command-file",
+            "/run/nightshift/command",
+        ])
+        .unwrap();
+        assert_eq!(warm.command_file.as_deref(), Some(COMMAND_FILE_IN_SANDBOX));
+        assert!(warm.command.is_empty());
+        assert!(a(&["--bound-ms", "30000", "--command-file", "f", "--", "x"]).is_err());
+        assert!(a(&["--bound-ms", "30000", "--command-file"]).is_err());
         assert_eq!(exit_status(Some(3), None), 3);
         assert_eq!(exit_status(None, Some(9)), 137);
+    }
+
+    #[test]
+    fn command_files_parse_strictly() {
+        let late = LateCommand {
+            argv: vec!["sh".into(), "-c".into(), "echo \"$NIGHTSHIFT_TASK\"".into()],
+            env: [("NIGHTSHIFT_TASK".to_string(), "fix the build\n".to_string())].into(),
+        };
+        assert_eq!(parse_command_file(&format_command_file(&late)), Ok(late));
+        for bad in [
+            &br#"{"argv": [], "env": {}}"#[..],
+            br#"{"argv": ["x"], "env": {"PATH": "/tmp"}}"#,
+            br#"{"argv": ["x"], "env": {"LD_PRELOAD": "/tmp/x.so"}}"#,
+            br#"{"argv": ["x"], "env": {}, "cwd": "/"}"#,
+            br#"{"argv": ["x\u0000y"], "env": {}}"#,
+            br#"{"argv": ["x"], "env": {"NIGHTSHIFT_TASK": "a\u0000"}}"#,
+            br#"{"argv": ["x"]}"#,
+            b"",
+            b"not json",
+        ] {
+            assert!(
+                parse_command_file(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let many = LateCommand {
+            argv: vec!["x".into(); MAX_COMMAND_ARGS + 1],
+            env: Default::default(),
+        };
+        assert!(parse_command_file(&format_command_file(&many)).is_err());
+        let huge = vec![b' '; MAX_COMMAND_FILE + 1];
+        assert!(parse_command_file(&huge).unwrap_err().contains("over"));
     }
 
     proptest! {

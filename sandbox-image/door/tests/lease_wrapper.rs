@@ -98,3 +98,74 @@ fn the_same_counter_rewritten_renews_nothing() {
         Some(EXIT_EXPIRED)
     );
 }
+
+/// A warm sandbox's wrapper: started with `--command-file`, waiting.
+fn warm(bound_ms: u64, heartbeat: &Path, file: &Path) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_nightshift-lease"))
+        .args(["--bound-ms", &bound_ms.to_string(), "--heartbeat"])
+        .arg(heartbeat)
+        .arg("--command-file")
+        .arg(file)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("running nightshift-lease")
+}
+
+/// Writes `late` as the supervisor does: whole, renamed into place.
+fn hand(file: &Path, late: &[u8]) {
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, late).unwrap();
+    std::fs::rename(&tmp, file).unwrap();
+}
+
+#[test]
+fn a_warm_wrapper_waits_then_runs_its_command_with_the_late_environment() {
+    use sandbox_image_door::lease::{format_command_file, LateCommand};
+    let dir = tempfile::tempdir().unwrap();
+    let (hb, file) = (dir.path().join("heartbeat"), dir.path().join("command"));
+    let _w = Writer::start(&hb, true);
+    let child = warm(2000, &hb, &file);
+    // Longer than the bound: the renewed lease keeps it waiting.
+    std::thread::sleep(Duration::from_millis(2500));
+    let late = LateCommand {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            "printf '%s|%s' \"$NIGHTSHIFT_TASK\" \"$NIGHTSHIFT_BASE_COMMIT\"; exit 3".into(),
+        ],
+        env: [
+            ("NIGHTSHIFT_TASK".to_string(), "fix it".to_string()),
+            ("NIGHTSHIFT_BASE_COMMIT".to_string(), "abc".to_string()),
+        ]
+        .into(),
+    };
+    hand(&file, &format_command_file(&late));
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fix it|abc");
+    assert_eq!(out.status.code(), Some(3));
+}
+
+#[test]
+fn a_warm_wrapper_whose_lease_lapses_ends_without_a_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hb, file) = (dir.path().join("heartbeat"), dir.path().join("command"));
+    let mut child = warm(1000, &hb, &file);
+    assert_eq!(child.wait().unwrap().code(), Some(EXIT_EXPIRED));
+}
+
+#[test]
+fn a_command_file_that_sets_other_environment_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hb, file) = (dir.path().join("heartbeat"), dir.path().join("command"));
+    let marker = dir.path().join("ran");
+    let _w = Writer::start(&hb, true);
+    let child = warm(5000, &hb, &file);
+    let late = format!(
+        r#"{{"argv": ["touch", "{}"], "env": {{"LD_PRELOAD": "/tmp/x.so"}}}}"#,
+        marker.display()
+    );
+    hand(&file, late.as_bytes());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(126));
+    assert!(!marker.exists(), "a refused command file ran its command");
+}

@@ -24,6 +24,15 @@
 //!   re-parented to it; `reap` waits on any pid), so zombies do not pile
 //!   up in the run's pids cgroup.
 //!
+//! A warm sandbox's wrapper (`--command-file PATH`, started ahead of its
+//! run by a pool) has no command at first: it holds the lease as above
+//! (a sandbox whose supervisor is gone ends within its bound, waiting or
+//! not) and waits for the supervisor to write the command file into the
+//! read-only door, then runs what it names
+//! (`sandbox_image_door::lease::parse_command_file`: the command and only
+//! the task and base commit of its environment; anything else in it
+//! starts nothing).
+//!
 //! The host has a second end that needs neither this process nor the
 //! supervisor nor the watchdog: `nightshift lease-end` (see
 //! `orchestrator::lease`) kills the container through the engine when the
@@ -75,6 +84,98 @@ fn reap(command: Pid) -> Result<Option<i32>, Errno> {
 const TICK: Duration = Duration::from_millis(50);
 /// How often the heartbeat is read.
 const READ_EVERY: Duration = Duration::from_millis(500);
+
+/// The longest a warm sandbox's wrapper sleeps between looks for its
+/// command file when no inotify event wakes it (a runtime whose inotify
+/// does not see the host's writes, such as gVisor's).
+const WAIT_LOOK_EVERY: Duration = Duration::from_millis(20);
+
+/// Reads the command file at `path`, when it is there (bounded).
+fn read_command_file(path: &str) -> Option<Result<lease::LateCommand, String>> {
+    let file = std::fs::File::open(path).ok()?;
+    let mut bytes = Vec::new();
+    if let Err(e) = file
+        .take(lease::MAX_COMMAND_FILE as u64 + 1)
+        .read_to_end(&mut bytes)
+    {
+        return Some(Err(format!("reading {path}: {e}")));
+    }
+    Some(lease::parse_command_file(&bytes))
+}
+
+/// Waits, under the lease, until the command file at `path` appears; the
+/// exit status to end with when the lease expires, a termination signal
+/// comes, or the file names no command.
+fn wait_for_command(
+    path: &str,
+    heartbeat: &str,
+    held: &mut Lease,
+    started: Instant,
+    signals: &mut SignalFd,
+) -> Result<lease::LateCommand, i32> {
+    use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+    use std::os::fd::AsFd;
+    // Woken at once where the kernel's inotify sees the host's rename;
+    // looked for every WAIT_LOOK_EVERY otherwise.
+    let dir = std::path::Path::new(path)
+        .parent()
+        .unwrap_or(std::path::Path::new("/"));
+    let watch = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+        .ok()
+        .filter(|i| {
+            i.add_watch(
+                dir,
+                AddWatchFlags::IN_MOVED_TO | AddWatchFlags::IN_CLOSE_WRITE,
+            )
+            .is_ok()
+        });
+    let mut next_read = Instant::now();
+    loop {
+        match read_command_file(path) {
+            Some(Ok(late)) => return Ok(late),
+            Some(Err(why)) => {
+                eprintln!("nightshift-lease: the warm sandbox's command: {why}");
+                return Err(lease::EXIT_CANNOT_START);
+            }
+            None => {}
+        }
+        if let Ok(Some(info)) = signals.read_signal() {
+            return Err(lease::exit_status(None, Some(info.ssi_signo as i32)));
+        }
+        let now = Instant::now();
+        if now >= next_read {
+            next_read = now + READ_EVERY;
+            if let Verdict::Expired { since_renewal } =
+                held.observe(now - started, read_heartbeat(heartbeat))
+            {
+                eprintln!(
+                    "nightshift-lease: the supervisor has not renewed the lease for {}s (bound {}s): ending the warm sandbox",
+                    since_renewal.as_secs(),
+                    held.bound().as_secs()
+                );
+                return Err(lease::EXIT_EXPIRED);
+            }
+        }
+        match &watch {
+            Some(inotify) => {
+                let timeout = nix::poll::PollTimeout::try_from(WAIT_LOOK_EVERY)
+                    .unwrap_or(nix::poll::PollTimeout::NONE);
+                let mut fds = [nix::poll::PollFd::new(
+                    inotify.as_fd(),
+                    nix::poll::PollFlags::POLLIN,
+                )];
+                let _ = nix::poll::poll(&mut fds, timeout);
+                // Drained; what changed is looked at above.
+                while let Ok(events) = inotify.read_events() {
+                    if events.is_empty() {
+                        break;
+                    }
+                }
+            }
+            None => std::thread::sleep(WAIT_LOOK_EVERY),
+        }
+    }
+}
 
 fn exit(code: i32) -> ExitCode {
     ExitCode::from(u8::try_from(code).unwrap_or(1))
@@ -144,7 +245,7 @@ fn main() -> ExitCode {
     let signals = mask
         .thread_block()
         .and_then(|()| SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC));
-    let signals = match signals {
+    let mut signals = match signals {
         Ok(fd) => fd,
         Err(e) => {
             eprintln!("nightshift-lease: taking termination signals: {e}");
@@ -167,16 +268,28 @@ fn main() -> ExitCode {
         },
         None => None,
     };
-    let child = match Command::new(&invocation.command[0])
-        .args(&invocation.command[1..])
+    // A warm sandbox's command comes later, from the supervisor.
+    let (argv, late_env) = match &invocation.command_file {
+        None => (invocation.command.clone(), Default::default()),
+        Some(path) => match wait_for_command(
+            path,
+            &invocation.heartbeat,
+            &mut held,
+            started,
+            &mut signals,
+        ) {
+            Ok(late) => (late.argv, late.env),
+            Err(code) => return exit(code),
+        },
+    };
+    let child = match Command::new(&argv[0])
+        .args(&argv[1..])
+        .envs(&late_env)
         .spawn()
     {
         Ok(c) => c,
         Err(e) => {
-            eprintln!(
-                "nightshift-lease: starting {:?}: {e}",
-                invocation.command[0]
-            );
+            eprintln!("nightshift-lease: starting {:?}: {e}", argv[0]);
             return exit(lease::EXIT_CANNOT_START);
         }
     };
