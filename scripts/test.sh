@@ -107,7 +107,7 @@ NIGHTSHIFT_ENGINE=podman NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" imag
 NIGHTSHIFT_TEST_ENGINE=podman NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p tests --no-fail-fast \
   --test attestation --test run --test engines --test kube_play --test sandbox_probes \
   --test caps --test lease --test killswitch --test channels --test acts --test door_races \
-  --test gateway -- --skip the_fleet_memory_cap_stops_a_run_and_says_so
+  --test gateway --test pool -- --skip the_fleet_memory_cap_stops_a_run_and_says_so
 phase "fuzz"
 # A bounded fuzz pass: each fuzz target for 30 s over its committed
 # corpus, failing on any crash (scripts/fuzz.sh, docs/fuzzing.md; longer

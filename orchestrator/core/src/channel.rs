@@ -2,6 +2,10 @@
 //! port so that the engine's carrier can differ while the servers behind
 //! them do not.
 //!
+//! A fourth, one way and once: a warm sandbox's command
+//! ([`Channels::hand_command`]), written whole into what the sandbox reads
+//! and cannot write, which its waiting lease wrapper then runs.
+//!
 //! There are three, opened by the supervisor before the sandbox is created
 //! and closed once it is gone:
 //! - the door (acts and policy checks: `supervisor/src/door.rs`), a
@@ -65,6 +69,14 @@ pub trait Channels: Send + Sync + 'static {
     /// The sandbox's spec with what it needs to reach these channels (its
     /// mounts, its environment, its main process: the lease wrapper).
     fn attach(&self, spec: SandboxSpec) -> SandboxSpec;
+    /// Hands a warm sandbox (created with [`SandboxSpec::warm`]) its command:
+    /// `argv`, and `env` set on it (only the names the wrapper takes late:
+    /// the task and the base commit). Written whole, once.
+    fn hand_command(
+        &self,
+        argv: &[String],
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> io::Result<()>;
     /// Removes what the channels left once the sandbox is gone.
     fn close(&self);
 }

@@ -343,7 +343,26 @@ pub struct Config {
     /// `[[setup]]`: each repository's trusted setup phase (docs/setup.md).
     #[serde(default)]
     pub setup: Vec<SetupConfig>,
+    /// `[pool]`: warm sandboxes `serve` keeps ready (docs/pool.md).
+    #[serde(default)]
+    pub pool: PoolConfig,
 }
+
+/// `[pool]`: how many warm sandboxes `serve` keeps ready per image, made
+/// with the configuration's caps (`[caps]`); none unless asked for.
+#[derive(Debug, Clone, Deserialize, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Warm sandboxes per image (0: no pool). At most [`MAX_POOL_SIZE`].
+    #[serde(default)]
+    pub size: usize,
+    /// The images kept warm; the default image when empty.
+    #[serde(default)]
+    pub images: Vec<String>,
+}
+
+/// The most warm sandboxes `[pool] size` may ask for per image.
+pub const MAX_POOL_SIZE: usize = 16;
 
 /// The fleet's limits after defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -409,6 +428,21 @@ impl Config {
                     message: format!("{key} = 0 is root; a sandbox never runs as root"),
                 });
             }
+        }
+        if config.pool.size > MAX_POOL_SIZE {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!(
+                    "pool.size = {} is more than {MAX_POOL_SIZE} warm sandboxes per image",
+                    config.pool.size
+                ),
+            });
+        }
+        if let Some(bad) = config.pool.images.iter().find(|i| i.trim().is_empty()) {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!("pool.images holds an empty image name ({bad:?})"),
+            });
         }
         let mut seen = std::collections::BTreeSet::new();
         for s in &config.setup {

@@ -122,6 +122,10 @@ pub fn lease_command(bound: Duration, command: &[String]) -> Vec<String> {
     wrapped
 }
 
+/// Where a warm sandbox's lease wrapper finds its command once its run is
+/// bound to it (`sandbox_image_door::lease::COMMAND_FILE_IN_SANDBOX`).
+pub const WARM_COMMAND_FILE: &str = "/run/nightshift/command";
+
 /// Label keys that mark a container as one of ours.
 /// The `nproc` ulimit of every sandbox: processes of the sandbox uid on the
 /// whole host, all sandboxes together (see [`SandboxSpec::ulimits`]).
@@ -378,6 +382,19 @@ impl SandboxSpec {
         self.setup_cache = Some(cache);
         for (k, v) in env {
             self.env.insert(k.clone(), v.clone());
+        }
+        self
+    }
+
+    /// A warm sandbox (a pool's, created and started before its run is
+    /// known): its lease wrapper (after [`Self::with_door`], with no
+    /// command) waits for the command in [`WARM_COMMAND_FILE`] instead of
+    /// running one. Unchanged when the sandbox has no door.
+    pub fn warm(mut self) -> Self {
+        if self.lease_is_pid1() && self.command.last().map(String::as_str) == Some("--") {
+            self.command.pop();
+            self.command
+                .extend(["--command-file".to_string(), WARM_COMMAND_FILE.to_string()]);
         }
         self
     }

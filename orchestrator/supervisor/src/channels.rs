@@ -82,14 +82,29 @@ impl HostDir {
     /// Where a heartbeat is written before it is renamed into the
     /// directory: beside it, so the sandbox never sees a half-written one.
     fn heartbeat_tmp(&self) -> PathBuf {
+        self.beside(lease::HEARTBEAT)
+    }
+
+    /// A temporary name beside the directory for the file `file` of it.
+    fn beside(&self, file: &str) -> PathBuf {
         match (self.dir.parent(), self.dir.file_name()) {
-            (Some(parent), Some(name)) => parent.join(format!(
-                ".{}.{}.tmp",
-                name.to_string_lossy(),
-                lease::HEARTBEAT
-            )),
-            _ => self.dir.join(format!("{}.tmp", lease::HEARTBEAT)),
+            (Some(parent), Some(name)) => {
+                parent.join(format!(".{}.{file}.tmp", name.to_string_lossy()))
+            }
+            _ => self.dir.join(format!("{file}.tmp")),
         }
+    }
+
+    /// Writes `bytes` to a temporary name beside the directory, then
+    /// renames it to `file` in it: the sandbox sees all of it or nothing.
+    fn publish(&self, file: &str, bytes: &[u8], what: &str) -> std::io::Result<()> {
+        let tmp = self.beside(file);
+        let path = self.dir.join(file);
+        std::fs::write(&tmp, bytes)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| {
+                std::io::Error::new(e.kind(), format!("writing {what} {}: {e}", path.display()))
+            })
     }
 }
 
@@ -109,16 +124,27 @@ impl Channels for HostDir {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or(0);
-        let tmp = self.heartbeat_tmp();
-        let path = self.dir.join(lease::HEARTBEAT);
-        std::fs::write(&tmp, lease::format_heartbeat(counter, unix_ms))
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| {
-                std::io::Error::new(
-                    e.kind(),
-                    format!("writing the lease's heartbeat {}: {e}", path.display()),
-                )
-            })
+        self.publish(
+            lease::HEARTBEAT,
+            lease::format_heartbeat(counter, unix_ms).as_bytes(),
+            "the lease's heartbeat",
+        )
+    }
+
+    fn hand_command(
+        &self,
+        argv: &[String],
+        env: &std::collections::BTreeMap<String, String>,
+    ) -> std::io::Result<()> {
+        let late = lease::LateCommand {
+            argv: argv.to_vec(),
+            env: env.clone(),
+        };
+        let bytes = lease::format_command_file(&late);
+        // What the wrapper would refuse is refused here, before it is sent.
+        lease::parse_command_file(&bytes)
+            .map_err(|why| std::io::Error::new(std::io::ErrorKind::InvalidInput, why))?;
+        self.publish(lease::COMMAND_FILE, &bytes, "the warm sandbox's command")
     }
 
     fn attach(&self, spec: SandboxSpec) -> SandboxSpec {
@@ -129,6 +155,7 @@ impl Channels for HostDir {
         let _ = std::fs::remove_dir_all(&self.dir);
         // Left only by a write that failed half-way.
         let _ = std::fs::remove_file(self.heartbeat_tmp());
+        let _ = std::fs::remove_file(self.beside(lease::COMMAND_FILE));
     }
 }
 
@@ -171,6 +198,48 @@ mod tests {
                 .count(),
             0
         );
+    }
+
+    #[test]
+    fn a_warm_sandboxs_command_is_renamed_into_place_and_checked_first() {
+        let state = tempfile::tempdir().unwrap();
+        let paths = StatePaths::new(state.path().to_path_buf());
+        let channels = HostDir::open(&paths, "r1").unwrap();
+        let env = [("NIGHTSHIFT_TASK".to_string(), "t".to_string())].into();
+        channels.hand_command(&["true".to_string()], &env).unwrap();
+        let written = std::fs::read(channels.dir().join(lease::COMMAND_FILE)).unwrap();
+        let late = lease::parse_command_file(&written).unwrap();
+        assert_eq!(late.argv, ["true"]);
+        assert_eq!(late.env, env);
+        assert!(!channels.beside(lease::COMMAND_FILE).exists());
+        // What the wrapper refuses is never written.
+        let bad = [("PATH".to_string(), "/tmp".to_string())].into();
+        std::fs::remove_file(channels.dir().join(lease::COMMAND_FILE)).unwrap();
+        assert!(channels.hand_command(&["true".to_string()], &bad).is_err());
+        assert!(!channels.dir().join(lease::COMMAND_FILE).exists());
+        // The wrapper looks where the spec tells it to.
+        assert_eq!(
+            nightshift_core::sandbox::WARM_COMMAND_FILE,
+            lease::COMMAND_FILE_IN_SANDBOX
+        );
+        let spec = SandboxSpec::new(
+            "r1",
+            "t",
+            "img",
+            &[],
+            PathBuf::from("/w"),
+            "",
+            &nightshift_core::sandbox::Caps::default(),
+        );
+        let warm = channels.attach(spec).with_model_gateway(7878).warm();
+        let args: Vec<String> = warm.command[1..].to_vec();
+        let parsed = lease::parse_args(&args).unwrap();
+        assert_eq!(
+            parsed.command_file.as_deref(),
+            Some(lease::COMMAND_FILE_IN_SANDBOX)
+        );
+        assert_eq!(parsed.relay, Some(7878));
+        assert!(warm.lease_is_pid1());
     }
 
     #[tokio::test]

@@ -294,6 +294,8 @@ pub async fn reconcile(
     by: &str,
 ) -> Result<Vec<String>, RunError> {
     replay_pending(sup).await?;
+    // Warm sandboxes of vanished processes first: they have no run to settle.
+    crate::warm::sweep(sup).await;
     let mut orphans: BTreeSet<String> = BTreeSet::new();
     for c in state_containers(sup).await? {
         let owner = c.labels.get(LABEL_SUPERVISOR).cloned().unwrap_or_default();
@@ -532,6 +534,10 @@ fn sweep_doors(sup: &Supervisor) -> Result<(), RunError> {
         let Some(run) = entry.file_name().to_str().map(str::to_string) else {
             continue;
         };
+        // A live pool's warm sandbox has no run yet: its door is in use.
+        if crate::warm::is_live_warm(&paths, &run) {
+            continue;
+        }
         let ended = match lock(sup).run(&run) {
             Ok(r) => nightshift_core::state_store::is_final(&r.status),
             Err(nightshift_core::state_store::StoreError::NoSuchRun(_)) => true,

@@ -50,7 +50,7 @@
 //!   `tests::an_engine_lost_mid_run_keeps_the_worktree_and_leaves_the_run_for_reconciliation`,
 //!   `tests/tests/faults.rs::a_cut_engine_connection_loses_no_step_and_reconcile_removes_the_sandbox`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -163,6 +163,9 @@ pub struct Supervisor<E = Engine, S = Box<dyn StateStore>> {
     /// what the attestation reads ([`nightshift_core::hostview::RealHost`] in
     /// production).
     pub host: Arc<dyn nightshift_core::hostview::HostView>,
+    /// Warm sandboxes made ahead of their runs (`[pool]`; `serve` only):
+    /// a run whose id is a reserved warm sandbox's begins in it.
+    pub pool: Option<Arc<crate::pool::Pool>>,
 }
 
 /// The fleet cgroup every sandbox of this state is created under.
@@ -292,6 +295,7 @@ impl<E: Clone, S> Clone for Supervisor<E, S> {
             fleet: self.fleet.clone(),
             sandbox_user: self.sandbox_user,
             host: Arc::clone(&self.host),
+            pool: self.pool.clone(),
         }
     }
 }
@@ -321,26 +325,26 @@ impl<E: ContainerEngine, S: StateStore> Supervisor<E, S> {
 
 /// What the steps created, so that the ending can undo it whatever happened.
 #[derive(Debug, Default)]
-struct Held {
+pub(crate) struct Held {
     /// The run's channels (`channels`), closed once the sandbox is gone.
-    channels: Option<std::sync::Arc<crate::channels::HostDir>>,
-    door: Option<crate::door::DoorHandle>,
+    pub(crate) channels: Option<std::sync::Arc<crate::channels::HostDir>>,
+    pub(crate) door: Option<crate::door::DoorHandle>,
     /// The run's model gateway, when the state has a `models.toml`.
-    gateway: Option<nightshift_gateway::GatewayHandle>,
+    pub(crate) gateway: Option<nightshift_gateway::GatewayHandle>,
     /// Renews the sandbox's lease until the run is over.
-    lease: Option<nightshift_engine_docker::lease::Heartbeat>,
-    container: Option<String>,
+    pub(crate) lease: Option<nightshift_engine_docker::lease::Heartbeat>,
+    pub(crate) container: Option<String>,
     /// A container was asked for (it may exist even if `create` failed).
-    creating: bool,
-    started: bool,
-    worktree: Option<PathBuf>,
+    pub(crate) creating: bool,
+    pub(crate) started: bool,
+    pub(crate) worktree: Option<PathBuf>,
     /// The worktree's filesystem's figures when it was empty.
-    worktree_fs: Option<nightshift_core::hostview::Usage>,
-    base_commit: Option<String>,
+    pub(crate) worktree_fs: Option<nightshift_core::hostview::Usage>,
+    pub(crate) base_commit: Option<String>,
     /// The engine's id of the run's image.
-    image_id: String,
+    pub(crate) image_id: String,
     /// The setup cache the sandbox mounts, once the setup phase gave one.
-    setup: Option<crate::setup::Ready>,
+    pub(crate) setup: Option<crate::setup::Ready>,
 }
 
 /// Performs one run in the foreground. `stop` turns to `Some` when the run
@@ -488,7 +492,7 @@ async fn lifecycle<E: ContainerEngine, S: StateStore>(
 
 /// How the agent phase ended, before the common ending.
 #[derive(Debug)]
-enum Ended {
+pub(crate) enum Ended {
     Exited,
     Stopped(Stop),
     Breach(Breach),
@@ -566,246 +570,20 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         }
     }
 
-    // Worktree.
-    let dest = paths.worktrees().join(&id);
-    let spec = orchestrator_git::WorktreeSpec {
-        host_repo: req.repo.clone(),
-        base_commit: held.base_commit.clone().unwrap_or_default(),
-        run_id: id.clone(),
-        dest: dest.clone(),
-        owner: Some((sup.sandbox_user.uid, sup.sandbox_user.gid)),
-        // A night of runs on one base packs its history once.
-        history_cache: Some(paths.root.join("cache").join("history")),
+    let warm = sup.pool.as_ref().and_then(|pool| pool.take(&id));
+    let begun = match warm {
+        Some(warm) => warm_begin(sup, req, image_env, record, held, warm, &stop).await?,
+        None => cold_begin(sup, req, image_env, record, held, &stop).await?,
     };
-    held.worktree = Some(dest.clone());
-    // Its own filesystem first: the kernel bounds it to the cap.
-    let (fs_at, cap, host) = (dest.clone(), req.caps.max_worktree_bytes, sup.host.clone());
-    let empty = tokio::task::spawn_blocking(move || host.make_worktree_fs(&fs_at, cap))
-        .await
-        .map_err(|e| RunError::Git(e.to_string()))?
-        .map_err(|e| RunError::Git(format!("making the worktree's filesystem: {e}")))?;
-    held.worktree_fs = Some(empty);
-    let wt = tokio::task::spawn_blocking(move || orchestrator_git::create_worktree(&spec))
-        .await
-        .map_err(|e| RunError::Git(e.to_string()))?
-        .map_err(|e| RunError::Git(e.to_string()))?;
-    sup.audit(
-        &id,
-        Event::WorktreeCreated {
-            path: wt.path.display().to_string(),
-            branch: wt.branch.clone(),
-            base_commit: wt.base_commit.clone(),
-            base_tree: wt.base_tree.clone(),
-        },
-        false,
-    )?;
-    let (protect, host) = (dest.clone(), sup.host.clone());
-    tokio::task::spawn_blocking(move || host.protect_worktree(&protect))
-        .await
-        .map_err(|e| RunError::Git(e.to_string()))?
-        .map_err(RunError::Git)?;
-    if let Some(s) = stopped(&stop) {
-        return Ok(Ended::Stopped(s));
-    }
-    if let Some(by) = kill_or_freeze(sup, &id)? {
-        return Ok(Ended::KilledBy(by));
-    }
-
-    // The door: the only way anything leaves the sandbox.
-    crate::door::configure_worktree(&dest)
-        .map_err(|e| RunError::Git(format!("pointing the worktree's origin at the door: {e}")))?;
-    // The run's channels (door, model socket, heartbeat): on this host, a
-    // directory mounted read-only into the sandbox (`channels`).
-    let channels = std::sync::Arc::new(
-        crate::channels::HostDir::open(&paths, &id)
-            .map_err(|e| RunError::Git(format!("opening the run's channels: {e}")))?,
-    );
-    held.channels = Some(channels.clone());
-    let door_channel = channels
-        .door()
-        .map_err(|e| RunError::Git(format!("opening the run's door: {e}")))?;
-    held.door = Some(crate::door::open(
-        &sup.stores,
-        crate::acts::RunDoor {
-            run: id.clone(),
-            repo: req.repo.clone(),
-            base_commit: held.base_commit.clone().unwrap_or_default(),
-            content: crate::acts::run_content_label(req.repo_confidentiality),
-            dry_run: req.dry_run,
-        },
-        door_channel,
-    ));
-    // The lease: renewed from now on by this process only (see `lease`).
-    let renewing = channels.clone();
-    held.lease = Some(
-        nightshift_engine_docker::lease::start(
-            move |counter| renewing.renew(counter),
-            req.caps.lease,
-        )
-        .map_err(|e| RunError::Git(format!("starting the sandbox's lease: {e}")))?,
-    );
-
-    // The model gateway, when the owner configured model endpoints.
-    let models =
-        nightshift_gateway::load(&paths.root).map_err(|e| RunError::BadInput(e.to_string()))?;
-    let gateway_port = match models {
-        Some(models) => {
-            let model_channel = channels
-                .model()
-                .map_err(|e| RunError::Git(format!("opening the run's model gateway: {e}")))?;
-            held.gateway = Some(nightshift_gateway::open(
-                &sup.stores,
-                model_channel,
-                &id,
-                crate::acts::run_content_label(req.repo_confidentiality),
-                models,
-                req.caps.max_tokens,
-                req.caps.fleet_max_tokens_per_night,
-            ));
-            Some(nightshift_core::sandbox::RELAY_PORT)
-        }
-        None => None,
+    let Begun {
+        container,
+        output,
+        dest,
+        fleet_hits_before,
+    } = match begun {
+        Ok(begun) => begun,
+        Err(ended) => return Ok(ended),
     };
-
-    // Sandbox: create, inspect, attest.
-    let spec = channels.attach(
-        SandboxSpec::new(
-            &id,
-            &sup.state_tag,
-            &req.image,
-            &req.command,
-            dest.clone(),
-            &req.task,
-            &req.caps,
-        )
-        .with_user(sup.sandbox_user)
-        .with_supervisor(&sup.identity),
-    );
-    let spec = spec
-        .with_base_commit(held.base_commit.as_deref().unwrap_or_default())
-        .with_runtime(sup.engine.runtime())
-        .with_cgroup_parent(
-            sup.fleet
-                .as_ref()
-                .map(|f| sup.engine.sandbox_cgroup_parent(&f.cgroup_parent(), &id)),
-        );
-    let spec = match gateway_port {
-        Some(port) => spec.with_model_gateway(port),
-        None => spec,
-    };
-    let spec = match &held.setup {
-        Some(s) => spec.with_setup_cache(s.path.clone(), &s.entry.env),
-        None => spec,
-    };
-    // Remember the name before the call: if creation half-succeeds, the
-    // ending still finds and removes it by its label.
-    held.creating = true;
-    let container = sup.engine.create(&spec).await?;
-    held.container = Some(container.clone());
-    record.container_id = Some(container.clone());
-    let inspected = sup.engine.inspect_json(&container).await?;
-    let host = sup.host.observe(&dest).map_err(RunError::BadInput)?;
-    let (attestation, unreadable) =
-        match orchestrator_attest::observe(sup.engine.kind(), &inspected) {
-            Ok(observed) => (
-                orchestrator_attest::attest(&observed, &host, &{
-                    let mut expect = spec.expectations(image_env.to_vec());
-                    // Podman mounts these on a read-only root; its adapter
-                    // sizes them.
-                    if sup.engine.kind() == orchestrator_attest::EngineKind::Podman {
-                        expect.allowed_tmpfs.extend(
-                            orchestrator_attest::PODMAN_READ_ONLY_ROOT_TMPFS
-                                .iter()
-                                .map(|t| (*t).to_owned()),
-                        );
-                    }
-                    expect
-                }),
-                None,
-            ),
-            // Fail closed, and audited like any other attestation: a document
-            // nobody can read fails every property.
-            Err(e) => (
-                orchestrator_attest::Attestation {
-                    engine: Some(sup.engine.kind()),
-                    runtime: None,
-                    properties: orchestrator_attest::PROPERTY_NAMES
-                        .iter()
-                        .map(|name| orchestrator_attest::Property {
-                            name,
-                            ok: false,
-                            observed: "an unreadable inspect document".into(),
-                            expected: "the engine's inspect document".into(),
-                        })
-                        .collect(),
-                },
-                Some(format!("the engine's inspect document is unreadable: {e}")),
-            ),
-        };
-    let passed = attestation.passed();
-    let properties = serde_json::to_value(&attestation.properties).unwrap_or_default();
-    record.attestation = Some(properties.clone());
-    sup.audit(
-        &id,
-        Event::Attestation {
-            passed,
-            container: container.clone(),
-            engine: attestation.engine.map(|e| e.name().to_owned()),
-            runtime: attestation.runtime.clone(),
-            properties,
-            setup_cache: held.setup.as_ref().map(|s| {
-                serde_json::json!({
-                    "key": s.entry.key,
-                    "digest": s.entry.digest,
-                    "read_only": crate::setup::cache_mount_read_only(&inspected),
-                })
-            }),
-        },
-        true,
-    )?;
-    if passed {
-        tracing::info!(container = %container, "sandbox attested");
-    }
-    if let Some(failures) = unreadable {
-        tracing::info!(container = %container, failures = %failures, "sandbox refused: its inspect document is unreadable");
-        return Err(RunError::Refused { run: id, failures });
-    }
-    if !passed {
-        let failures = attestation
-            .failures()
-            .map(|p| {
-                format!(
-                    "{} (observed {}, expected {})",
-                    p.name, p.observed, p.expected
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("; ");
-        tracing::info!(container = %container, failures = %failures, "sandbox refused: it failed the attestation");
-        return Err(RunError::Refused { run: id, failures });
-    }
-    if let Some(s) = stopped(&stop) {
-        return Ok(Ended::Stopped(s));
-    }
-
-    // Start, with output attached first so nothing is missed.
-    let output = sup.engine.attach(&container).await?;
-    let fleet_hits_before = sup
-        .fleet
-        .as_ref()
-        .and_then(|f| monitor::fleet_memory_hits(&f.layout, &f.name));
-    // Last look before the agent runs.
-    if let Some(by) = kill_or_freeze(sup, &id)? {
-        return Ok(Ended::KilledBy(by));
-    }
-    held.started = true;
-    if let Err(e) = sup.engine.start(&container).await {
-        // The kill switch removes a created container: that is its kill.
-        if let Some(by) = kill_or_freeze(sup, &id)? {
-            return Ok(Ended::KilledBy(by));
-        }
-        return Err(e.into());
-    }
     let started = Instant::now();
     record.status = "running".into();
     record.started_at = Some(now_rfc3339());
@@ -1113,6 +891,427 @@ async fn steps<E: ContainerEngine, S: StateStore>(
     Ok(ended)
 }
 
+/// The run's beginning in its warm sandbox: the sandbox and its channels
+/// become the run's (`held`), the worktree is written into its filesystem,
+/// the door and the gateway are served, the running container is attested
+/// (audited as the run's), and only then is the agent's command handed to
+/// the waiting wrapper. A sandbox that does not fit is removed and the run
+/// begins cold.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn warm_begin<E: ContainerEngine, S: StateStore>(
+    sup: &Supervisor<E, S>,
+    req: &RunRequest,
+    image_env: &[String],
+    record: &mut RunRecord,
+    held: &mut Held,
+    warm: crate::pool::Warm,
+    stop: &watch::Receiver<Option<Stop>>,
+) -> Result<Result<Begun, Ended>, RunError> {
+    let paths = sup.paths();
+    let models =
+        nightshift_gateway::load(&paths.root).map_err(|e| RunError::BadInput(e.to_string()))?;
+    let running = sup
+        .engine
+        .exit_state(&warm.container)
+        .await
+        .is_ok_and(|s| s.running);
+    let fits = running
+        && warm.image == req.image
+        && warm.image_id == held.image_id
+        && warm.caps == req.caps
+        && warm.gateway == models.is_some()
+        && req.setup.is_none()
+        && warm.id == record.id;
+    if !fits {
+        tracing::info!(warm = %warm.id, running, "the warm sandbox does not fit the run: it begins cold");
+        if let Some(pool) = &sup.pool {
+            pool.retire(warm);
+        }
+        return cold_begin(sup, req, image_env, record, held, stop).await;
+    }
+    let crate::pool::Warm {
+        id,
+        container,
+        channels,
+        lease,
+        worktree: dest,
+        worktree_fs,
+        spec,
+        output,
+        ..
+    } = warm;
+    // The run's from here: its ending undoes all of it.
+    held.worktree = Some(dest.clone());
+    held.worktree_fs = Some(worktree_fs);
+    held.channels = Some(channels.clone());
+    held.lease = Some(lease);
+    held.creating = true;
+    held.container = Some(container.clone());
+    record.container_id = Some(container.clone());
+    // The run's record holds it now: no longer a warm sandbox.
+    let _ = std::fs::remove_file(crate::pool::marker(&paths, &id));
+
+    let wt_spec = orchestrator_git::WorktreeSpec {
+        host_repo: req.repo.clone(),
+        base_commit: held.base_commit.clone().unwrap_or_default(),
+        run_id: id.clone(),
+        dest: dest.clone(),
+        owner: Some((sup.sandbox_user.uid, sup.sandbox_user.gid)),
+        history_cache: Some(paths.root.join("cache").join("history")),
+    };
+    let wt = tokio::task::spawn_blocking(move || orchestrator_git::create_worktree(&wt_spec))
+        .await
+        .map_err(|e| RunError::Git(e.to_string()))?
+        .map_err(|e| RunError::Git(e.to_string()))?;
+    sup.audit(
+        &id,
+        Event::WorktreeCreated {
+            path: wt.path.display().to_string(),
+            branch: wt.branch.clone(),
+            base_commit: wt.base_commit.clone(),
+            base_tree: wt.base_tree.clone(),
+        },
+        false,
+    )?;
+    crate::door::configure_worktree(&dest)
+        .map_err(|e| RunError::Git(format!("pointing the worktree's origin at the door: {e}")))?;
+    serve_channels(sup, req, held, &channels, &id, models)?;
+    if let Some(s) = *stop.borrow() {
+        return Ok(Err(Ended::Stopped(s)));
+    }
+    // The container as it runs now, judged as a cold run's is before its
+    // start: its wrapper alone runs in it.
+    attest_sandbox(sup, &id, &container, &dest, &spec, image_env, record, held).await?;
+    if let Some(s) = *stop.borrow() {
+        return Ok(Err(Ended::Stopped(s)));
+    }
+    let fleet_hits_before = sup
+        .fleet
+        .as_ref()
+        .and_then(|f| nightshift_core::monitor::fleet_memory_hits(&f.layout, &f.name));
+    if let Some(by) = kill_or_freeze(sup, &id)? {
+        return Ok(Err(Ended::KilledBy(by)));
+    }
+    held.started = true;
+    let late = std::collections::BTreeMap::from([
+        ("NIGHTSHIFT_TASK".to_string(), req.task.clone()),
+        (
+            "NIGHTSHIFT_BASE_COMMIT".to_string(),
+            held.base_commit.clone().unwrap_or_default(),
+        ),
+    ]);
+    channels
+        .hand_command(&req.command, &late)
+        .map_err(|e| RunError::Git(format!("handing the warm sandbox its command: {e}")))?;
+    Ok(Ok(Begun {
+        container,
+        output,
+        dest,
+        fleet_hits_before,
+    }))
+}
+
+/// A run's sandbox, started.
+pub(crate) struct Begun {
+    pub(crate) container: String,
+    pub(crate) output: nightshift_core::container_engine::OutputStream,
+    pub(crate) dest: PathBuf,
+    pub(crate) fleet_hits_before: Option<u64>,
+}
+
+/// The cold beginning: the worktree's filesystem, the worktree, the
+/// channels, the sandbox created, attested and started. `Err(ended)` when
+/// the run ended before its agent started.
+pub(crate) async fn cold_begin<E: ContainerEngine, S: StateStore>(
+    sup: &Supervisor<E, S>,
+    req: &RunRequest,
+    image_env: &[String],
+    record: &mut RunRecord,
+    held: &mut Held,
+    stop: &watch::Receiver<Option<Stop>>,
+) -> Result<Result<Begun, Ended>, RunError> {
+    let id = record.id.clone();
+    let paths = sup.paths();
+    let stopped = |stop: &watch::Receiver<Option<Stop>>| *stop.borrow();
+    // Worktree.
+    let dest = paths.worktrees().join(&id);
+    let spec = orchestrator_git::WorktreeSpec {
+        host_repo: req.repo.clone(),
+        base_commit: held.base_commit.clone().unwrap_or_default(),
+        run_id: id.clone(),
+        dest: dest.clone(),
+        owner: Some((sup.sandbox_user.uid, sup.sandbox_user.gid)),
+        // A night of runs on one base packs its history once.
+        history_cache: Some(paths.root.join("cache").join("history")),
+    };
+    held.worktree = Some(dest.clone());
+    // Its own filesystem first: the kernel bounds it to the cap.
+    let (fs_at, cap, host) = (dest.clone(), req.caps.max_worktree_bytes, sup.host.clone());
+    let empty = tokio::task::spawn_blocking(move || host.make_worktree_fs(&fs_at, cap))
+        .await
+        .map_err(|e| RunError::Git(e.to_string()))?
+        .map_err(|e| RunError::Git(format!("making the worktree's filesystem: {e}")))?;
+    held.worktree_fs = Some(empty);
+    let wt = tokio::task::spawn_blocking(move || orchestrator_git::create_worktree(&spec))
+        .await
+        .map_err(|e| RunError::Git(e.to_string()))?
+        .map_err(|e| RunError::Git(e.to_string()))?;
+    sup.audit(
+        &id,
+        Event::WorktreeCreated {
+            path: wt.path.display().to_string(),
+            branch: wt.branch.clone(),
+            base_commit: wt.base_commit.clone(),
+            base_tree: wt.base_tree.clone(),
+        },
+        false,
+    )?;
+    let (protect, host) = (dest.clone(), sup.host.clone());
+    tokio::task::spawn_blocking(move || host.protect_worktree(&protect))
+        .await
+        .map_err(|e| RunError::Git(e.to_string()))?
+        .map_err(RunError::Git)?;
+    if let Some(s) = stopped(stop) {
+        return Ok(Err(Ended::Stopped(s)));
+    }
+    if let Some(by) = kill_or_freeze(sup, &id)? {
+        return Ok(Err(Ended::KilledBy(by)));
+    }
+
+    // The door: the only way anything leaves the sandbox.
+    crate::door::configure_worktree(&dest)
+        .map_err(|e| RunError::Git(format!("pointing the worktree's origin at the door: {e}")))?;
+    // The run's channels (door, model socket, heartbeat): on this host, a
+    // directory mounted read-only into the sandbox (`channels`).
+    let channels = std::sync::Arc::new(
+        crate::channels::HostDir::open(&paths, &id)
+            .map_err(|e| RunError::Git(format!("opening the run's channels: {e}")))?,
+    );
+    held.channels = Some(channels.clone());
+    // The lease: renewed from now on by this process only (see `lease`).
+    let renewing = channels.clone();
+    held.lease = Some(
+        nightshift_engine_docker::lease::start(
+            move |counter| renewing.renew(counter),
+            req.caps.lease,
+        )
+        .map_err(|e| RunError::Git(format!("starting the sandbox's lease: {e}")))?,
+    );
+    // The model gateway, when the owner configured model endpoints.
+    let models =
+        nightshift_gateway::load(&paths.root).map_err(|e| RunError::BadInput(e.to_string()))?;
+    let gateway_port = serve_channels(sup, req, held, &channels, &id, models)?;
+
+    // Sandbox: create, inspect, attest.
+    let spec = channels.attach(
+        SandboxSpec::new(
+            &id,
+            &sup.state_tag,
+            &req.image,
+            &req.command,
+            dest.clone(),
+            &req.task,
+            &req.caps,
+        )
+        .with_user(sup.sandbox_user)
+        .with_supervisor(&sup.identity),
+    );
+    let spec = spec
+        .with_base_commit(held.base_commit.as_deref().unwrap_or_default())
+        .with_runtime(sup.engine.runtime())
+        .with_cgroup_parent(
+            sup.fleet
+                .as_ref()
+                .map(|f| sup.engine.sandbox_cgroup_parent(&f.cgroup_parent(), &id)),
+        );
+    let spec = match gateway_port {
+        Some(port) => spec.with_model_gateway(port),
+        None => spec,
+    };
+    let spec = match &held.setup {
+        Some(s) => spec.with_setup_cache(s.path.clone(), &s.entry.env),
+        None => spec,
+    };
+    // Remember the name before the call: if creation half-succeeds, the
+    // ending still finds and removes it by its label.
+    held.creating = true;
+    let container = sup.engine.create(&spec).await?;
+    held.container = Some(container.clone());
+    record.container_id = Some(container.clone());
+    attest_sandbox(sup, &id, &container, &dest, &spec, image_env, record, held).await?;
+    if let Some(s) = stopped(stop) {
+        return Ok(Err(Ended::Stopped(s)));
+    }
+
+    // Start, with output attached first so nothing is missed.
+    let output = sup.engine.attach(&container).await?;
+    let fleet_hits_before = sup
+        .fleet
+        .as_ref()
+        .and_then(|f| monitor::fleet_memory_hits(&f.layout, &f.name));
+    // Last look before the agent runs.
+    if let Some(by) = kill_or_freeze(sup, &id)? {
+        return Ok(Err(Ended::KilledBy(by)));
+    }
+    held.started = true;
+    if let Err(e) = sup.engine.start(&container).await {
+        // The kill switch removes a created container: that is its kill.
+        if let Some(by) = kill_or_freeze(sup, &id)? {
+            return Ok(Err(Ended::KilledBy(by)));
+        }
+        return Err(e.into());
+    }
+    Ok(Ok(Begun {
+        container,
+        output,
+        dest,
+        fleet_hits_before,
+    }))
+}
+
+/// Serves the run's door and, when the owner configured model endpoints
+/// (`models`), its model gateway on `channels`; the relay's port then.
+pub(crate) fn serve_channels<E: ContainerEngine, S: StateStore>(
+    sup: &Supervisor<E, S>,
+    req: &RunRequest,
+    held: &mut Held,
+    channels: &crate::channels::HostDir,
+    id: &str,
+    models: Option<nightshift_gateway::models::Models>,
+) -> Result<Option<u16>, RunError> {
+    let door_channel = channels
+        .door()
+        .map_err(|e| RunError::Git(format!("opening the run's door: {e}")))?;
+    held.door = Some(crate::door::open(
+        &sup.stores,
+        crate::acts::RunDoor {
+            run: id.to_string(),
+            repo: req.repo.clone(),
+            base_commit: held.base_commit.clone().unwrap_or_default(),
+            content: crate::acts::run_content_label(req.repo_confidentiality),
+            dry_run: req.dry_run,
+        },
+        door_channel,
+    ));
+    Ok(match models {
+        Some(models) => {
+            let model_channel = channels
+                .model()
+                .map_err(|e| RunError::Git(format!("opening the run's model gateway: {e}")))?;
+            held.gateway = Some(nightshift_gateway::open(
+                &sup.stores,
+                model_channel,
+                id,
+                crate::acts::run_content_label(req.repo_confidentiality),
+                models,
+                req.caps.max_tokens,
+                req.caps.fleet_max_tokens_per_night,
+            ));
+            Some(nightshift_core::sandbox::RELAY_PORT)
+        }
+        None => None,
+    })
+}
+
+/// Inspects the sandbox, judges it against `spec` (Tier 0) and audits the
+/// attestation either way; `Err(Refused)` when it failed (or the engine's
+/// document could not be read).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn attest_sandbox<E: ContainerEngine, S: StateStore>(
+    sup: &Supervisor<E, S>,
+    id: &str,
+    container: &str,
+    dest: &Path,
+    spec: &SandboxSpec,
+    image_env: &[String],
+    record: &mut RunRecord,
+    held: &Held,
+) -> Result<(), RunError> {
+    let (id, container) = (id.to_string(), container.to_string());
+    let inspected = sup.engine.inspect_json(&container).await?;
+    let host = sup.host.observe(dest).map_err(RunError::BadInput)?;
+    let (attestation, unreadable) =
+        match orchestrator_attest::observe(sup.engine.kind(), &inspected) {
+            Ok(observed) => (
+                orchestrator_attest::attest(&observed, &host, &{
+                    let mut expect = spec.expectations(image_env.to_vec());
+                    // Podman mounts these on a read-only root; its adapter
+                    // sizes them.
+                    if sup.engine.kind() == orchestrator_attest::EngineKind::Podman {
+                        expect.allowed_tmpfs.extend(
+                            orchestrator_attest::PODMAN_READ_ONLY_ROOT_TMPFS
+                                .iter()
+                                .map(|t| (*t).to_owned()),
+                        );
+                    }
+                    expect
+                }),
+                None,
+            ),
+            // Fail closed, and audited like any other attestation: a document
+            // nobody can read fails every property.
+            Err(e) => (
+                orchestrator_attest::Attestation {
+                    engine: Some(sup.engine.kind()),
+                    runtime: None,
+                    properties: orchestrator_attest::PROPERTY_NAMES
+                        .iter()
+                        .map(|name| orchestrator_attest::Property {
+                            name,
+                            ok: false,
+                            observed: "an unreadable inspect document".into(),
+                            expected: "the engine's inspect document".into(),
+                        })
+                        .collect(),
+                },
+                Some(format!("the engine's inspect document is unreadable: {e}")),
+            ),
+        };
+    let passed = attestation.passed();
+    let properties = serde_json::to_value(&attestation.properties).unwrap_or_default();
+    record.attestation = Some(properties.clone());
+    sup.audit(
+        &id,
+        Event::Attestation {
+            passed,
+            container: container.clone(),
+            engine: attestation.engine.map(|e| e.name().to_owned()),
+            runtime: attestation.runtime.clone(),
+            properties,
+            setup_cache: held.setup.as_ref().map(|s| {
+                serde_json::json!({
+                    "key": s.entry.key,
+                    "digest": s.entry.digest,
+                    "read_only": crate::setup::cache_mount_read_only(&inspected),
+                })
+            }),
+        },
+        true,
+    )?;
+    if passed {
+        tracing::info!(container = %container, "sandbox attested");
+    }
+    if let Some(failures) = unreadable {
+        tracing::info!(container = %container, failures = %failures, "sandbox refused: its inspect document is unreadable");
+        return Err(RunError::Refused { run: id, failures });
+    }
+    if !passed {
+        let failures = attestation
+            .failures()
+            .map(|p| {
+                format!(
+                    "{} (observed {}, expected {})",
+                    p.name, p.observed, p.expected
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ");
+        tracing::info!(container = %container, failures = %failures, "sandbox refused: it failed the attestation");
+        return Err(RunError::Refused { run: id, failures });
+    }
+    Ok(())
+}
+
 /// What the worktree holds beyond its empty filesystem, from `statvfs` of
 /// its root (never a walk: see `monitor`). `None` when it cannot be read,
 /// or the path is no longer that filesystem.
@@ -1233,7 +1432,7 @@ async fn drain_output(
 /// or between creating the container and starting it, ends the run there
 /// (the kill switch cannot stop a sandbox that does not exist yet; it leaves
 /// a kill request, which is read here).
-fn kill_or_freeze<E: ContainerEngine, S: StateStore>(
+pub(crate) fn kill_or_freeze<E: ContainerEngine, S: StateStore>(
     sup: &Supervisor<E, S>,
     run: &str,
 ) -> Result<Option<String>, RunError> {
@@ -2091,6 +2290,7 @@ mod lifecycle_tests {
             fleet: None,
             sandbox_user: sandbox_user(),
             host: host.clone(),
+            pool: None,
         };
         Night {
             _dir: dir,

@@ -137,6 +137,12 @@ pub trait TaskRunner: Send + Sync {
     /// Settles the runs of every supervisor of this state that vanished.
     fn reconcile(&self) -> BoxFuture<'static, Result<(), String>>;
 
+    /// The id a run of `task` takes when a warm sandbox fits it (reserved
+    /// for that run: `crate::pool`); `None` for a new id.
+    fn warm_run_id(&self, _task: &TaskRow) -> Option<String> {
+        None
+    }
+
     /// Whether the engine confirms that no container of `run` exists (an
     /// engine it cannot reach confirms nothing): a kept worktree is read
     /// only once its sandbox can no longer write to it.
@@ -535,6 +541,15 @@ fn create(dir: &Path, name: &str) -> Result<std::fs::File, ApiError> {
     let f = dir.join(name);
     std::fs::File::create(&f)
         .map_err(|e| ApiError::new(ErrorKind::State, format!("creating {}: {e}", f.display())))
+}
+
+/// The id of a warm sandbox reserved for `task`'s run, when the runner
+/// keeps warm sandboxes and one fits.
+fn warm_run_id(runner: &Runner, task: &TaskRow) -> Option<String> {
+    match runner {
+        Runner::InProcess(r) => r.warm_run_id(task),
+        Runner::Child { .. } => None,
+    }
 }
 
 /// Starts one task's run in this process (the task was moved to
@@ -1068,7 +1083,10 @@ fn step(
             .map(|t| {
                 let p = Progress {
                     dispatcher: Some(me.to_string()),
-                    run: in_process.then(|| ulid::Ulid::new().to_string().to_lowercase()),
+                    run: in_process.then(|| {
+                        warm_run_id(&opts.runner, t)
+                            .unwrap_or_else(|| ulid::Ulid::new().to_string().to_lowercase())
+                    }),
                     in_process,
                     // A task run again after its worker was lost counts on.
                     attempt: t.progress.attempt,

@@ -136,6 +136,15 @@ impl TaskRunner for InProcess {
         })
     }
 
+    fn warm_run_id(&self, task: &TaskRow) -> Option<String> {
+        let pool = self.sup.pool.as_ref()?;
+        let req = request(&task.spec, &self.config, &self.sup.paths().root).ok()?;
+        if req.setup.is_some() {
+            return None;
+        }
+        pool.reserve(&req.image, &req.caps)
+    }
+
     fn reconcile(&self) -> BoxFuture<'static, Result<(), String>> {
         let sup = self.sup.clone();
         Box::pin(async move {

@@ -1172,6 +1172,7 @@ impl Api {
                     // Only stops and settles: it creates no sandbox.
                     sandbox_user: Default::default(),
                     host: Arc::new(nightshift_core::hostview::RealHost),
+                    pool: None,
                 };
                 match crate::killswitch::record_kill(&sup, &stopped).await {
                     Ok(k) => KillRecord::Recorded { runs: k.runs },
@@ -1206,6 +1207,7 @@ impl Api {
             // Only stops and settles: it creates no sandbox.
             sandbox_user: Default::default(),
             host: Arc::new(nightshift_core::hostview::RealHost),
+            pool: None,
         })
     }
 
@@ -1272,6 +1274,7 @@ impl Api {
             fleet: Some(fleet),
             sandbox_user: config.sandbox_user(),
             host: Arc::new(nightshift_core::hostview::RealHost),
+            pool: None,
         })
     }
 

@@ -82,10 +82,17 @@ pub async fn run_queue(
     }
     // Runs in this process, with this process's identity on every
     // sandbox: the one watchdog covers them all.
-    let sup = api
+    let mut sup = api
         .creating_supervisor(config)
         .await
         .map_err(QueueError::NoDispatcher)?;
+    // Warm sandboxes (`[pool]`), kept until the queue stops.
+    sup.pool = crate::pool::Pool::new(&config.pool, config.caps());
+    let (pool_stop, pool_stopped) = watch::channel(false);
+    let filling = sup
+        .pool
+        .clone()
+        .map(|pool| tokio::spawn(crate::warm::keep_filled(sup.clone(), pool, pool_stopped)));
     let runner = crate::task_runner::InProcess {
         sup,
         config: config.clone(),
@@ -97,8 +104,14 @@ pub async fn run_queue(
         until_empty: false,
         lease_secs: queue.lease_secs,
     };
-    run_queue::dispatch_loop(api, &options, stop)
+    let ended = run_queue::dispatch_loop(api, &options, stop)
         .await
         .map(|_| ())
-        .map_err(QueueError::Stopped)
+        .map_err(QueueError::Stopped);
+    // The warm sandboxes go with the queue, however it ended.
+    let _ = pool_stop.send(true);
+    if let Some(filling) = filling {
+        let _ = filling.await;
+    }
+    ended
 }

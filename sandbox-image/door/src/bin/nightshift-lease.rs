@@ -31,7 +31,8 @@
 //! read-only door, then runs what it names
 //! (`sandbox_image_door::lease::parse_command_file`: the command and only
 //! the task and base commit of its environment; anything else in it
-//! starts nothing).
+//! starts nothing: `tests/lease_wrapper.rs::a_command_file_that_sets_other_environment_starts_nothing`,
+//! `tests/lease_wrapper.rs::a_warm_wrapper_whose_lease_lapses_ends_without_a_command`).
 //!
 //! The host has a second end that needs neither this process nor the
 //! supervisor nor the watchdog: `nightshift lease-end` (see

@@ -1,0 +1,213 @@
+//! Warm sandboxes (`[pool]` under `nightshift serve`): a queued task's run
+//! begins in a sandbox made and started before the task was enqueued, with
+//! the run's own worktree, task and base commit, attested as the run's;
+//! no warm sandbox serves two runs; the pool refills; a stopped `serve`
+//! removes its warm sandboxes, and a killed one's are swept (containers,
+//! worktrees and their mounts, doors, markers) by its watchdog.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tests::browser::Serve;
+use tests::queue::{tasks, wait_tasks};
+use tests::{engine_cli, image, make_repo, stderr, stdout, State};
+
+/// Ends every sandbox of the state even when the test fails.
+struct Cleanup<'a>(&'a State);
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.run(&["kill", "--all"]);
+    }
+}
+
+fn write_config(state: &State, size: usize) {
+    std::fs::write(
+        state.path().join("config.toml"),
+        format!("[pool]\nsize = {size}\nimages = [\"{}\"]\n", image()),
+    )
+    .unwrap();
+}
+
+/// The warm sandboxes' markers (`STATE/pool/<id>`).
+fn markers(state: &State) -> Vec<String> {
+    let mut ids: Vec<String> = std::fs::read_dir(state.path().join("pool"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    ids.sort();
+    ids
+}
+
+/// The running containers labelled as run `id`'s.
+fn running_containers_of(id: &str) -> Vec<String> {
+    let out = std::process::Command::new(engine_cli())
+        .args(["ps", "-q", "--no-trunc", "--filter"])
+        .arg(format!("label=nightshift.run={id}"))
+        .output()
+        .unwrap();
+    stdout(&out)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+fn wait_until(what: &str, bound: Duration, mut ready: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !ready() {
+        assert!(started.elapsed() < bound, "never: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits for `n` warm sandboxes, each running; their ids.
+fn warm_sandboxes(state: &State, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    wait_until(
+        &format!("{n} warm sandboxes running"),
+        Duration::from_secs(120),
+        || {
+            ids = markers(state);
+            ids.len() == n && ids.iter().all(|id| running_containers_of(id).len() == 1)
+        },
+    );
+    ids
+}
+
+fn mounted(path: &Path) -> bool {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == path.to_str())
+}
+
+fn enqueue(state: &State, repo: &Path, task: &str) {
+    let out = state.run(&[
+        "enqueue",
+        "--repo",
+        repo.to_str().unwrap(),
+        "--ref",
+        "main",
+        "--image",
+        &image(),
+        "--task",
+        task,
+        "--",
+        "bash",
+        "-c",
+        "printf '%s' \"$NIGHTSHIFT_TASK\" > task.txt; printf '%s' \"$NIGHTSHIFT_BASE_COMMIT\" > base.txt; \
+         git add -A && git -c user.name=a -c user.email=a@b commit -qm warm",
+    ]);
+    assert!(out.status.success(), "enqueue: {}", stderr(&out));
+}
+
+#[test]
+fn warm_runs_begin_in_sandboxes_made_before_them_and_none_is_used_twice() {
+    let state = State::new();
+    let _cleanup = Cleanup(&state);
+    let repo = make_repo();
+    let base = tests::git(repo.path(), &["rev-parse", "main"])
+        .trim()
+        .to_string();
+    write_config(&state, 1);
+    let serve = Serve::start(&state, &["--max-parallel", "1"]);
+
+    let mut used_ids = Vec::new();
+    let mut used_containers = Vec::new();
+    for n in 0..2 {
+        // A warm sandbox, running before its task exists.
+        let warm = warm_sandboxes(&state, 1).remove(0);
+        let container = running_containers_of(&warm).remove(0);
+        assert!(
+            !used_ids.contains(&warm),
+            "a warm sandbox came back: {warm}"
+        );
+        let task = format!("warm task {n}");
+        enqueue(&state, repo.path(), &task);
+        wait_tasks(&state, "the task done", |t| {
+            t.len() == n + 1 && t[n]["state"] == "done"
+        });
+
+        // Its run is that sandbox, bound to this run.
+        let t = &tasks(&state)[n];
+        let run = t["progress"]["run"].as_str().unwrap().to_string();
+        assert_eq!(run, warm, "the run did not take the warm sandbox: {t:#?}");
+        let r = &state.show(&run)["run"];
+        assert_eq!(r["status"], "exited 0", "{r:#?}");
+        assert!(
+            container.starts_with(r["container_id"].as_str().unwrap()),
+            "another container ran the task: {r:#?} vs {container}"
+        );
+        let result = r["result_ref"].as_str().expect("imported");
+        let show = |file: &str| tests::git(repo.path(), &["show", &format!("{result}:{file}")]);
+        assert_eq!(show("task.txt"), task);
+        assert_eq!(show("base.txt"), base);
+        // Attested as the run's before its command was handed over, and
+        // its sandbox removed at its ending like any run's.
+        let kinds = tests::audit_kinds(&state, &run);
+        let at = |k: &str| {
+            kinds
+                .iter()
+                .position(|x| x == k)
+                .unwrap_or_else(|| panic!("{k} missing: {kinds:?}"))
+        };
+        assert!(at("worktree_created") < at("attestation"), "{kinds:?}");
+        assert!(at("attestation") < at("started"), "{kinds:?}");
+        let attested = state
+            .audit_runs_and_bodies("attestation")
+            .into_iter()
+            .find(|(r, _)| r.as_deref() == Some(run.as_str()))
+            .expect("the run's attestation")
+            .1;
+        assert_eq!(attested["passed"], true, "{attested:#?}");
+        wait_until("the used sandbox removed", Duration::from_secs(30), || {
+            running_containers_of(&run).is_empty()
+        });
+        assert!(!state.path().join("worktrees").join(&run).exists());
+        used_ids.push(run);
+        used_containers.push(container);
+    }
+    assert_ne!(used_containers[0], used_containers[1]);
+
+    // A stopped serve removes its warm sandbox and everything of it.
+    let warm = warm_sandboxes(&state, 1).remove(0);
+    drop(serve);
+    wait_until("the warm sandbox removed", Duration::from_secs(60), || {
+        running_containers_of(&warm).is_empty() && markers(&state).is_empty()
+    });
+    assert!(!mounted(&state.path().join("worktrees").join(&warm)));
+    assert!(!state.path().join("worktrees").join(&warm).exists());
+    assert!(!state.path().join("doors").join(&warm).exists());
+    assert!(state.containers().is_empty(), "{:?}", state.containers());
+}
+
+#[test]
+fn a_killed_serves_warm_sandboxes_are_swept() {
+    let state = State::new();
+    let _cleanup = Cleanup(&state);
+    write_config(&state, 2);
+    let mut serve = Serve::start(&state, &["--max-parallel", "1"]);
+    let warm = warm_sandboxes(&state, 2);
+    for id in &warm {
+        assert!(mounted(&state.path().join("worktrees").join(id)));
+    }
+    serve.child.kill().unwrap();
+    serve.child.wait().unwrap();
+    // Its watchdog finds it gone and sweeps what it had made.
+    wait_until(
+        "the killed serve's warm sandboxes swept",
+        Duration::from_secs(90),
+        || markers(&state).is_empty() && state.containers().is_empty(),
+    );
+    for id in &warm {
+        let worktree = state.path().join("worktrees").join(id);
+        assert!(!mounted(&worktree), "{id}'s worktree still mounted");
+        assert!(!worktree.exists());
+        assert!(!state.path().join("doors").join(id).exists());
+    }
+    // Nothing of them is a run.
+    assert!(state.runs().is_empty(), "{:#?}", state.runs());
+}
