@@ -99,6 +99,9 @@ fn enqueue(state: &State, repo: &Path, task: &str) {
         "bash",
         "-c",
         "printf '%s' \"$NIGHTSHIFT_TASK\" > task.txt; printf '%s' \"$NIGHTSHIFT_BASE_COMMIT\" > base.txt; \
+         tr '\\0' ' ' < /proc/1/cmdline > pid1.txt; \
+         if echo '{\"argv\":[\"true\"],\"env\":{}}' > /run/nightshift/command 2>/dev/null; \
+         then echo written > attack.txt; else echo refused > attack.txt; fi; \
          git add -A && git -c user.name=a -c user.email=a@b commit -qm warm",
     ]);
     assert!(out.status.success(), "enqueue: {}", stderr(&out));
@@ -145,6 +148,14 @@ fn warm_runs_begin_in_sandboxes_made_before_them_and_none_is_used_twice() {
         let show = |file: &str| tests::git(repo.path(), &["show", &format!("{result}:{file}")]);
         assert_eq!(show("task.txt"), task);
         assert_eq!(show("base.txt"), base);
+        // Its PID 1 is the wrapper that waited for it, and the agent cannot
+        // hand the wrapper (or anything) another command.
+        assert!(
+            show("pid1.txt").contains("--command-file"),
+            "{}",
+            show("pid1.txt")
+        );
+        assert_eq!(show("attack.txt").trim(), "refused");
         // Attested as the run's before its command was handed over, and
         // its sandbox removed at its ending like any run's.
         let kinds = tests::audit_kinds(&state, &run);
@@ -210,4 +221,44 @@ fn a_killed_serves_warm_sandboxes_are_swept() {
     }
     // Nothing of them is a run.
     assert!(state.runs().is_empty(), "{:#?}", state.runs());
+}
+
+#[test]
+fn a_frozen_state_keeps_no_warm_sandbox_and_a_kill_ends_them() {
+    let state = State::new();
+    let _cleanup = Cleanup(&state);
+    assert!(state.run(&["owner", "init"]).status.success());
+    let key = state.path().join("owner.key");
+    write_config(&state, 1);
+    let _serve = Serve::start(&state, &["--max-parallel", "1"]);
+    let first = warm_sandboxes(&state, 1).remove(0);
+    // The kill switch ends it; the pool removes it and makes another.
+    let out = state.run(&["kill", "--all"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_until(
+        "a new warm sandbox after the kill",
+        Duration::from_secs(60),
+        || {
+            let now = markers(&state);
+            now.len() == 1 && now[0] != first && running_containers_of(&now[0]).len() == 1
+        },
+    );
+    assert!(!state.path().join("worktrees").join(&first).exists());
+    // Frozen: none kept, none made.
+    let out = state.run(&["freeze", "--why", "no warm sandboxes tonight"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    wait_until(
+        "no warm sandbox while frozen",
+        Duration::from_secs(60),
+        || markers(&state).is_empty() && state.containers().is_empty(),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        markers(&state).is_empty(),
+        "a warm sandbox made while frozen"
+    );
+    // Thawed: the pool fills again.
+    let out = state.run(&["thaw", "--owner-key-file", key.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    warm_sandboxes(&state, 1);
 }
