@@ -87,7 +87,7 @@ phase "tests on PostgreSQL"
 # database each); the tests that change state.db itself say so and stop.
 NIGHTSHIFT_TEST_STORE=postgres NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p tests --no-fail-fast \
   --test acts --test run_queue --test serve_queue --test audit --test dashboard_api \
-  --test faults --test run
+  --test faults --test run --test pool
 phase "tests on Podman"
 # The end-to-end suites of the sandbox again with every sandbox on
 # nightshift's rootful Podman service (scripts/podman.sh, docs/engines.md):
