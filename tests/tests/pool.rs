@@ -262,3 +262,56 @@ fn a_frozen_state_keeps_no_warm_sandbox_and_a_kill_ends_them() {
     assert!(out.status.success(), "{}", stderr(&out));
     warm_sandboxes(&state, 1);
 }
+
+#[test]
+fn a_warm_sandbox_that_no_longer_fits_is_removed_and_the_run_begins_cold() {
+    use std::os::unix::fs::PermissionsExt;
+    let state = State::new();
+    let _cleanup = Cleanup(&state);
+    let repo = make_repo();
+    write_config(&state, 1);
+    let serve = Serve::start(&state, &["--max-parallel", "1"]);
+    let warm = warm_sandboxes(&state, 1).remove(0);
+    let container = running_containers_of(&warm).remove(0);
+    // A model gateway configured after the sandbox was made without one:
+    // the sandbox no longer fits (no relay in it), the run must begin cold.
+    let key = state.path().join("model.key");
+    std::fs::write(&key, "k\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    std::fs::write(
+        state.path().join("models.toml"),
+        format!(
+            "[endpoints.oai]\napi = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nkey_file = \"{}\"\nmodels = [\"gpt-5*\"]\n",
+            key.display()
+        ),
+    )
+    .unwrap();
+    enqueue(&state, repo.path(), "cold after all");
+    wait_tasks(&state, "the task done", |t| {
+        t.len() == 1 && t[0]["state"] == "done"
+    });
+    let t = &tasks(&state)[0];
+    let run = t["progress"]["run"].as_str().unwrap().to_string();
+    let r = &state.show(&run)["run"];
+    assert_eq!(r["status"], "exited 0", "{r:#?}");
+    // The pool does not look at models.toml: the sandbox was reserved for
+    // this run, found unfit at its beginning, and removed before the run
+    // began cold under its id; it did not run in that sandbox ...
+    assert_eq!(run, warm, "{t:#?}");
+    assert!(
+        !container.starts_with(r["container_id"].as_str().unwrap()),
+        "the run ran in a warm sandbox that does not fit: {r:#?}"
+    );
+    let result = r["result_ref"].as_str().expect("imported");
+    let task = tests::git(repo.path(), &["show", &format!("{result}:task.txt")]);
+    assert_eq!(task, "cold after all");
+    // ... and nothing of either is left (the run's ending removed its own).
+    wait_until(
+        "the unfit warm sandbox removed",
+        Duration::from_secs(30),
+        || running_containers_of(&warm).is_empty(),
+    );
+    assert!(!state.path().join("worktrees").join(&warm).exists());
+    assert!(!state.path().join("doors").join(&warm).exists());
+    drop(serve);
+}

@@ -28,8 +28,9 @@
 //!   (`tests/tests/pool.rs::warm_runs_begin_in_sandboxes_made_before_them_and_none_is_used_twice`).
 //! - A sandbox that does not fit the run (another image or image id,
 //!   other caps, a model gateway configured since, a setup phase) or is no
-//!   longer running is removed and the run begins cold
-//!   (`tests::only_a_sandbox_of_the_same_image_and_caps_is_reserved`).
+//!   longer running is removed, whole, before the run begins cold under
+//!   the same id (`tests::only_a_sandbox_of_the_same_image_and_caps_is_reserved`,
+//!   `tests/tests/pool.rs::a_warm_sandbox_that_no_longer_fits_is_removed_and_the_run_begins_cold`).
 //! - Every warm sandbox has a marker, `STATE/pool/<id>`, naming the process
 //!   that made it, written before anything of it exists and removed after
 //!   the rest: a later supervisor's reconciliation removes a dead process's
@@ -45,7 +46,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 
-use nightshift_core::container_engine::OutputStream;
+use nightshift_core::channel::Channels as _;
+use nightshift_core::container_engine::{ContainerEngine, OutputStream};
 use nightshift_core::sandbox::{Caps, SandboxSpec};
 use nightshift_core::state_store::StatePaths;
 
@@ -80,8 +82,6 @@ impl std::fmt::Debug for Warm {
 struct Slots {
     ready: VecDeque<Warm>,
     reserved: Vec<(Instant, Warm)>,
-    /// Taken by a run they did not fit: removed by the filler.
-    retired: Vec<Warm>,
 }
 
 /// The warm sandboxes of one `serve`.
@@ -143,17 +143,6 @@ impl Pool {
         Some(slots.reserved.swap_remove(at).1)
     }
 
-    /// Hands back a taken sandbox its run did not fit, for removal.
-    pub(crate) fn retire(&self, warm: Warm) {
-        self.lock().retired.push(warm);
-        self.taken.notify_one();
-    }
-
-    /// The sandboxes handed back, taken out.
-    pub(crate) fn retired(&self) -> Vec<Warm> {
-        std::mem::take(&mut self.lock().retired)
-    }
-
     pub(crate) fn ready_of(&self, image: &str) -> usize {
         self.lock()
             .ready
@@ -181,7 +170,6 @@ impl Pool {
         let mut slots = self.lock();
         let mut all: Vec<Warm> = slots.ready.drain(..).collect();
         all.extend(slots.reserved.drain(..).map(|(_, w)| w));
-        all.append(&mut slots.retired);
         all
     }
 
@@ -209,6 +197,92 @@ pub(crate) fn markers(paths: &StatePaths) -> PathBuf {
 
 pub(crate) fn marker(paths: &StatePaths, id: &str) -> PathBuf {
     markers(paths).join(id)
+}
+
+/// What a fill made so far, undone when it fails.
+#[derive(Default)]
+pub(crate) struct Made {
+    pub(crate) worktree: Option<PathBuf>,
+    pub(crate) channels: Option<Arc<crate::channels::HostDir>>,
+    pub(crate) lease: Option<nightshift_engine_docker::lease::Heartbeat>,
+    pub(crate) creating: bool,
+}
+
+/// What removing a warm sandbox needs: the engine, the host, the state's
+/// paths and the fleet's figures' scope.
+pub(crate) struct Ports<'a, E> {
+    pub(crate) engine: &'a E,
+    pub(crate) host: &'a Arc<dyn nightshift_core::hostview::HostView>,
+    pub(crate) paths: StatePaths,
+    pub(crate) stats: Option<nightshift_core::container_engine::StatsScope>,
+}
+
+/// Removes what a fill made: the container (found by its label), the
+/// lease, the door, the worktree and its filesystem, the marker last.
+pub(crate) async fn undo<E: ContainerEngine>(ports: &Ports<'_, E>, id: &str, made: Made) {
+    if made.creating {
+        remove_containers(ports.engine, id).await;
+    }
+    drop(made.lease);
+    if let Some(c) = made.channels {
+        c.close();
+    }
+    if let Some(w) = made.worktree {
+        remove_worktree(ports.host, w).await;
+    }
+    if let Some(scope) = &ports.stats {
+        ports.engine.release_stats(scope, id).await;
+    }
+    let _ = std::fs::remove_file(marker(&ports.paths, id));
+}
+
+/// Removes every container labelled as `id`'s, confirmed gone.
+pub(crate) async fn remove_containers<E: ContainerEngine>(engine: &E, id: &str) {
+    match engine.managed(Some(id)).await {
+        Ok(found) => {
+            for c in found {
+                if let Err(e) = engine.remove_confirmed(&c.id).await {
+                    tracing::warn!(warm = %id, error = %e, "removing a warm sandbox");
+                }
+            }
+        }
+        Err(e) => tracing::warn!(warm = %id, error = %e, "listing a warm sandbox's containers"),
+    }
+}
+
+/// Removes a warm worktree and its filesystem (unmounted first).
+pub(crate) async fn remove_worktree(
+    host: &Arc<dyn nightshift_core::hostview::HostView>,
+    w: PathBuf,
+) {
+    let host = host.clone();
+    let shown = w.display().to_string();
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || host.remove_worktree(&w)).await {
+        tracing::warn!(worktree = %shown, error = %e, "removing a warm worktree");
+    }
+}
+
+/// Removes a warm sandbox, and everything of it: before a run that did
+/// not fit it begins cold under the same id, and when the pool lets it go.
+pub(crate) async fn discard<E: ContainerEngine>(ports: &Ports<'_, E>, warm: Warm) {
+    let Warm {
+        id,
+        channels,
+        lease,
+        worktree,
+        ..
+    } = warm;
+    undo(
+        ports,
+        &id,
+        Made {
+            worktree: Some(worktree),
+            channels: Some(channels),
+            lease: Some(lease),
+            creating: true,
+        },
+    )
+    .await;
 }
 
 #[cfg(test)]

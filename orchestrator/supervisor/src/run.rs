@@ -924,9 +924,14 @@ pub(crate) async fn warm_begin<E: ContainerEngine, S: StateStore>(
         && warm.id == record.id;
     if !fits {
         tracing::info!(warm = %warm.id, running, "the warm sandbox does not fit the run: it begins cold");
-        if let Some(pool) = &sup.pool {
-            pool.retire(warm);
-        }
+        // Gone whole before the cold beginning reuses its id.
+        let ports = crate::pool::Ports {
+            engine: &sup.engine,
+            host: &sup.host,
+            paths: paths.clone(),
+            stats: sup.fleet.as_ref().map(FleetHandle::scope),
+        };
+        crate::pool::discard(&ports, warm).await;
         return cold_begin(sup, req, image_env, record, held, stop).await;
     }
     let crate::pool::Warm {

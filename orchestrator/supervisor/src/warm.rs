@@ -20,7 +20,7 @@ use nightshift_core::container_engine::ContainerEngine;
 use nightshift_core::sandbox::{Caps, SandboxSpec};
 use nightshift_core::state_store::{StatePaths, StateStore};
 
-use crate::pool::{marker, markers, Pool, Warm};
+use crate::pool::{marker, markers, Made, Pool, Ports, Warm};
 use crate::run::{RunError, Supervisor};
 
 /// A reserved warm sandbox whose run has not taken it within this long is
@@ -57,15 +57,6 @@ pub async fn fill_one<E: ContainerEngine, S: StateStore>(
             Err(e)
         }
     }
-}
-
-/// What a fill made so far, undone when it fails.
-#[derive(Default)]
-struct Made {
-    worktree: Option<PathBuf>,
-    channels: Option<Arc<crate::channels::HostDir>>,
-    lease: Option<nightshift_engine_docker::lease::Heartbeat>,
-    creating: bool,
 }
 
 async fn make<E: ContainerEngine, S: StateStore>(
@@ -144,66 +135,31 @@ async fn make<E: ContainerEngine, S: StateStore>(
     })
 }
 
-/// Removes what a fill made: the container (found by its label), the
-/// lease, the door, the worktree and its filesystem, the marker last.
+/// The ports a removal needs, from the supervisor.
+fn ports<E: ContainerEngine, S: StateStore>(sup: &Supervisor<E, S>) -> Ports<'_, E> {
+    Ports {
+        engine: &sup.engine,
+        host: &sup.host,
+        paths: sup.paths(),
+        stats: sup.fleet.as_ref().map(crate::run::FleetHandle::scope),
+    }
+}
+
 async fn undo<E: ContainerEngine, S: StateStore>(sup: &Supervisor<E, S>, id: &str, made: Made) {
-    if made.creating {
-        remove_containers(sup, id).await;
-    }
-    drop(made.lease);
-    if let Some(c) = made.channels {
-        c.close();
-    }
-    if let Some(w) = made.worktree {
-        remove_worktree(sup, w).await;
-    }
-    if let Some(fleet) = &sup.fleet {
-        sup.engine.release_stats(&fleet.scope(), id).await;
-    }
-    let _ = std::fs::remove_file(marker(&sup.paths(), id));
+    crate::pool::undo(&ports(sup), id, made).await;
 }
 
 async fn remove_containers<E: ContainerEngine, S: StateStore>(sup: &Supervisor<E, S>, id: &str) {
-    match sup.engine.managed(Some(id)).await {
-        Ok(found) => {
-            for c in found {
-                if let Err(e) = sup.engine.remove_confirmed(&c.id).await {
-                    tracing::warn!(warm = %id, error = %e, "removing a warm sandbox");
-                }
-            }
-        }
-        Err(e) => tracing::warn!(warm = %id, error = %e, "listing a warm sandbox's containers"),
-    }
+    crate::pool::remove_containers(&sup.engine, id).await;
 }
 
 async fn remove_worktree<E: ContainerEngine, S: StateStore>(sup: &Supervisor<E, S>, w: PathBuf) {
-    let host = sup.host.clone();
-    let shown = w.display().to_string();
-    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || host.remove_worktree(&w)).await {
-        tracing::warn!(worktree = %shown, error = %e, "removing a warm worktree");
-    }
+    crate::pool::remove_worktree(&sup.host, w).await;
 }
 
 /// Removes a warm sandbox no run took, and everything of it.
 pub async fn discard<E: ContainerEngine, S: StateStore>(sup: &Supervisor<E, S>, warm: Warm) {
-    let Warm {
-        id,
-        channels,
-        lease,
-        worktree,
-        ..
-    } = warm;
-    undo(
-        sup,
-        &id,
-        Made {
-            worktree: Some(worktree),
-            channels: Some(channels),
-            lease: Some(lease),
-            creating: true,
-        },
-    )
-    .await;
+    crate::pool::discard(&ports(sup), warm).await;
 }
 
 /// Keeps the pool filled until `stop` turns true, then removes every warm
@@ -218,9 +174,6 @@ pub async fn keep_filled<E: ContainerEngine, S: StateStore>(
     loop {
         if *stop.borrow() {
             break;
-        }
-        for warm in pool.retired() {
-            discard(&sup, warm).await;
         }
         for warm in pool.lapsed(RESERVATION_LAPSES) {
             tracing::info!(warm = %warm.id, "a reserved warm sandbox was not taken: removed");
