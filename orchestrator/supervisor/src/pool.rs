@@ -364,6 +364,67 @@ mod tests {
         assert!(pool.take(&id).is_none(), "a lapsed reservation was taken");
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+        /// Whatever the order of fills, reservations, takes, lapses and a
+        /// stop: a reservation names a ready sandbox of the image and caps
+        /// asked for, a sandbox is taken at most once, a taken or lapsed
+        /// one is never ready again, and every sandbox made is, at the end,
+        /// either taken once or handed back once for removal.
+        #[test]
+        fn no_warm_sandbox_is_handed_out_twice(
+            ops in proptest::collection::vec((0u8..5, 0usize..2, 0usize..2, 0usize..8), 1..40),
+        ) {
+            let state = tempfile::tempdir().unwrap();
+            let pool = pool();
+            let images = ["a", "b"];
+            let caps = [Caps::default(), Caps { pids: 7, ..Caps::default() }];
+            let mut made = Vec::<(String, usize, usize)>::new();
+            let (mut reserved, mut taken, mut removed) =
+                (Vec::<String>::new(), Vec::<String>::new(), Vec::<String>::new());
+            for (op, i, c, n) in ops {
+                match op {
+                    0 => {
+                        let id = format!("w{}", made.len());
+                        pool.put(warm(state.path(), &id, images[i], &caps[c]));
+                        made.push((id, i, c));
+                    }
+                    1 => {
+                        if let Some(id) = pool.reserve(images[i], &caps[c]) {
+                            proptest::prop_assert!(!reserved.contains(&id), "{} reserved twice", id);
+                            // Made for that image and those caps.
+                            proptest::prop_assert!(made.contains(&(id.clone(), i, c)), "{} does not fit", id);
+                            reserved.push(id);
+                        }
+                    }
+                    2 => {
+                        let id = reserved.get(n % reserved.len().max(1)).cloned().unwrap_or_default();
+                        if let Some(w) = pool.take(&id) {
+                            proptest::prop_assert_eq!(&w.id, &id);
+                            proptest::prop_assert!(!taken.contains(&id), "{} taken twice", id);
+                            taken.push(id);
+                        }
+                    }
+                    3 => removed.extend(pool.lapsed(Duration::ZERO).into_iter().map(|w| w.id)),
+                    _ => {
+                        // Taken or lapsed sandboxes are never ready again.
+                        let ready = pool.ready_of("a") + pool.ready_of("b");
+                        proptest::prop_assert_eq!(ready, made.len() - reserved.len());
+                    }
+                }
+            }
+            removed.extend(pool.all().into_iter().map(|w| w.id));
+            let mut seen: Vec<String> = taken.iter().chain(removed.iter()).cloned().collect();
+            seen.sort();
+            let before = seen.len();
+            seen.dedup();
+            proptest::prop_assert_eq!(before, seen.len(), "a sandbox both taken and removed, or twice");
+            let mut all: Vec<String> = made.iter().map(|(id, _, _)| id.clone()).collect();
+            all.sort();
+            proptest::prop_assert_eq!(seen, all, "a sandbox lost");
+        }
+    }
+
     #[test]
     fn the_pool_is_what_the_configuration_asks_for() {
         let none = nightshift_core::config::PoolConfig::default();
