@@ -13,8 +13,11 @@
 //! Invariants:
 //! - The agent never starts unless the inspected container passed the Tier 0
 //!   attestation, and the attestation is an audit entry either way (an
-//!   inspect document that cannot be read fails every property)
-//!   (`tests::a_capability_is_refused_before_the_start`,
+//!   inspect document that cannot be read fails every property); in a warm
+//!   sandbox (`warm_begin`) the running container is attested before its
+//!   waiting wrapper is handed the agent's command
+//!   (`tests/tests/pool.rs::warm_runs_begin_in_sandboxes_made_before_them_and_none_is_used_twice`,
+//!   `tests::a_capability_is_refused_before_the_start`,
 //!   `tests::an_unreadable_inspect_is_refused_before_the_start`,
 //!   `tests/tests/attestation.rs::a_container_that_breaks_tier0_never_starts`).
 //! - Whatever the ending (exit, error, refusal, SIGINT/SIGTERM), the container
