@@ -374,13 +374,22 @@ pub fn open_gate(state: &State, run: &str) {
 
 /// Waits until `path` exists (a file the agent writes), with a generous bound.
 pub fn wait_for_file(path: &Path) {
-    let started = std::time::Instant::now();
-    while !path.exists() {
-        assert!(
-            started.elapsed() < std::time::Duration::from_secs(120),
-            "{} never appeared",
-            path.display()
-        );
+    wait_until(
+        &format!("{} appeared", path.display()),
+        std::time::Duration::from_secs(120),
+        || path.exists(),
+    );
+}
+
+/// Polls `ready` every 50 ms until it holds. `give_up` only ends a wait for
+/// something that will never happen (a panic naming `what`): it bounds the
+/// test, it measures nothing.
+pub fn wait_until(what: &str, give_up: std::time::Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + give_up;
+    while !ready() {
+        if std::time::Instant::now() >= deadline {
+            panic!("never: {what}");
+        }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }

@@ -6,11 +6,11 @@
 //! worktrees and their mounts, doors, markers) by its watchdog.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tests::browser::Serve;
 use tests::queue::{tasks, wait_tasks};
-use tests::{engine_cli, image, make_repo, stderr, stdout, State};
+use tests::{engine_cli, image, make_repo, stderr, stdout, wait_until, State};
 
 /// Ends every sandbox of the state even when the test fails.
 struct Cleanup<'a>(&'a State);
@@ -53,14 +53,6 @@ fn running_containers_of(id: &str) -> Vec<String> {
         .split_whitespace()
         .map(str::to_string)
         .collect()
-}
-
-fn wait_until(what: &str, bound: Duration, mut ready: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !ready() {
-        assert!(started.elapsed() < bound, "never: {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// Waits for `n` warm sandboxes, each running; their ids.

@@ -324,6 +324,79 @@ impl<E: ContainerEngine, S: StateStore> Supervisor<E, S> {
         let store = self.store.lock().unwrap_or_else(|p| p.into_inner());
         nightshift_core::state_store::StatePaths::new(store.root().to_path_buf())
     }
+
+    /// A run's sandbox as this supervisor makes it, cold or warm: the Tier 0
+    /// spec with this supervisor's user, identity, runtime and fleet cgroup,
+    /// reaching its channels.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn sandbox_spec(
+        &self,
+        channels: &impl nightshift_core::channel::Channels,
+        id: &str,
+        image: &str,
+        command: &[String],
+        dest: PathBuf,
+        task: &str,
+        caps: &Caps,
+    ) -> SandboxSpec {
+        channels
+            .attach(
+                SandboxSpec::new(id, &self.state_tag, image, command, dest, task, caps)
+                    .with_user(self.sandbox_user)
+                    .with_supervisor(&self.identity),
+            )
+            .with_runtime(self.engine.runtime())
+            .with_cgroup_parent(
+                self.fleet
+                    .as_ref()
+                    .map(|f| self.engine.sandbox_cgroup_parent(&f.cgroup_parent(), id)),
+            )
+    }
+
+    /// What removing a warm sandbox needs of this supervisor.
+    pub(crate) fn pool_ports(&self) -> crate::pool::Ports<'_, E> {
+        crate::pool::Ports {
+            engine: &self.engine,
+            host: &self.host,
+            paths: self.paths(),
+            stats: self.fleet.as_ref().map(FleetHandle::scope),
+        }
+    }
+}
+
+/// Writes the run's worktree at `dest` (its filesystem already there) from
+/// its base, owned by the sandbox's user, and audits it.
+async fn write_worktree<E: ContainerEngine, S: StateStore>(
+    sup: &Supervisor<E, S>,
+    req: &RunRequest,
+    held: &Held,
+    id: &str,
+    dest: &Path,
+) -> Result<(), RunError> {
+    let spec = orchestrator_git::WorktreeSpec {
+        host_repo: req.repo.clone(),
+        base_commit: held.base_commit.clone().unwrap_or_default(),
+        run_id: id.to_string(),
+        dest: dest.to_path_buf(),
+        owner: Some((sup.sandbox_user.uid, sup.sandbox_user.gid)),
+        // A night of runs on one base packs its history once.
+        history_cache: Some(sup.paths().root.join("cache").join("history")),
+    };
+    let wt = tokio::task::spawn_blocking(move || orchestrator_git::create_worktree(&spec))
+        .await
+        .map_err(|e| RunError::Git(e.to_string()))?
+        .map_err(|e| RunError::Git(e.to_string()))?;
+    sup.audit(
+        id,
+        Event::WorktreeCreated {
+            path: wt.path.display().to_string(),
+            branch: wt.branch.clone(),
+            base_commit: wt.base_commit.clone(),
+            base_tree: wt.base_tree.clone(),
+        },
+        false,
+    )?;
+    Ok(())
 }
 
 /// What the steps created, so that the ending can undo it whatever happened.
@@ -928,13 +1001,7 @@ pub(crate) async fn warm_begin<E: ContainerEngine, S: StateStore>(
     if !fits {
         tracing::info!(warm = %warm.id, running, "the warm sandbox does not fit the run: it begins cold");
         // Gone whole before the cold beginning reuses its id.
-        let ports = crate::pool::Ports {
-            engine: &sup.engine,
-            host: &sup.host,
-            paths: paths.clone(),
-            stats: sup.fleet.as_ref().map(FleetHandle::scope),
-        };
-        crate::pool::discard(&ports, warm).await;
+        crate::pool::discard(&sup.pool_ports(), warm).await;
         return cold_begin(sup, req, image_env, record, held, stop).await;
     }
     let crate::pool::Warm {
@@ -959,28 +1026,7 @@ pub(crate) async fn warm_begin<E: ContainerEngine, S: StateStore>(
     // The run's record holds it now: no longer a warm sandbox.
     let _ = std::fs::remove_file(crate::pool::marker(&paths, &id));
 
-    let wt_spec = orchestrator_git::WorktreeSpec {
-        host_repo: req.repo.clone(),
-        base_commit: held.base_commit.clone().unwrap_or_default(),
-        run_id: id.clone(),
-        dest: dest.clone(),
-        owner: Some((sup.sandbox_user.uid, sup.sandbox_user.gid)),
-        history_cache: Some(paths.root.join("cache").join("history")),
-    };
-    let wt = tokio::task::spawn_blocking(move || orchestrator_git::create_worktree(&wt_spec))
-        .await
-        .map_err(|e| RunError::Git(e.to_string()))?
-        .map_err(|e| RunError::Git(e.to_string()))?;
-    sup.audit(
-        &id,
-        Event::WorktreeCreated {
-            path: wt.path.display().to_string(),
-            branch: wt.branch.clone(),
-            base_commit: wt.base_commit.clone(),
-            base_tree: wt.base_tree.clone(),
-        },
-        false,
-    )?;
+    write_worktree(sup, req, held, &id, &dest).await?;
     crate::door::configure_worktree(&dest)
         .map_err(|e| RunError::Git(format!("pointing the worktree's origin at the door: {e}")))?;
     serve_channels(sup, req, held, &channels, &id, models)?;
@@ -1043,15 +1089,6 @@ pub(crate) async fn cold_begin<E: ContainerEngine, S: StateStore>(
     let stopped = |stop: &watch::Receiver<Option<Stop>>| *stop.borrow();
     // Worktree.
     let dest = paths.worktrees().join(&id);
-    let spec = orchestrator_git::WorktreeSpec {
-        host_repo: req.repo.clone(),
-        base_commit: held.base_commit.clone().unwrap_or_default(),
-        run_id: id.clone(),
-        dest: dest.clone(),
-        owner: Some((sup.sandbox_user.uid, sup.sandbox_user.gid)),
-        // A night of runs on one base packs its history once.
-        history_cache: Some(paths.root.join("cache").join("history")),
-    };
     held.worktree = Some(dest.clone());
     // Its own filesystem first: the kernel bounds it to the cap.
     let (fs_at, cap, host) = (dest.clone(), req.caps.max_worktree_bytes, sup.host.clone());
@@ -1060,20 +1097,7 @@ pub(crate) async fn cold_begin<E: ContainerEngine, S: StateStore>(
         .map_err(|e| RunError::Git(e.to_string()))?
         .map_err(|e| RunError::Git(format!("making the worktree's filesystem: {e}")))?;
     held.worktree_fs = Some(empty);
-    let wt = tokio::task::spawn_blocking(move || orchestrator_git::create_worktree(&spec))
-        .await
-        .map_err(|e| RunError::Git(e.to_string()))?
-        .map_err(|e| RunError::Git(e.to_string()))?;
-    sup.audit(
-        &id,
-        Event::WorktreeCreated {
-            path: wt.path.display().to_string(),
-            branch: wt.branch.clone(),
-            base_commit: wt.base_commit.clone(),
-            base_tree: wt.base_tree.clone(),
-        },
-        false,
-    )?;
+    write_worktree(sup, req, held, &id, &dest).await?;
     let (protect, host) = (dest.clone(), sup.host.clone());
     tokio::task::spawn_blocking(move || host.protect_worktree(&protect))
         .await
@@ -1111,27 +1135,17 @@ pub(crate) async fn cold_begin<E: ContainerEngine, S: StateStore>(
     let gateway_port = serve_channels(sup, req, held, &channels, &id, models)?;
 
     // Sandbox: create, inspect, attest.
-    let spec = channels.attach(
-        SandboxSpec::new(
+    let spec = sup
+        .sandbox_spec(
+            channels.as_ref(),
             &id,
-            &sup.state_tag,
             &req.image,
             &req.command,
             dest.clone(),
             &req.task,
             &req.caps,
         )
-        .with_user(sup.sandbox_user)
-        .with_supervisor(&sup.identity),
-    );
-    let spec = spec
-        .with_base_commit(held.base_commit.as_deref().unwrap_or_default())
-        .with_runtime(sup.engine.runtime())
-        .with_cgroup_parent(
-            sup.fleet
-                .as_ref()
-                .map(|f| sup.engine.sandbox_cgroup_parent(&f.cgroup_parent(), &id)),
-        );
+        .with_base_commit(held.base_commit.as_deref().unwrap_or_default());
     let spec = match gateway_port {
         Some(port) => spec.with_model_gateway(port),
         None => spec,

@@ -17,10 +17,10 @@ use tokio::sync::watch;
 
 use nightshift_core::channel::Channels as _;
 use nightshift_core::container_engine::ContainerEngine;
-use nightshift_core::sandbox::{Caps, SandboxSpec};
+use nightshift_core::sandbox::Caps;
 use nightshift_core::state_store::{StatePaths, StateStore};
 
-use crate::pool::{marker, markers, Made, Pool, Ports, Warm};
+use crate::pool::{marker, markers, Made, Pool, Warm};
 use crate::run::{RunError, Supervisor};
 
 /// A reserved warm sandbox whose run has not taken it within this long is
@@ -93,18 +93,7 @@ async fn make<E: ContainerEngine, S: StateStore>(
     let gateway = nightshift_gateway::load(&paths.root)
         .map_err(|e| RunError::BadInput(e.to_string()))?
         .is_some();
-    let spec = channels
-        .attach(
-            SandboxSpec::new(id, &sup.state_tag, image, &[], dest.clone(), "", caps)
-                .with_user(sup.sandbox_user)
-                .with_supervisor(&sup.identity),
-        )
-        .with_runtime(sup.engine.runtime())
-        .with_cgroup_parent(
-            sup.fleet
-                .as_ref()
-                .map(|f| sup.engine.sandbox_cgroup_parent(&f.cgroup_parent(), id)),
-        );
+    let spec = sup.sandbox_spec(channels.as_ref(), id, image, &[], dest.clone(), "", caps);
     let spec = if gateway {
         spec.with_model_gateway(nightshift_core::sandbox::RELAY_PORT)
     } else {
@@ -135,18 +124,8 @@ async fn make<E: ContainerEngine, S: StateStore>(
     })
 }
 
-/// The ports a removal needs, from the supervisor.
-fn ports<E: ContainerEngine, S: StateStore>(sup: &Supervisor<E, S>) -> Ports<'_, E> {
-    Ports {
-        engine: &sup.engine,
-        host: &sup.host,
-        paths: sup.paths(),
-        stats: sup.fleet.as_ref().map(crate::run::FleetHandle::scope),
-    }
-}
-
 async fn undo<E: ContainerEngine, S: StateStore>(sup: &Supervisor<E, S>, id: &str, made: Made) {
-    crate::pool::undo(&ports(sup), id, made).await;
+    crate::pool::undo(&sup.pool_ports(), id, made).await;
 }
 
 async fn remove_containers<E: ContainerEngine, S: StateStore>(sup: &Supervisor<E, S>, id: &str) {
@@ -159,7 +138,7 @@ async fn remove_worktree<E: ContainerEngine, S: StateStore>(sup: &Supervisor<E, 
 
 /// Removes a warm sandbox no run took, and everything of it.
 pub async fn discard<E: ContainerEngine, S: StateStore>(sup: &Supervisor<E, S>, warm: Warm) {
-    crate::pool::discard(&ports(sup), warm).await;
+    crate::pool::discard(&sup.pool_ports(), warm).await;
 }
 
 /// Keeps the pool filled until `stop` turns true, then removes every warm
