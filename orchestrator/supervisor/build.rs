@@ -1,6 +1,7 @@
 //! Builds the door clients (`sandbox-image-door`'s `nightshift-act` and
-//! `git-remote-nightshift`) and the sandbox's lease wrapper
-//! (`nightshift-lease`) as static executables and leaves them in
+//! `git-remote-nightshift`), the sandbox's lease wrapper
+//! (`nightshift-lease`) and the end-of-run packer (`sandbox-image-result`'s
+//! `nightshift-result`, with libgit2 linked in) as static executables and leaves them in
 //! `OUT_DIR`, where `door.rs` embeds them: the `nightshift` binary is whole
 //! on its own, wherever it is installed.
 //!
@@ -13,11 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const TARGET: &str = "x86_64-unknown-linux-gnu";
-const CLIENTS: [&str; 4] = [
+const CLIENTS: [&str; 5] = [
     "nightshift-act",
     "git-remote-nightshift",
     "nightshift-lease",
     "nightshift-relay",
+    "nightshift-result",
 ];
 
 fn main() {
@@ -29,10 +31,18 @@ fn main() {
         .and_then(Path::parent)
         .expect("orchestrator/supervisor/ is in the workspace");
     let door = workspace.join("sandbox-image").join("door");
+    let result = workspace.join("sandbox-image").join("result");
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     for watched in [
         door.join("src"),
         door.join("Cargo.toml"),
+        result.join("src"),
+        result.join("Cargo.toml"),
+        workspace.join("orchestrator").join("git").join("src"),
+        workspace
+            .join("orchestrator")
+            .join("git")
+            .join("Cargo.toml"),
         workspace.join("Cargo.lock"),
         workspace.join("Cargo.toml"),
     ] {
@@ -51,6 +61,8 @@ fn main() {
             "--bins",
             "-p",
             "sandbox-image-door",
+            "-p",
+            "sandbox-image-result",
         ])
         .args(["--target", TARGET])
         .arg("--manifest-path")

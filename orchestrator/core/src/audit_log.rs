@@ -99,6 +99,13 @@ pub enum Event {
         reference: String,
         commit: String,
     },
+    /// The run's result was made by the end-of-run packer, in a sandbox of
+    /// its own started after the agent's was gone, and taken from the pack
+    /// it sent through the door: the packer's container and the pack's size.
+    ResultPacked {
+        container: String,
+        pack_bytes: u64,
+    },
     /// The agent's commits were left out of the import (its working files
     /// came back, observed on top of the base commit): why (a kind such as
     /// `object_too_large`), the object and the figures concerned.

@@ -87,6 +87,8 @@ pub enum GitError {
     NotConnected { commit: String, missing: String },
     #[error("writing object {expected} into the host repository: it was stored as {written}")]
     ObjectIdMismatch { expected: String, written: String },
+    #[error("taking the run's packed result: {why}")]
+    ResultRefused { why: String },
 }
 
 impl GitError {

@@ -8,6 +8,11 @@
 //! - [`import_run`] brings the run's result back into the host repository as
 //!   `refs/nightshift/runs/<id>`, reading the worktree only as data
 //!   (`tests/hostile.rs::hostile_worktree_is_read_only_as_data`);
+//! - [`pack_result`] makes that same import inside a sandbox of its own
+//!   after the agent exited, and packs it; [`take_result`] takes the pack
+//!   into the host through [`receive_pack`]'s checks, so the supervisor's
+//!   ordinary ending never reads the worktree by path
+//!   (`import::result::tests::a_packed_result_lands_as_the_host_import_would`);
 //! - [`remove_worktree`] throws the worktree away;
 //! - [`receive_pack`] takes the commit of an act from the pack the agent sent
 //!   over the door, into the host under `refs/nightshift/acts/<id>`, without
@@ -54,9 +59,10 @@ mod worktree;
 pub use base::{resolve_base, root_entries, Base};
 pub use error::GitError;
 pub use import::{
-    diffstat_between, import_failure_kind, import_run, receive_pack, scan_pack, Captured,
-    HistoryDropped, ImportLimits, ImportSpec, Imported, PackLimits, PackScanError, PackSpec,
-    PackSummary, SkipReason, Skipped, TipSource, MAX_SKIPPED_LISTED,
+    diffstat_between, import_failure_kind, import_run, pack_result, receive_pack, scan_pack,
+    take_result, write_base_objects, Captured, HistoryDropped, ImportLimits, ImportSpec, Imported,
+    PackLimits, PackScanError, PackSpec, PackSummary, PackedResult, ResultClaim, ResultSpec,
+    SkipReason, Skipped, TipSource, MAX_SKIPPED_LISTED,
 };
 pub use run_id::{result_ref, run_branch, validate_run_id};
 pub use setup::{changed_lockfiles, lockfiles_at, owner_reaches};

@@ -112,7 +112,7 @@ pub(crate) fn reachable_objects(
 /// `start` that are not in `seen`, marking them seen. Trees are read raw and
 /// only their modes and ids are looked at: a tree git would refuse to check
 /// out is still copied here, and refused by the checkout with its reason.
-fn walk_trees(
+pub(crate) fn walk_trees(
     host: &Repository,
     start: Vec<Oid>,
     seen: &mut HashSet<Oid>,

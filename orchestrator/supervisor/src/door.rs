@@ -79,9 +79,10 @@ const CONCURRENT: usize = 4;
 /// so a flooding agent cannot grow the audit (or the disk) without bound.
 pub const MAX_REQUESTS_PER_RUN: u64 = 1000;
 
-/// The static door clients and the lease wrapper (name, executable), built
-/// by `build.rs` from `sandbox-image/door` and carried in this binary.
-pub const CLIENTS: [(&str, &[u8]); 4] = [
+/// The static door clients, the lease wrapper and the end-of-run packer
+/// (name, executable), built by `build.rs` from `sandbox-image/door` and
+/// `sandbox-image/result` and carried in this binary.
+pub const CLIENTS: [(&str, &[u8]); 5] = [
     (
         "nightshift-act",
         include_bytes!(concat!(env!("OUT_DIR"), "/nightshift-act")),
@@ -98,10 +99,16 @@ pub const CLIENTS: [(&str, &[u8]); 4] = [
         nightshift_core::sandbox::RELAY,
         include_bytes!(concat!(env!("OUT_DIR"), "/nightshift-relay")),
     ),
+    (
+        PACKER,
+        include_bytes!(concat!(env!("OUT_DIR"), "/nightshift-result")),
+    ),
 ];
 /// The sandbox's main process (see `sandbox_image_door::lease`), written
 /// into every door's `bin/` beside the clients.
 pub const LEASE_WRAPPER: &str = "nightshift-lease";
+/// The end-of-run packer (`run::packer`), written into every door's `bin/`.
+pub const PACKER: &str = "nightshift-result";
 
 /// Writes the door clients into `bin` (made if missing), each mode 0555,
 /// replacing whatever was there; the error names the file it could not write.
@@ -246,6 +253,26 @@ async fn serve(
             audit_protocol_error(stores, &door.run, None, &response, "error", e.code()).await;
             response
         }
+        // The end-of-run packer's door takes its result and nothing else.
+        Ok(Ok(Ok(request)))
+            if door.result.is_some() && !matches!(request, Request::Result { .. }) =>
+        {
+            door_name = request.door();
+            let response = Response::Refused {
+                rule: "nightshift:result".into(),
+                reason: "the end-of-run packer's door takes only the run's result".into(),
+            };
+            audit_protocol_error(
+                stores,
+                &door.run,
+                Some(request.door()),
+                &response,
+                "refused",
+                "not_a_result",
+            )
+            .await;
+            response
+        }
         // A policy check is a question, answered at once; only its refusals
         // and asks are audited, and count against the run's cap.
         Ok(Ok(Ok(Request::PolicyCheck { payload }))) => {
@@ -279,6 +306,11 @@ async fn serve(
             } else {
                 checked.response
             }
+        }
+        // The run's result: only the end-of-run packer's door takes one.
+        Ok(Ok(Ok(request @ Request::Result { .. }))) => {
+            door_name = "result";
+            serve_result(&mut stream, stores, &door, request, packed).await
         }
         Ok(Ok(Ok(request))) => {
             door_name = request.door();
@@ -345,6 +377,156 @@ async fn serve(
     stream.shutdown().await
 }
 
+/// The door's answer to a result request: only the end-of-run packer's
+/// door takes one, once (`run::packer`).
+async fn serve_result(
+    stream: &mut impl ChannelStream,
+    stores: &Stores,
+    door: &Arc<RunDoor>,
+    request: Request,
+    packed: &std::sync::atomic::AtomicU64,
+) -> Response {
+    let refuse = |reason: &str| Response::Refused {
+        rule: "nightshift:result".into(),
+        reason: reason.into(),
+    };
+    let Some(slot) = door.result.clone() else {
+        let response = refuse(
+            "a run's result is made by nightshift after its agent exits; the agent's door takes none",
+        );
+        audit_protocol_error(
+            stores,
+            &door.run,
+            Some("result"),
+            &response,
+            "refused",
+            "result_from_the_run",
+        )
+        .await;
+        return response;
+    };
+    if !slot.begin() {
+        return refuse("this run's result was already sent");
+    }
+    let Request::Result {
+        result_commit,
+        agent_tip,
+        observed_commit,
+        tip_source: _,
+        skipped,
+        skipped_total: _,
+        ignored: _,
+        history_dropped,
+        pack_bytes,
+    } = request.clone()
+    else {
+        slot.end(Err(("internal", "not a result".into())));
+        return Response::Error {
+            reason: "not a result".into(),
+        };
+    };
+    let paths = StatePaths::new(stores.root().to_path_buf());
+    let scratch = paths.root.join("scratch").join(&door.run).join("result");
+    let _ = tokio::fs::remove_dir_all(&scratch).await;
+    let received = match receive(stream, &scratch, &request, packed).await {
+        Ok(Some(received)) => received,
+        Ok(None) => {
+            slot.end(Err(("result_refused", "it carried no pack".into())));
+            return Response::Error {
+                reason: "a result carries a pack".into(),
+            };
+        }
+        Err(response) => {
+            slot.end(Err(("result_refused", response.line())));
+            let _ = tokio::fs::remove_dir_all(&scratch).await;
+            return response;
+        }
+    };
+    let (repo, run, base) = (
+        door.repo.clone(),
+        door.run.clone(),
+        door.base_commit.clone(),
+    );
+    let claim = (
+        result_commit.clone(),
+        agent_tip.clone(),
+        observed_commit.clone(),
+    );
+    let taken = tokio::task::spawn_blocking(move || {
+        orchestrator_git::take_result(
+            &repo,
+            &received.dir,
+            received.pack.as_deref(),
+            &run,
+            &base,
+            &orchestrator_git::ResultClaim {
+                result_commit: &claim.0,
+                agent_tip: &claim.1,
+                observed_commit: claim.2.as_deref(),
+            },
+            orchestrator_git::ImportLimits::default(),
+        )
+    })
+    .await;
+    let _ = tokio::fs::remove_dir_all(&scratch).await;
+    match taken {
+        Ok(Ok(captured)) => {
+            slot.end(Ok((
+                crate::landing::Landed {
+                    agent_tip,
+                    observed_commit,
+                    result_commit: captured.commit,
+                    tree: captured.tree,
+                    files_changed: captured.files_changed,
+                    insertions: captured.insertions,
+                    deletions: captured.deletions,
+                    skipped: skipped
+                        .iter()
+                        .map(|s| serde_json::json!({"path": s.path, "why": s.why}))
+                        .collect(),
+                    dropped: history_dropped.map(|h| crate::landing::Dropped {
+                        kind: h.kind,
+                        object: h.object,
+                        size: h.size,
+                        limit: h.limit,
+                        why: h.why,
+                    }),
+                },
+                pack_bytes,
+            )));
+            Response::Done {
+                detail: "the result was taken".into(),
+            }
+        }
+        Ok(Err(e)) => {
+            let why = chain(&e);
+            slot.end(Err((
+                orchestrator_git::import_failure_kind(&e),
+                why.clone(),
+            )));
+            Response::Error { reason: why }
+        }
+        Err(e) => {
+            slot.end(Err(("internal", e.to_string())));
+            Response::Error {
+                reason: "the supervisor failed to take the result".into(),
+            }
+        }
+    }
+}
+
+/// An error and its causes, on one line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// The door's answer as a log event: the verdict and its rule or act. The
 /// reasons are the gate's words about agent-made values; they go to the log
 /// as fields, which its writer escapes (`terminal::NetStderr`, `JsonStderr`).
@@ -370,7 +552,7 @@ fn log_verdict(response: &Response) {
 /// `Ok(None)` for a request that carries no objects (notify, ask, a
 /// deletion); an error reply for a pack over the run's budget, cut short,
 /// or too slow.
-async fn receive(
+pub(crate) async fn receive(
     stream: &mut impl ChannelStream,
     scratch: &Path,
     request: &Request,
@@ -379,7 +561,7 @@ async fn receive(
     use std::sync::atomic::Ordering;
     let carries_objects = match request {
         Request::Push { delete, .. } => !delete,
-        Request::PullRequest { .. } => true,
+        Request::PullRequest { .. } | Request::Result { .. } => true,
         Request::Notify { .. } | Request::Ask { .. } | Request::PolicyCheck { .. } => false,
     };
     if !carries_objects {
@@ -497,7 +679,7 @@ pub fn without_host_paths(response: &Response, hidden: &[&Path]) -> Response {
 /// slow, its pack refused or cut short) is audited too: the door (when the
 /// request decoded), the verdict `error`, the reason's code (one of
 /// [`crate::acts::REASONS`]) and the reason's digest.
-async fn audit_protocol_error(
+pub(crate) async fn audit_protocol_error(
     stores: &Stores,
     run: &str,
     door: Option<&str>,

@@ -1,6 +1,7 @@
 //! The supervisor: the command API every front end speaks ([`api`]), the
 //! door's gate and the act queue ([`acts`], [`door`]), the run lifecycle
-//! ([`run`], generic over the core's engine and store ports), the run
+//! ([`run`], generic over the core's engine and store ports; its end-of-run
+//! packer, `run::packer`; what comes back, [`landing`]), the run
 //! queue ([`run_queue`], [`task_runner`]), the kill switch
 //! ([`killswitch`]), reports and scope proposals ([`report`], [`scopes`],
 //! [`summary`]), the agent presets ([`agents`]), the demo ([`demo`]), and
@@ -24,6 +25,7 @@ pub mod demo;
 pub mod door;
 pub mod error;
 pub mod killswitch;
+pub mod landing;
 pub mod pool;
 pub mod report;
 pub mod run;

@@ -69,6 +69,10 @@ use nightshift_core::sandbox::{Caps, SandboxSpec, SandboxUser, MAX_TASK_BYTES};
 use nightshift_core::state_store::{now_rfc3339, RunRecord, StateStore, StoreError, Stores};
 use nightshift_engine_docker::engine::{Engine, EngineError, Output, Sample};
 
+use crate::landing::{Dropped, Landed};
+
+mod packer;
+
 /// Why a run was asked to stop from outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
@@ -169,6 +173,20 @@ pub struct Supervisor<E = Engine, S = Box<dyn StateStore>> {
     /// Warm sandboxes made ahead of their runs (`[pool]`; `serve` only):
     /// a run whose id is a reserved warm sandbox's begins in it.
     pub pool: Option<Arc<crate::pool::Pool>>,
+    /// How a run's result comes back at its ordinary ending.
+    pub results: ResultsBy,
+}
+
+/// How a run's result comes back when its own supervisor ends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResultsBy {
+    /// Made by the end-of-run packer in a sandbox of its own and taken as a
+    /// pack (`packer`): every supervisor that creates sandboxes.
+    Packer,
+    /// Read from the worktree by path (`import_into`): the unit tests'
+    /// supervisors, whose fake engine runs nothing, and those that only
+    /// stop and settle (reconciliation reads by path in any case).
+    HostPath,
 }
 
 /// The fleet cgroup every sandbox of this state is created under.
@@ -299,6 +317,7 @@ impl<E: Clone, S> Clone for Supervisor<E, S> {
             sandbox_user: self.sandbox_user,
             host: Arc::clone(&self.host),
             pool: self.pool.clone(),
+            results: self.results,
         }
     }
 }
@@ -421,6 +440,10 @@ pub(crate) struct Held {
     pub(crate) image_id: String,
     /// The setup cache the sandbox mounts, once the setup phase gave one.
     pub(crate) setup: Option<crate::setup::Ready>,
+    /// The image's own environment (what the attestation allows).
+    pub(crate) image_env: Vec<String>,
+    /// The run's caps (the end-of-run packer's come from them).
+    pub(crate) caps: Caps,
 }
 
 /// Performs one run in the foreground. `stop` turns to `Some` when the run
@@ -555,6 +578,8 @@ async fn lifecycle<E: ContainerEngine, S: StateStore>(
     let mut held = Held {
         base_commit: Some(base.commit.clone()),
         image_id: image.id.clone(),
+        image_env: image.env.clone(),
+        caps: req.caps.clone(),
         ..Default::default()
     };
     let outcome = steps(sup, &req, &image.env, &mut record, &mut held, stop).await;
@@ -1212,6 +1237,7 @@ pub(crate) fn serve_channels<E: ContainerEngine, S: StateStore>(
             base_commit: held.base_commit.clone().unwrap_or_default(),
             content: crate::acts::run_content_label(req.repo_confidentiality),
             dry_run: req.dry_run,
+            result: None,
         },
         door_channel,
     ));
@@ -1235,22 +1261,24 @@ pub(crate) fn serve_channels<E: ContainerEngine, S: StateStore>(
     })
 }
 
-/// Inspects the sandbox, judges it against `spec` (Tier 0) and audits the
-/// attestation either way; `Err(Refused)` when it failed (or the engine's
-/// document could not be read).
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn attest_sandbox<E: ContainerEngine, S: StateStore>(
+/// Inspects a sandbox and judges it against `spec` (Tier 0): the
+/// attestation (every property failed when the engine's document cannot be
+/// read, with why), and the document.
+pub(crate) async fn judge<E: ContainerEngine, S: StateStore>(
     sup: &Supervisor<E, S>,
-    id: &str,
     container: &str,
     dest: &Path,
     spec: &SandboxSpec,
     image_env: &[String],
-    record: &mut RunRecord,
-    held: &Held,
-) -> Result<(), RunError> {
-    let (id, container) = (id.to_string(), container.to_string());
-    let inspected = sup.engine.inspect_json(&container).await?;
+) -> Result<
+    (
+        orchestrator_attest::Attestation,
+        Option<String>,
+        serde_json::Value,
+    ),
+    RunError,
+> {
+    let inspected = sup.engine.inspect_json(container).await?;
     let host = sup.host.observe(dest).map_err(RunError::BadInput)?;
     let (attestation, unreadable) =
         match orchestrator_attest::observe(sup.engine.kind(), &inspected) {
@@ -1289,6 +1317,26 @@ pub(crate) async fn attest_sandbox<E: ContainerEngine, S: StateStore>(
                 Some(format!("the engine's inspect document is unreadable: {e}")),
             ),
         };
+    Ok((attestation, unreadable, inspected))
+}
+
+/// Inspects the sandbox, judges it against `spec` (Tier 0) and audits the
+/// attestation either way; `Err(Refused)` when it failed (or the engine's
+/// document could not be read).
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn attest_sandbox<E: ContainerEngine, S: StateStore>(
+    sup: &Supervisor<E, S>,
+    id: &str,
+    container: &str,
+    dest: &Path,
+    spec: &SandboxSpec,
+    image_env: &[String],
+    record: &mut RunRecord,
+    held: &Held,
+) -> Result<(), RunError> {
+    let (id, container) = (id.to_string(), container.to_string());
+    let (attestation, unreadable, inspected) =
+        judge(sup, &container, dest, spec, image_env).await?;
     let passed = attestation.passed();
     let properties = serde_json::to_value(&attestation.properties).unwrap_or_default();
     record.attestation = Some(properties.clone());
@@ -1509,7 +1557,7 @@ pub fn import_state(record: &RunRecord) -> ImportState {
 const IMPORT_FAILED: &str = "import failed";
 
 /// A git error and its causes, on one line.
-fn chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(s) = source {
@@ -1521,10 +1569,13 @@ fn chain(error: &dyn std::error::Error) -> String {
 }
 
 /// Imports what a run wrote (its commits and its observed state) into the
-/// host repository as `refs/nightshift/runs/<id>`, fills the record and
-/// audits it. The one path by which any run's work comes back, whatever
-/// ended the run (its own supervisor, the kill switch, reconciliation,
-/// `nightshift import`). On failure the `import_failed` entry is written and
+/// host repository as `refs/nightshift/runs/<id>` by reading its worktree
+/// by path (as data, see `orchestrator_git::import`), fills the record and
+/// audits it. The recovery path: a run its own supervisor ends has its
+/// result made by the end-of-run packer instead (`packer`); this
+/// path serves reconciliation (its supervisor died), a run the kill switch
+/// ended or that ended under a freeze (no sandbox starts then), and
+/// `nightshift import`. On failure the `import_failed` entry is written and
 /// nothing is removed.
 pub(crate) async fn import_into<S: StateStore>(
     store: &Mutex<S>,
@@ -1537,44 +1588,13 @@ pub(crate) async fn import_into<S: StateStore>(
     if !worktree.exists() {
         return Ok(());
     }
-    let id = record.id.clone();
-    let audit = |event: Event| {
-        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
-        store
-            .append(Some(&id), &event, false)
-            .map(|_| ())
-            .map_err(|e| ImportFailure {
-                kind: "state",
-                message: format!("auditing the import: {e}"),
-            })
-    };
-    let result = import_audited(record, worktree, base, &audit).await;
-    if let Err(failure) = &result {
-        // Best effort: the failure is also in the run's status.
-        let _ = audit(Event::ImportFailed {
-            reason: failure.kind.to_string(),
-            worktree: worktree.display().to_string(),
-        });
-    }
-    result
-}
-
-async fn import_audited(
-    record: &mut RunRecord,
-    worktree: &std::path::Path,
-    base: String,
-    audit: &(dyn Fn(Event) -> Result<(), ImportFailure> + Sync),
-) -> Result<(), ImportFailure> {
-    let id = record.id.clone();
     let (repo, run_id, wt) = (
         std::path::PathBuf::from(&record.repo),
-        id.clone(),
+        record.id.clone(),
         worktree.to_path_buf(),
     );
     // A preset's own bookkeeping stays out of the result.
-    let leave_out = crate::agents::of_image(&record.image)
-        .map(crate::agents::bookkeeping)
-        .unwrap_or_default();
+    let leave_out = leave_out_of(&record.image);
     let import = move || {
         orchestrator_git::import_run(&orchestrator_git::ImportSpec {
             host_repo: &repo,
@@ -1586,65 +1606,144 @@ async fn import_audited(
             leave_out,
         })
     };
-    let imported = tokio::task::spawn_blocking(import)
-        .await
-        .map_err(|e| ImportFailure {
-            kind: "internal",
-            message: format!("importing the worktree: {e}"),
-        })?
-        .map_err(|e| ImportFailure {
-            kind: orchestrator_git::import_failure_kind(&e),
-            message: format!("importing the worktree: {}", chain(&e)),
-        })?;
-    let reference = format!("refs/nightshift/runs/{id}");
-    record.result_ref = Some(reference.clone());
-    record.result_commit = Some(imported.result_commit.clone());
-    record.files_changed = Some(imported.files_changed as i64);
-    record.insertions = Some(imported.insertions as i64);
-    record.deletions = Some(imported.deletions as i64);
-    let skipped: Vec<serde_json::Value> = imported
-        .skipped
-        .iter()
-        .map(|s| serde_json::json!({"path": s.path, "why": format!("{:?}", s.why)}))
-        .collect();
-    let dropped = imported.history_dropped.as_ref().map(|h| {
-        let (size, limit) = h.figures();
-        serde_json::json!({
-            "kind": h.kind(),
-            "object": h.object(),
-            "size": size,
-            "limit": limit,
-            "why": h.to_string(),
-        })
-    });
-    record.observed = Some(serde_json::json!({
-        "agent_tip": imported.agent_tip,
-        "observed_commit": imported.observed_commit,
-        "tree": imported.result_tree,
-        "skipped": skipped,
-        "history_dropped": dropped,
-    }));
-    if let Some(h) = &imported.history_dropped {
-        let (size, limit) = h.figures();
-        audit(Event::HistoryDropped {
-            reason: h.kind().to_string(),
-            object: h.object().map(str::to_string),
-            size,
-            limit,
-        })?;
+    let imported = async {
+        tokio::task::spawn_blocking(import)
+            .await
+            .map_err(|e| ImportFailure {
+                kind: "internal",
+                message: format!("importing the worktree: {e}"),
+            })?
+            .map_err(|e| ImportFailure {
+                kind: orchestrator_git::import_failure_kind(&e),
+                message: format!("importing the worktree: {}", chain(&e)),
+            })
     }
-    audit(Event::ObservedState {
+    .await;
+    land_audited(
+        store,
+        record,
+        worktree,
+        imported.map(|i| landed_from_import(&i)),
+    )
+    .await
+}
+
+/// The globs a preset's agent image leaves in its worktree as its own
+/// bookkeeping, kept out of the result.
+pub(crate) fn leave_out_of(image: &str) -> &'static [&'static str] {
+    crate::agents::of_image(image)
+        .map(crate::agents::bookkeeping)
+        .unwrap_or_default()
+}
+
+/// What the host's import by path brought back.
+fn landed_from_import(imported: &orchestrator_git::Imported) -> Landed {
+    Landed {
         agent_tip: imported.agent_tip.clone(),
         observed_commit: imported.observed_commit.clone(),
+        result_commit: imported.result_commit.clone(),
         tree: imported.result_tree.clone(),
         files_changed: imported.files_changed,
         insertions: imported.insertions,
         deletions: imported.deletions,
-        skipped,
+        skipped: imported
+            .skipped
+            .iter()
+            .map(|s| serde_json::json!({"path": s.path, "why": format!("{:?}", s.why)}))
+            .collect(),
+        dropped: imported.history_dropped.as_ref().map(|h| {
+            let (size, limit) = h.figures();
+            Dropped {
+                kind: h.kind().to_string(),
+                object: h.object().map(str::to_string),
+                size,
+                limit,
+                why: h.to_string(),
+            }
+        }),
+    }
+}
+
+/// Fills the record with what came back and audits it; on failure the
+/// `import_failed` entry is written (best effort: the failure is also in
+/// the run's status) and nothing is removed.
+pub(crate) async fn land_audited<S: StateStore>(
+    store: &Mutex<S>,
+    record: &mut RunRecord,
+    worktree: &std::path::Path,
+    landed: Result<Landed, ImportFailure>,
+) -> Result<(), ImportFailure> {
+    let id = record.id.clone();
+    let audit = |event: Event| {
+        let mut store = store.lock().unwrap_or_else(|p| p.into_inner());
+        store
+            .append(Some(&id), &event, false)
+            .map(|_| ())
+            .map_err(|e| ImportFailure {
+                kind: "state",
+                message: format!("auditing the import: {e}"),
+            })
+    };
+    let result = match landed {
+        Ok(landed) => land(record, landed, &audit),
+        Err(failure) => Err(failure),
+    };
+    if let Err(failure) = &result {
+        let _ = audit(Event::ImportFailed {
+            reason: failure.kind.to_string(),
+            worktree: worktree.display().to_string(),
+        });
+    }
+    result
+}
+
+fn land(
+    record: &mut RunRecord,
+    landed: Landed,
+    audit: &dyn Fn(Event) -> Result<(), ImportFailure>,
+) -> Result<(), ImportFailure> {
+    let reference = format!("refs/nightshift/runs/{}", record.id);
+    record.result_ref = Some(reference.clone());
+    record.result_commit = Some(landed.result_commit.clone());
+    record.files_changed = Some(landed.files_changed as i64);
+    record.insertions = Some(landed.insertions as i64);
+    record.deletions = Some(landed.deletions as i64);
+    let dropped = landed.dropped.as_ref().map(|h| {
+        serde_json::json!({
+            "kind": h.kind,
+            "object": h.object,
+            "size": h.size,
+            "limit": h.limit,
+            "why": h.why,
+        })
+    });
+    record.observed = Some(serde_json::json!({
+        "agent_tip": landed.agent_tip,
+        "observed_commit": landed.observed_commit,
+        "tree": landed.tree,
+        "skipped": landed.skipped,
+        "history_dropped": dropped,
+    }));
+    if let Some(h) = &landed.dropped {
+        audit(Event::HistoryDropped {
+            reason: h.kind.clone(),
+            object: h.object.clone(),
+            size: h.size,
+            limit: h.limit,
+        })?;
+    }
+    audit(Event::ObservedState {
+        agent_tip: landed.agent_tip.clone(),
+        observed_commit: landed.observed_commit.clone(),
+        tree: landed.tree.clone(),
+        files_changed: landed.files_changed,
+        insertions: landed.insertions,
+        deletions: landed.deletions,
+        skipped: landed.skipped,
     })?;
     audit(Event::Imported {
         reference,
-        commit: imported.result_commit,
+        commit: landed.result_commit,
     })?;
     Ok(())
 }
@@ -1936,9 +2035,17 @@ async fn finish<E: ContainerEngine, S: StateStore>(
 
     // Import whatever the run wrote, once the agent had started. A failed
     // import keeps the worktree: it is the only copy of the run's work.
+    // Made by the end-of-run packer, unless no new sandbox may start (a
+    // kill switch, a freeze): then read by path, as reconciliation does.
     let mut import_failure = None;
     if let (Some(wt), true) = (held.worktree.clone(), held.started) {
-        if let Err(e) = import_into(&sup.store, record, &wt).await {
+        let killed =
+            matches!(outcome, Ok(Ended::KilledBy(_))) || kill_or_freeze(sup, &id)?.is_some();
+        let imported = match (sup.results, killed) {
+            (ResultsBy::Packer, false) => packer::import(sup, record, held, &wt).await,
+            _ => import_into(&sup.store, record, &wt).await,
+        };
+        if let Err(e) = imported {
             import_failure = Some((e, held.worktree.take().unwrap_or(wt)));
         }
     }
@@ -2313,6 +2420,7 @@ mod lifecycle_tests {
             sandbox_user: sandbox_user(),
             host: host.clone(),
             pool: None,
+            results: ResultsBy::HostPath,
         };
         Night {
             _dir: dir,
@@ -2403,6 +2511,58 @@ mod lifecycle_tests {
         );
         host_saw(&night, &record.id, &["remove"]);
         assert!(night.host.mounted().is_empty(), "a mount left");
+    }
+
+    /// The run's sandbox as `hardened`; the end-of-run packer's with a network.
+    fn packer_networked(spec: &SandboxSpec) -> serde_json::Value {
+        if spec
+            .command
+            .iter()
+            .any(|a| a.ends_with(crate::door::PACKER))
+        {
+            networked(spec)
+        } else {
+            hardened(spec)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_packer_that_fails_its_attestation_is_never_started() {
+        let mut night = night(packer_networked);
+        night.sup.results = ResultsBy::Packer;
+        let (result, store) = run(&night).await;
+        let record = match result {
+            Ok(record) => record,
+            Err(e) => panic!("{e}"),
+        };
+        assert!(
+            record.status.starts_with("import failed") && record.status.contains("attestation"),
+            "{}",
+            record.status
+        );
+        let created = night.sup.engine.created.lock().unwrap().clone();
+        assert_eq!(created.len(), 2, "the run's sandbox and the packer's");
+        assert!(created[1]
+            .1
+            .command
+            .iter()
+            .any(|a| a.ends_with(crate::door::PACKER)));
+        let calls = night.sup.engine.calls();
+        assert!(
+            calls.contains(&format!("start {}", created[0].0)),
+            "{calls:?}"
+        );
+        assert!(
+            !calls.contains(&format!("start {}", created[1].0)),
+            "{calls:?}"
+        );
+        assert!(
+            night.sup.engine.ids().is_empty(),
+            "the packer's sandbox was left"
+        );
+        assert!(store.kinds().contains(&"import_failed"));
+        // The work is kept for `nightshift import`.
+        host_saw(&night, &record.id, &[]);
     }
 
     #[tokio::test]

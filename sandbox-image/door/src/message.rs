@@ -32,8 +32,8 @@ use thiserror::Error;
 
 use crate::frame::{decode_frame, encode_frame, frame_len, FrameError, HEADER_LEN};
 use crate::validate::{
-    check_alias, check_body, check_branch_ref, check_commit, check_hook_payload, check_not_zero,
-    check_pack_bytes, check_push_shape, check_title, one_line, ValidationError,
+    check_alias, check_body, check_branch_ref, check_commit, check_hook_payload, check_line,
+    check_not_zero, check_pack_bytes, check_push_shape, check_title, one_line, ValidationError,
 };
 
 /// The protocol version this crate speaks. Version 2 carried a pack of the
@@ -113,6 +113,63 @@ pub enum Request {
         /// The harness's hook payload.
         payload: serde_json::Value,
     },
+    /// The run's result, sent once by the end-of-run packer
+    /// (`nightshift-result`, in a sandbox of its own started after the
+    /// agent's exited): the run's work as an import would make it, its
+    /// objects in the pack that follows. Only a door in its result phase
+    /// takes it; an agent's door refuses it.
+    Result {
+        /// What `refs/nightshift/runs/<run>` is to point at.
+        result_commit: String,
+        /// The agent's tip (the base when its history was dropped).
+        agent_tip: String,
+        /// The observed-state commit, when the working files differed
+        /// from the tip: then it is the result, with the tip its parent.
+        observed_commit: Option<String>,
+        /// Where the tip was read from (one line).
+        tip_source: String,
+        /// Working files left out of the observed state.
+        skipped: Vec<ReportedSkip>,
+        /// All of them (`skipped` lists at most [`MAX_RESULT_SKIPS`]).
+        skipped_total: u64,
+        /// Untracked paths `.gitignore` left out.
+        ignored: u64,
+        /// Why the agent's commits were left out, when they were.
+        history_dropped: Option<ReportedDrop>,
+        /// Bytes of pack that follow the request frame.
+        pack_bytes: u64,
+    },
+}
+
+/// At most this many skipped paths are listed in a [`Request::Result`].
+pub const MAX_RESULT_SKIPS: usize = 200;
+/// Longest reported path or reason, in bytes.
+pub const MAX_REPORTED_TEXT: usize = 512;
+
+/// A working file a result left out, and why (one line each, escaped).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportedSkip {
+    /// The path, relative to the worktree.
+    pub path: String,
+    /// Why.
+    pub why: String,
+}
+
+/// Why a result's history was dropped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReportedDrop {
+    /// A stable word (`object_too_large`, `missing_object`, ...).
+    pub kind: String,
+    /// The object concerned, when there is one.
+    pub object: Option<String>,
+    /// Its size, when the reason is a limit.
+    pub size: Option<u64>,
+    /// The limit, when the reason is one.
+    pub limit: Option<u64>,
+    /// The reason in words.
+    pub why: String,
 }
 
 impl Request {
@@ -124,15 +181,16 @@ impl Request {
             Request::Notify { .. } => "notify",
             Request::Ask { .. } => "ask",
             Request::PolicyCheck { .. } => "policy_check",
+            Request::Result { .. } => "result",
         }
     }
 
     /// Bytes of pack that follow this request's frame on the connection.
     pub fn pack_bytes(&self) -> u64 {
         match self {
-            Request::Push { pack_bytes, .. } | Request::PullRequest { pack_bytes, .. } => {
-                *pack_bytes
-            }
+            Request::Push { pack_bytes, .. }
+            | Request::PullRequest { pack_bytes, .. }
+            | Request::Result { pack_bytes, .. } => *pack_bytes,
             Request::Notify { .. } | Request::Ask { .. } | Request::PolicyCheck { .. } => 0,
         }
     }
@@ -178,6 +236,64 @@ impl Request {
             }
             Request::Ask { body } => check_body("body", body),
             Request::PolicyCheck { payload } => check_hook_payload("payload", payload),
+            Request::Result {
+                result_commit,
+                agent_tip,
+                observed_commit,
+                tip_source,
+                skipped,
+                skipped_total,
+                ignored: _,
+                history_dropped,
+                pack_bytes,
+            } => {
+                check_commit("result_commit", result_commit)?;
+                check_not_zero("result_commit", result_commit)?;
+                check_commit("agent_tip", agent_tip)?;
+                check_not_zero("agent_tip", agent_tip)?;
+                if let Some(observed) = observed_commit {
+                    check_commit("observed_commit", observed)?;
+                }
+                check_line("tip_source", tip_source, MAX_REPORTED_TEXT)?;
+                if skipped.len() > MAX_RESULT_SKIPS {
+                    return Err(ValidationError::BadText {
+                        field: "skipped",
+                        why: format!(
+                            "lists {} paths, over the limit of {MAX_RESULT_SKIPS}",
+                            skipped.len()
+                        ),
+                    });
+                }
+                if (skipped.len() as u64) > *skipped_total {
+                    return Err(ValidationError::BadText {
+                        field: "skipped_total",
+                        why: "is less than the paths listed".into(),
+                    });
+                }
+                for skip in skipped {
+                    check_line("skipped.path", &skip.path, MAX_REPORTED_TEXT)?;
+                    check_line("skipped.why", &skip.why, MAX_REPORTED_TEXT)?;
+                }
+                if let Some(drop) = history_dropped {
+                    if drop.kind.is_empty()
+                        || drop.kind.len() > 64
+                        || !drop
+                            .kind
+                            .bytes()
+                            .all(|b| b.is_ascii_lowercase() || b == b'_')
+                    {
+                        return Err(ValidationError::BadText {
+                            field: "history_dropped.kind",
+                            why: "is 1 to 64 of a-z and _".into(),
+                        });
+                    }
+                    if let Some(object) = &drop.object {
+                        check_commit("history_dropped.object", object)?;
+                    }
+                    check_line("history_dropped.why", &drop.why, MAX_REPORTED_TEXT)?;
+                }
+                check_pack_bytes("pack_bytes", *pack_bytes)
+            }
         }
     }
 }
@@ -623,6 +739,20 @@ mod tests {
                     "tool_name": "Bash", "tool_input": {"command": "rm -rf \u{1b}x"}
                 }),
             },
+            Request::Result {
+                result_commit: commit(),
+                agent_tip: commit(),
+                observed_commit: None,
+                tip_source: "run_branch".into(),
+                skipped: vec![ReportedSkip {
+                    path: "big.bin".into(),
+                    why: "TooLarge { size: 1, limit: 0 }".into(),
+                }],
+                skipped_total: 3,
+                ignored: 1,
+                history_dropped: None,
+                pack_bytes: 12,
+            },
         ]
     }
 
@@ -831,6 +961,117 @@ mod tests {
         let framed = encode_request(&request).unwrap();
         assert!(framed.len() > 2 * MAX_BODY);
         assert_eq!(decode_request(&framed).unwrap().unwrap().0, request);
+        // A result listing every skipped path it may, each escaping whole.
+        let text = "\\".repeat(MAX_REPORTED_TEXT);
+        let result = Request::Result {
+            result_commit: "f".repeat(64),
+            agent_tip: "e".repeat(64),
+            observed_commit: Some("f".repeat(64)),
+            tip_source: text.clone(),
+            skipped: vec![
+                ReportedSkip {
+                    path: text.clone(),
+                    why: text.clone(),
+                };
+                MAX_RESULT_SKIPS
+            ],
+            skipped_total: u64::MAX,
+            ignored: u64::MAX,
+            history_dropped: Some(ReportedDrop {
+                kind: "k".repeat(64),
+                object: Some("a".repeat(64)),
+                size: Some(u64::MAX),
+                limit: Some(u64::MAX),
+                why: text.clone(),
+            }),
+            pack_bytes: MAX_PACK_BYTES,
+        };
+        let framed = encode_request(&result).unwrap();
+        assert!(framed.len() > 4 * MAX_RESULT_SKIPS * MAX_REPORTED_TEXT);
+        assert_eq!(decode_request(&framed).unwrap().unwrap().0, result);
+    }
+
+    #[test]
+    fn a_result_that_lists_too_much_or_hides_a_control_character_is_refused() {
+        let ok = || Request::Result {
+            result_commit: "f".repeat(40),
+            agent_tip: "e".repeat(40),
+            observed_commit: None,
+            tip_source: "run_branch".into(),
+            skipped: vec![],
+            skipped_total: 0,
+            ignored: 0,
+            history_dropped: None,
+            pack_bytes: 0,
+        };
+        assert_eq!(ok().validate(), Ok(()));
+        let skip = |path: &str| ReportedSkip {
+            path: path.into(),
+            why: "TooLarge".into(),
+        };
+        let mut cases = Vec::new();
+        let mut r = ok();
+        if let Request::Result {
+            skipped,
+            skipped_total,
+            ..
+        } = &mut r
+        {
+            *skipped = vec![skip("a"); MAX_RESULT_SKIPS + 1];
+            *skipped_total = u64::MAX;
+        }
+        cases.push(("skipped", r));
+        let mut r = ok();
+        if let Request::Result { skipped, .. } = &mut r {
+            *skipped = vec![skip("a")];
+        }
+        cases.push(("skipped_total", r));
+        let mut r = ok();
+        if let Request::Result {
+            skipped,
+            skipped_total,
+            ..
+        } = &mut r
+        {
+            *skipped = vec![skip("x\u{1b}[2Jy")];
+            *skipped_total = 1;
+        }
+        cases.push(("skipped.path", r));
+        let mut r = ok();
+        if let Request::Result {
+            skipped,
+            skipped_total,
+            ..
+        } = &mut r
+        {
+            *skipped = vec![skip(&"p".repeat(MAX_REPORTED_TEXT + 1))];
+            *skipped_total = 1;
+        }
+        cases.push(("skipped.path", r));
+        let mut r = ok();
+        if let Request::Result { result_commit, .. } = &mut r {
+            *result_commit = "0".repeat(40);
+        }
+        cases.push(("result_commit", r));
+        let mut r = ok();
+        if let Request::Result {
+            history_dropped, ..
+        } = &mut r
+        {
+            *history_dropped = Some(ReportedDrop {
+                kind: "Object Too Large".into(),
+                object: None,
+                size: None,
+                limit: None,
+                why: "x".into(),
+            });
+        }
+        cases.push(("history_dropped.kind", r));
+        for (field, request) in cases {
+            let err = request.validate().unwrap_err();
+            assert!(err.to_string().starts_with(field), "{field}: {err}");
+            assert!(encode_request(&request).is_err());
+        }
     }
 
     #[test]

@@ -318,6 +318,32 @@ pub fn check_title(field: &'static str, value: &str) -> Result<(), ValidationErr
     Ok(())
 }
 
+/// Checks one line of reported text (a path, a reason): at most
+/// `max_bytes` bytes, no control or bidirectional-override characters
+/// (the sender escapes them, see [`one_line`]).
+pub fn check_line(
+    field: &'static str,
+    value: &str,
+    max_bytes: usize,
+) -> Result<(), ValidationError> {
+    let bad = |why: String| Err(ValidationError::BadText { field, why });
+    if value.len() > max_bytes {
+        return bad(format!(
+            "is {} bytes, over the limit of {max_bytes}",
+            value.len()
+        ));
+    }
+    if let Some(c) = value
+        .chars()
+        .find(|c| c.is_control() || is_bidi_control(*c))
+    {
+        return bad(format!(
+            "must be one line without control characters (found {c:?})"
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a body: non-blank, at most 200 KiB of UTF-8, no control
 /// characters but tab, LF and CR.
 pub fn check_body(field: &'static str, value: &str) -> Result<(), ValidationError> {

@@ -38,9 +38,13 @@ mod observe;
 mod pack;
 pub(crate) mod pack_scan;
 mod refs;
+mod result;
 
 pub use pack::{receive_pack, PackSpec};
 pub use pack_scan::{scan_pack, PackLimits, PackScanError, PackSummary};
+pub use result::{
+    pack_result, take_result, write_base_objects, PackedResult, ResultClaim, ResultSpec,
+};
 
 use std::path::Path;
 
@@ -294,6 +298,10 @@ pub fn import_failure_kind(error: &GitError) -> &'static str {
         GitError::Git { source, .. } if source.message().contains("No space left") => "disk_full",
         GitError::Io { source, .. } if source.raw_os_error() == Some(28) => "disk_full",
         GitError::Io { .. } => "io",
+        GitError::ResultRefused { .. }
+        | GitError::BadPack { .. }
+        | GitError::PackOverLimits { .. }
+        | GitError::NotConnected { .. } => "result_refused",
         _ => "git",
     }
 }

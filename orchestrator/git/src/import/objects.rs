@@ -255,9 +255,22 @@ pub(super) fn copy_reachable(
     limits: &ImportLimits,
     known: &mut dyn FnMut(Oid, ObjectType) -> Result<bool, GitError>,
 ) -> Result<u64, GitError> {
+    copy_reachable_from(host, wt, tip, ObjectType::Commit, limits, known)
+}
+
+/// [`copy_reachable`] from an object of any kind (a tree: a commit's
+/// files without its history).
+pub(super) fn copy_reachable_from(
+    host: &Odb<'_>,
+    wt: &Odb<'_>,
+    tip: Oid,
+    tip_kind: ObjectType,
+    limits: &ImportLimits,
+    known: &mut dyn FnMut(Oid, ObjectType) -> Result<bool, GitError>,
+) -> Result<u64, GitError> {
     let mut seen: HashSet<Oid> = HashSet::new();
     let mut total_bytes: u64 = 0;
-    let mut stack = vec![Frame::Enter(tip, ObjectType::Commit)];
+    let mut stack = vec![Frame::Enter(tip, tip_kind)];
     while let Some(frame) = stack.pop() {
         match frame {
             Frame::Exit(id, kind, data) => write_checked(host, id, kind, &data)?,
@@ -346,7 +359,12 @@ pub(super) fn copy_reachable(
     Ok(seen.len() as u64)
 }
 
-fn write_checked(host: &Odb<'_>, id: Oid, kind: ObjectType, data: &[u8]) -> Result<(), GitError> {
+pub(super) fn write_checked(
+    host: &Odb<'_>,
+    id: Oid,
+    kind: ObjectType,
+    data: &[u8],
+) -> Result<(), GitError> {
     let written = host
         .write(kind, data)
         .map_err(|e| GitError::git(format!("writing object {id} into the host repository"), e))?;
@@ -398,7 +416,7 @@ fn parse_tree(id: Oid, data: &[u8]) -> Result<Vec<(Oid, ObjectType)>, GitError> 
 }
 
 /// The tree and parents of a raw commit.
-fn parse_commit(id: Oid, data: &[u8]) -> Result<(Oid, Vec<Oid>), GitError> {
+pub(super) fn parse_commit(id: Oid, data: &[u8]) -> Result<(Oid, Vec<Oid>), GitError> {
     let bad = |why| GitError::MalformedObject {
         id: id.to_string(),
         kind: "commit",

@@ -18,6 +18,7 @@ pub fn target_of(req: &Request) -> String {
         Request::Notify { destination, .. } => destination.clone(),
         Request::Ask { .. } => "morning".into(),
         Request::PolicyCheck { .. } => "policy".into(),
+        Request::Result { .. } => "result".into(),
     }
 }
 
@@ -27,6 +28,7 @@ pub fn destination_of(req: &Request) -> String {
         Request::Notify { destination, .. } => destination.clone(),
         Request::Ask { .. } => "morning".into(),
         Request::PolicyCheck { .. } => "policy".into(),
+        Request::Result { .. } => "result".into(),
     }
 }
 

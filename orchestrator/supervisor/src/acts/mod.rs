@@ -199,6 +199,9 @@ pub struct RunDoor {
     /// A dry run: each act is answered as it would have been and recorded
     /// with its would-be verdict, never queued or carried out.
     pub dry_run: bool,
+    /// The end-of-run packer's door: where the run's result goes. `None`
+    /// on an agent's door, which refuses a result (`run::packer`).
+    pub result: Option<std::sync::Arc<crate::landing::Slot>>,
 }
 
 /// The repository a run works on as rules name it: its canonical path (the
@@ -255,7 +258,7 @@ fn destination_of(req: &Request) -> Option<&str> {
     match req {
         Request::Push { remote, .. } | Request::PullRequest { remote, .. } => Some(remote),
         Request::Notify { destination, .. } => Some(destination),
-        Request::Ask { .. } | Request::PolicyCheck { .. } => None,
+        Request::Ask { .. } | Request::PolicyCheck { .. } | Request::Result { .. } => None,
     }
 }
 
@@ -276,7 +279,7 @@ fn destination_readers(dest: &Destinations, req: &Request) -> Option<Readers> {
         }
         Request::Notify { destination, .. } => dest.notify.get(destination).map(|n| n.readers),
         Request::Ask { .. } => Some(Readers::Private),
-        Request::PolicyCheck { .. } => None,
+        Request::PolicyCheck { .. } | Request::Result { .. } => None,
     }
 }
 
@@ -414,7 +417,7 @@ pub fn policy_args(req: &Request, repository: &str) -> serde_json::Value {
             ..
         } => json!({"remote": remote, "base": base, "head": head, "commit": head_commit}),
         Request::Notify { destination, .. } => json!({"destination": destination}),
-        Request::Ask { .. } | Request::PolicyCheck { .. } => json!({}),
+        Request::Ask { .. } | Request::PolicyCheck { .. } | Request::Result { .. } => json!({}),
     };
     if let (Some(o), true) = (args.as_object_mut(), !matches!(req, Request::Ask { .. })) {
         o.insert("repository".into(), repository.into());
@@ -846,6 +849,9 @@ fn bind(
         )),
         Request::PolicyCheck { .. } => Err(Response::Error {
             reason: "a policy check is a question, not an act".into(),
+        }),
+        Request::Result { .. } => Err(Response::Error {
+            reason: "a run's result is not an act".into(),
         }),
     }
 }
@@ -2333,6 +2339,7 @@ mod gate_tests {
             base_commit: "0".repeat(40),
             content: run_content_label(policies::Confidentiality::Private),
             dry_run: false,
+            result: None,
         }
     }
 
@@ -2586,6 +2593,7 @@ mod queue_tests {
             base_commit: "0".repeat(40),
             content: run_content_label(policies::Confidentiality::Private),
             dry_run: false,
+            result: None,
         }
     }
 

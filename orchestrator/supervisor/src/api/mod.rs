@@ -1173,6 +1173,7 @@ impl Api {
                     sandbox_user: Default::default(),
                     host: Arc::new(nightshift_core::hostview::RealHost),
                     pool: None,
+                    results: run::ResultsBy::HostPath,
                 };
                 match crate::killswitch::record_kill(&sup, &stopped).await {
                     Ok(k) => KillRecord::Recorded { runs: k.runs },
@@ -1208,6 +1209,7 @@ impl Api {
             sandbox_user: Default::default(),
             host: Arc::new(nightshift_core::hostview::RealHost),
             pool: None,
+            results: run::ResultsBy::HostPath,
         })
     }
 
@@ -1275,6 +1277,7 @@ impl Api {
             sandbox_user: config.sandbox_user(),
             host: Arc::new(nightshift_core::hostview::RealHost),
             pool: None,
+            results: run::ResultsBy::Packer,
         })
     }
 
