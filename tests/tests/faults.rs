@@ -666,7 +666,27 @@ fn acts_under_kills(n: usize, rng: &mut Rng, counts: &mut Counts) {
                 .push(format!("agent/b{i} never reached the remote"));
         }
     }
-    counts.double_executions += m.pushes_received().saturating_sub(acts.len());
+    // Carried out once is the remote's ref written once (as in
+    // `two_executors_killed_at_random_carry_every_approved_act_out_once`): a push request
+    // beyond one per act is an attempt whose lease check the remote holds
+    // (an approval killed mid-push whose attempt raced the next one's), not
+    // a second effect.
+    for i in 0..n {
+        let written = m.ref_updates(&format!("refs/heads/agent/b{i}"));
+        if written > 1 {
+            counts.double_executions += written - 1;
+            counts
+                .notes
+                .push(format!("agent/b{i} was written {written} times"));
+        }
+    }
+    if m.pushes_received() > acts.len() {
+        counts.notes.push(format!(
+            "{} push requests for {} acts (the extra ones refused by their lease or already done)",
+            m.pushes_received(),
+            acts.len()
+        ));
+    }
     if !m.state.verify().status.success() {
         counts.chain_breaks += 1;
     }
