@@ -181,6 +181,11 @@ struct KubePodArgs {
     /// `KEY=VALUE` for the agent's environment (repeatable).
     #[arg(long = "env")]
     env: Vec<String>,
+    /// Print the agent-sandbox project's `Sandbox` resource
+    /// (`agents.x-k8s.io/v1alpha1`, the Pod as its template) in place of
+    /// the Pod, for a cluster that runs its controller (`kube pod` only).
+    #[arg(long = "as-sandbox-resource")]
+    as_sandbox_resource: bool,
     /// The agent's command.
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -1768,7 +1773,15 @@ fn kube_cmd(command: KubeCmd) -> Result<i32, i32> {
             outln!("{}", nightshift_core::sandbox::SECCOMP_PROFILE.trim_end());
             Ok(0)
         }
-        KubeCmd::Pod(args) => match nightshift_engine_kubernetes::manifest(&kube_plan(*args)?) {
+        KubeCmd::Pod(args) => match {
+            let as_sandbox = args.as_sandbox_resource;
+            let plan = kube_plan(*args)?;
+            if as_sandbox {
+                nightshift_engine_kubernetes::sandbox_manifest(&plan)
+            } else {
+                nightshift_engine_kubernetes::manifest(&plan)
+            }
+        } {
             Ok(yaml) => {
                 // JSON documents: every string quoted and escaped; block() keeps it so.
                 out!("{}", terminal::block(yaml.as_bytes()));

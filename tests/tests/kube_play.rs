@@ -87,10 +87,15 @@ fn play(dir: &Path, name: &str, docs: &[Value]) -> String {
 /// `nightshift kube pod` for a run of the test image, as its documents,
 /// with the seccomp annotation Podman reads added to the Pod's metadata.
 fn pod_docs(run: &str, script: &str) -> Vec<Value> {
+    pod_docs_as(run, script, &[])
+}
+
+/// [`pod_docs`], with `extra` flags for `kube pod`.
+fn pod_docs_as(run: &str, script: &str, extra: &[&str]) -> Vec<Value> {
     let out = Command::new(nightshift_bin())
+        .args(["kube", "pod"])
+        .args(extra)
         .args([
-            "kube",
-            "pod",
             "--run-id",
             run,
             "--image",
@@ -115,6 +120,21 @@ fn pod_docs(run: &str, script: &str) -> Vec<Value> {
         .filter(|d| !d.trim().is_empty())
         .map(|d| serde_json::from_str(d).expect("a JSON document"))
         .collect();
+    if let Some(sandbox) = docs.iter_mut().find(|d| d["kind"] == "Sandbox") {
+        // The agent-sandbox controller's part, done here: its template
+        // made the Pod.
+        let template = sandbox["spec"]["podTemplate"].clone();
+        *sandbox = json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": sandbox["metadata"]["name"],
+                "namespace": sandbox["metadata"]["namespace"],
+                "labels": template["metadata"]["labels"],
+            },
+            "spec": template["spec"],
+        });
+    }
     let pod = docs.iter_mut().find(|d| d["kind"] == "Pod").expect("a Pod");
     assert_eq!(
         pod["spec"]["securityContext"]["seccompProfile"]["localhostProfile"],
@@ -162,6 +182,31 @@ fn the_generated_pod_passes_the_sandbox_probes_under_podman_kube_play() {
     // directory copied up (its owner, the image's user), not the sandbox's.
     assert_ne!(get(&p, "workspace-owner"), "2000000000", "{log}");
     assert_eq!(get(&p, "write-/workspace/probe"), "denied", "{log}");
+}
+
+/// The agent-sandbox `Sandbox` resource (`kube pod --as-sandbox-resource`)
+/// carries the same Pod as its template: the Pod its controller would make
+/// from it is the generated Pod, and passes the same probes when played.
+/// (No agent-sandbox controller runs here: the template is made a Pod by
+/// the test, as that controller would.)
+#[test]
+fn the_sandbox_resources_template_is_the_probed_pod() {
+    let run = format!("ks{}", std::process::id());
+    let script = format!("{}{}\n", probe_script(9), SYSCALL_PROBES);
+    let as_pod = pod_docs(&run, &script);
+    let from_template = pod_docs_as(&run, &script, &["--as-sandbox-resource"]);
+    assert_eq!(as_pod, from_template);
+    if !on_podman() {
+        eprintln!("played in test.sh's Podman phase (NIGHTSHIFT_TEST_ENGINE=podman)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    seccomp_root(dir.path());
+    let log = play(dir.path(), &run, &from_template);
+    let p = probes(&log);
+    assert_eq!(get(&p, "interfaces"), "lo", "{log}");
+    assert_no_way_out(&p, &log);
+    assert_profile_holds(&p, &log);
 }
 
 /// The probes can fail: the same spec as root with a writable root file

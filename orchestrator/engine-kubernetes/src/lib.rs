@@ -97,6 +97,18 @@ pub fn judge(
 /// is quoted and escaped.
 pub fn manifest(plan: &PodPlan) -> Result<String, PlanError> {
     let pod = pod::pod(plan)?;
+    documents(plan, with_kind(serde_json::to_value(&pod), "v1", "Pod"))
+}
+
+/// As [`manifest`], with the agent-sandbox project's `Sandbox` resource
+/// ([`pod::sandbox_resource`]) in place of the Pod, for a cluster that runs
+/// its controller.
+pub fn sandbox_manifest(plan: &PodPlan) -> Result<String, PlanError> {
+    documents(plan, pod::sandbox_resource(plan)?)
+}
+
+/// The namespace's deny-all policy, then `sandbox`, as JSON documents.
+fn documents(plan: &PodPlan, sandbox: serde_json::Value) -> Result<String, PlanError> {
     let policy = pod::sandbox_network_policy(&plan.namespace);
     let mut out = String::new();
     for value in [
@@ -105,7 +117,7 @@ pub fn manifest(plan: &PodPlan) -> Result<String, PlanError> {
             "networking.k8s.io/v1",
             "NetworkPolicy",
         ),
-        with_kind(serde_json::to_value(&pod), "v1", "Pod"),
+        sandbox,
     ] {
         out.push_str("---\n");
         // A serde_json value always serialises.

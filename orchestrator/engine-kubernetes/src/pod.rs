@@ -305,6 +305,46 @@ pub fn pod(plan: &PodPlan) -> Result<Pod, PlanError> {
     })
 }
 
+/// The agent-sandbox project's resource (`agents.x-k8s.io/v1alpha1`,
+/// `Sandbox`), for a cluster that runs its controller: the Pod [`pod`]
+/// makes as its `podTemplate` (its labels, annotations and spec, whole),
+/// one replica, no Service (the sandbox takes no traffic), deleted with
+/// what it made when it ends. The controller makes the Pod from the
+/// template; that Pod is judged as any (`nightshift kube attest`), so
+/// nothing the controller adds goes unseen
+/// (`tests::a_sandbox_resource_carries_the_pod_whole`).
+pub fn sandbox_resource(plan: &PodPlan) -> Result<serde_json::Value, PlanError> {
+    let pod = pod(plan)?;
+    let mut template_meta = serde_json::Map::new();
+    if let Some(labels) = &pod.metadata.labels {
+        template_meta.insert("labels".into(), serde_json::json!(labels));
+    }
+    if let Some(annotations) = &pod.metadata.annotations {
+        template_meta.insert("annotations".into(), serde_json::json!(annotations));
+    }
+    Ok(serde_json::json!({
+        "apiVersion": SANDBOX_API_VERSION,
+        "kind": "Sandbox",
+        "metadata": {
+            "name": pod.metadata.name,
+            "namespace": pod.metadata.namespace,
+            "labels": pod.metadata.labels,
+        },
+        "spec": {
+            "podTemplate": {
+                "metadata": template_meta,
+                "spec": pod.spec,
+            },
+            "replicas": 1,
+            "service": false,
+            "shutdownPolicy": "Delete",
+        },
+    }))
+}
+
+/// The agent-sandbox resource's API version.
+pub const SANDBOX_API_VERSION: &str = "agents.x-k8s.io/v1alpha1";
+
 /// The policy that denies every sandbox of the namespace all ingress and
 /// egress (the model gateway and the door arrive by the node-local relay,
 /// not the Pod network).
@@ -404,6 +444,57 @@ pub fn ending(pod: &Pod) -> Option<Ending> {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    #[test]
+    fn a_sandbox_resource_carries_the_pod_whole() {
+        let plan = plan();
+        let pod = pod(&plan).unwrap();
+        let sandbox = sandbox_resource(&plan).unwrap();
+        assert_eq!(sandbox["apiVersion"], SANDBOX_API_VERSION);
+        assert_eq!(sandbox["kind"], "Sandbox");
+        assert_eq!(
+            sandbox["metadata"]["name"],
+            serde_json::json!(pod.metadata.name)
+        );
+        assert_eq!(
+            sandbox["metadata"]["namespace"],
+            serde_json::json!(pod.metadata.namespace)
+        );
+        let template = &sandbox["spec"]["podTemplate"];
+        assert_eq!(template["spec"], serde_json::to_value(&pod.spec).unwrap());
+        assert_eq!(
+            template["metadata"]["labels"],
+            serde_json::json!(pod.metadata.labels)
+        );
+        assert_eq!(
+            template["metadata"]["annotations"],
+            serde_json::json!(pod.metadata.annotations)
+        );
+        // The template, made a Pod again, passes the Pod's own attestation.
+        let again: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": pod.metadata.name,
+                "namespace": pod.metadata.namespace,
+                "labels": template["metadata"]["labels"],
+                "annotations": template["metadata"]["annotations"],
+            },
+            "spec": template["spec"],
+        }))
+        .unwrap();
+        let attestation = attest_pod(
+            &pod,
+            &again,
+            &[sandbox_network_policy(&plan.namespace)],
+            &expectations(&plan),
+        );
+        assert!(attestation.passed(), "{attestation:?}");
+        assert_eq!(sandbox["spec"]["replicas"], 1);
+        assert_eq!(sandbox["spec"]["service"], false);
+        // A plan refused as a Pod is refused as a Sandbox.
+        let mut bad = plan.clone();
+        bad.command.clear();
+        assert!(sandbox_resource(&bad).is_err());
+    }
+
     use super::*;
     use orchestrator_attest::{attest_pod, POD_PROPERTY_NAMES};
     use proptest::prelude::*;
