@@ -1767,21 +1767,26 @@ fn render_runs(runs: &[RunRecord], json: bool) {
     }
 }
 
+/// `kube pod`'s documents: the Pod, or the `Sandbox` resource holding it.
+fn kube_manifest(
+    args: KubePodArgs,
+) -> Result<Result<String, nightshift_engine_kubernetes::PlanError>, i32> {
+    let as_sandbox = args.as_sandbox_resource;
+    let plan = kube_plan(args)?;
+    Ok(if as_sandbox {
+        nightshift_engine_kubernetes::sandbox_manifest(&plan)
+    } else {
+        nightshift_engine_kubernetes::manifest(&plan)
+    })
+}
+
 fn kube_cmd(command: KubeCmd) -> Result<i32, i32> {
     match command {
         KubeCmd::SeccompProfile => {
             outln!("{}", nightshift_core::sandbox::SECCOMP_PROFILE.trim_end());
             Ok(0)
         }
-        KubeCmd::Pod(args) => match {
-            let as_sandbox = args.as_sandbox_resource;
-            let plan = kube_plan(*args)?;
-            if as_sandbox {
-                nightshift_engine_kubernetes::sandbox_manifest(&plan)
-            } else {
-                nightshift_engine_kubernetes::manifest(&plan)
-            }
-        } {
+        KubeCmd::Pod(args) => match kube_manifest(*args)? {
             Ok(yaml) => {
                 // JSON documents: every string quoted and escaped; block() keeps it so.
                 out!("{}", terminal::block(yaml.as_bytes()));
