@@ -87,13 +87,14 @@ phase "tests on PostgreSQL"
 # database each); the tests that change state.db itself say so and stop.
 NIGHTSHIFT_TEST_STORE=postgres NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p tests --no-fail-fast \
   --test acts --test run_queue --test serve_queue --test audit --test dashboard_api \
-  --test faults --test run --test pool
+  --test faults --test run --test pool --test result
 phase "tests on Podman"
 # The end-to-end suites of the sandbox again with every sandbox on
 # nightshift's rootful Podman service (scripts/podman.sh, docs/engines.md):
 # attestation, run, sandbox probes, caps, the lease, the kill switch, the
-# boundary's channels, acts through the door, the door's races and the
-# model gateway; and the generated Kubernetes Pod spec played by `podman
+# boundary's channels, acts through the door, the door's races, the
+# model gateway, warm sandboxes and the end-of-run packer; and the
+# generated Kubernetes Pod spec (and the Sandbox resource's template) played by `podman
 # kube play` against the sandbox probes (tests/tests/kube_play.rs,
 # docs/kubernetes.md). The image is loaded into Podman's store (a no-op when
 # it is up to date there); the service is left running, as dockerd is.
@@ -107,7 +108,7 @@ NIGHTSHIFT_ENGINE=podman NIGHTSHIFT_STATE_DIR=$PWD/.state/test-image "$bin" imag
 NIGHTSHIFT_TEST_ENGINE=podman NIGHTSHIFT_REQUIRE_HOST_TESTS=1 cargo test -q -p tests --no-fail-fast \
   --test attestation --test run --test engines --test kube_play --test sandbox_probes \
   --test caps --test lease --test killswitch --test channels --test acts --test door_races \
-  --test gateway --test pool -- --skip the_fleet_memory_cap_stops_a_run_and_says_so
+  --test gateway --test pool --test result -- --skip the_fleet_memory_cap_stops_a_run_and_says_so
 phase "fuzz"
 # A bounded fuzz pass: each fuzz target for 30 s over its committed
 # corpus, failing on any crash (scripts/fuzz.sh, docs/fuzzing.md; longer
