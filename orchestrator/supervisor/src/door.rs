@@ -516,7 +516,7 @@ async fn serve_result(
 }
 
 /// An error and its causes, on one line.
-fn chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(s) = source {

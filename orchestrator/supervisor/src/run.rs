@@ -1556,17 +1556,7 @@ pub fn import_state(record: &RunRecord) -> ImportState {
 
 const IMPORT_FAILED: &str = "import failed";
 
-/// A git error and its causes, on one line.
-pub(crate) fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+use crate::door::chain;
 
 /// Imports what a run wrote (its commits and its observed state) into the
 /// host repository as `refs/nightshift/runs/<id>` by reading its worktree

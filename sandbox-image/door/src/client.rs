@@ -123,6 +123,19 @@ impl DoorAddress {
     }
 }
 
+/// Prints the door's answer as a client does (one line: on standard output
+/// when queued or done, on standard error otherwise) and gives the exit
+/// code it means.
+pub fn print_answer(response: &Response) -> i32 {
+    let line = response.line();
+    if response.exit_code() == 0 {
+        println!("{line}");
+    } else {
+        eprintln!("{line}");
+    }
+    response.exit_code()
+}
+
 /// Sends `request` (which carries no pack) through the door and returns
 /// its answer.
 pub fn send(door: &DoorAddress, request: &Request) -> Result<Response, ClientError> {

@@ -340,6 +340,44 @@ mod tests {
         dest
     }
 
+    /// Takes `packed` into `host` under the claim `(result, tip, observed)`.
+    fn take(
+        host: &Path,
+        packed: &PackedResult,
+        base: &str,
+        claim: (&str, &str, Option<&str>),
+    ) -> Result<Captured, GitError> {
+        let scratch = tempfile::tempdir().unwrap();
+        take_result(
+            host,
+            scratch.path(),
+            Some(&packed.pack),
+            "r1",
+            base,
+            &ResultClaim {
+                result_commit: claim.0,
+                agent_tip: claim.1,
+                observed_commit: claim.2,
+            },
+            ImportLimits::default(),
+        )
+    }
+
+    /// Takes `packed` into `host` as the packer claimed it.
+    fn take_as_claimed(
+        host: &Path,
+        packed: &PackedResult,
+        base: &str,
+    ) -> Result<Captured, GitError> {
+        let i = &packed.imported;
+        take(
+            host,
+            packed,
+            base,
+            (&i.result_commit, &i.agent_tip, i.observed_commit.as_deref()),
+        )
+    }
+
     fn spec<'a>(
         wt: &'a Path,
         scratch: &'a Path,
@@ -389,21 +427,7 @@ mod tests {
         let objects = base_objects(host.path(), door.path(), &base);
         let packed = pack_result(&spec(&wt, scratch.path(), &objects, &base)).unwrap();
         let by_pack = clone_of(host.path());
-        let taken_scratch = tempfile::tempdir().unwrap();
-        let captured = take_result(
-            by_pack.path(),
-            taken_scratch.path(),
-            Some(&packed.pack),
-            "r1",
-            &base,
-            &ResultClaim {
-                result_commit: &packed.imported.result_commit,
-                agent_tip: &packed.imported.agent_tip,
-                observed_commit: packed.imported.observed_commit.as_deref(),
-            },
-            ImportLimits::default(),
-        )
-        .unwrap();
+        let captured = take_as_claimed(by_pack.path(), &packed, &base).unwrap();
         assert_eq!(packed.imported.agent_tip, direct.agent_tip);
         assert_eq!(packed.imported.result_tree, direct.result_tree);
         assert_eq!(captured.tree, direct.result_tree);
@@ -464,21 +488,7 @@ mod tests {
         ];
         for (result, tip, observed_commit) in claims {
             let to = clone_of(host.path());
-            let taken = tempfile::tempdir().unwrap();
-            let err = take_result(
-                to.path(),
-                taken.path(),
-                Some(&packed.pack),
-                "r1",
-                &base,
-                &ResultClaim {
-                    result_commit: result,
-                    agent_tip: tip,
-                    observed_commit,
-                },
-                ImportLimits::default(),
-            )
-            .unwrap_err();
+            let err = take(to.path(), &packed, &base, (result, tip, observed_commit)).unwrap_err();
             assert!(
                 matches!(err, GitError::ResultRefused { .. }),
                 "{result} {tip} {observed_commit:?}: {err}"
@@ -488,22 +498,8 @@ mod tests {
         }
         // A commit the pack does not hold and the base does not reach.
         let to = clone_of(host.path());
-        let taken = tempfile::tempdir().unwrap();
         let stranger = "1111111111111111111111111111111111111111";
-        let err = take_result(
-            to.path(),
-            taken.path(),
-            Some(&packed.pack),
-            "r1",
-            &base,
-            &ResultClaim {
-                result_commit: stranger,
-                agent_tip: stranger,
-                observed_commit: None,
-            },
-            ImportLimits::default(),
-        )
-        .unwrap_err();
+        let err = take(to.path(), &packed, &base, (stranger, stranger, None)).unwrap_err();
         assert!(matches!(err, GitError::NotConnected { .. }), "{err}");
     }
 
@@ -520,21 +516,7 @@ mod tests {
         assert_eq!(packed.imported.agent_tip, base, "the history is dropped");
         assert!(packed.imported.history_dropped.is_some());
         let to = clone_of(host.path());
-        let taken = tempfile::tempdir().unwrap();
-        take_result(
-            to.path(),
-            taken.path(),
-            Some(&packed.pack),
-            "r1",
-            &base,
-            &ResultClaim {
-                result_commit: &packed.imported.result_commit,
-                agent_tip: &packed.imported.agent_tip,
-                observed_commit: packed.imported.observed_commit.as_deref(),
-            },
-            ImportLimits::default(),
-        )
-        .unwrap();
+        take_as_claimed(to.path(), &packed, &base).unwrap();
         let shown = git(to.path(), &["show", "refs/nightshift/runs/r1:src/f0"]);
         assert_eq!(shown, "changed and committed");
         let shown = git(to.path(), &["show", "refs/nightshift/runs/r1:new file"]);

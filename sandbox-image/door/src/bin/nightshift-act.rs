@@ -62,15 +62,7 @@ fn main() -> ExitCode {
         client::send_with_pack(&door, &request, pack.as_mut()).map_err(|e| e.to_string())
     });
     match answer {
-        Ok(response) => {
-            let line = response.line();
-            if response.exit_code() == 0 {
-                println!("{line}");
-            } else {
-                eprintln!("{line}");
-            }
-            exit(response.exit_code())
-        }
+        Ok(response) => exit(client::print_answer(&response)),
         Err(reason) => {
             eprintln!("{}", Response::Error { reason }.line());
             exit(EXIT_ERROR)

@@ -86,15 +86,7 @@ fn main() -> ExitCode {
         }
     };
     match run(&args) {
-        Ok(response) => {
-            let line = response.line();
-            if response.exit_code() == 0 {
-                println!("{line}");
-            } else {
-                eprintln!("{line}");
-            }
-            exit(response.exit_code())
-        }
+        Ok(response) => exit(client::print_answer(&response)),
         Err(why) => {
             eprintln!("nightshift-result: {}", one_line(&why, 2048));
             exit(EXIT_ERROR)
