@@ -99,7 +99,8 @@ fn a_runs_lifecycle_and_its_door_are_logged_as_json_in_the_runs_span() {
         .filter(|e| message(e) == "door verdict")
         .map(|e| e["fields"]["verdict"].as_str().unwrap())
         .collect();
-    assert_eq!(verdicts, ["queued", "refused"], "{door:#?}");
+    // The agent's two requests, then the end-of-run packer's result.
+    assert_eq!(verdicts, ["queued", "refused", "done"], "{door:#?}");
     let queued = door
         .iter()
         .find(|e| message(e) == "act queued")

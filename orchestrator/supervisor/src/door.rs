@@ -310,6 +310,7 @@ async fn serve(
         // The run's result: only the end-of-run packer's door takes one.
         Ok(Ok(Ok(request @ Request::Result { .. }))) => {
             door_name = "result";
+            tracing::info!(door = "result", "door request");
             serve_result(&mut stream, stores, &door, request, packed).await
         }
         Ok(Ok(Ok(request))) => {

@@ -54,8 +54,8 @@ pub use frame::{decode_frame, encode_frame, frame_len, FrameError, HEADER_LEN};
 pub use message::{
     decode_request, decode_response, encode_request, encode_response, parse_request,
     parse_response, ProtocolError, ReportedDrop, ReportedSkip, Request, RequestReader, Response,
-    EXIT_ERROR, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, MAX_PACK_BYTES, MAX_REPORTED_TEXT,
-    MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME, MAX_RESULT_SKIPS, PROTOCOL_VERSION,
+    EXIT_ERROR, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, MAX_PACK_BYTES, MAX_REPORTED_PATH,
+    MAX_REPORTED_TEXT, MAX_REQUEST_FRAME, MAX_RESPONSE_FRAME, MAX_RESULT_SKIPS, PROTOCOL_VERSION,
 };
 pub use validate::ValidationError;
 

@@ -128,7 +128,8 @@ pub enum Request {
         observed_commit: Option<String>,
         /// Where the tip was read from (one line).
         tip_source: String,
-        /// Working files left out of the observed state.
+        /// Working files left out of the observed state (at most
+        /// [`MAX_RESULT_SKIPS`], each path at most [`MAX_REPORTED_PATH`] bytes).
         skipped: Vec<ReportedSkip>,
         /// All of them (`skipped` lists at most [`MAX_RESULT_SKIPS`]).
         skipped_total: u64,
@@ -142,11 +143,15 @@ pub enum Request {
 }
 
 /// At most this many skipped paths are listed in a [`Request::Result`].
-pub const MAX_RESULT_SKIPS: usize = 200;
-/// Longest reported path or reason, in bytes.
+pub const MAX_RESULT_SKIPS: usize = 100;
+/// Longest reported reason, in bytes (one line, no control characters).
 pub const MAX_REPORTED_TEXT: usize = 512;
+/// Longest reported path, in bytes. A path is the agent's file name, any
+/// character at all: it travels as JSON data (a control character escaped
+/// as `\u00XX`, six bytes) and is shown escaped wherever a person reads it.
+pub const MAX_REPORTED_PATH: usize = 256;
 
-/// A working file a result left out, and why (one line each, escaped).
+/// A working file a result left out (its name as it is), and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReportedSkip {
@@ -271,7 +276,15 @@ impl Request {
                     });
                 }
                 for skip in skipped {
-                    check_line("skipped.path", &skip.path, MAX_REPORTED_TEXT)?;
+                    if skip.path.len() > MAX_REPORTED_PATH {
+                        return Err(ValidationError::BadText {
+                            field: "skipped.path",
+                            why: format!(
+                                "is {} bytes, over the limit of {MAX_REPORTED_PATH}",
+                                skip.path.len()
+                            ),
+                        });
+                    }
                     check_line("skipped.why", &skip.why, MAX_REPORTED_TEXT)?;
                 }
                 if let Some(drop) = history_dropped {
@@ -961,8 +974,10 @@ mod tests {
         let framed = encode_request(&request).unwrap();
         assert!(framed.len() > 2 * MAX_BODY);
         assert_eq!(decode_request(&framed).unwrap().unwrap().0, request);
-        // A result listing every skipped path it may, each escaping whole.
+        // A result listing every skipped path it may, each escaping whole
+        // (a control character to six bytes, a backslash to two).
         let text = "\\".repeat(MAX_REPORTED_TEXT);
+        let path = "\u{1}".repeat(MAX_REPORTED_PATH);
         let result = Request::Result {
             result_commit: "f".repeat(64),
             agent_tip: "e".repeat(64),
@@ -970,7 +985,7 @@ mod tests {
             tip_source: text.clone(),
             skipped: vec![
                 ReportedSkip {
-                    path: text.clone(),
+                    path: path.clone(),
                     why: text.clone(),
                 };
                 MAX_RESULT_SKIPS
@@ -987,12 +1002,30 @@ mod tests {
             pack_bytes: MAX_PACK_BYTES,
         };
         let framed = encode_request(&result).unwrap();
-        assert!(framed.len() > 4 * MAX_RESULT_SKIPS * MAX_REPORTED_TEXT);
+        assert!(framed.len() > MAX_RESULT_SKIPS * (6 * MAX_REPORTED_PATH + 2 * MAX_REPORTED_TEXT));
         assert_eq!(decode_request(&framed).unwrap().unwrap().0, result);
     }
 
     #[test]
     fn a_result_that_lists_too_much_or_hides_a_control_character_is_refused() {
+        // A file name is the agent's, any character at all: data.
+        let named = Request::Result {
+            result_commit: "f".repeat(40),
+            agent_tip: "e".repeat(40),
+            observed_commit: None,
+            tip_source: "run_branch".into(),
+            skipped: vec![ReportedSkip {
+                path: "fifo-\u{1b}]0;pwned\u{7}".into(),
+                why: "SpecialFile".into(),
+            }],
+            skipped_total: 1,
+            ignored: 0,
+            history_dropped: None,
+            pack_bytes: 0,
+        };
+        let framed = encode_request(&named).unwrap();
+        assert!(!framed.contains(&0x1b), "a raw escape in the frame");
+        assert_eq!(decode_request(&framed).unwrap().unwrap().0, named);
         let ok = || Request::Result {
             result_commit: "f".repeat(40),
             agent_tip: "e".repeat(40),
@@ -1033,10 +1066,13 @@ mod tests {
             ..
         } = &mut r
         {
-            *skipped = vec![skip("x\u{1b}[2Jy")];
+            *skipped = vec![ReportedSkip {
+                path: "a".into(),
+                why: "x\u{1b}[2Jy".into(),
+            }];
             *skipped_total = 1;
         }
-        cases.push(("skipped.path", r));
+        cases.push(("skipped.why", r));
         let mut r = ok();
         if let Request::Result {
             skipped,
@@ -1044,7 +1080,7 @@ mod tests {
             ..
         } = &mut r
         {
-            *skipped = vec![skip(&"p".repeat(MAX_REPORTED_TEXT + 1))];
+            *skipped = vec![skip(&"p".repeat(MAX_REPORTED_PATH + 1))];
             *skipped_total = 1;
         }
         cases.push(("skipped.path", r));

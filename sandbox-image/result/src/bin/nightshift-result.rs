@@ -27,7 +27,7 @@ use sandbox_image_door::local_git::Pack;
 use sandbox_image_door::validate::one_line;
 use sandbox_image_door::{
     ReportedDrop, ReportedSkip, Request, Response, EXIT_ERROR, EXIT_USAGE, MAX_PACK_BYTES,
-    MAX_REPORTED_TEXT, MAX_RESULT_SKIPS,
+    MAX_REPORTED_PATH, MAX_REPORTED_TEXT, MAX_RESULT_SKIPS,
 };
 
 const USAGE: &str = "usage: nightshift-result --run-id ID --base COMMIT [--leave-out GLOB]...";
@@ -94,6 +94,19 @@ fn main() -> ExitCode {
     }
 }
 
+/// A file name as it is, cut on a character boundary to `max` bytes (the
+/// last three of them `…` when cut).
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max - '…'.len_utf8();
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 /// Text for the door: one line, escaped, within its limit.
 fn line(text: &str) -> String {
     one_line(text, MAX_REPORTED_TEXT)
@@ -136,7 +149,7 @@ fn run(args: &Args) -> Result<Response, String> {
             .iter()
             .take(MAX_RESULT_SKIPS)
             .map(|s| ReportedSkip {
-                path: line(&s.path),
+                path: cut(&s.path, MAX_REPORTED_PATH),
                 why: line(&format!("{:?}", s.why)),
             })
             .collect(),
