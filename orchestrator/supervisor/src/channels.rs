@@ -69,6 +69,33 @@ impl HostDir {
         Ok(HostDir { dir })
     }
 
+    /// [`HostDir::open`], and the sandbox's lease renewed through it from
+    /// now on, by this process only (`nightshift_engine_docker::lease`):
+    /// what every sandbox of a run (cold, warm, the end-of-run packer)
+    /// starts with. When the lease cannot start, the directory is closed.
+    pub fn open_leased(
+        paths: &StatePaths,
+        run: &str,
+        bound: std::time::Duration,
+    ) -> std::io::Result<(
+        std::sync::Arc<HostDir>,
+        nightshift_engine_docker::lease::Heartbeat,
+    )> {
+        let dir = std::sync::Arc::new(HostDir::open(paths, run)?);
+        let renewing = dir.clone();
+        match nightshift_engine_docker::lease::start(move |counter| renewing.renew(counter), bound)
+        {
+            Ok(heartbeat) => Ok((dir, heartbeat)),
+            Err(e) => {
+                dir.close();
+                Err(std::io::Error::new(
+                    e.kind(),
+                    format!("starting the sandbox's lease: {e}"),
+                ))
+            }
+        }
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
     }

@@ -516,17 +516,7 @@ async fn serve_result(
     }
 }
 
-/// An error and its causes, on one line.
-pub(crate) fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+pub(crate) use sandbox_image_door::validate::error_chain as chain;
 
 /// The door's answer as a log event: the verdict and its rule or act. The
 /// reasons are the gate's words about agent-made values; they go to the log

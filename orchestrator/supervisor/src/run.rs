@@ -1140,20 +1140,11 @@ pub(crate) async fn cold_begin<E: ContainerEngine, S: StateStore>(
         .map_err(|e| RunError::Git(format!("pointing the worktree's origin at the door: {e}")))?;
     // The run's channels (door, model socket, heartbeat): on this host, a
     // directory mounted read-only into the sandbox (`channels`).
-    let channels = std::sync::Arc::new(
-        crate::channels::HostDir::open(&paths, &id)
-            .map_err(|e| RunError::Git(format!("opening the run's channels: {e}")))?,
-    );
-    held.channels = Some(channels.clone());
     // The lease: renewed from now on by this process only (see `lease`).
-    let renewing = channels.clone();
-    held.lease = Some(
-        nightshift_engine_docker::lease::start(
-            move |counter| renewing.renew(counter),
-            req.caps.lease,
-        )
-        .map_err(|e| RunError::Git(format!("starting the sandbox's lease: {e}")))?,
-    );
+    let (channels, lease) = crate::channels::HostDir::open_leased(&paths, &id, req.caps.lease)
+        .map_err(|e| RunError::Git(format!("opening the run's channels: {e}")))?;
+    held.channels = Some(channels.clone());
+    held.lease = Some(lease);
     // The model gateway, when the owner configured model endpoints.
     let models =
         nightshift_gateway::load(&paths.root).map_err(|e| RunError::BadInput(e.to_string()))?;
@@ -2029,8 +2020,9 @@ async fn finish<E: ContainerEngine, S: StateStore>(
     // kill switch, a freeze): then read by path, as reconciliation does.
     let mut import_failure = None;
     if let (Some(wt), true) = (held.worktree.clone(), held.started) {
-        let killed =
-            matches!(outcome, Ok(Ended::KilledBy(_))) || kill_or_freeze(sup, &id)?.is_some();
+        // A kill or freeze that cannot be read counts as one.
+        let killed = matches!(outcome, Ok(Ended::KilledBy(_)))
+            || !matches!(kill_or_freeze(sup, &id), Ok(None));
         let imported = match (sup.results, killed) {
             (ResultsBy::Packer, false) => packer::import(sup, record, held, &wt).await,
             _ => import_into(&sup.store, record, &wt).await,

@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use nightshift_core::channel::Channels as _;
 use nightshift_core::container_engine::ContainerEngine;
 use nightshift_core::sandbox::Caps;
 use nightshift_core::state_store::{StatePaths, StateStore};
@@ -80,16 +79,10 @@ async fn make<E: ContainerEngine, S: StateStore>(
     .await
     .map_err(|e| RunError::Git(e.to_string()))?
     .map_err(|e| RunError::Git(format!("making the warm worktree's filesystem: {e}")))?;
-    let channels = Arc::new(
-        crate::channels::HostDir::open(paths, id)
-            .map_err(|e| RunError::Git(format!("opening the warm sandbox's channels: {e}")))?,
-    );
+    let (channels, lease) = crate::channels::HostDir::open_leased(paths, id, caps.lease)
+        .map_err(|e| RunError::Git(format!("opening the warm sandbox's channels: {e}")))?;
     made.channels = Some(channels.clone());
-    let renewing = channels.clone();
-    made.lease = Some(
-        nightshift_engine_docker::lease::start(move |c| renewing.renew(c), caps.lease)
-            .map_err(|e| RunError::Git(format!("starting the warm sandbox's lease: {e}")))?,
-    );
+    made.lease = Some(lease);
     let gateway = nightshift_gateway::load(&paths.root)
         .map_err(|e| RunError::BadInput(e.to_string()))?
         .is_some();

@@ -390,6 +390,18 @@ pub fn check_hook_payload(
     Ok(())
 }
 
+/// An error and its causes, on one line (`error: cause: cause`).
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
 /// `text` made safe to print as one line: control and bidirectional
 /// characters escaped, at most `max_bytes` bytes (cut on a character
 /// boundary, marked with `…`).

@@ -105,15 +105,8 @@ async fn make<E: ContainerEngine, S: StateStore>(
 ) -> Result<(Landed, String, u64), ImportFailure> {
     let id = record.id.clone();
     let paths = sup.paths();
-    let channels = Arc::new(
-        crate::channels::HostDir::open(&paths, &id)
-            .map_err(|e| failed("packer", format!("opening the packer's channels: {e}")))?,
-    );
-    let renewing = channels.clone();
-    let lease = nightshift_engine_docker::lease::start(
-        move |counter| renewing.renew(counter),
-        held.caps.lease,
-    );
+    let (channels, lease) = crate::channels::HostDir::open_leased(&paths, &id, held.caps.lease)
+        .map_err(|e| failed("packer", format!("opening the packer's channels: {e}")))?;
     let slot = Arc::new(Slot::default());
     let door = channels.door().map(|listener| {
         crate::door::open(
@@ -139,27 +132,19 @@ async fn make<E: ContainerEngine, S: StateStore>(
         orchestrator_git::write_base_objects(&repo, &base_owned, &dest)
     })
     .await;
-    let ran = match (&lease, &door, based) {
-        (Ok(_), Ok(_), Ok(Ok(()))) => {
-            sandbox(sup, record, held, worktree, base, channels.as_ref()).await
-        }
-        (_, _, Ok(Err(e))) => Err(failed(
+    let ran = match (&door, based) {
+        (Ok(_), Ok(Ok(()))) => sandbox(sup, record, held, worktree, base, channels.as_ref()).await,
+        (_, Ok(Err(e))) => Err(failed(
             orchestrator_git::import_failure_kind(&e),
             format!("writing the base's objects for the packer: {}", chain(&e)),
         )),
-        (_, _, Err(e)) => Err(failed(
+        (_, Err(e)) => Err(failed(
             "internal",
             format!("writing the base's objects: {e}"),
         )),
-        (Err(e), _, _) => Err(failed(
-            "packer",
-            format!("starting the packer's lease: {e}"),
-        )),
-        (_, Err(e), _) => Err(failed("packer", format!("opening the packer's door: {e}"))),
+        (Err(e), _) => Err(failed("packer", format!("opening the packer's door: {e}"))),
     };
-    if let Ok(lease) = lease {
-        lease.stop();
-    }
+    lease.stop();
     if let Ok(door) = door {
         door.close();
     }

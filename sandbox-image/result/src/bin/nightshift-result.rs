@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use orchestrator_git::{pack_result, HistoryDropped, ImportLimits, ResultSpec, TipSource};
 use sandbox_image_door::client::{self, DoorAddress};
 use sandbox_image_door::local_git::Pack;
-use sandbox_image_door::validate::one_line;
+use sandbox_image_door::validate::{error_chain as chain, one_line};
 use sandbox_image_door::{
     ReportedDrop, ReportedSkip, Request, Response, EXIT_ERROR, EXIT_USAGE, MAX_PACK_BYTES,
     MAX_REPORTED_PATH, MAX_REPORTED_TEXT, MAX_RESULT_SKIPS,
@@ -176,16 +176,4 @@ fn dropped(h: &HistoryDropped) -> ReportedDrop {
         limit,
         why: line(&h.to_string()),
     }
-}
-
-/// An error and its causes, on one line.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
