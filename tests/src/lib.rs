@@ -60,6 +60,17 @@ pub fn engine_cli() -> &'static str {
     }
 }
 
+/// The variable that names the engine's endpoint to nightshift: Docker's
+/// own `DOCKER_HOST`, or `NIGHTSHIFT_PODMAN_HOST` for nightshift's Podman
+/// service.
+pub fn engine_host_var() -> &'static str {
+    if on_podman() {
+        "NIGHTSHIFT_PODMAN_HOST"
+    } else {
+        "DOCKER_HOST"
+    }
+}
+
 #[derive(Debug)]
 pub struct State {
     pub dir: tempfile::TempDir,

@@ -84,7 +84,7 @@ fn an_unreachable_engine() {
     let repo = make_repo();
     let out = state
         .cmd()
-        .env("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+        .env(tests::engine_host_var(), "unix:///nonexistent/docker.sock")
         .args([
             "run",
             "--repo",

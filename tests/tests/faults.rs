@@ -1059,10 +1059,16 @@ impl EngineProxy {
         use std::os::unix::net::{UnixListener, UnixStream};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("engine.sock");
-        let engine = std::env::var("DOCKER_HOST")
+        let engine = std::env::var(tests::engine_host_var())
             .ok()
             .and_then(|h| h.strip_prefix("unix://").map(str::to_string))
-            .unwrap_or_else(|| "/var/run/docker.sock".into());
+            .unwrap_or_else(|| {
+                if tests::on_podman() {
+                    "/run/nightshift-podman/podman.sock".into()
+                } else {
+                    "/var/run/docker.sock".into()
+                }
+            });
         let listener = UnixListener::bind(&path).unwrap();
         let cut = Arc::new(AtomicBool::new(false));
         let conns: Arc<std::sync::Mutex<Vec<UnixStream>>> = Arc::default();
@@ -1100,7 +1106,8 @@ impl EngineProxy {
         }
     }
 
-    fn docker_host(&self) -> String {
+    /// This proxy's endpoint.
+    fn endpoint(&self) -> String {
         format!("unix://{}", self.path.display())
     }
 
@@ -1119,7 +1126,7 @@ impl EngineProxy {
 /// Whether the container `id` is still running, asked of the engine
 /// directly (not through the proxy).
 fn container_running(id: &str) -> bool {
-    let out = Command::new("docker")
+    let out = Command::new(tests::engine_cli())
         .args(["inspect", "-f", "{{.State.Running}}", id])
         .output()
         .unwrap();
@@ -1143,7 +1150,7 @@ fn a_cut_engine_connection_loses_no_step_and_reconcile_removes_the_sandbox() {
         format!("{WAIT_AT_GATE}for i in $(seq 1 30); do echo $i > step$i.txt; sleep 0.2; done");
     let mut child = state
         .cmd()
-        .env("DOCKER_HOST", proxy.docker_host())
+        .env(tests::engine_host_var(), proxy.endpoint())
         .args([
             "run",
             "--repo",

@@ -1328,6 +1328,10 @@ def one():
         r = c.getresponse()
         r.read()
         statuses.append(r.status)
+    except (BrokenPipeError, ConnectionResetError):
+        # Refused before its body was read (told to retry, the
+        # connection closed): the refusal's answer lost to the close.
+        statuses.append("closed")
     except Exception as e:
         statuses.append(repr(e))
 ts = [threading.Thread(target=one) for _ in range(16)]
@@ -1383,9 +1387,13 @@ print("STATUSES " + json.dumps(sorted(statuses, key=str)), flush=True)
     let statuses: Vec<Value> = serde_json::from_str(line).unwrap();
     assert_eq!(statuses.len(), 16, "{log}");
     // Each was read and refused (not JSON the gateway forwards), or told to
-    // retry while the others were held.
+    // retry while the others were held: the connection closed with that
+    // answer, which a client still sending its 32 MiB may see as the close
+    // alone (a loaded machine did, four of sixteen).
     assert!(
-        statuses.iter().all(|s| s == 400 || s == 429),
+        statuses
+            .iter()
+            .all(|s| s == 400 || s == 429 || s == "closed"),
         "{statuses:?}"
     );
     assert!(statuses.iter().any(|s| s == 400), "{statuses:?}");

@@ -178,7 +178,7 @@ fn a_sandbox_created_and_not_yet_started_is_removed_by_the_kill_switch() {
     // sure it can never start (SIGKILL on a created container does nothing).
     let state = State::new();
     let tag = orchestrator::state_tag(state.path());
-    let out = Command::new("docker")
+    let out = Command::new(tests::engine_cli())
         .args([
             "create",
             "--network",
@@ -204,7 +204,7 @@ fn a_sandbox_created_and_not_yet_started_is_removed_by_the_kill_switch() {
     assert_eq!(state.containers().len(), 1);
     let out = state.run(&["kill", "--all"]);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
-    let gone = Command::new("docker")
+    let gone = Command::new(tests::engine_cli())
         .args(["inspect", &id])
         .output()
         .unwrap();

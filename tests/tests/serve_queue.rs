@@ -93,7 +93,7 @@ fn a_killed_serve_loses_no_task_and_leaves_no_orphan_sandbox() {
             "{r:#?}"
         );
         // No orphan: its sandbox and worktree are gone, its work imported.
-        let sandboxes = std::process::Command::new("docker")
+        let sandboxes = std::process::Command::new(tests::engine_cli())
             .args(["ps", "-aq", "--filter"])
             .arg(format!("label=nightshift.run={run}"))
             .output()

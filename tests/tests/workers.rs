@@ -139,7 +139,7 @@ fn unix_now() -> i64 {
 
 /// The running containers of one run (its label).
 fn containers_of(run: &str) -> usize {
-    let out = std::process::Command::new("docker")
+    let out = std::process::Command::new(tests::engine_cli())
         .args([
             "ps",
             "-q",
@@ -226,7 +226,7 @@ fn a_worker_cut_off_from_the_store_is_fenced_and_another_settles_its_tasks_once(
         std::thread::spawn(move || {
             let tag = orchestrator::state_tag(&state_path);
             while on.load(Ordering::SeqCst) {
-                let out = std::process::Command::new("docker")
+                let out = std::process::Command::new(tests::engine_cli())
                     .args([
                         "ps",
                         "-q",
@@ -659,7 +659,7 @@ fn three_workers_in_their_own_networks_lose_nothing_to_a_kill_and_a_partition() 
         let tag = orchestrator::state_tag(state.path());
         std::thread::spawn(move || {
             while on.load(Ordering::SeqCst) {
-                let out = std::process::Command::new("docker")
+                let out = std::process::Command::new(tests::engine_cli())
                     .args([
                         "ps",
                         "-q",
@@ -884,7 +884,7 @@ fn three_workers_in_their_own_networks_lose_nothing_to_a_kill_and_a_partition() 
     }
     // No sandbox of the night is left.
     let tag = orchestrator::state_tag(state.path());
-    let out = std::process::Command::new("docker")
+    let out = std::process::Command::new(tests::engine_cli())
         .args([
             "ps",
             "-aq",

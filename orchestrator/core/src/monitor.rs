@@ -151,6 +151,64 @@ pub fn take_fleet_memory_peak(layout: &Layout, fleet: &str) -> Option<u64> {
     peak
 }
 
+/// What tells, at a run's ending, that the fleet's memory limit was
+/// reached while the run was under it: the limit's hit counter before the
+/// start and, on cgroup v1, an OOM notification registered on the fleet
+/// (an eventfd on its `memory.oom_control`, through `cgroup.event_control`).
+/// The kernel notifies a cgroup when it, or an ancestor, runs out of memory,
+/// never for a sandbox's own cap below it; on this host's v1 the fleet's hit
+/// counter stayed 0 through such a kill and Podman reports it as a plain
+/// exit 137, so the notification is what names the fleet there
+/// (`tests/tests/killswitch.rs::the_fleet_memory_cap_stops_a_run_and_says_so`,
+/// on Docker and Podman; docs/engines.md).
+#[derive(Debug, Default)]
+pub struct FleetMemoryWatch {
+    hits_before: Option<u64>,
+    oom: Option<nix::sys::eventfd::EventFd>,
+}
+
+impl FleetMemoryWatch {
+    /// Reads the counter and registers the notification (v1; on v2 the
+    /// counter is hierarchical and enough). A registration that fails
+    /// leaves the counter alone to tell, as before.
+    pub fn begin(layout: &Layout, fleet: &str) -> Self {
+        let oom = match layout {
+            Layout::V1 { root } => register_oom(&root.join("memory").join(fleet)).ok(),
+            Layout::V2 { .. } => None,
+        };
+        Self {
+            hits_before: fleet_memory_hits(layout, fleet),
+            oom,
+        }
+    }
+
+    pub fn hits_before(&self) -> Option<u64> {
+        self.hits_before
+    }
+
+    /// Whether the kernel notified the fleet of an OOM since [`Self::begin`]
+    /// (reading takes the notification).
+    pub fn oom_notified(&self) -> bool {
+        self.oom
+            .as_ref()
+            .is_some_and(|efd| efd.read().is_ok_and(|n| n > 0))
+    }
+}
+
+/// An eventfd the kernel signals when the memory cgroup `dir` (v1) runs out
+/// of memory.
+fn register_oom(dir: &std::path::Path) -> std::io::Result<nix::sys::eventfd::EventFd> {
+    use nix::sys::eventfd::{EfdFlags, EventFd};
+    use std::os::fd::AsRawFd;
+    let efd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+    let control = std::fs::File::open(dir.join("memory.oom_control"))?;
+    std::fs::write(
+        dir.join("cgroup.event_control"),
+        format!("{} {}", efd.as_raw_fd(), control.as_raw_fd()),
+    )?;
+    Ok(efd)
+}
+
 /// Did the fleet reach its memory limit? Its hit counter moved, or its
 /// high-water mark is within 2 MiB of the limit.
 pub fn fleet_reached(

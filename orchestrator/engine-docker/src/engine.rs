@@ -369,11 +369,8 @@ impl Engine {
     /// checkout, the cache being built, the owner's credential files and
     /// the host's CA bundle (`tests/tests/setup.rs`).
     pub async fn create_setup(&self, spec: &SetupSpec) -> Result<String, EngineError> {
-        if self.kind == EngineKind::Podman {
-            return Err(EngineError::Api {
-                doing: format!("creating setup container {}", spec.name),
-                source: "the setup phase is not supported on podman yet (docs/engines.md)".into(),
-            });
+        if let Some(socket) = &self.podman_socket {
+            return crate::podman::create_setup(socket, spec).await;
         }
         let bind = |source: &Path, target: &str, read_only: bool| Mount {
             target: Some(target.into()),

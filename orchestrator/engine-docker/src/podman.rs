@@ -36,8 +36,16 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
 use nightshift_core::container_engine::EngineError;
-use nightshift_core::sandbox::{SandboxSpec, DOOR_MOUNT, WORKSPACE};
-use nightshift_core::setup::CACHE_MOUNT as SETUP_CACHE;
+use nightshift_core::sandbox::{
+    Caps, SandboxSpec, DOOR_MOUNT, SECCOMP_PROFILE, SHARED_NPROC, WORKSPACE,
+};
+use nightshift_core::setup::{
+    SetupSpec, CACHE_MOUNT as SETUP_CACHE, CA_MOUNT as SETUP_CA, CHECKOUT_MOUNT as SETUP_CHECKOUT,
+};
+
+/// Podman's own init (Debian's path), PID 1 where nightshift's lease
+/// wrapper is not.
+const CATATONIT: &str = "/usr/libexec/podman/catatonit";
 
 /// Podman's own API version this adapter speaks (Podman 4.x).
 const LIBPOD: &str = "/v4.0.0/libpod";
@@ -210,59 +218,56 @@ fn tmpfs_options(options: &str) -> Vec<String> {
     out
 }
 
-/// The libpod `SpecGenerator` for a sandbox: the Docker adapter's request,
-/// spelled for Podman.
-pub(crate) fn sandbox_request(spec: &SandboxSpec, seccomp: &Path) -> Value {
-    let mut tmpfs: BTreeMap<String, String> = spec.tmpfs.clone();
+/// A bind mount in a libpod request.
+fn bind(source: &Path, target: &str, rw: bool) -> Value {
+    json!({
+        "destination": target,
+        "type": "bind",
+        "source": source.to_string_lossy(),
+        "options": ["rbind", if rw { "rw" } else { "ro" }],
+    })
+}
+
+/// The tmpfs mounts of a request: the spec's, and Podman's own (`/run`,
+/// `/var/tmp`) sized unless the spec names them.
+fn tmpfs_mounts(spec_tmpfs: &BTreeMap<String, String>) -> Vec<Value> {
+    let mut tmpfs = spec_tmpfs.clone();
     for (target, options) in PODMAN_TMPFS {
         tmpfs
             .entry(target.to_owned())
             .or_insert_with(|| options.to_owned());
     }
-    let bind = |source: &Path, target: &str, rw: bool| {
-        json!({
-            "destination": target,
-            "type": "bind",
-            "source": source.to_string_lossy(),
-            "options": ["rbind", if rw { "rw" } else { "ro" }],
+    tmpfs
+        .iter()
+        .map(|(target, options)| {
+            json!({
+                "destination": target,
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": tmpfs_options(options),
+            })
         })
-    };
-    let mut mounts = vec![bind(&spec.worktree_host, WORKSPACE, true)];
-    if let Some(door) = &spec.door {
-        mounts.push(bind(door, DOOR_MOUNT, false));
-    }
-    if let Some(cache) = &spec.setup_cache {
-        mounts.push(bind(cache, SETUP_CACHE, false));
-    }
-    for (target, options) in &tmpfs {
-        mounts.push(json!({
-            "destination": target,
-            "type": "tmpfs",
-            "source": "tmpfs",
-            "options": tmpfs_options(options),
-        }));
-    }
-    let env: BTreeMap<String, String> = spec
-        .env_list()
-        .into_iter()
+        .collect()
+}
+
+/// `KEY=value` lines as libpod's map.
+fn env_map(list: Vec<String>) -> BTreeMap<String, String> {
+    list.into_iter()
         .filter_map(|e| e.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
-        .collect();
+        .collect()
+}
+
+/// The hardening and caps every container nightshift makes on Podman
+/// shares, sandbox or setup: no capability, no new privileges, the seccomp
+/// profile by path, a read-only root, private namespaces but the network,
+/// the memory (swap included), CPU and process caps, no log, no restart.
+fn hardened(caps: &Caps, seccomp: &Path, cgroup_parent: Option<&String>) -> Value {
     let period: i64 = 100_000;
-    let quota = spec.caps.nano_cpus * period / 1_000_000_000;
+    let quota = caps.nano_cpus * period / 1_000_000_000;
     let mut request = json!({
-        "name": spec.name,
-        "image": spec.image,
-        "command": spec.command,
-        "entrypoint": [],
-        "user": spec.user(),
-        "work_dir": WORKSPACE,
-        "env": env,
-        "labels": spec.labels,
         "terminal": false,
         "stdin": false,
-        "init": !spec.lease_is_pid1(),
         "read_only_filesystem": true,
-        "mounts": mounts,
         "privileged": false,
         "cap_drop": ["ALL"],
         "cap_add": [],
@@ -271,51 +276,143 @@ pub(crate) fn sandbox_request(spec: &SandboxSpec, seccomp: &Path) -> Value {
         // What Podman shows as `seccomp=` in its inspect (as it records a
         // profile given to its compatible API).
         "annotations": {"io.podman.annotations.seccomp": seccomp.to_string_lossy()},
-        "mask": spec.masked_paths(),
-        "netns": {"nsmode": "none"},
         "pidns": {"nsmode": "private"},
         "ipcns": {"nsmode": "private"},
         "utsns": {"nsmode": "private"},
         "cgroupns": {"nsmode": "private"},
         "resource_limits": {
-            "memory": {"limit": spec.caps.memory_bytes, "swap": spec.caps.memory_bytes},
+            "memory": {"limit": caps.memory_bytes, "swap": caps.memory_bytes},
             "cpu": {"quota": quota, "period": period},
-            "pids": {"limit": spec.caps.pids},
+            "pids": {"limit": caps.pids},
         },
-        "r_limits": spec.ulimits().iter().map(|u| json!({
-            "type": u.name, "soft": u.soft, "hard": u.hard,
-        })).collect::<Vec<_>>(),
-        "shm_size": spec.caps.shm_bytes(),
         // conmon stays in the service's cgroup: under the run's, only the
         // container's (the run's memory figures are the container's).
         "cgroups_mode": "no-conmon",
         "log_configuration": {"driver": "none"},
         "restart_policy": "no",
     });
-    // The runtime is the service's (Podman 4.3 takes no runtime per
-    // container): gVisor's service is another socket ([`podman_endpoint`]).
-    if let Some(parent) = &spec.cgroup_parent {
+    if let Some(parent) = cgroup_parent {
         request["cgroup_parent"] = json!(parent);
-    }
-    if !spec.lease_is_pid1() {
-        request["init_path"] = json!("/usr/libexec/podman/catatonit");
     }
     request
 }
 
-/// Creates and initialises (never starts) a sandbox through Podman's own
-/// API; its id.
-pub(crate) async fn create(socket: &Path, spec: &SandboxSpec) -> Result<String, EngineError> {
-    let seccomp = seccomp_file(&spec.seccomp_profile())?;
-    let doing = format!("creating container {} in podman", spec.name);
-    let created = call(
-        socket,
-        "POST",
-        "/containers/create",
-        Some(&sandbox_request(spec, &seccomp)),
-        &doing,
+/// Adds `fields` to a request object.
+fn with(mut request: Value, fields: Value) -> Value {
+    if let (Some(r), Value::Object(f)) = (request.as_object_mut(), fields) {
+        r.extend(f);
+    }
+    request
+}
+
+/// The libpod `SpecGenerator` for a sandbox: the Docker adapter's request,
+/// spelled for Podman.
+pub(crate) fn sandbox_request(spec: &SandboxSpec, seccomp: &Path) -> Value {
+    let mut mounts = vec![bind(&spec.worktree_host, WORKSPACE, true)];
+    if let Some(door) = &spec.door {
+        mounts.push(bind(door, DOOR_MOUNT, false));
+    }
+    if let Some(cache) = &spec.setup_cache {
+        mounts.push(bind(cache, SETUP_CACHE, false));
+    }
+    mounts.extend(tmpfs_mounts(&spec.tmpfs));
+    let mut request = with(
+        hardened(&spec.caps, seccomp, spec.cgroup_parent.as_ref()),
+        json!({
+            "name": spec.name,
+            "image": spec.image,
+            "command": spec.command,
+            "entrypoint": [],
+            "user": spec.user(),
+            "work_dir": WORKSPACE,
+            "env": env_map(spec.env_list()),
+            "labels": spec.labels,
+            "init": !spec.lease_is_pid1(),
+            "mounts": mounts,
+            "mask": spec.masked_paths(),
+            "netns": {"nsmode": "none"},
+            "r_limits": spec.ulimits().iter().map(|u| json!({
+                "type": u.name, "soft": u.soft, "hard": u.hard,
+            })).collect::<Vec<_>>(),
+            "shm_size": spec.caps.shm_bytes(),
+        }),
+    );
+    // The runtime is the service's (Podman 4.3 takes no runtime per
+    // container): gVisor's service is another socket ([`podman_endpoint`]).
+    if !spec.lease_is_pid1() {
+        request["init_path"] = json!(CATATONIT);
+    }
+    request
+}
+
+/// The libpod `SpecGenerator` for a run's setup container (docs/setup.md):
+/// the Docker adapter's [`crate::engine::Engine::create_setup`], spelled
+/// for Podman. The same hardening as a sandbox's, but Podman's bridge
+/// network, the engine's init, and only the read-only checkout, the cache
+/// being built, the credentials and the CA bundle mounted (no door, no
+/// worktree).
+pub(crate) fn setup_request(spec: &SetupSpec, seccomp: &Path) -> Value {
+    let mut mounts = vec![
+        bind(&spec.checkout, SETUP_CHECKOUT, false),
+        bind(&spec.cache, SETUP_CACHE, true),
+    ];
+    mounts.extend(
+        spec.credentials
+            .iter()
+            .map(|(host, target)| bind(host, target, false)),
+    );
+    if let Some(ca) = &spec.ca_bundle {
+        mounts.push(bind(ca, SETUP_CA, false));
+    }
+    mounts.extend(tmpfs_mounts(&spec.tmpfs));
+    with(
+        hardened(&spec.caps, seccomp, spec.cgroup_parent.as_ref()),
+        json!({
+            "name": spec.name,
+            "image": spec.image,
+            "command": spec.command,
+            "entrypoint": [],
+            "user": spec.user(),
+            "work_dir": SETUP_CHECKOUT,
+            "env": env_map(spec.env_list()),
+            "labels": spec.labels,
+            "init": true,
+            "init_path": CATATONIT,
+            "mounts": mounts,
+            "netns": {"nsmode": "bridge"},
+            // Podman's defaults (a million open files and four million
+            // processes) are above the service's own hard limits, which
+            // the runtime then fails to set: the sandbox's open files and
+            // shared process limit, no core dumps.
+            "r_limits": [
+                {"type": "nofile", "soft": spec.caps.open_files, "hard": spec.caps.open_files},
+                {"type": "nproc", "soft": SHARED_NPROC, "hard": SHARED_NPROC},
+                {"type": "core", "soft": 0, "hard": 0},
+            ],
+        }),
     )
-    .await?;
+}
+
+/// Creates (never starts) a run's setup container through Podman's own
+/// API; its id.
+pub(crate) async fn create_setup(socket: &Path, spec: &SetupSpec) -> Result<String, EngineError> {
+    let seccomp = seccomp_file(SECCOMP_PROFILE)?;
+    let doing = format!("creating setup container {} in podman", spec.name);
+    created_id(
+        call(
+            socket,
+            "POST",
+            "/containers/create",
+            Some(&setup_request(spec, &seccomp)),
+            &doing,
+        )
+        .await?,
+        doing,
+    )
+}
+
+/// The container id in a create's answer.
+fn created_id(created: Value, doing: String) -> Result<String, EngineError> {
     let id = created
         .get("Id")
         .and_then(Value::as_str)
@@ -331,6 +428,22 @@ pub(crate) async fn create(socket: &Path, spec: &SandboxSpec) -> Result<String, 
         });
     }
     Ok(id)
+}
+
+/// Creates and initialises (never starts) a sandbox through Podman's own
+/// API; its id.
+pub(crate) async fn create(socket: &Path, spec: &SandboxSpec) -> Result<String, EngineError> {
+    let seccomp = seccomp_file(&spec.seccomp_profile())?;
+    let doing = format!("creating container {} in podman", spec.name);
+    let created = call(
+        socket,
+        "POST",
+        "/containers/create",
+        Some(&sandbox_request(spec, &seccomp)),
+        &doing,
+    )
+    .await?;
+    created_id(created, doing)
 }
 
 /// Percent-encodes a query value (RFC 3986 unreserved characters kept).
@@ -583,5 +696,49 @@ mod tests {
         assert_eq!(r["netns"]["nsmode"], "none");
         assert_eq!(r["read_only_filesystem"], true);
         assert_eq!(r["seccomp_profile_path"], "/p.json");
+    }
+
+    #[test]
+    fn a_setup_request_has_the_bridge_and_its_mounts_but_no_door_or_worktree() {
+        let spec = SetupSpec::new(
+            "r1",
+            "tag",
+            "sup",
+            "img",
+            "true",
+            PathBuf::from("/checkout"),
+            PathBuf::from("/cache"),
+            &Default::default(),
+            Default::default(),
+        );
+        let r = setup_request(&spec, Path::new("/p.json"));
+        assert_eq!(r["netns"]["nsmode"], "bridge");
+        let binds: Vec<(String, String, String)> = r["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|m| m["type"] == "bind")
+            .map(|m| {
+                (
+                    m["source"].as_str().unwrap().to_owned(),
+                    m["destination"].as_str().unwrap().to_owned(),
+                    m["options"][1].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            binds,
+            [
+                ("/checkout".into(), SETUP_CHECKOUT.into(), "ro".into()),
+                ("/cache".into(), SETUP_CACHE.into(), "rw".into()),
+            ]
+        );
+        assert_eq!(r["cap_drop"], json!(["ALL"]));
+        assert_eq!(r["no_new_privileges"], true);
+        assert_eq!(r["read_only_filesystem"], true);
+        assert_eq!(r["privileged"], false);
+        assert_eq!(r["seccomp_profile_path"], "/p.json");
+        assert_eq!(r["init_path"], CATATONIT);
+        assert!(r["resource_limits"]["memory"]["limit"].as_i64().unwrap() > 0);
     }
 }

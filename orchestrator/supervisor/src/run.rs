@@ -680,7 +680,7 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         container,
         output,
         dest,
-        fleet_hits_before,
+        fleet_memory,
     } = match begun {
         Ok(begun) => begun,
         Err(ended) => return Ok(ended),
@@ -856,11 +856,14 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         Ok(store.kill_request(&record.id)?)
     };
     let mut killed_by = read_kill()?;
+    // Read once: reading takes the notification.
+    let fleet_oom = fleet_memory.oom_notified();
     if killed_by.is_none()
         && matches!(ended, Ended::Exited)
         && state.exit_code == Some(137)
         && !state.oom_killed
         && last.oom_kills.unwrap_or(0) == 0
+        && !fleet_oom
     {
         // A SIGKILL from outside: the kill switch stops sandboxes first and
         // records the request right after, so give the record a moment to
@@ -877,9 +880,9 @@ async fn steps<E: ContainerEngine, S: StateStore>(
         Ended::Exited if killed_by.is_some() => Ended::KilledBy(killed_by.unwrap_or_default()),
         Ended::Exited
             if state.exit_code == Some(137)
-                && (state.oom_killed || last.oom_kills.unwrap_or(0) > 0) =>
+                && (state.oom_killed || last.oom_kills.unwrap_or(0) > 0 || fleet_oom) =>
         {
-            let fleet_memory = sup
+            let fleet_limit = sup
                 .fleet
                 .as_ref()
                 .map(|f| f.memory_bytes)
@@ -892,15 +895,16 @@ async fn steps<E: ContainerEngine, S: StateStore>(
                 .fleet
                 .as_ref()
                 .and_then(|f| monitor::take_fleet_memory_peak(&f.layout, &f.name));
-            let fleet_reached = monitor::fleet_reached(
-                fleet_hits_before,
-                fleet_hits_after,
-                fleet_peak,
-                fleet_memory,
-            );
+            let fleet_reached = fleet_oom
+                || monitor::fleet_reached(
+                    fleet_memory.hits_before(),
+                    fleet_hits_after,
+                    fleet_peak,
+                    fleet_limit,
+                );
             Ended::Breach(monitor::memory_breach(
                 &req.caps,
-                fleet_memory,
+                fleet_limit,
                 peak.peak_memory_bytes,
                 fleet_reached,
             ))
@@ -1064,10 +1068,7 @@ pub(crate) async fn warm_begin<E: ContainerEngine, S: StateStore>(
     if let Some(s) = *stop.borrow() {
         return Ok(Err(Ended::Stopped(s)));
     }
-    let fleet_hits_before = sup
-        .fleet
-        .as_ref()
-        .and_then(|f| nightshift_core::monitor::fleet_memory_hits(&f.layout, &f.name));
+    let fleet_memory = fleet_memory_watch(sup);
     if let Some(by) = kill_or_freeze(sup, &id)? {
         return Ok(Err(Ended::KilledBy(by)));
     }
@@ -1086,7 +1087,7 @@ pub(crate) async fn warm_begin<E: ContainerEngine, S: StateStore>(
         container,
         output,
         dest,
-        fleet_hits_before,
+        fleet_memory,
     }))
 }
 
@@ -1095,7 +1096,18 @@ pub(crate) struct Begun {
     pub(crate) container: String,
     pub(crate) output: nightshift_core::container_engine::OutputStream,
     pub(crate) dest: PathBuf,
-    pub(crate) fleet_hits_before: Option<u64>,
+    pub(crate) fleet_memory: monitor::FleetMemoryWatch,
+}
+
+/// The fleet's memory counter and OOM notification, taken just before the
+/// agent starts (see [`monitor::FleetMemoryWatch`]).
+fn fleet_memory_watch<E: ContainerEngine, S: StateStore>(
+    sup: &Supervisor<E, S>,
+) -> monitor::FleetMemoryWatch {
+    sup.fleet
+        .as_ref()
+        .map(|f| monitor::FleetMemoryWatch::begin(&f.layout, &f.name))
+        .unwrap_or_default()
 }
 
 /// The cold beginning: the worktree's filesystem, the worktree, the
@@ -1183,10 +1195,7 @@ pub(crate) async fn cold_begin<E: ContainerEngine, S: StateStore>(
 
     // Start, with output attached first so nothing is missed.
     let output = sup.engine.attach(&container).await?;
-    let fleet_hits_before = sup
-        .fleet
-        .as_ref()
-        .and_then(|f| monitor::fleet_memory_hits(&f.layout, &f.name));
+    let fleet_memory = fleet_memory_watch(sup);
     // Last look before the agent runs.
     if let Some(by) = kill_or_freeze(sup, &id)? {
         return Ok(Err(Ended::KilledBy(by)));
@@ -1203,7 +1212,7 @@ pub(crate) async fn cold_begin<E: ContainerEngine, S: StateStore>(
         container,
         output,
         dest,
-        fleet_hits_before,
+        fleet_memory,
     }))
 }
 
