@@ -1,8 +1,8 @@
 //! Rootful Podman as the engine (`--engine podman`, docs/engines.md): what
 //! differs from Docker. Everything but creation and the extra observation
 //! goes through Podman's Docker-compatible API with the same client as
-//! Docker ([`crate::engine`]); a sandbox is created through Podman's own
-//! API (`/libpod/containers/create`), because the compatible one drops the
+//! Docker ([`crate::engine`]); a sandbox (and a run's setup container) is
+//! created through Podman's own API (`/libpod/containers/create`), because the compatible one drops the
 //! cgroup namespace (`CgroupnsMode`), masks nothing it is asked to
 //! (`MaskedPaths`), refuses tmpfs `uid=`/`gid=`, and takes a seccomp profile
 //! by path, not by its text.
@@ -17,6 +17,12 @@
 //!   Podman's `U` option, and `/run` and `/var/tmp` (which Podman mounts on
 //!   a read-only root) as sized tmpfs
 //!   (`orchestrator/attest/tests/podman.rs::an_unsized_podman_run_tmpfs_fails`).
+//! - A run's setup container (docs/setup.md) is made the same way, from
+//!   its own `SetupSpec`: the same hardening, Podman's bridge network and
+//!   only the setup's mounts (never a door or a worktree), with open-file
+//!   and process limits the service can set
+//!   (`tests::a_setup_request_has_the_bridge_and_its_mounts_but_no_door_or_worktree`,
+//!   `tests/tests/setup.rs` under `NIGHTSHIFT_TEST_ENGINE=podman`).
 //! - The container is initialised (`podman init`: the runtime's bundle is
 //!   written, no process of the sandbox runs) before it is observed, and the
 //!   observation hands the attestation what the runtime was given (its OCI
@@ -257,14 +263,53 @@ fn env_map(list: Vec<String>) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// What a container nightshift makes on Podman is, whatever it is for.
+struct Container<'a> {
+    name: &'a str,
+    image: &'a str,
+    command: &'a [String],
+    user: String,
+    work_dir: &'a str,
+    env: Vec<String>,
+    labels: &'a BTreeMap<String, String>,
+    caps: &'a Caps,
+    cgroup_parent: Option<&'a String>,
+}
+
+/// A [`Container`] from a sandbox's or a setup's spec (the fields both
+/// have), working in `work_dir`.
+macro_rules! container_of {
+    ($spec:expr, $work_dir:expr) => {
+        Container {
+            name: &$spec.name,
+            image: &$spec.image,
+            command: &$spec.command,
+            user: $spec.user(),
+            work_dir: $work_dir,
+            env: $spec.env_list(),
+            labels: &$spec.labels,
+            caps: &$spec.caps,
+            cgroup_parent: $spec.cgroup_parent.as_ref(),
+        }
+    };
+}
+
 /// The hardening and caps every container nightshift makes on Podman
 /// shares, sandbox or setup: no capability, no new privileges, the seccomp
 /// profile by path, a read-only root, private namespaces but the network,
 /// the memory (swap included), CPU and process caps, no log, no restart.
-fn hardened(caps: &Caps, seccomp: &Path, cgroup_parent: Option<&String>) -> Value {
+fn hardened(c: Container<'_>, seccomp: &Path) -> Value {
     let period: i64 = 100_000;
-    let quota = caps.nano_cpus * period / 1_000_000_000;
+    let quota = c.caps.nano_cpus * period / 1_000_000_000;
     let mut request = json!({
+        "name": c.name,
+        "image": c.image,
+        "command": c.command,
+        "entrypoint": [],
+        "user": c.user,
+        "work_dir": c.work_dir,
+        "env": env_map(c.env),
+        "labels": c.labels,
         "terminal": false,
         "stdin": false,
         "read_only_filesystem": true,
@@ -281,9 +326,9 @@ fn hardened(caps: &Caps, seccomp: &Path, cgroup_parent: Option<&String>) -> Valu
         "utsns": {"nsmode": "private"},
         "cgroupns": {"nsmode": "private"},
         "resource_limits": {
-            "memory": {"limit": caps.memory_bytes, "swap": caps.memory_bytes},
+            "memory": {"limit": c.caps.memory_bytes, "swap": c.caps.memory_bytes},
             "cpu": {"quota": quota, "period": period},
-            "pids": {"limit": caps.pids},
+            "pids": {"limit": c.caps.pids},
         },
         // conmon stays in the service's cgroup: under the run's, only the
         // container's (the run's memory figures are the container's).
@@ -291,7 +336,7 @@ fn hardened(caps: &Caps, seccomp: &Path, cgroup_parent: Option<&String>) -> Valu
         "log_configuration": {"driver": "none"},
         "restart_policy": "no",
     });
-    if let Some(parent) = cgroup_parent {
+    if let Some(parent) = c.cgroup_parent {
         request["cgroup_parent"] = json!(parent);
     }
     request
@@ -316,17 +361,10 @@ pub(crate) fn sandbox_request(spec: &SandboxSpec, seccomp: &Path) -> Value {
         mounts.push(bind(cache, SETUP_CACHE, false));
     }
     mounts.extend(tmpfs_mounts(&spec.tmpfs));
+    let container = container_of!(spec, WORKSPACE);
     let mut request = with(
-        hardened(&spec.caps, seccomp, spec.cgroup_parent.as_ref()),
+        hardened(container, seccomp),
         json!({
-            "name": spec.name,
-            "image": spec.image,
-            "command": spec.command,
-            "entrypoint": [],
-            "user": spec.user(),
-            "work_dir": WORKSPACE,
-            "env": env_map(spec.env_list()),
-            "labels": spec.labels,
             "init": !spec.lease_is_pid1(),
             "mounts": mounts,
             "mask": spec.masked_paths(),
@@ -365,17 +403,10 @@ pub(crate) fn setup_request(spec: &SetupSpec, seccomp: &Path) -> Value {
         mounts.push(bind(ca, SETUP_CA, false));
     }
     mounts.extend(tmpfs_mounts(&spec.tmpfs));
+    let container = container_of!(spec, SETUP_CHECKOUT);
     with(
-        hardened(&spec.caps, seccomp, spec.cgroup_parent.as_ref()),
+        hardened(container, seccomp),
         json!({
-            "name": spec.name,
-            "image": spec.image,
-            "command": spec.command,
-            "entrypoint": [],
-            "user": spec.user(),
-            "work_dir": SETUP_CHECKOUT,
-            "env": env_map(spec.env_list()),
-            "labels": spec.labels,
             "init": true,
             "init_path": CATATONIT,
             "mounts": mounts,
