@@ -240,11 +240,14 @@ impl State {
 }
 
 impl Drop for State {
-    /// Removes this state's fleet cgroup once its sandboxes are gone (the
-    /// kernel refuses to remove a cgroup that still has members).
+    /// Removes this state's fleet cgroups, their run cgroups first (Podman's
+    /// `run-<id>`), once their sandboxes are gone: the kernel refuses to
+    /// remove a cgroup that still has members, and an engine removes a
+    /// container's cgroup a moment after the container, so this tries again
+    /// for at most 5 s before leaving what is still in use.
     fn drop(&mut self) {
         let tag = orchestrator::state_tag(self.path());
-        for controller in [
+        let fleets: Vec<PathBuf> = [
             "memory",
             "cpu,cpuacct",
             "cpu",
@@ -261,10 +264,44 @@ impl Drop for State {
             "cpuset",
             "rdma",
             "misc",
-        ] {
-            let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{controller}/nightshift-{tag}"));
+        ]
+        .iter()
+        .map(|c| PathBuf::from(format!("/sys/fs/cgroup/{c}/nightshift-{tag}")))
+        .chain(std::iter::once(PathBuf::from(format!(
+            "/sys/fs/cgroup/nightshift-{tag}"
+        ))))
+        .filter(|p| p.is_dir())
+        .collect();
+        let give_up = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let left: Vec<&PathBuf> = fleets
+                .iter()
+                .filter(|p| !remove_cgroup_tree(p, 4))
+                .collect();
+            if left.is_empty() || std::time::Instant::now() >= give_up {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/nightshift-{tag}"));
+    }
+}
+
+/// Removes the cgroup `dir` and the cgroups under it (at most `depth`
+/// levels), deepest first; whether it is gone. Only empty cgroups can be
+/// removed (the kernel's rule), so nothing in use is touched.
+fn remove_cgroup_tree(dir: &Path, depth: usize) -> bool {
+    if depth > 0 {
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    remove_cgroup_tree(&e.path(), depth - 1);
+                }
+            }
+        }
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
     }
 }
 
