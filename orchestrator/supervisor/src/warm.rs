@@ -143,6 +143,7 @@ pub async fn keep_filled<E: ContainerEngine, S: StateStore>(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut backoff_until: Option<Instant> = None;
+    let mut unreadable = false;
     loop {
         if *stop.borrow() {
             break;
@@ -153,23 +154,32 @@ pub async fn keep_filled<E: ContainerEngine, S: StateStore>(
         }
         // Gone or ended (a kill switch, its lease): removed.
         for (id, container) in pool.ready_containers() {
-            let running = sup
-                .engine
-                .exit_state(&container)
-                .await
-                .is_ok_and(|s| s.running);
-            if !running {
+            let state = sup.engine.exit_state(&container).await;
+            if !state.as_ref().is_ok_and(|s| s.running) {
                 if let Some(warm) = pool.take_ready(&id) {
-                    tracing::info!(warm = %id, "a warm sandbox stopped: removed");
+                    // Said: a warm sandbox ends only by a kill or its lease.
+                    let code = state.ok().and_then(|s| s.exit_code);
+                    tracing::warn!(warm = %id, exit_code = ?code, "a warm sandbox stopped: removed");
                     discard(&sup, warm).await;
                 }
             }
         }
         let frozen = {
             let store = sup.store.lock().unwrap_or_else(|p| p.into_inner());
-            nightshift_core::policy::load(&*store, None)
-                .map(|set| set.freeze().is_some())
-                .unwrap_or(true)
+            match nightshift_core::policy::load(&*store, None) {
+                Ok(set) => {
+                    unreadable = false;
+                    set.freeze().is_some()
+                }
+                // Unreadable: as if frozen (fail closed), said once.
+                Err(e) => {
+                    if !unreadable {
+                        tracing::warn!(error = %e, "the policy cannot be read: no warm sandbox is kept until it can");
+                    }
+                    unreadable = true;
+                    true
+                }
+            }
         };
         if frozen {
             for warm in pool.all() {
